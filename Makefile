@@ -1,0 +1,38 @@
+# dsexp — every target does its own set-up on a fresh machine (CPU: torch 2.13.0 CPU build, no CUDA download).
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.dsexp-installed
+SWEEP   ?= tp=1,2 load=eager
+UI_PORT ?= 5000
+export PIP_DISABLE_PIP_VERSION_CHECK = 1
+
+.PHONY: help install sweep test test-all ui server bench wheels clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+install: $(STAMP)  ## create .venv with the CPU torch, deepspeed and dsexp (editable)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation deepspeed==0.19.8
+	$(BIN)/pip install -q -e '.[test,cluster]'
+	touch $(STAMP)
+
+sweep: install  ## the main job: a CPU sweep on the tiny model into multirun/ and ./mlflow.db (SWEEP="..." to change)
+	$(BIN)/python -m dsexp -m $(SWEEP)
+
+test: install  ## the test suite (CPU; slow and GPU tests are skipped)
+	$(BIN)/python -m pytest
+
+test-all: install  ## also the slow tests (headless Chromium UI check, fault matrix, cluster launcher)
+	$(BIN)/python -m pytest -m 'not gpu'
+
+ui: install  ## MLflow UI on http://127.0.0.1:$(UI_PORT) for ./mlflow.db
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port $(UI_PORT)
+
+clean:  ## remove sweep outputs and the local MLflow store (not the model cache)
+	rm -rf multirun outputs mlflow.db mlartifacts mlruns

@@ -1,0 +1,46 @@
+"""`python -m dsexp [-m] key=value ...`: one Hydra job per experiment; each job spawns its own ranks."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+
+def conf_dir() -> str:
+    """conf/ of the source tree (editable install), or the copy packed into the wheel."""
+    here = Path(__file__).resolve().parent
+    for cand in (here.parent.parent / "conf", here / "conf"):
+        if (cand / "config.yaml").is_file():
+            return str(cand)
+    raise FileNotFoundError("dsexp: cannot find conf/config.yaml")
+
+
+@hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")
+def main(cfg: DictConfig):
+    from dsexp.config import ConfigError
+    from dsexp.job import run_job
+    from dsexp.tracking import resolve_uri, track_job
+
+    hc = HydraConfig.get()
+    job_dir = Path(hc.runtime.output_dir)
+    sweep_dir = Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
+    try:
+        result = run_job(cfg, job_dir, sweep_dir)
+    except ConfigError as e:
+        sys.exit(f"dsexp: bad config: {e}")
+    if result.get("resumed_from"):
+        print(f"dsexp: skipped, already ok in {result['resumed_from']} (rerun=true forces a rerun)")
+        return result.get("headline")
+    track_job(result, job_dir, sweep_dir, resolve_uri(cfg.tracking.uri, Path(hc.runtime.cwd)), cfg.tracking.experiment)
+    failure = result.get("failure") or {}
+    print(f"dsexp: {result['status']}" + (f" ({failure.get('cause')}: {failure.get('message')})" if failure else "")
+          + f" -> {job_dir / 'result.json'}")
+    return result.get("headline")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Hydra callbacks: validate the whole sweep up front, open its MLflow parent run, summarise at the end."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from dsexp import records
+from dsexp.tracking import SWEEP_STATE, Tracker, read_sweep_state, resolve_uri
+
+
+class SweepCallback(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from dsexp.sweep import validate_sweep
+
+        errors = validate_sweep(config)
+        if errors:
+            print("dsexp: the sweep was not started; fix these settings first:", file=sys.stderr)
+            for combo, err in errors:
+                print(f"  [{' '.join(combo)}] {err}", file=sys.stderr)
+            sys.exit(2)
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        open_parent_run(config, sweep_dir)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        results = collect_results(sweep_dir)
+        print(format_table(results))
+        state = read_sweep_state(sweep_dir)
+        summarise_sweep(sweep_dir, state)
+        if state:
+            try:
+                Tracker(state["uri"], state["experiment"]).set_status(state["run_id"], "FINISHED")
+            except Exception as e:
+                print(f"dsexp: could not close the MLflow parent run: {e}", file=sys.stderr)
+            print(f"MLflow: experiment '{state['experiment']}', parent run {state['run_id']} in {state['uri']}\n"
+                  f"        open it with `make ui` (http://127.0.0.1:5000)")
+
+
+def open_parent_run(config: DictConfig, sweep_dir: Path) -> None:
+    """Create the store and the sweep's parent run once, before any job (reused when a sweep is resumed)."""
+    uri = resolve_uri(config.tracking.uri, Path(os.getcwd()))
+    experiment = config.tracking.experiment
+    state = read_sweep_state(sweep_dir)
+    try:
+        tracker = Tracker(uri, experiment)
+        if state and state.get("uri") == uri and state.get("experiment") == experiment:
+            tracker.set_status(state["run_id"], "RUNNING")
+            return
+        overrides = " ".join(config.hydra.overrides.task)
+        run_id = tracker.start_parent(f"sweep {sweep_dir.name}", {"dsexp.sweep_dir": str(sweep_dir.resolve()),
+                                                                   "dsexp.overrides": overrides[:4000]})
+        records.write_json_atomic(sweep_dir / SWEEP_STATE, {"uri": uri, "experiment": experiment, "run_id": run_id})
+    except Exception as e:
+        print(f"dsexp: MLflow store {uri} unavailable ({e}); results go to result.json files only. "
+              f"Re-log them later with: python -m dsexp.sync {sweep_dir}", file=sys.stderr)
+
+
+def collect_results(sweep_dir: Path) -> List[Dict[str, Any]]:
+    out = []
+    for path in sorted(Path(sweep_dir).glob("*/result.json"), key=lambda p: (len(p.parent.name), p.parent.name)):
+        res = records.read_json(path)
+        if res:
+            out.append(res)
+    return out
+
+
+def summarise_sweep(sweep_dir: Path, state) -> None:
+    """End-of-sweep analysis (report tables, plots) into the sweep folder and the parent run."""
+    try:
+        from dsexp.analysis.report import write_report
+    except ImportError:
+        return
+    try:
+        write_report(sweep_dir, parent=state)
+    except Exception as e:  # a report bug must not lose the sweep
+        print(f"dsexp: report failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+def _fmt(v: Any, nd: int = 2) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
+
+
+def format_table(results: List[Dict[str, Any]]) -> str:
+    """One row a job, headline metrics; failed jobs show their cause."""
+    cols = ["job", "config", "status", "gpu_peak_gib", "gpu_weights_gib", "host_peak_gib", "node_host_peak_gib",
+            "load_s", "init_s", "generate_s", "tokens_per_s", "rel_err"]
+    rows = [cols]
+    for res in results:
+        h, c = res.get("headline") or {}, res.get("config") or {}
+        corr = res.get("correctness") or {}
+        status = res.get("status", "?") if res.get("status") == "ok" else f"{res.get('status')}:{(res.get('failure') or {}).get('cause')}"
+        name = "/".join(str(x) for x in (c.get("variant") or "", (c.get("model") or {}).get("name"),
+                                         (c.get("load") or {}).get("name"), (c.get("engine") or {}).get("name"),
+                                         f"tp{c.get('tp')}") if x)
+        rows.append([Path(res.get("job_dir", "?")).name, name, status] +
+                    [_fmt(h.get(k)) for k in cols[3:-1]] + [_fmt(corr.get("logits_rel_err"), 4)
+                                                            if corr.get("logits_rel_err") is not None else "-"])
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(cols))]
+    return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths)) for r in rows)

@@ -1,0 +1,245 @@
+"""Structured config schema and validation: every check that can fail before a rank is launched.
+
+The YAML groups in `conf/` are merged onto these dataclasses, so a wrong type or an unknown key is
+reported with its full dotted name. `validate` then checks what types cannot express (tp against
+the GPUs present and the attention heads, the model folder, contradictory settings).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+DTYPES = ("fp32", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A bad setting, reported before anything is launched. The message names the key."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    arch: Optional[str] = "llama"
+    path: Optional[str] = None
+    dtype: str = "bf16"
+    trust_remote_code: bool = False
+    shard_mb: float = 100
+    seed: int = 0
+    injection_policy: Optional[Dict[str, List[str]]] = None
+    dims: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LoadConfig:
+    name: str = "eager"
+    format: str = "safetensors"
+    shard_dir: Optional[str] = None
+
+
+@dataclass
+class EngineConfig:
+    name: str = "init_inference"
+    kernel_inject: bool = False
+    injection_policy: Any = "auto"
+    max_out_tokens: int = 1024
+    replace_method: Optional[str] = None
+    keep_module_on_host: bool = False
+
+
+@dataclass
+class ZeroConfig:
+    name: str = "none"
+    stage: int = 0
+    offload: str = "none"
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LauncherConfig:
+    name: str = "torchrun"
+    grace_s: float = 10.0
+    pack: bool = False
+    nodes: int = 1
+    hostfile: Optional[str] = None
+
+
+@dataclass
+class GenerateConfig:
+    prompt: str = "what is deepspeed?"
+    new_tokens: int = 16
+
+
+@dataclass
+class ProbeConfig:
+    sample_ms: float = 10.0
+    see_memory_usage: bool = True
+    nvidia_smi: bool = False
+
+
+@dataclass
+class CheckConfig:
+    correctness: bool = True
+    rel_err_tol: Optional[float] = None
+
+
+@dataclass
+class TrackingConfig:
+    uri: Optional[str] = None
+    experiment: str = "dsexp"
+
+
+@dataclass
+class JobConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    load: LoadConfig = field(default_factory=LoadConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    check: CheckConfig = field(default_factory=CheckConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    tp: int = 1
+    dtype: str = "bf16"
+    device: str = "auto"
+    variant: Optional[str] = None
+    cache_dir: str = "~/.cache/dsexp"
+    timeout_s: float = 900.0
+    rerun: bool = False
+    fault: Optional[Dict[str, Any]] = None
+
+
+# Option names each group accepts (the YAML files in conf/ are the source; engines/loaders register here too).
+LOADERS = ("eager", "meta", "sharded")
+ENGINES = ("init_inference", "zero_inference", "autotp_zero3", "hf_tp")
+LAUNCHERS = ("torchrun", "deepspeed")
+FORMATS = ("safetensors", "bin")
+OFFLOADS = ("none", "cpu")
+
+
+def to_schema(cfg: DictConfig) -> JobConfig:
+    """Merge a composed config onto the schema; type errors and unknown keys name the key."""
+    plain = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]) if "hydra" in cfg else cfg
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(JobConfig), plain)
+        OmegaConf.resolve(merged)
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        raise ConfigError(f"config key '{key}': {getattr(e, 'msg', e)}") from None
+
+
+def _one_of(key: str, value: Any, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def visible_gpus() -> int:
+    """GPUs this process may use (NVML, narrowed by CUDA_VISIBLE_DEVICES); 0 without a driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+    except Exception:
+        return 0
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        n = min(n, len([v for v in vis.split(",") if v.strip() not in ("", "-1")]))
+    return n
+
+
+def resolve_device(spec: JobConfig, gpus: Optional[int] = None) -> str:
+    gpus = visible_gpus() if gpus is None else gpus
+    if spec.device == "auto":
+        return "cuda" if gpus > 0 else "cpu"
+    return spec.device
+
+
+def model_dims(spec: JobConfig) -> Dict[str, Any]:
+    """Architecture numbers: the preset's dims, or the local folder's config.json."""
+    if spec.model.path:
+        cfg_file = Path(spec.model.path).expanduser() / "config.json"
+        with open(cfg_file) as f:
+            return json.load(f)
+    return dict(spec.model.dims)
+
+
+def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
+    """Raise ConfigError for any setting that cannot work; return spec with `device` resolved."""
+    gpus = visible_gpus() if gpus is None else gpus
+    _one_of("device", spec.device, DEVICES)
+    _one_of("dtype", spec.dtype, DTYPES)
+    _one_of("model.dtype", spec.model.dtype, DTYPES)
+    _one_of("load.name", spec.load.name, LOADERS)
+    _one_of("load.format", spec.load.format, FORMATS)
+    _one_of("engine.name", spec.engine.name, ENGINES)
+    _one_of("launcher.name", spec.launcher.name, LAUNCHERS)
+    _one_of("zero.offload", spec.zero.offload, OFFLOADS)
+    _one_of("zero.stage", spec.zero.stage, (0, 1, 2, 3))
+    if spec.tp < 1:
+        raise ConfigError(f"tp={spec.tp}: tp must be >= 1")
+    if spec.launcher.nodes < 1:
+        raise ConfigError(f"launcher.nodes={spec.launcher.nodes}: must be >= 1")
+    if not 0 < spec.probe.sample_ms <= 20:
+        raise ConfigError(f"probe.sample_ms={spec.probe.sample_ms}: the sampler period must be in (0, 20] ms")
+    if spec.generate.new_tokens < 1:
+        raise ConfigError(f"generate.new_tokens={spec.generate.new_tokens}: must be >= 1")
+    if spec.timeout_s <= 0:
+        raise ConfigError(f"timeout_s={spec.timeout_s}: must be > 0")
+
+    device = resolve_device(spec, gpus)
+    if device == "cuda" and gpus == 0:
+        raise ConfigError("device=cuda but no GPU is visible (NVML found none)")
+    per_node = -(-spec.tp // spec.launcher.nodes)
+    if device == "cuda" and per_node > gpus:
+        raise ConfigError(f"tp={spec.tp} needs {per_node} GPUs per node but only {gpus} are visible; "
+                          f"allowed: tp <= {gpus * spec.launcher.nodes}")
+    if device == "cpu" and spec.engine.kernel_inject:
+        raise ConfigError("engine.kernel_inject=true needs CUDA kernels and device resolved to cpu; "
+                          "set engine.kernel_inject=false or run on a GPU machine")
+    if device == "cpu" and spec.dtype == "fp16":
+        raise ConfigError("dtype=fp16 on device=cpu: DeepSpeed's CPU accelerator supports fp32 and bf16 only here; "
+                          "choose dtype=bf16 or dtype=fp32")
+
+    _validate_model(spec)
+    spec.device = device
+    return spec
+
+
+def _validate_model(spec: JobConfig) -> None:
+    m = spec.model
+    if m.path:
+        folder = Path(m.path).expanduser()
+        if not folder.is_dir():
+            raise ConfigError(f"model.path={m.path!r} does not exist or is not a folder")
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"model.path={m.path!r} has no config.json")
+        weights = [p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")]
+        if not weights:
+            raise ConfigError(f"model.path={m.path!r} holds no weights (*.safetensors or *.bin)")
+        cfg = json.loads((folder / "config.json").read_text())
+        if cfg.get("auto_map") and not m.trust_remote_code:
+            raise ConfigError(f"model.path={m.path!r} ships its own modeling code (auto_map in config.json); "
+                              "set model.trust_remote_code=true explicitly to allow running it")
+    elif not m.arch:
+        raise ConfigError(f"model={m.name}: set model.path to a local folder or model.arch to generate one")
+    else:
+        from dsexp.models.presets import ARCHS
+
+        _one_of("model.arch", m.arch, tuple(ARCHS))
+        if m.arch in ARCHS and ARCHS[m.arch].remote_code and not m.trust_remote_code:
+            raise ConfigError(f"model.arch={m.arch} loads through remote code; set model.trust_remote_code=true")
+    dims = model_dims(spec)
+    kv = dims.get("num_key_value_heads") or dims.get("num_attention_heads")
+    if kv and spec.tp > int(kv) and spec.engine.name in ("init_inference", "autotp_zero3", "hf_tp"):
+        raise ConfigError(f"tp={spec.tp} leaves some ranks with no attention heads: the model has "
+                          f"{kv} key/value heads; allowed: tp <= {kv}")

@@ -1,0 +1,37 @@
+"""Correctness of every run: its first-step logits against a tp=1 eager reference of the same model and dtype.
+
+The reference is computed once per (checkpoint, dtype, prompt) by a one-rank run of the worker in
+`reference` role and cached on disk; each job compares rank 0's logits with it. Greedy-token
+agreement is recorded but not gated on: random weights make near-ties that harmless rounding flips.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+TOLERANCE = {"fp32": 1e-4, "bf16": 1e-2, "fp16": 2e-3}
+
+
+def reference_path(cache_dir: str, model_dir: Path, dtype: str, prompt: str, new_tokens: int, device: str) -> Path:
+    tag = hashlib.sha1(f"{Path(model_dir).resolve()}|{dtype}|{prompt}|{new_tokens}|{device}".encode()).hexdigest()[:12]
+    return Path(cache_dir).expanduser() / "refs" / f"{Path(model_dir).name}-{dtype}-{tag}.pt"
+
+
+def compare(logits, ref: Dict[str, Any], tokens: List[int], dtype: str, tol: Optional[float]) -> Dict[str, Any]:
+    import torch
+
+    ref_logits = ref["first_logits"].float()
+    logits = logits.float()
+    if logits.shape != ref_logits.shape:
+        return {"logits_rel_err": None, "passed": False,
+                "message": f"logits shape {tuple(logits.shape)} != reference {tuple(ref_logits.shape)}"}
+    rel = (torch.linalg.vector_norm(logits - ref_logits) / torch.linalg.vector_norm(ref_logits)).item()
+    ref_tokens = ref.get("tokens") or []
+    n = min(len(tokens), len(ref_tokens))
+    agree = sum(a == b for a, b in zip(tokens[:n], ref_tokens[:n])) / n if n else None
+    first_diff = next((i for i in range(n) if tokens[i] != ref_tokens[i]), None)
+    tol = TOLERANCE[dtype] if tol is None else tol
+    rel = rel if rel == rel else float("inf")  # NaN logits are never correct
+    return {"logits_rel_err": rel, "tolerance": tol, "passed": rel <= tol, "token_agreement": agree,
+            "first_token_mismatch": first_diff, "ref_tokens": ref_tokens}

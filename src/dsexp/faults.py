@@ -1,0 +1,46 @@
+"""Test-only fault injection: make one rank fail in a chosen way at the start of a chosen phase.
+
+`fault={rank: 1, phase: load, kind: raise|exit|sigkill|sleep|alloc_host|alloc_gpu}` in the config.
+Used by the reliability tests to check that every failure becomes a recorded, classified result.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any, Dict, Optional
+
+KINDS = ("raise", "exit", "sigkill", "sleep", "alloc_host", "alloc_gpu")
+
+
+def maybe_inject(fault: Optional[Dict[str, Any]], rank: int, phase: str) -> None:
+    if not fault or int(fault.get("rank", 0)) != rank or fault.get("phase", "load") != phase:
+        return
+    kind = fault.get("kind")
+    if kind == "raise":
+        raise RuntimeError(f"dsexp fault injection: rank {rank} raised in phase {phase}")
+    if kind == "exit":
+        os._exit(int(fault.get("code", 3)))
+    if kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "sleep":
+        time.sleep(float(fault.get("seconds", 3600)))
+    if kind == "alloc_host":
+        _alloc_host(int(fault.get("cap_mb", 512)))
+    if kind == "alloc_gpu":
+        import torch
+
+        torch.empty(int(fault.get("gib", 10_000)) * 2**30, dtype=torch.uint8, device=f"cuda:{torch.cuda.current_device()}")
+
+
+def _alloc_host(cap_mb: int) -> None:
+    """Cap this process's data segment `cap_mb` above its current size, then allocate past it."""
+    import resource
+
+    import psutil
+
+    cap = psutil.Process().memory_info().vms + cap_mb * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    hog = []
+    while True:
+        hog.append(bytearray(64 * 2**20))

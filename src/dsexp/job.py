@@ -1,0 +1,163 @@
+"""One experiment, end to end, in the Hydra job process: prepare, launch ranks, aggregate, record, track.
+
+Whatever happens after validation, the job ends with a `result.json` (ok or failed with a cause)
+and returns normally, so a multirun goes on and its end-of-sweep summary still runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from dsexp import correctness, failures, records
+from dsexp.config import JobConfig, to_schema, validate
+from dsexp.launch import run_ranks
+
+RESULT = "result.json"
+
+
+def job_key(spec: JobConfig) -> str:
+    """Identity of a configuration (what is measured), for resume and cache lookups."""
+    d = asdict(spec)
+    for k in ("tracking", "rerun", "timeout_s"):
+        d.pop(k, None)
+    return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def find_ok_result(sweep_dir: Path, key: str) -> Optional[dict]:
+    """An ok result for this key already in the sweep (resume)."""
+    for path in sorted(Path(sweep_dir).glob(f"*/{RESULT}")):
+        res = records.read_json(path)
+        if res and res.get("key") == key and res.get("status") == "ok":
+            return res
+    return None
+
+
+def prepare_model(spec: JobConfig) -> Dict[str, Any]:
+    """Make sure the checkpoint exists (write it if it is a preset); return runtime facts about it."""
+    if spec.model.path:
+        return {"model_dir": str(Path(spec.model.path).expanduser().resolve()), "checkpoint_written": False}
+    from dsexp.models.writer import ensure_checkpoint
+
+    st = ensure_checkpoint(spec.cache_dir, spec.model.name, spec.model.arch, spec.model.dims, spec.model.dtype,
+                           spec.load.format, spec.model.seed, spec.model.shard_mb)
+    return {"model_dir": str(st.path), "checkpoint_written": not st.cache_hit, "checkpoint_write_s": st.seconds,
+            "checkpoint_bytes": st.bytes}
+
+
+def _write_job_file(job_dir: Path, spec: JobConfig, runtime: Dict[str, Any]) -> None:
+    records.write_json_atomic(job_dir / "job.json", {"config": asdict(spec), "runtime": runtime})
+
+
+def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Optional[Path]:
+    """The cached tp=1 eager reference for this model and dtype, computed now if missing."""
+    import torch
+
+    path = correctness.reference_path(spec.cache_dir, Path(runtime["model_dir"]), spec.dtype,
+                                      spec.generate.prompt, spec.generate.new_tokens, runtime["device"])
+    if path.is_file():
+        runtime["reference_cache_hit"] = True
+        return path
+    ref_spec = to_schema(OmegaConf.create(asdict(spec)))
+    ref_spec.tp, ref_spec.fault, ref_spec.launcher.name = 1, None, "torchrun"
+    ref_dir = job_dir / "reference"
+    ref_dir.mkdir(parents=True, exist_ok=True)
+    _write_job_file(ref_dir, ref_spec, {**runtime, "role": "reference"})
+    out = run_ranks(ref_spec, ref_dir, runtime["device"])
+    rec = records.read_json(records.rank_file(ref_dir, 0))
+    logits = ref_dir / "ranks" / "logits_rank0.pt"
+    if out.returncode != 0 or not rec or rec.get("status") != "ok" or not logits.is_file():
+        raise RuntimeError(f"the tp=1 reference run failed (see {ref_dir}): "
+                           f"{(rec or {}).get('error') or failures.tail(ref_dir / 'ranks' / 'rank0.log', 10)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"first_logits": torch.load(logits), "tokens": rec["generate"]["tokens"]}, tmp)
+    tmp.replace(path)
+    runtime["reference_cache_hit"] = False
+    return path
+
+
+def check_output(spec: JobConfig, job_dir: Path, ranks: List[Optional[dict]], ref: Optional[Path]) -> Optional[dict]:
+    logits = job_dir / "ranks" / "logits_rank0.pt"
+    if ref is None or not logits.is_file() or not ranks or not ranks[0]:
+        return None
+    import torch
+
+    return correctness.compare(torch.load(logits), torch.load(ref), ranks[0]["generate"]["tokens"],
+                               spec.dtype, spec.check.rel_err_tol)
+
+
+def baseline(device: str) -> Dict[str, Any]:
+    """Node and device memory before launch, so the next job can be checked against it."""
+    from dsexp.probes.host import node_used
+
+    out: Dict[str, Any] = {"node_used": node_used()}
+    if device == "cuda":
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            out["gpu_used"] = [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used)
+                               for i in range(pynvml.nvmlDeviceGetCount())]
+        except Exception:
+            pass
+    return out
+
+
+def run_job(cfg: DictConfig, job_dir: Path, sweep_dir: Optional[Path] = None) -> Dict[str, Any]:
+    """Validate (raises ConfigError), then run and always return a result dict (also written to result.json)."""
+    spec = validate(to_schema(cfg))
+    key = job_key(spec)
+    job_dir = Path(job_dir)
+    if sweep_dir is not None and not spec.rerun:
+        prior = find_ok_result(sweep_dir, key)
+        if prior is not None:
+            return {**prior, "resumed_from": prior.get("job_dir")}
+    job_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(job_dir / "ranks", ignore_errors=True)  # a retried job starts clean
+    result: Dict[str, Any] = {"schema": records.SCHEMA_VERSION, "key": key, "job_dir": str(job_dir),
+                              "config": asdict(spec), "started": time.time(), "status": "running"}
+    t0 = time.perf_counter()
+    try:
+        _execute(spec, job_dir, result)
+    except Exception as e:  # preparation failed: still a result
+        result.update(status="failed", failure={"cause": "prepare_error", "type": type(e).__name__,
+                                                "message": str(e)[:2000], "traceback": traceback.format_exc()[-4000:]})
+    result["wall_s"] = time.perf_counter() - t0
+    records.write_json_atomic(job_dir / RESULT, result)
+    return result
+
+
+def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
+    runtime = {"device": spec.device, **prepare_model(spec)}
+    ref = ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
+    _write_job_file(job_dir, spec, runtime)
+    result["runtime"] = runtime
+    result["baseline"] = baseline(spec.device)
+    outcome = run_ranks(spec, job_dir, spec.device)
+    result["launch"] = outcome.to_dict()
+    ranks = records.read_rank_records(job_dir, spec.tp)
+    tails = failures.log_tails(job_dir, spec.tp)
+    result["ranks"] = ranks
+    result["metrics"] = records.aggregate_metrics(ranks)
+    result["headline"] = records.headline(result["metrics"], ranks, spec.generate.new_tokens)
+    result["engine"] = (ranks[0] or {}).get("engine") if ranks else None
+    failure = failures.classify(outcome.timed_out, outcome.returncode, ranks, tails)
+    if failure is None:
+        result["correctness"] = check_output(spec, job_dir, ranks, ref)
+        if result["correctness"] and not result["correctness"]["passed"]:
+            c = result["correctness"]
+            failure = {"cause": "incorrect_output", "rank": 0, "phase": "generate",
+                       "message": f"first-step logits differ from the tp=1 reference: rel. L2 error "
+                                  f"{c['logits_rel_err']:.3g} > tolerance {c['tolerance']:.3g}"}
+    if failure is not None:
+        failure["log_tails"] = tails
+    result["failure"] = failure
+    result["status"] = "ok" if failure is None else "failed"

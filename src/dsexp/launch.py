@@ -1,0 +1,102 @@
+"""Spawn a job's ranks with torchrun or the DeepSpeed launcher, in their own process group, with a timeout.
+
+Ranks never run Hydra: the launcher runs `python -m dsexp.worker <job_dir>`. Everything is started
+from an argument list (no shell). On timeout, failure or interruption the whole process group is
+killed, so no rank outlives its job holding memory.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from dsexp.config import JobConfig
+
+
+@dataclass
+class LaunchOutcome:
+    cmd: List[str]
+    returncode: Optional[int]
+    timed_out: bool
+    wall_s: float
+    port: Optional[int] = None
+    env: Dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def free_port() -> int:
+    """A port the OS just handed out and released (for launchers that need one up front)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_command(spec: JobConfig, job_dir: Path, port: Optional[int]) -> List[str]:
+    target = ["-m", "dsexp.worker", str(job_dir)]
+    if spec.launcher.name == "deepspeed":
+        gpus = ["--num_gpus", str(spec.tp)]
+        return [sys.executable, "-m", "deepspeed.launcher.runner", "--no_local_rank", "--master_port", str(port),
+                *gpus, "--module", "dsexp.worker", str(job_dir)]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            f"--nproc-per-node={spec.tp}", *target]
+
+
+def rank_env(spec: JobConfig, device: str, visible: Optional[str] = None) -> Dict[str, str]:
+    """Environment the ranks need on top of ours (only these keys are recorded)."""
+    threads = max(1, (os.cpu_count() or 1) // spec.tp)
+    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), "NCCL_NVLS_ENABLE": "0",
+           "TOKENIZERS_PARALLELISM": "false"}
+    if device == "cpu":
+        # DeepSpeed's CPU accelerator; its shared-memory all-reduce needs LOCAL_SIZE under torchrun.
+        env.update(DS_ACCELERATOR="cpu", LOCAL_SIZE=str(spec.tp), CUDA_VISIBLE_DEVICES="")
+    else:
+        env["DS_ACCELERATOR"] = "cuda"
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+    return env
+
+
+def kill_group(pgid: int, grace_s: float) -> None:
+    """SIGTERM the group, wait up to grace_s for it to go, then SIGKILL whatever is left."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def run_ranks(spec: JobConfig, job_dir: Path, device: str, visible: Optional[str] = None) -> LaunchOutcome:
+    port = free_port() if spec.launcher.name == "deepspeed" else None
+    cmd = rank_command(spec, job_dir, port)
+    extra = rank_env(spec, device, visible)
+    env = {**os.environ, **extra}
+    log = open(Path(job_dir) / "launcher.log", "ab")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                            cwd=str(job_dir))
+    timed_out = False
+    try:
+        proc.wait(timeout=spec.timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        # Also after a clean exit: a rank that daemonised or a stuck grandchild must not survive the job.
+        kill_group(proc.pid, spec.launcher.grace_s)
+        proc.wait()
+        log.close()
+    return LaunchOutcome(cmd, None if timed_out else proc.returncode, timed_out, time.perf_counter() - t0, port, extra)

@@ -1,0 +1,163 @@
+"""Random-weight checkpoints at a named architecture's exact shapes, written once and cached by key.
+
+No hub is needed: the model is built on the meta device to learn its tensor names and shapes, then
+each tensor is drawn from a seeded generator (scaled so activations stay O(1)) and written shard by
+shard, so the writer never holds more than one shard in memory.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from filelock import FileLock
+
+from dsexp.models.presets import ARCHS, torch_dtype
+
+DONE_MARK = ".dsexp-complete.json"
+
+
+@dataclass
+class WriteStats:
+    path: Path
+    bytes: int = 0
+    seconds: float = 0.0
+    cache_hit: bool = True
+
+
+def checkpoint_key(arch: str, dims: Dict[str, Any], dtype: str, fmt: str, seed: int, shard_mb: float) -> str:
+    blob = json.dumps({"arch": arch, "dims": dims, "dtype": dtype, "format": fmt, "seed": seed,
+                       "shard_mb": shard_mb, "v": 1}, sort_keys=True)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def checkpoint_dir(cache_dir: str, name: str, key: str) -> Path:
+    return Path(cache_dir).expanduser() / "models" / f"{name}-{key}"
+
+
+def ensure_checkpoint(cache_dir: str, name: str, arch: str, dims: Dict[str, Any], dtype: str,
+                      fmt: str = "safetensors", seed: int = 0, shard_mb: float = 100) -> WriteStats:
+    """Return the folder of this checkpoint, writing it first if no complete copy is cached."""
+    key = checkpoint_key(arch, dict(dims), dtype, fmt, seed, shard_mb)
+    final = checkpoint_dir(cache_dir, name, key)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(final) + ".lock"):
+        if (final / DONE_MARK).is_file():
+            return WriteStats(final)
+        tmp = final.with_name(final.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        t0 = time.perf_counter()
+        nbytes = write_checkpoint(tmp, arch, dict(dims), dtype, fmt, seed, shard_mb)
+        secs = time.perf_counter() - t0
+        (tmp / DONE_MARK).write_text(json.dumps({"bytes": nbytes, "seconds": secs, "key": key}))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        return WriteStats(final, nbytes, secs, cache_hit=False)
+
+
+def tensor_specs(arch: str, dims: Dict[str, Any], dtype: str) -> Tuple[Any, List[Tuple[str, tuple]]]:
+    """The HF config and the (name, shape) of every tensor a checkpoint of this model holds."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cfg = ARCHS[arch].make_config(dims, dtype)
+    with torch.device("meta"):
+        model = _model_class(arch, cfg)(cfg) if ARCHS[arch].remote_code else AutoModelForCausalLM.from_config(cfg)
+    seen, specs = set(), []
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) in seen:  # tied weights are stored once
+            continue
+        seen.add(id(t))
+        specs.append((name, tuple(t.shape)))
+    return cfg, specs
+
+
+def _model_class(arch: str, cfg):
+    from dsexp.models.internlm2 import model_class
+
+    return model_class()
+
+
+def write_checkpoint(folder: Path, arch: str, dims: Dict[str, Any], dtype: str, fmt: str, seed: int,
+                     shard_mb: int) -> int:
+    """Write config.json and the weight shards (+ index) into folder; return bytes of weights."""
+    folder.mkdir(parents=True)
+    cfg, specs = tensor_specs(arch, dims, dtype)
+    if ARCHS[arch].remote_code:
+        from dsexp.models.internlm2 import write_remote_code
+
+        write_remote_code(folder)
+    cfg.save_pretrained(folder)
+    shards = list(_plan_shards(specs, torch_dtype(dtype).itemsize, shard_mb))
+    n = len(shards)
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards, 1):
+        fname = (f"model-{i:05d}-of-{n:05d}.safetensors" if fmt == "safetensors"
+                 else f"pytorch_model-{i:05d}-of-{n:05d}.bin")
+        tensors = {name: random_tensor(name, shape, dtype, seed) for name, shape in shard}
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        _save(tensors, folder / fname, fmt)
+        weight_map.update({name: fname for name in tensors})
+        del tensors
+    index = "model.safetensors.index.json" if fmt == "safetensors" else "pytorch_model.bin.index.json"
+    (folder / index).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    return total
+
+
+def _plan_shards(specs, itemsize: int, shard_mb: int) -> Iterator[list]:
+    limit = max(1, int(shard_mb * 2**20))
+    cur, size = [], 0
+    for name, shape in specs:
+        nbytes = itemsize * _numel(shape)
+        if cur and size + nbytes > limit:
+            yield cur
+            cur, size = [], 0
+        cur.append((name, shape))
+        size += nbytes
+    if cur:
+        yield cur
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _save(tensors, path: Path, fmt: str) -> None:
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    else:
+        import torch
+
+        torch.save(tensors, path)
+
+
+def _gen_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def random_tensor(name: str, shape: tuple, dtype: str, seed: int, device: Optional[str] = None):
+    """Seeded by (seed, name): norms are ones, biases zeros, matrices N(0, 1/fan_in) (embeddings N(0, 1))."""
+    import torch
+
+    dt = torch_dtype(dtype)
+    if len(shape) == 1:
+        return (torch.zeros if name.endswith("bias") else torch.ones)(shape, dtype=dt)
+    device = device or _gen_device()
+    g = torch.Generator(device=device)
+    g.manual_seed(int(hashlib.sha1(f"{seed}:{name}".encode()).hexdigest()[:15], 16))
+    is_embedding = name.endswith(("embed_tokens.weight", "tok_embeddings.weight"))
+    std = 1.0 if is_embedding else shape[-1] ** -0.5
+    t = torch.empty(shape, dtype=torch.float32, device=device).normal_(0.0, std, generator=g)
+    return t.to(dt).cpu().contiguous()

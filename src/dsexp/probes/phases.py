@@ -1,0 +1,104 @@
+"""Per-phase recording for one rank: wall time, end-of-phase snapshots, in-phase peaks.
+
+The rank file is rewritten after every phase, so a rank that is killed mid-run still leaves the
+memory it reached up to its last completed phase (plus the peaks the failing phase saw, when the
+failure is an exception).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from dsexp.probes import gpu as gpu_probe
+from dsexp.probes.host import host_snapshot
+from dsexp.probes.sampler import PeakSampler
+from dsexp.records import rank_file, write_json_atomic
+
+
+class PhaseRecorder:
+    def __init__(self, job_dir: Path, rank: int, world_size: int, local_rank: int, t_process: float,
+                 sample_ms: float = 10.0, see_memory_usage: bool = True, nvidia_smi: bool = False):
+        self.path = rank_file(job_dir, rank)
+        self.t_process = t_process
+        self.cuda_index: Optional[int] = None
+        self.nvml = None
+        self.opts = {"see_memory_usage": see_memory_usage, "nvidia_smi": nvidia_smi}
+        self.sampler = PeakSampler(sample_ms / 1000.0).start()
+        self.record: Dict[str, Any] = {
+            "rank": rank, "local_rank": local_rank, "world_size": world_size, "pid": os.getpid(),
+            "hostname": socket.gethostname(), "device": "cpu", "status": "running",
+            "phases": {}, "timeline": [], "error": None,
+        }
+
+    def attach_cuda(self, index: int) -> None:
+        """Once torch is imported on a GPU rank: watch this device through NVML too."""
+        self.cuda_index = index
+        self.nvml = gpu_probe.NvmlDevice(index)
+        self.sampler.nvml = self.nvml
+        self.record["device"] = f"cuda:{index}"
+        self.record["gpu_uuid"] = self.nvml.uuid
+
+    @contextlib.contextmanager
+    def phase(self, name: str, t0: Optional[float] = None):
+        """Measure one phase; an exception is recorded (type, message, traceback) and re-raised."""
+        if self.cuda_index is not None:
+            gpu_probe.reset_torch_peaks(self.cuda_index)
+        if t0 is None:
+            self.sampler.take()  # discard the gap between phases
+            t0 = time.perf_counter()
+        try:
+            yield self
+        except BaseException as e:
+            self._end(name, t0, error=e)
+            raise
+        else:
+            self._end(name, t0)
+
+    def _end(self, name: str, t0: float, error: Optional[BaseException] = None) -> None:
+        t1 = time.perf_counter()
+        phase: Dict[str, Any] = {"wall_s": t1 - t0, "peaks": self.sampler.take(), "host": host_snapshot()}
+        if self.cuda_index is not None:
+            with contextlib.suppress(Exception):
+                phase["gpu"] = gpu_probe.torch_snapshot(self.cuda_index)
+                phase["gpu"]["nvml_device_used"] = self.nvml.used()
+                phase["gpu"]["nvml_process_used"] = self.nvml.process_used()
+            if self.opts["nvidia_smi"]:
+                phase["nvidia_smi"] = gpu_probe.nvidia_smi(self.nvml.uuid)
+        if self.opts["see_memory_usage"] and error is None:
+            with contextlib.suppress(Exception):
+                from dsexp.probes.see_memory import capture
+
+                phase["see_memory_usage"] = capture(f"dsexp: after {name}")
+        self.record["phases"][name] = phase
+        self.record["timeline"].append({"phase": name, "t0": t0 - self.t_process, "t1": t1 - self.t_process})
+        if error is not None:
+            self.record["error"] = {
+                "phase": name, "type": type(error).__name__, "message": str(error)[:2000],
+                "traceback": traceback.format_exc()[-4000:], "time": time.time(),
+            }
+            self.record["status"] = "failed"
+        self.flush()
+
+    def note(self, **fields: Any) -> None:
+        self.record.update(fields)
+        self.flush()
+
+    def annotate_phase(self, name: str, **fields: Any) -> None:
+        self.record["phases"].setdefault(name, {}).update(fields)
+        self.flush()
+
+    def finish(self) -> None:
+        self.sampler.stop()
+        self.record["sampler"] = {"samples": self.sampler.samples, "cpu_s": self.sampler.cpu_s,
+                                  "period_s": self.sampler.period_s}
+        if self.record["status"] == "running":
+            self.record["status"] = "ok"
+        self.flush()
+
+    def flush(self) -> None:
+        write_json_atomic(self.path, self.record)

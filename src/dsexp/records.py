@@ -1,0 +1,113 @@
+"""Record schema: what a rank writes (rank{N}.json), what a job writes (result.json), and aggregation.
+
+Rank records keep raw bytes and seconds; the job flattens them into `<phase>.<quantity>.<aggregate>`
+metrics in GiB (aggregate = max/min/mean/sum over ranks, or rankN) and a few headline figures.
+Everything later stages need (analysis, report, MLflow sync) is in result.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional
+
+GIB = 2**30
+PHASES = ("start", "load", "init", "generate")
+SCHEMA_VERSION = 1
+
+HEADLINE = ("gpu_peak_gib", "gpu_weights_gib", "host_peak_gib", "host_anon_peak_gib", "node_host_peak_gib",
+            "load_s", "init_s", "generate_s", "tokens_per_s")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write via a temp file in the same folder + rename, so readers never see a torn file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> Optional[dict]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def rank_file(job_dir: Path, rank: int) -> Path:
+    return Path(job_dir) / "ranks" / f"rank{rank}.json"
+
+
+def read_rank_records(job_dir: Path, world_size: int) -> List[Optional[dict]]:
+    return [read_json(rank_file(job_dir, r)) for r in range(world_size)]
+
+
+def phase_quantities(phase: Dict[str, Any]) -> Dict[str, float]:
+    """One phase of one rank as flat {quantity: value}: bytes become *_gib, seconds stay."""
+    out: Dict[str, float] = {"wall_s": phase.get("wall_s")}
+    for section in ("host", "gpu", "peaks", "nvidia_smi"):
+        for k, v in (phase.get(section) or {}).items():
+            if isinstance(v, (int, float)) and v is not None:
+                out[f"{k}_gib"] = v / GIB
+    if phase.get("weights_device") is not None:
+        out["weights_device_gib"] = phase["weights_device"] / GIB
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def aggregate_metrics(ranks: Iterable[Optional[dict]]) -> Dict[str, float]:
+    """`<phase>.<quantity>.<agg>` over the ranks that reported that phase."""
+    per: Dict[str, Dict[int, float]] = {}
+    for rec in ranks:
+        if not rec:
+            continue
+        for pname, phase in (rec.get("phases") or {}).items():
+            for q, v in phase_quantities(phase).items():
+                per.setdefault(f"{pname}.{q}", {})[rec["rank"]] = v
+    out: Dict[str, float] = {}
+    for name, by_rank in per.items():
+        vals = list(by_rank.values())
+        out[f"{name}.max"] = max(vals)
+        out[f"{name}.min"] = min(vals)
+        out[f"{name}.mean"] = sum(vals) / len(vals)
+        out[f"{name}.sum"] = sum(vals)
+        for r, v in by_rank.items():
+            out[f"{name}.rank{r}"] = v
+    return out
+
+
+def _max_over(metrics: Dict[str, float], quantity: str, phases=PHASES) -> Optional[float]:
+    vals = [metrics[f"{p}.{quantity}.max"] for p in phases if f"{p}.{quantity}.max" in metrics]
+    return max(vals) if vals else None
+
+
+def headline(metrics: Dict[str, float], ranks: List[Optional[dict]], new_tokens: int) -> Dict[str, Optional[float]]:
+    """The figures a user compares first. Per-device figures are max over ranks; see README for definitions."""
+    gpu_peak = _max_over(metrics, "nvml_device_used_peak_gib") or _max_over(metrics, "gpu_driver_used_gib")
+    gen_s = metrics.get("generate.wall_s.max")
+    return {
+        "gpu_peak_gib": gpu_peak,
+        "gpu_weights_gib": metrics.get("init.weights_device_gib.max"),
+        "host_peak_gib": _max_over(metrics, "host_rss_peak_gib"),
+        "host_anon_peak_gib": _max_over(metrics, "host_anon_peak_gib"),
+        "node_host_peak_gib": _max_over(metrics, "node_used_peak_gib"),
+        "load_s": metrics.get("load.wall_s.max"),
+        "init_s": metrics.get("init.wall_s.max"),
+        "generate_s": gen_s,
+        "tokens_per_s": (new_tokens / gen_s) if gen_s else None,
+    }
+
+
+def first_error(ranks: List[Optional[dict]]) -> Optional[dict]:
+    """The earliest failure among the ranks (by time), with its rank."""
+    errs = [dict(r["error"], rank=r["rank"]) for r in ranks if r and r.get("error")]
+    return min(errs, key=lambda e: e.get("time", 0.0)) if errs else None

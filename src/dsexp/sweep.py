@@ -1,0 +1,34 @@
+"""Expand a multirun into its job configs and validate each one before any job is launched."""
+from __future__ import annotations
+
+from typing import List, Tuple
+
+from omegaconf import DictConfig, OmegaConf
+
+from dsexp.config import ConfigError, to_schema, validate
+
+
+def sweep_combinations(config: DictConfig) -> List[List[str]]:
+    """The override lists Hydra's basic sweeper will run (sweeper params from presets + command line)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    args = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    parsed = OverridesParser.create().parse_overrides(args)
+    return [combo for batch in BasicSweeper.split_arguments(parsed, None) for combo in batch]
+
+
+def validate_sweep(config: DictConfig) -> List[Tuple[List[str], str]]:
+    """[(overrides, message)] for every combination that cannot run; empty if all are fine."""
+    from hydra import compose
+    from hydra.errors import HydraException
+
+    errors = []
+    for combo in sweep_combinations(config):
+        try:
+            job_cfg = compose(config_name=config.hydra.job.config_name, overrides=combo)
+            validate(to_schema(job_cfg))
+        except (ConfigError, HydraException) as e:
+            errors.append((combo, str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__))
+    return errors

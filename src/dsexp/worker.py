@@ -1,0 +1,127 @@
+"""One rank: start -> load -> init -> generate, probing memory and time at every phase.
+
+Spawned by the job's launcher (torchrun or `deepspeed --no_local_rank`), never by Hydra: it reads the
+job's resolved config from `<job_dir>/job.json`, writes `<job_dir>/ranks/rank{N}.json` after every
+phase and its output to `rank{N}.log`, and never talks to MLflow.
+"""
+from __future__ import annotations
+
+import time
+
+T_PROCESS = time.perf_counter()  # before the heavy imports: the start phase includes them
+
+import faulthandler  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from dsexp.context import RankContext  # noqa: E402
+from dsexp.faults import maybe_inject  # noqa: E402
+from dsexp.probes.phases import PhaseRecorder  # noqa: E402
+
+
+def _redirect_output(log: Path) -> None:
+    """Send this process's stdout/stderr (C level too: NCCL, faults) to the rank's own log."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+
+
+def _start_distributed(ctx: RankContext, rec: PhaseRecorder) -> None:
+    import deepspeed
+    import torch
+
+    if ctx.runtime.get("device") == "cuda":
+        torch.cuda.set_device(ctx.local_rank)
+        ctx.device = f"cuda:{ctx.local_rank}"
+        rec.attach_cuda(ctx.local_rank)
+    deepspeed.init_distributed(dist_backend="nccl" if ctx.on_gpu else "gloo", verbose=False)
+
+
+def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
+    from dsexp.engines import get_engine
+    from dsexp.generation import run_generate
+    from dsexp.loading import get_loader
+    from dsexp.probes.weights import resident_bytes, weight_census
+
+    spec, reference = ctx.spec, ctx.runtime.get("role") == "reference"
+    engine = None if reference else get_engine(spec.engine.name)
+    device_type = "cuda" if ctx.on_gpu else "cpu"
+
+    with rec.phase("load"):
+        maybe_inject(spec.fault, ctx.rank, "load")
+        if engine:
+            engine.before_load(ctx)
+        loaded = get_loader("eager" if reference else spec.load.name).load(ctx, engine.load_kwargs(ctx) if engine else {})
+    census = weight_census(loaded.model)
+    rec.annotate_phase("load", weights_device=resident_bytes(census, device_type), weights=census)
+
+    with rec.phase("init"):
+        maybe_inject(spec.fault, ctx.rank, "init")
+        if engine:
+            module, report = engine.wrap(loaded.model, ctx, checkpoint=loaded.checkpoint)
+        else:
+            module, report = loaded.model.to(ctx.device), {"reference": True}
+        if loaded.finalize:
+            report["finalize"] = loaded.finalize(module)
+    del loaded
+    census = weight_census(module)
+    rec.annotate_phase("init", weights_device=resident_bytes(census, device_type), weights=census)
+    if census["on_meta"]:
+        raise RuntimeError(f"{len(census['on_meta'])} tensors are still on the meta device after init: "
+                           f"{', '.join(census['on_meta'][:8])}")
+
+    with rec.phase("generate"):
+        maybe_inject(spec.fault, ctx.rank, "generate")
+        out = run_generate(module, ctx, engine.generate_kwargs(ctx) if engine else {})
+    if engine:
+        report = engine.finish(report)
+    if ctx.rank == 0:
+        import torch
+
+        torch.save(out["first_logits"], Path(ctx.job_dir) / "ranks" / "logits_rank0.pt")
+    rec.note(engine=report, generate={"prompt_ids": out["prompt_ids"], "tokens": out["tokens"],
+                                      "new_tokens": len(out["tokens"])})
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    job_dir = Path(argv[0])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    _redirect_output(job_dir / "ranks" / f"rank{rank}.log")
+    job = json.loads((job_dir / "job.json").read_text())
+
+    from omegaconf import OmegaConf
+
+    from dsexp.config import to_schema
+
+    spec = to_schema(OmegaConf.create(job["config"]))
+    rec = PhaseRecorder(job_dir, rank, world, local_rank, T_PROCESS, spec.probe.sample_ms,
+                        spec.probe.see_memory_usage, spec.probe.nvidia_smi)
+    ctx = RankContext(spec, rank, local_rank, world, job_dir, Path(job["runtime"]["model_dir"]), job["runtime"])
+    try:
+        with rec.phase("start", t0=T_PROCESS):
+            maybe_inject(spec.fault, rank, "start")
+            _start_distributed(ctx, rec)
+        run_rank(ctx, rec)
+    except BaseException as e:  # recorded by the phase; the job classifies it
+        if rec.record["error"] is None:
+            rec.note(error={"phase": "after", "type": type(e).__name__, "message": str(e)[:2000],
+                            "time": time.time()}, status="failed")
+        import traceback
+
+        traceback.print_exc()
+        rec.finish()
+        return 1
+    rec.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

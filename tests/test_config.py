@@ -1,0 +1,73 @@
+"""Config composition and validation: every bad setting is refused with a message naming the key."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import CONF, compose
+
+from dsexp.config import ConfigError, to_schema, validate
+
+
+def spec_of(*overrides, gpus=0):
+    return validate(to_schema(compose(list(overrides))), gpus=gpus)
+
+
+def test_default_composes_to_cpu_tiny_eager():
+    spec = spec_of()
+    assert (spec.model.name, spec.load.name, spec.engine.name, spec.tp, spec.device) == ("tiny", "eager", "init_inference", 1, "cpu")
+    assert spec.dtype == spec.model.dtype == "bf16"
+
+
+@pytest.mark.parametrize("group", ["model", "load", "engine", "zero", "launcher"])
+def test_every_group_option_composes(group):
+    for path in sorted((CONF / group).glob("*.yaml")):
+        over = [f"{group}={path.stem}"] + (["model.path=/nonexistent"] if path.stem == "local" else [])
+        spec = to_schema(compose(over))
+        assert getattr(spec, group).name == path.stem
+
+
+@pytest.mark.parametrize("preset", [p.stem for p in sorted((CONF / "experiment").glob("*.yaml"))])
+def test_experiment_presets_compose(preset):
+    cfg = compose([f"experiment={preset}"], hydra=True)
+    assert to_schema(cfg).model.name
+
+
+def test_tp_is_a_plain_int():
+    assert spec_of("tp=2").tp == 2
+
+
+@pytest.mark.parametrize("overrides,gpus,needle", [
+    (["tp=0"], 0, "tp=0"),
+    (["tp=4"], 2, "tp=4 needs 4 GPUs"),
+    (["tp=4"], 0, "tp=4 leaves some ranks with no attention heads"),  # tiny has 2 KV heads
+    (["engine.kernel_inject=true"], 0, "engine.kernel_inject"),
+    (["dtype=fp16"], 0, "dtype=fp16"),
+    (["dtype=int8"], 0, "dtype='int8'"),
+    (["device=cuda"], 0, "device=cuda"),
+    (["load.format=gguf"], 0, "load.format"),
+    (["probe.sample_ms=50"], 0, "probe.sample_ms"),
+    (["model=local", "model.path=/does/not/exist"], 0, "model.path='/does/not/exist' does not exist"),
+])
+def test_bad_settings_name_the_key(overrides, gpus, needle):
+    with pytest.raises(ConfigError, match=None) as e:
+        spec_of(*overrides, gpus=gpus)
+    assert needle in str(e.value)
+
+
+def test_wrong_type_names_the_key():
+    with pytest.raises(ConfigError) as e:
+        to_schema(compose(["tp=two"]))
+    assert "tp" in str(e.value)
+
+
+def test_local_folder_checks(tmp_path):
+    with pytest.raises(ConfigError, match="no config.json"):
+        spec_of("model=local", f"model.path={tmp_path}")
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 4, "auto_map": {"AutoModel": "x.Y"}}))
+    with pytest.raises(ConfigError, match="holds no weights"):
+        spec_of("model=local", f"model.path={tmp_path}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ConfigError, match="trust_remote_code=true explicitly"):
+        spec_of("model=local", f"model.path={tmp_path}")
+    assert spec_of("model=local", f"model.path={tmp_path}", "model.trust_remote_code=true").model.path == str(tmp_path)

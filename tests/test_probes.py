@@ -1,0 +1,67 @@
+"""Probes: the sampler sees peaks between snapshots, RSS splits anon/file, DeepSpeed's printout parses."""
+from __future__ import annotations
+
+import mmap
+import time
+
+import torch
+
+from dsexp.probes.host import host_snapshot, status_rss
+from dsexp.probes.sampler import PeakSampler
+from dsexp.probes.see_memory import parse
+from dsexp.probes.weights import resident_bytes, weight_census
+
+
+def test_sampler_catches_a_transient_peak():
+    s = PeakSampler(0.005).start()
+    try:
+        s.take()
+        before = status_rss()["host_anon"]
+        blob = bytearray(300 * 2**20)  # touched: anonymous resident memory
+        time.sleep(0.1)
+        del blob
+        time.sleep(0.05)
+        after = status_rss()["host_anon"]
+        peaks = s.take()
+    finally:
+        s.stop()
+    assert after - before < 50 * 2**20  # freed again, so only the sampler can have seen it
+    assert peaks["host_anon_peak"] - before > 250 * 2**20
+    assert s.samples > 5 and s.cpu_s < 0.5
+
+
+def test_file_backed_pages_are_not_anonymous(tmp_path):
+    f = tmp_path / "blob"
+    f.write_bytes(b"\1" * (64 * 2**20))
+    before = status_rss()
+    with open(f, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        sum(m[i] for i in range(0, len(m), 4096))  # fault every page in
+        during = status_rss()
+    assert during["host_file"] - before["host_file"] > 60 * 2**20
+    assert during["host_anon"] - before["host_anon"] < 16 * 2**20
+
+
+def test_host_snapshot_has_uss_pss_and_node():
+    snap = host_snapshot()
+    assert 0 < snap["host_uss"] <= snap["host_rss"] and 0 < snap["host_pss"] <= snap["host_rss"]
+    assert 0 < snap["node_used"] < snap["node_total"]
+
+
+def test_see_memory_usage_printout_parses():
+    text = ("After load model\nMA 37.74 GB         Max_MA 37.74 GB         CA 37.75 GB         Max_CA 38 GB \n"
+            "CPU Virtual Memory:  used = 92.87 GB, percent = 18.4%")
+    got = parse(text)
+    assert got["printed"] and got["MA_GB"] == 37.74 and got["Max_CA_GB"] == 38 and got["cpu_used_GB"] == 92.87
+    assert not parse("")["printed"]
+
+
+def test_weight_census_counts_params_buffers_and_meta():
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8, dtype=torch.bfloat16), torch.nn.LayerNorm(8))
+    m.register_buffer("cache", torch.zeros(10))
+    with torch.device("meta"):
+        m.append(torch.nn.Linear(8, 2))
+    c = weight_census(m)
+    assert c["param_bytes"]["cpu"] == (4 * 8 + 8) * 2 + 16 * 4
+    assert c["param_bytes"]["meta"] == (8 * 2 + 2) * 4
+    assert c["on_meta"] == ["2.weight", "2.bias"]
+    assert resident_bytes(c, "cpu") == c["param_bytes"]["cpu"] + 40

@@ -1,0 +1,44 @@
+"""Aggregation over ranks and failure classification, on constructed rank records."""
+from __future__ import annotations
+
+from dsexp.failures import classify
+from dsexp.records import GIB, aggregate_metrics, headline
+
+
+def rank(r, load_rss, weights, gpu_peak=None, status="ok", error=None, phases=("start", "load", "init", "generate")):
+    ph = {p: {"wall_s": 1.0 + r, "host": {"host_rss": load_rss}, "peaks": {"host_rss_peak": load_rss + GIB}} for p in phases}
+    if "init" in ph:
+        ph["init"]["weights_device"] = weights
+    if gpu_peak is not None and "generate" in ph:
+        ph["generate"]["peaks"]["nvml_device_used_peak"] = gpu_peak
+    return {"rank": r, "status": status, "phases": ph, "error": error}
+
+
+def test_aggregates_max_sum_and_per_rank():
+    m = aggregate_metrics([rank(0, 2 * GIB, GIB), rank(1, 4 * GIB, 3 * GIB)])
+    assert m["load.host_rss_gib.max"] == 4 and m["load.host_rss_gib.sum"] == 6 and m["load.host_rss_gib.rank0"] == 2
+    assert m["init.weights_device_gib.max"] == 3 and m["load.wall_s.max"] == 2.0
+
+
+def test_headline_takes_per_device_max():
+    ranks = [rank(0, 2 * GIB, GIB, gpu_peak=5 * GIB), rank(1, 4 * GIB, 3 * GIB, gpu_peak=7 * GIB)]
+    h = headline(aggregate_metrics(ranks), ranks, new_tokens=8)
+    assert h["gpu_peak_gib"] == 7 and h["gpu_weights_gib"] == 3 and h["host_peak_gib"] == 5
+    assert h["tokens_per_s"] == 8 / 2.0
+
+
+def test_classify_ok_and_failures():
+    ok = [rank(0, 1, 1), rank(1, 1, 1)]
+    assert classify(False, 0, ok, {}) is None
+    err = {"phase": "generate", "type": "OutOfMemoryError", "message": "CUDA out of memory", "time": 2.0}
+    got = classify(False, 1, [rank(0, 1, 1), rank(1, 1, 1, status="failed", error=err)], {})
+    assert (got["cause"], got["rank"], got["phase"]) == ("oom_gpu", 1, "generate")
+    err = {"phase": "init", "type": "ValidationError", "message": "1 validation error for DeepSpeedInferenceConfig", "time": 1}
+    assert classify(False, 1, [rank(0, 1, 1, status="failed", error=err)], {})["cause"] == "config_rejected"
+    err = {"phase": "load", "type": "SafetensorError", "message": "incomplete metadata", "time": 1}
+    assert classify(False, 1, [rank(0, 1, 1, status="failed", error=err)], {})["cause"] == "load_error"
+    # rank 1 vanished during load (SIGKILL): no Python error anywhere
+    dead = [rank(0, 1, 1, status="running", phases=("start", "load")), rank(1, 1, 1, status="running", phases=("start",))]
+    got = classify(False, -9, dead, {"rank1": ""})
+    assert (got["cause"], got["rank"], got["phase"]) == ("rank_crashed", 1, "load")
+    assert classify(True, None, dead, {})["cause"] == "timeout"

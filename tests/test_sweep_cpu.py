@@ -1,0 +1,74 @@
+"""End to end on CPU: `python -m dsexp -m tp=1,2 load=eager model=tiny` -> two finished MLflow child runs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import run_dsexp, sweep_results
+
+from dsexp.records import HEADLINE, PHASES
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, cache_dir):
+    cwd = tmp_path_factory.mktemp("sweep")
+    proc = run_dsexp(["-m", "tp=1,2", "load=eager", "model=tiny", "hydra.sweep.dir=multirun/s"], cwd, cache_dir)
+    return cwd, cwd / "multirun" / "s", proc
+
+
+def test_every_rank_has_every_phase(sweep):
+    _, sweep_dir, proc = sweep
+    results = sweep_results(sweep_dir)
+    assert [r["config"]["tp"] for r in results] == [1, 2]
+    for res in results:
+        assert res["status"] == "ok", res.get("failure")
+        assert len(res["ranks"]) == res["config"]["tp"]
+        for rk in res["ranks"]:
+            assert list(rk["phases"]) == list(PHASES)
+            for ph in rk["phases"].values():
+                assert ph["wall_s"] > 0 and ph["host"]["host_rss"] > 0 and ph["peaks"]["host_rss_peak"] >= ph["host"]["host_rss"] * 0.5
+            assert rk["sampler"]["samples"] > 0
+        assert res["correctness"]["passed"], res["correctness"]
+    assert "tiny/eager/init_inference/tp2" in proc.stdout  # the end-of-sweep table
+
+
+def test_tp2_shards_weights_and_records_tokens(sweep):
+    _, sweep_dir, _ = sweep
+    tp1, tp2 = sweep_results(sweep_dir)
+    w1 = tp1["ranks"][0]["phases"]["init"]["weights_device"]
+    w2 = [rk["phases"]["init"]["weights_device"] for rk in tp2["ranks"]]
+    assert all(w < 0.75 * w1 for w in w2)
+    assert tp2["engine"]["modules"]["added"].get("LinearAllreduce", 0) > 0
+    for rk in tp2["ranks"]:
+        assert len(rk["generate"]["tokens"]) == 16
+
+
+def test_mlflow_has_parent_and_finished_children(sweep):
+    import mlflow
+
+    cwd, sweep_dir, _ = sweep
+    mlflow.set_tracking_uri(f"sqlite:///{cwd / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["dsexp"])
+    parents = runs[runs["tags.dsexp.kind"] == "sweep"]
+    children = runs[runs["tags.dsexp.kind"] == "job"]
+    assert len(parents) == 1 and len(children) == 2
+    assert set(children["tags.mlflow.parentRunId"]) == set(parents["run_id"])
+    assert set(children["status"]) == {"FINISHED"} and parents["status"].iloc[0] == "FINISHED"
+    assert set(children["tags.dsexp.status"]) == {"ok"}
+    for name in HEADLINE:
+        if name != "gpu_peak_gib":  # no GPU here
+            assert children[f"metrics.{name}"].notna().all(), name
+    tp2 = children[children["params.tp"] == "2"].iloc[0]
+    for phase in PHASES:
+        for r in (0, 1):
+            assert tp2[f"metrics.{phase}.host_rss_gib.rank{r}"] > 0
+    client = mlflow.tracking.MlflowClient()
+    arts = {a.path for a in client.list_artifacts(tp2["run_id"], "ranks")}
+    assert {"ranks/rank0.json", "ranks/rank1.json", "ranks/rank0.log"} <= arts
+
+
+def test_result_json_is_self_contained(sweep):
+    _, sweep_dir, _ = sweep
+    for res in sweep_results(sweep_dir):
+        assert res["tracking"]["run_id"] and res["key"] and res["config"]["model"]["name"] == "tiny"
+        assert Path(res["job_dir"], "job.json").is_file()
