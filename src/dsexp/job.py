@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 import time
 import traceback
 from dataclasses import asdict
@@ -44,12 +46,22 @@ def prepare_model(spec: JobConfig) -> Dict[str, Any]:
     """Make sure the checkpoint exists (write it if it is a preset); return runtime facts about it."""
     if spec.model.path:
         return {"model_dir": str(Path(spec.model.path).expanduser().resolve()), "checkpoint_written": False}
-    from dsexp.models.writer import ensure_checkpoint
+    from dsexp.models.writer import DONE_MARK, checkpoint_dir, checkpoint_key
 
-    st = ensure_checkpoint(spec.cache_dir, spec.model.name, spec.model.arch, spec.model.dims, spec.model.dtype,
-                           spec.load.format, spec.model.seed, spec.model.shard_mb)
-    return {"model_dir": str(st.path), "checkpoint_written": not st.cache_hit, "checkpoint_write_s": st.seconds,
-            "checkpoint_bytes": st.bytes}
+    m = spec.model
+    args = dict(cache_dir=spec.cache_dir, name=m.name, arch=m.arch, dims=dict(m.dims), dtype=m.dtype,
+                fmt=spec.load.format, seed=m.seed, shard_mb=m.shard_mb)
+    folder = checkpoint_dir(spec.cache_dir, m.name, checkpoint_key(m.arch, args["dims"], m.dtype, spec.load.format,
+                                                                   m.seed, m.shard_mb))
+    if (folder / DONE_MARK).is_file():
+        return {"model_dir": str(folder), "checkpoint_written": False}
+    proc = subprocess.run([sys.executable, "-m", "dsexp.models.writer", json.dumps(args)], capture_output=True,
+                          text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"writing the {m.name} checkpoint failed:\n{proc.stderr[-3000:]}")
+    st = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"model_dir": st["path"], "checkpoint_written": not st["cache_hit"], "checkpoint_write_s": st["seconds"],
+            "checkpoint_bytes": st["bytes"]}
 
 
 def _write_job_file(job_dir: Path, spec: JobConfig, runtime: Dict[str, Any]) -> None:

@@ -10,7 +10,9 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -95,15 +97,21 @@ def write_checkpoint(folder: Path, arch: str, dims: Dict[str, Any], dtype: str, 
     cfg.save_pretrained(folder)
     shards = list(_plan_shards(specs, torch_dtype(dtype).itemsize, shard_mb))
     n = len(shards)
-    weight_map, total = {}, 0
-    for i, shard in enumerate(shards, 1):
-        fname = (f"model-{i:05d}-of-{n:05d}.safetensors" if fmt == "safetensors"
-                 else f"pytorch_model-{i:05d}-of-{n:05d}.bin")
-        tensors = {name: random_tensor(name, shape, dtype, seed) for name, shape in shard}
-        total += sum(t.numel() * t.element_size() for t in tensors.values())
-        _save(tensors, folder / fname, fmt)
-        weight_map.update({name: fname for name in tensors})
-        del tensors
+    weight_map, total, pending = {}, 0, []
+    # Draw shard i+1 while shard i is written: generation (GPU if present) and disk overlap.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for i, shard in enumerate(shards, 1):
+            fname = (f"model-{i:05d}-of-{n:05d}.safetensors" if fmt == "safetensors"
+                     else f"pytorch_model-{i:05d}-of-{n:05d}.bin")
+            tensors = {name: random_tensor(name, shape, dtype, seed) for name, shape in shard}
+            total += sum(t.numel() * t.element_size() for t in tensors.values())
+            weight_map.update({name: fname for name in tensors})
+            pending.append(pool.submit(_save, tensors, folder / fname, fmt))
+            del tensors
+            if len(pending) >= 2:  # at most two shards in memory
+                pending.pop(0).result()
+        for fut in pending:
+            fut.result()
     index = "model.safetensors.index.json" if fmt == "safetensors" else "pytorch_model.bin.index.json"
     (folder / index).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     return total
@@ -161,3 +169,19 @@ def random_tensor(name: str, shape: tuple, dtype: str, seed: int, device: Option
     std = 1.0 if is_embedding else shape[-1] ** -0.5
     t = torch.empty(shape, dtype=torch.float32, device=device).normal_(0.0, std, generator=g)
     return t.to(dt).cpu().contiguous()
+
+
+def main(argv=None) -> int:
+    """`python -m dsexp.models.writer '<json kwargs of ensure_checkpoint>'`: write in a child process.
+
+    The job process calls this as a subprocess so that drawing weights on a GPU never leaves a CUDA
+    context (and cached blocks) in the long-lived Hydra process, where they would count against GPU 0.
+    """
+    kwargs = json.loads((sys.argv[1:] if argv is None else argv)[0])
+    st = ensure_checkpoint(**kwargs)
+    print(json.dumps({"path": str(st.path), "bytes": st.bytes, "seconds": st.seconds, "cache_hit": st.cache_hit}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+# Sourced at the start of every GPU-machine command: install the carried wheels and set the environment.
+# Usage on the device machine (repo root, `.whl` carried): source scripts/gpu/env.sh
+set -eo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+export TORCH_CUDA_ARCH_LIST=9.0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export DSEXP_CACHE=/tmp/dsexp-cache MLFLOW_TRACKING_URI=sqlite:////tmp/dsexp-mlflow.db
+export OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv | tee "$OUT/gpus.csv"
+python3 -c 'import torch, transformers, deepspeed, hydra, mlflow; print("torch", torch.__version__, "cuda", torch.cuda.device_count(), "transformers", transformers.__version__, "deepspeed", deepspeed.__version__)' 2>&1 | tail -1
