@@ -1,18 +1,38 @@
-"""Turn how a job ended into a cause class, the failing rank and phase, and the last lines of each log."""
+"""Turn how a job ended into a cause class, the failing rank and phase, and the last lines of each log.
+
+Evidence, per rank: its record (status, a recorded Python error with its time), its heartbeat (the
+live file: the phase it was in and when it was last alive), the exit code the launcher reports
+(torchrun's failure summary), and, for hangs, the Python stacks the ranks dumped before being killed.
+The failing rank is the earliest to fail among ranks that were not collateral damage: ranks the
+launcher SIGTERMed after another failed, and ranks whose error only says a peer went away, are
+blamed only when nobody else can be.
+"""
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
+
+from dsexp.records import GIB, PHASES
 
 CAUSES = ("oom_gpu", "oom_host", "timeout", "rank_crashed", "config_rejected", "load_error", "engine_error",
-          "kernel_build_error", "incorrect_output", "prepare_error", "launch_error")
+          "kernel_build_error", "incorrect_output", "prepare_error", "launch_error", "invalid_config", "interrupted")
 
 _OOM_GPU = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|NCCL.*(out of memory|alloc)", re.I)
 _OOM_HOST = re.compile(r"\bMemoryError\b|Cannot allocate memory|std::bad_alloc|DefaultCPUAllocator: can't allocate", re.I)
 _REJECTED = re.compile(r"ValidationError|validation error|Extra inputs are not permitted|is not supported by|"
                        r"not a valid|Cannot use both|Injection policy layer.*not valid|Not able to determine model policy", re.I)
 _KERNEL = re.compile(r"op_builder|ninja|nvcc|Error building extension|This op had not been implemented", re.I)
+# A rank's error that only reports that a peer went away (gloo/NCCL/c10d store).
+_COLLATERAL = re.compile(r"Connection (closed|reset) by peer|Broken pipe|ECONNRESET|communicator was aborted|"
+                         r"remote process exited|DistNetworkError|DistStoreError|Connection refused|failed to recv", re.I)
+# torchrun's failure summary: "rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 123)"
+_EXIT = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+# A frame in a faulthandler dump: '  File "/x/torch/distributed/distributed_c10d.py", line 2800 in all_reduce'
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
+_COLLECTIVE = re.compile(r"distributed_c10d|deepspeed/comm/|all_reduce|all_gather|reduce_scatter|barrier|broadcast", re.I)
+_NODE_FULL = 0.95  # a SIGKILLed rank with the node this full is taken as killed by the OOM killer
 
 
 def tail(path: Path, lines: int = 30) -> str:
@@ -31,22 +51,97 @@ def log_tails(job_dir: Path, world_size: int) -> Dict[str, str]:
     return out
 
 
-def classify(timed_out: bool, returncode: Optional[int], ranks: List[Optional[dict]],
-             tails: Dict[str, str]) -> Optional[Dict[str, Any]]:
-    """None if every rank finished ok; else {cause, rank, phase, type, message}."""
+def launcher_exits(job_dir: Path) -> Dict[int, int]:
+    """Exit code per rank from torchrun's failure summary (negative: killed by that signal); {} if none."""
+    return {int(r): int(c) for r, c in _EXIT.findall(tail(Path(job_dir) / "launcher.log", 2000))}
+
+
+def oom_kills() -> Optional[int]:
+    """The cgroup's OOM-kill counter (cgroup v2 memory.events, or v1 memory.oom_control); None if unreadable."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            for line in Path(path).read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def hang_site(log_text: str) -> Tuple[Optional[str], bool]:
+    """From the last faulthandler dump in a rank's log: the main thread's innermost frame and whether that
+    thread was inside a collective (waiting for peers) rather than stuck on its own."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x[0-9a-f]+ )", log_text)
+    main = [b for b in blocks if "(most recent call first)" in b and "_run_module_as_main" in b]
+    if not main:
+        return None, False
+    frames = [m.groups() for m in (_FRAME.match(line) for line in main[-1].splitlines()) if m]
+    if not frames:
+        return None, False
+    inner = f"{Path(frames[0][0]).name}:{frames[0][1]} in {frames[0][2]}"
+    return inner, any(_COLLECTIVE.search(f"{f[0]} {f[2]}") for f in frames)
+
+
+def classify(timed_out: bool, returncode: Optional[int], ranks: List[Optional[dict]], tails: Dict[str, str],
+             exits: Optional[Dict[int, int]] = None, oom_killed: bool = False,
+             hangs: Optional[Dict[int, Tuple[Optional[str], bool]]] = None) -> Optional[Dict[str, Any]]:
+    """None if every rank finished ok; else {cause, rank, phase, type, message, ranks_at_stop}."""
     if not timed_out and returncode == 0 and ranks and all(r and r.get("status") == "ok" for r in ranks):
         return None
-    errors = [dict(r["error"], rank=r["rank"]) for r in ranks if r and r.get("error")]
-    err = min(errors, key=lambda e: e.get("time", 0.0)) if errors else None
+    exits = exits or {}
+    at_stop = {r: _phase_at_stop(rec) for r, rec in enumerate(ranks) if not (rec and rec.get("status") == "ok")}
     if timed_out:
-        return {"cause": "timeout", **_where(err, ranks), "message": "the job ran past timeout_s; ranks were killed"}
-    if err is None:
-        # No rank recorded an exception: it died from a signal or exited hard. Blame the rank that stopped earliest.
-        rank, phase = _first_silent_stop(ranks)
-        text = tails.get(f"rank{rank}", "") if rank is not None else ""
-        cause = "oom_gpu" if _OOM_GPU.search(text) else "oom_host" if _OOM_HOST.search(text) else "rank_crashed"
-        return {"cause": cause, "rank": rank, "phase": phase, "type": "exit",
-                "message": f"rank {rank} stopped in phase {phase} without a Python error (launcher rc={returncode})"}
+        out = _timeout(ranks, at_stop, hangs or {})
+    else:
+        rank = _culprit(ranks, exits)
+        rec = ranks[rank] if rank is not None else None
+        err = (rec or {}).get("error")
+        out = _from_error(err) if err else _from_silent_stop(rank, rec, exits.get(rank), returncode,
+                                                                tails.get(f"rank{rank}", ""), oom_killed)
+        out = {"rank": rank, "phase": (err or {}).get("phase") or at_stop.get(rank), **out}
+    out["ranks_at_stop"] = {f"rank{r}": p for r, p in at_stop.items()}
+    return out
+
+
+def _phase_at_stop(rec: Optional[dict]) -> Optional[str]:
+    """The phase a rank was in when it stopped: its failed or partial phase, else the one after its last."""
+    if not rec:
+        return PHASES[0]
+    if rec.get("error"):
+        return rec["error"].get("phase")
+    phases = rec.get("phases") or {}
+    partial = [p for p, v in phases.items() if v.get("partial")]
+    if partial:
+        return partial[-1]
+    done = [p for p in PHASES if p in phases]
+    return PHASES[min(len(done), len(PHASES) - 1)]
+
+
+def _is_victim(rank: int, rec: Optional[dict], exits: Dict[int, int]) -> bool:
+    if exits.get(rank) == -signal.SIGTERM:
+        return True  # the launcher stopped it because another rank failed
+    err = (rec or {}).get("error")
+    return bool(err) and bool(_COLLATERAL.search(f"{err.get('message')}\n{err.get('traceback', '')}"))
+
+
+def _culprit(ranks: List[Optional[dict]], exits: Dict[int, int]) -> Optional[int]:
+    """The earliest-failing rank that was not collateral damage (else the earliest of all that failed).
+    Without times (no heartbeat, no error), the rank furthest behind."""
+    failed = [r for r, rec in enumerate(ranks) if not (rec and rec.get("status") == "ok")]
+    if not failed:
+        return None
+    primary = [r for r in failed if not _is_victim(r, ranks[r], exits)] or failed
+
+    def when(r: int) -> float:
+        rec = ranks[r] or {}
+        t = (rec.get("error") or {}).get("time") or rec.get("last_alive")
+        return float(t) if t is not None else float("inf")
+
+    order = {p: i for i, p in enumerate(PHASES)}
+    return min(primary, key=lambda r: (when(r), order.get(_phase_at_stop(ranks[r]), len(PHASES)), r))
+
+
+def _from_error(err: dict) -> Dict[str, Any]:
     text = f"{err.get('type')}: {err.get('message')}\n{err.get('traceback', '')}"
     if err.get("type") in ("OutOfMemoryError",) or _OOM_GPU.search(text):
         cause = "oom_gpu"
@@ -60,28 +155,79 @@ def classify(timed_out: bool, returncode: Optional[int], ranks: List[Optional[di
         cause = "load_error"
     else:
         cause = "engine_error"
-    return {"cause": cause, "rank": err["rank"], "phase": err.get("phase"), "type": err.get("type"),
-            "message": err.get("message")}
+    message = f"{err.get('type')}: {err.get('message')}" if err.get("message") else str(err.get("type"))
+    return {"cause": cause, "type": err.get("type"), "message": message}
 
 
-def _where(err: Optional[dict], ranks: List[Optional[dict]]) -> Dict[str, Any]:
-    if err:
-        return {"rank": err["rank"], "phase": err.get("phase")}
-    rank, phase = _first_silent_stop(ranks)
-    return {"rank": rank, "phase": phase}
+def _from_silent_stop(rank: Optional[int], rec: Optional[dict], code: Optional[int], returncode: Optional[int],
+                      log: str, oom_killed: bool) -> Dict[str, Any]:
+    """A rank that stopped without a Python error: it exited hard or a signal killed it."""
+    if code is not None and code < 0:
+        how = f"was killed by {_signal_name(-code)}"
+    elif code is not None:
+        how = f"exited with code {code}"
+    else:
+        how = f"stopped (launcher rc={returncode})"
+    fill = _node_fill(rec)
+    sigkill = code is None or code == -signal.SIGKILL
+    if _OOM_GPU.search(log):
+        cause = "oom_gpu"
+    elif _OOM_HOST.search(log) or (sigkill and (oom_killed or (fill or 0) >= _NODE_FULL)):
+        cause = "oom_host"
+        how += " (the kernel OOM killer: " + ("the cgroup counted an OOM kill)" if oom_killed else
+                                              f"node memory was {fill:.0%} used)")
+    else:
+        cause = "rank_crashed"
+    return {"cause": cause, "type": "signal" if code is not None and code < 0 else "exit",
+            "message": f"rank {rank} {how} without a Python error"}
 
 
-def _first_silent_stop(ranks: List[Optional[dict]]):
-    """The rank with the fewest completed phases (a missing record counts as none) and the phase it was in."""
-    from dsexp.records import PHASES
+def _timeout(ranks: List[Optional[dict]], at_stop: Dict[int, Optional[str]],
+             hangs: Dict[int, Tuple[Optional[str], bool]]) -> Dict[str, Any]:
+    """Blame the rank that was furthest behind, preferring one stuck on its own over one waiting in a collective."""
+    if not at_stop:
+        return {"cause": "timeout", "rank": None, "phase": None, "type": "timeout",
+                "message": "the job ran past timeout_s after every rank had finished"}
+    order = {p: i for i, p in enumerate(PHASES)}
+    rank = min(at_stop, key=lambda r: (order.get(at_stop[r], len(PHASES)), bool((hangs.get(r) or (None, False))[1]), r))
+    where = "; ".join(f"rank {r} in {at_stop[r]}" + (f" at {hangs[r][0]}" + (" (in a collective)" if hangs[r][1] else "")
+                                                      if hangs.get(r) and hangs[r][0] else "")
+                      for r in sorted(at_stop))
+    return {"cause": "timeout", "rank": rank, "phase": at_stop[rank], "type": "timeout",
+            "message": f"the job ran past timeout_s and its ranks were killed; {where}"}
 
-    best = None
-    for r, rec in enumerate(ranks):
-        done = len((rec or {}).get("phases", {}))
-        if rec is not None and rec.get("status") == "ok":
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _node_fill(rec: Optional[dict]) -> Optional[float]:
+    """Highest node-memory use the rank saw, as a fraction of the node's memory."""
+    phases = (rec or {}).get("phases") or {}
+    total = max([(p.get("host") or {}).get("node_total", 0) for p in phases.values()] + [0])
+    used = max([(p.get("peaks") or {}).get("node_used_peak", 0) for p in phases.values()] + [0])
+    if not total:
+        import psutil
+
+        total = psutil.virtual_memory().total
+    return used / total if used else None
+
+
+def memory_reached(ranks: List[Optional[dict]]) -> Dict[str, Dict[str, float]]:
+    """Per rank, the highest host and device memory seen in any phase up to the failure (GiB)."""
+    out = {}
+    for rec in ranks:
+        if not rec:
             continue
-        if best is None or done < best[1]:
-            best = (r, done)
-    if best is None:
-        return None, None
-    return best[0], PHASES[min(best[1], len(PHASES) - 1)]
+        peaks: Dict[str, float] = {}
+        for ph in (rec.get("phases") or {}).values():
+            for k, v in {**(ph.get("host") or {}), **(ph.get("gpu") or {}), **(ph.get("peaks") or {})}.items():
+                name = k[:-5] if k.endswith("_peak") else k
+                if name in ("host_rss", "host_anon", "nvml_device_used", "gpu_reserved", "gpu_alloc") and \
+                        isinstance(v, (int, float)):
+                    peaks[f"{name}_gib"] = max(peaks.get(f"{name}_gib", 0.0), v / GIB)
+        out[f"rank{rec['rank']}"] = peaks
+    return out

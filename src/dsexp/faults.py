@@ -2,20 +2,31 @@
 
 `fault={rank: 1, phase: load, kind: raise|exit|sigkill|sleep|alloc_host|alloc_gpu}` in the config.
 Used by the reliability tests to check that every failure becomes a recorded, classified result.
+`once: true` makes the fault transient: it fires on the first attempt of a job only (a marker in the
+job folder remembers), so a resumed sweep shows the retried job succeeding.
 """
 from __future__ import annotations
 
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any, Dict, Optional
 
 KINDS = ("raise", "exit", "sigkill", "sleep", "alloc_host", "alloc_gpu")
 
 
-def maybe_inject(fault: Optional[Dict[str, Any]], rank: int, phase: str) -> None:
+FIRED_MARK = ".dsexp-fault-fired"
+
+
+def maybe_inject(fault: Optional[Dict[str, Any]], rank: int, phase: str, job_dir: Optional[Path] = None) -> None:
     if not fault or int(fault.get("rank", 0)) != rank or fault.get("phase", "load") != phase:
         return
+    if fault.get("once") and job_dir is not None:
+        mark = Path(job_dir) / FIRED_MARK
+        if mark.exists():
+            return
+        mark.touch()
     kind = fault.get("kind")
     if kind == "raise":
         raise RuntimeError(f"dsexp fault injection: rank {rank} raised in phase {phase}")

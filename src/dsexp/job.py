@@ -2,27 +2,35 @@
 
 Whatever happens after validation, the job ends with a `result.json` (ok or failed with a cause)
 and returns normally, so a multirun goes on and its end-of-sweep summary still runs.
+
+Resume: in a multirun, a job whose configuration (its key) already has an ok result anywhere in the
+sweep folder is skipped (`rerun=true` forces it). Any other job runs again; what an earlier attempt
+left in the job folder (result.json, ranks/, logs) is moved to `attempts/<n>/` first, never overwritten.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from dsexp import correctness, failures, records
+from dsexp import correctness, failures, records, teardown
 from dsexp.config import JobConfig, to_schema, validate
 from dsexp.launch import run_ranks
 
 RESULT = "result.json"
+ATTEMPTS = "attempts"
+_ATTEMPT_FILES = (RESULT, "job.json", "launcher.log", "ranks", "reference")
 
 
 def job_key(spec: JobConfig) -> str:
@@ -34,8 +42,9 @@ def job_key(spec: JobConfig) -> str:
 
 
 def find_ok_result(sweep_dir: Path, key: str) -> Optional[dict]:
-    """An ok result for this key already in the sweep (resume)."""
-    for path in sorted(Path(sweep_dir).glob(f"*/{RESULT}")):
+    """An ok result for this key already in the sweep, also among archived attempts (resume)."""
+    paths = sorted(Path(sweep_dir).glob(f"*/{RESULT}")) + sorted(Path(sweep_dir).glob(f"*/{ATTEMPTS}/*/{RESULT}"))
+    for path in paths:
         res = records.read_json(path)
         if res and res.get("key") == key and res.get("status") == "ok":
             return res
@@ -107,20 +116,38 @@ def check_output(spec: JobConfig, job_dir: Path, ranks: List[Optional[dict]], re
 
 
 def baseline(device: str) -> Dict[str, Any]:
-    """Node and device memory before launch, so the next job can be checked against it."""
+    """Node and device memory (and the cgroup's OOM-kill count) before launch, to check the teardown against."""
     from dsexp.probes.host import node_used
 
-    out: Dict[str, Any] = {"node_used": node_used()}
+    out: Dict[str, Any] = {"node_used": node_used(), "oom_kills": failures.oom_kills()}
     if device == "cuda":
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            out["gpu_used"] = [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used)
-                               for i in range(pynvml.nvmlDeviceGetCount())]
-        except Exception:
-            pass
+        out["gpu_used"] = teardown.gpu_used()
     return out
+
+
+def archive_attempt(job_dir: Path) -> List[Dict[str, Any]]:
+    """Move what an earlier attempt left in job_dir to attempts/<n>/; return a summary of every earlier attempt."""
+    leftovers = [job_dir / name for name in _ATTEMPT_FILES if (job_dir / name).exists()]
+    if leftovers:
+        dest = job_dir / ATTEMPTS / str(len(list((job_dir / ATTEMPTS).glob("*"))) + 1)
+        dest.mkdir(parents=True)
+        for path in leftovers:
+            path.rename(dest / path.name)
+    summary = []
+    for folder in sorted((job_dir / ATTEMPTS).glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+        res = records.read_json(folder / RESULT) or {}
+        summary.append({"dir": str(folder), "status": res.get("status", "unfinished"),
+                        "cause": (res.get("failure") or {}).get("cause"), "key": res.get("key"),
+                        "run_id": (res.get("tracking") or {}).get("run_id")})
+    return summary
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM to the job process (scancel, a supervisor) unwinds like Ctrl-C, so the ranks are torn down."""
+
+
+def _on_sigterm(signum, frame):
+    raise Interrupted(f"signal {signal.Signals(signum).name}")
 
 
 def run_job(cfg: DictConfig, job_dir: Path, sweep_dir: Optional[Path] = None) -> Dict[str, Any]:
@@ -133,18 +160,38 @@ def run_job(cfg: DictConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
         if prior is not None:
             return {**prior, "resumed_from": prior.get("job_dir")}
     job_dir.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(job_dir / "ranks", ignore_errors=True)  # a retried job starts clean
+    earlier = archive_attempt(job_dir)  # a retried job starts clean and loses nothing
     result: Dict[str, Any] = {"schema": records.SCHEMA_VERSION, "key": key, "job_dir": str(job_dir),
-                              "config": asdict(spec), "started": time.time(), "status": "running"}
+                              "config": asdict(spec), "started": time.time(), "status": "running",
+                              "attempt": len(earlier) + 1, "attempt_id": uuid.uuid4().hex, "earlier_attempts": earlier}
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     t0 = time.perf_counter()
     try:
         _execute(spec, job_dir, result)
     except Exception as e:  # preparation failed: still a result
         result.update(status="failed", failure={"cause": "prepare_error", "type": type(e).__name__,
                                                 "message": str(e)[:2000], "traceback": traceback.format_exc()[-4000:]})
-    result["wall_s"] = time.perf_counter() - t0
-    records.write_json_atomic(job_dir / RESULT, result)
+    except KeyboardInterrupt as e:  # the ranks are already torn down (launch's finally); record, then stop
+        result.update(status="failed", failure={"cause": "interrupted", "type": type(e).__name__,
+                                                "message": f"the job was interrupted ({e or 'Ctrl-C'})"})
+        raise
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+        result["wall_s"] = time.perf_counter() - t0
+        records.write_json_atomic(job_dir / RESULT, result)
     return result
+
+
+def after_teardown(device: str, base: Dict[str, Any]) -> Dict[str, Any]:
+    """Memory once the ranks are gone; on a GPU machine, wait (bounded) for the devices to return to baseline."""
+    from dsexp.probes.host import node_used
+
+    out: Dict[str, Any] = {"node_used_after": node_used(), "oom_kills": failures.oom_kills()}
+    if device == "cuda":
+        out.update(teardown.wait_gpu_baseline(base.get("gpu_used")))
+    return out
 
 
 def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
@@ -152,16 +199,21 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     ref = ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
     _write_job_file(job_dir, spec, runtime)
     result["runtime"] = runtime
-    result["baseline"] = baseline(spec.device)
+    result["baseline"] = base = baseline(spec.device)
     outcome = run_ranks(spec, job_dir, spec.device)
-    result["launch"] = outcome.to_dict()
+    result["launch"] = launch = outcome.to_dict()
+    result["teardown"] = {**launch.pop("teardown", {}), **after_teardown(spec.device, base)}
     ranks = records.read_rank_records(job_dir, spec.tp)
     tails = failures.log_tails(job_dir, spec.tp)
     result["ranks"] = ranks
     result["metrics"] = records.aggregate_metrics(ranks)
     result["headline"] = records.headline(result["metrics"], ranks, spec.generate.new_tokens)
     result["engine"] = (ranks[0] or {}).get("engine") if ranks else None
-    failure = failures.classify(outcome.timed_out, outcome.returncode, ranks, tails)
+    hangs = ({r: failures.hang_site(failures.tail(job_dir / "ranks" / f"rank{r}.log", 400)) for r in range(spec.tp)}
+             if outcome.timed_out else None)
+    failure = failures.classify(outcome.timed_out, outcome.returncode, ranks, tails,
+                                exits=failures.launcher_exits(job_dir), hangs=hangs,
+                                oom_killed=(result["teardown"].get("oom_kills") or 0) > (base.get("oom_kills") or 0))
     if failure is None:
         result["correctness"] = check_output(spec, job_dir, ranks, ref)
         if result["correctness"] and not result["correctness"]["passed"]:
@@ -170,6 +222,7 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
                        "message": f"first-step logits differ from the tp=1 reference: rel. L2 error "
                                   f"{c['logits_rel_err']:.3g} > tolerance {c['tolerance']:.3g}"}
     if failure is not None:
+        failure["memory_reached"] = failures.memory_reached(ranks)
         failure["log_tails"] = tails
     result["failure"] = failure
     result["status"] = "ok" if failure is None else "failed"

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from dsexp import teardown
 from dsexp.config import JobConfig
 
 
@@ -27,6 +28,7 @@ class LaunchOutcome:
     wall_s: float
     port: Optional[int] = None
     env: Dict[str, str] = field(default_factory=dict)
+    teardown: Dict[str, object] = field(default_factory=dict)  # survivors reaped, ports released, stacks dumped
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -64,8 +66,10 @@ def rank_env(spec: JobConfig, device: str, visible: Optional[str] = None) -> Dic
     return env
 
 
-def kill_group(pgid: int, grace_s: float) -> None:
-    """SIGTERM the group, wait up to grace_s for it to go, then SIGKILL whatever is left."""
+def kill_group(pgid: int, grace_s: float, leader: Optional[subprocess.Popen] = None) -> None:
+    """SIGTERM the group, wait up to grace_s for it to go, then SIGKILL whatever is left.
+
+    `leader` (our child that leads the group) is reaped while waiting: as a zombie it would keep the group alive."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pgid, sig)
@@ -73,6 +77,8 @@ def kill_group(pgid: int, grace_s: float) -> None:
             return
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
+            if leader is not None:
+                leader.poll()
             try:
                 os.killpg(pgid, 0)
             except ProcessLookupError:
@@ -84,19 +90,24 @@ def run_ranks(spec: JobConfig, job_dir: Path, device: str, visible: Optional[str
     port = free_port() if spec.launcher.name == "deepspeed" else None
     cmd = rank_command(spec, job_dir, port)
     extra = rank_env(spec, device, visible)
-    env = {**os.environ, **extra}
+    token = teardown.new_token()
+    env = {**os.environ, **extra, teardown.TOKEN_ENV: token}
     log = open(Path(job_dir) / "launcher.log", "ab")
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                             cwd=str(job_dir))
-    timed_out = False
+    timed_out, report = False, {"token": token}
     try:
         proc.wait(timeout=spec.timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
+        report["stacks_dumped"] = teardown.dump_stacks(token)
+        report["ports"] = teardown.listening_ports(teardown.job_processes(token))
     finally:
         # Also after a clean exit: a rank that daemonised or a stuck grandchild must not survive the job.
-        kill_group(proc.pid, spec.launcher.grace_s)
+        kill_group(proc.pid, spec.launcher.grace_s, leader=proc)
         proc.wait()
+        report.update(teardown.reap(token, spec.launcher.grace_s, report.get("ports", []) + ([port] if port else [])))
         log.close()
-    return LaunchOutcome(cmd, None if timed_out else proc.returncode, timed_out, time.perf_counter() - t0, port, extra)
+    return LaunchOutcome(cmd, None if timed_out else proc.returncode, timed_out, time.perf_counter() - t0, port, extra,
+                         report)

@@ -20,8 +20,10 @@ HEADLINE = ("gpu_peak_gib", "gpu_weights_gib", "host_peak_gib", "host_anon_peak_
             "load_s", "init_s", "generate_s", "tokens_per_s")
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write via a temp file in the same folder + rename, so readers never see a torn file."""
+def write_json_atomic(path: Path, data: Any, fsync: bool = True) -> None:
+    """Write via a temp file in the same folder + rename, so readers never see a torn file.
+
+    fsync=False for files rewritten often whose loss in a machine crash does not matter (live files)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -29,7 +31,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, default=str)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -48,8 +51,30 @@ def rank_file(job_dir: Path, rank: int) -> Path:
     return Path(job_dir) / "ranks" / f"rank{rank}.json"
 
 
+def live_file(job_dir: Path, rank: int) -> Path:
+    return Path(job_dir) / "ranks" / f"rank{rank}.live.json"
+
+
 def read_rank_records(job_dir: Path, world_size: int) -> List[Optional[dict]]:
-    return [read_json(rank_file(job_dir, r)) for r in range(world_size)]
+    """Rank records; a rank that did not finish gets the phase it was in from its live file, marked partial."""
+    return [with_partial_phase(read_json(rank_file(job_dir, r)), read_json(live_file(job_dir, r)), r, world_size)
+            for r in range(world_size)]
+
+
+def with_partial_phase(rec: Optional[dict], live: Optional[dict], rank: int, world_size: int) -> Optional[dict]:
+    """Add `live` (the last heartbeat) to an unfinished rank record: `last_alive` and, if the phase it was in is
+    not recorded, that phase's measurement so far (`partial: true`). A rank that died before its first
+    record gets one built from the heartbeat."""
+    if live is None or (rec is not None and rec.get("status") == "ok"):
+        return rec
+    if rec is None:
+        rec = {"rank": rank, "world_size": world_size, "status": "running", "phases": {}, "timeline": [], "error": None}
+    rec["last_alive"] = live.get("time")
+    phase = live.get("phase")
+    if phase and phase not in rec["phases"]:
+        rec["phases"][phase] = {"wall_s": live.get("elapsed_s"), "peaks": live.get("peaks") or {},
+                                "host": live.get("host") or {}, "partial": True}
+    return rec
 
 
 def phase_quantities(phase: Dict[str, Any]) -> Dict[str, float]:

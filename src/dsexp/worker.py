@@ -19,6 +19,7 @@ from pathlib import Path  # noqa: E402
 from dsexp.context import RankContext  # noqa: E402
 from dsexp.faults import maybe_inject  # noqa: E402
 from dsexp.probes.phases import PhaseRecorder  # noqa: E402
+from dsexp.teardown import STACK_SIGNAL  # noqa: E402
 
 
 def _redirect_output(log: Path) -> None:
@@ -30,6 +31,8 @@ def _redirect_output(log: Path) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     faulthandler.enable(file=sys.stderr, all_threads=True)
+    # The job sends SIGUSR1 before killing a hung job: every thread's stack lands in this log.
+    faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
 
 
 def _start_distributed(ctx: RankContext, rec: PhaseRecorder) -> None:
@@ -54,7 +57,7 @@ def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
     device_type = "cuda" if ctx.on_gpu else "cpu"
 
     with rec.phase("load"):
-        maybe_inject(spec.fault, ctx.rank, "load")
+        maybe_inject(spec.fault, ctx.rank, "load", ctx.job_dir)
         if engine:
             engine.before_load(ctx)
         loaded = get_loader("eager" if reference else spec.load.name).load(ctx, engine.load_kwargs(ctx) if engine else {})
@@ -62,7 +65,7 @@ def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
     rec.annotate_phase("load", weights_device=resident_bytes(census, device_type), weights=census)
 
     with rec.phase("init"):
-        maybe_inject(spec.fault, ctx.rank, "init")
+        maybe_inject(spec.fault, ctx.rank, "init", ctx.job_dir)
         if engine:
             module, report = engine.wrap(loaded.model, ctx, checkpoint=loaded.checkpoint)
         else:
@@ -77,7 +80,7 @@ def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
                            f"{', '.join(census['on_meta'][:8])}")
 
     with rec.phase("generate"):
-        maybe_inject(spec.fault, ctx.rank, "generate")
+        maybe_inject(spec.fault, ctx.rank, "generate", ctx.job_dir)
         out = run_generate(module, ctx, engine.generate_kwargs(ctx) if engine else {})
     if engine:
         report = engine.finish(report)
@@ -107,7 +110,7 @@ def main(argv=None) -> int:
     ctx = RankContext(spec, rank, local_rank, world, job_dir, Path(job["runtime"]["model_dir"]), job["runtime"])
     try:
         with rec.phase("start", t0=T_PROCESS):
-            maybe_inject(spec.fault, rank, "start")
+            maybe_inject(spec.fault, rank, "start", job_dir)
             _start_distributed(ctx, rec)
         run_rank(ctx, rec)
     except BaseException as e:  # recorded by the phase; the job classifies it

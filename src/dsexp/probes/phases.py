@@ -2,7 +2,10 @@
 
 The rank file is rewritten after every phase, so a rank that is killed mid-run still leaves the
 memory it reached up to its last completed phase (plus the peaks the failing phase saw, when the
-failure is an exception).
+failure is an exception). While a phase runs, a small live file (`rank{N}.live.json`) is rewritten
+about twice a second with the phase's peaks so far and a timestamp: after a hard death (SIGKILL,
+os._exit, the OOM killer) it holds the partial measurement of the phase the rank died in and
+when it was last alive.
 """
 from __future__ import annotations
 
@@ -17,18 +20,20 @@ from typing import Any, Dict, Optional
 from dsexp.probes import gpu as gpu_probe
 from dsexp.probes.host import host_snapshot
 from dsexp.probes.sampler import PeakSampler
-from dsexp.records import rank_file, write_json_atomic
+from dsexp.records import live_file, rank_file, write_json_atomic
 
 
 class PhaseRecorder:
     def __init__(self, job_dir: Path, rank: int, world_size: int, local_rank: int, t_process: float,
                  sample_ms: float = 10.0, see_memory_usage: bool = True, nvidia_smi: bool = False):
         self.path = rank_file(job_dir, rank)
+        self.live_path = live_file(job_dir, rank)
+        self.current: Optional[tuple] = None  # (phase name, its perf_counter start)
         self.t_process = t_process
         self.cuda_index: Optional[int] = None
         self.nvml = None
         self.opts = {"see_memory_usage": see_memory_usage, "nvidia_smi": nvidia_smi}
-        self.sampler = PeakSampler(sample_ms / 1000.0).start()
+        self.sampler = PeakSampler(sample_ms / 1000.0, beat=self._beat).start()
         self.record: Dict[str, Any] = {
             "rank": rank, "local_rank": local_rank, "world_size": world_size, "pid": os.getpid(),
             "hostname": socket.gethostname(), "device": "cpu", "status": "running",
@@ -51,6 +56,7 @@ class PhaseRecorder:
         if t0 is None:
             self.sampler.take()  # discard the gap between phases
             t0 = time.perf_counter()
+        self.current = (name, t0)
         try:
             yield self
         except BaseException as e:
@@ -83,6 +89,12 @@ class PhaseRecorder:
             }
             self.record["status"] = "failed"
         self.flush()
+
+    def _beat(self, peaks: Dict[str, int], last: Dict[str, int]) -> None:
+        """Called from the sampler thread: the running phase's peaks so far and the latest readings."""
+        name, t0 = self.current or (None, self.t_process)
+        write_json_atomic(self.live_path, {"phase": name, "elapsed_s": time.perf_counter() - t0, "time": time.time(),
+                                           "peaks": peaks, "host": last}, fsync=False)
 
     def note(self, **fields: Any) -> None:
         self.record.update(fields)

@@ -3,20 +3,24 @@
 A daemon thread reads /proc (and NVML when there is a GPU) every `period_s`; `take()` returns the
 peaks since the previous `take()` and starts a new window. Reads are a few microseconds each, and
 the thread sleeps between them, so it costs well under 1% of a core (benchmarks/ measures it).
+An optional `beat` callback gets the running window's peaks every `beat_s` (the rank's live file).
 """
 from __future__ import annotations
 
 import threading
 import time
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 from dsexp.probes.host import node_used, status_rss
 
 
 class PeakSampler:
-    def __init__(self, period_s: float = 0.01, nvml=None):
+    def __init__(self, period_s: float = 0.01, nvml=None,
+                 beat: Optional[Callable[[Dict[str, int], Dict[str, int]], None]] = None, beat_s: float = 0.5):
         self.period_s = period_s
         self.nvml = nvml
+        self.beat, self.beat_s = beat, beat_s
+        self.last: Dict[str, int] = {}
         self._peaks: Dict[str, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -37,6 +41,7 @@ class PeakSampler:
 
     def sample(self) -> None:
         vals = self._read()
+        self.last = vals
         with self._lock:
             for k, v in vals.items():
                 if v > self._peaks.get(k, -1):
@@ -44,10 +49,14 @@ class PeakSampler:
             self.samples += 1
 
     def _run(self) -> None:
+        next_beat = time.monotonic()
         while not self._stop.is_set():
             c0 = time.thread_time()
             try:
                 self.sample()
+                if self.beat is not None and time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + self.beat_s
+                    self.beat(self.peek(), dict(self.last))
             except Exception:  # a probe must never kill the rank it observes
                 pass
             self.cpu_s += time.thread_time() - c0
@@ -57,6 +66,11 @@ class PeakSampler:
         self._thread = threading.Thread(target=self._run, name="dsexp-sampler", daemon=True)
         self._thread.start()
         return self
+
+    def peek(self) -> Dict[str, int]:
+        """Peaks of the window so far, without closing it."""
+        with self._lock:
+            return {f"{k}_peak": v for k, v in self._peaks.items()}
 
     def take(self) -> Dict[str, int]:
         """Peaks of the window just ended (including a final read now); opens a new window."""

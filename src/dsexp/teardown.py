@@ -1,0 +1,128 @@
+"""Leave nothing behind: find a job's processes wherever they went, stop them, and check what they held.
+
+Launchers put ranks in sessions of their own (torchrun starts every worker with `start_new_session`),
+so killing the launcher's process group can orphan ranks. Every process of a job therefore carries
+`DSEXP_JOB_TOKEN=<token>` in its environment (inherited from the launcher); after the launcher is
+gone, any process still carrying the token is a survivor and is stopped here. On a hang, the ranks
+are first asked to dump their Python stacks into their logs (faulthandler on SIGUSR1).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+import uuid
+from typing import Any, Dict, List, Optional
+
+import psutil
+
+TOKEN_ENV = "DSEXP_JOB_TOKEN"
+STACK_SIGNAL = signal.SIGUSR1  # the worker registers faulthandler on it
+GPU_TOLERANCE = 64 * 2**20    # device memory within this of the baseline counts as released
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex
+
+
+def job_processes(token: str) -> List[psutil.Process]:
+    """Live (non-zombie) processes whose environment carries this job's token, other than us."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and p.environ().get(TOKEN_ENV) == token:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def dump_stacks(token: str, wait_s: float = 1.0) -> int:
+    """Ask every rank of the job to write its Python stacks to its log (before it is killed for hanging).
+
+    Only ranks get the signal (launchers set LOCAL_RANK for them): SIGUSR1 would kill a launcher."""
+    ranks = []
+    for p in job_processes(token):
+        try:
+            if "LOCAL_RANK" in p.environ() and "dsexp.worker" in p.cmdline():
+                p.send_signal(STACK_SIGNAL)
+                ranks.append(p)
+        except psutil.Error:
+            continue
+    if ranks:
+        time.sleep(wait_s)
+    return len(ranks)
+
+
+def listening_ports(procs: List[psutil.Process]) -> List[int]:
+    ports = set()
+    for p in procs:
+        try:
+            ports.update(c.laddr.port for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN)
+        except psutil.Error:
+            continue
+    return sorted(ports)
+
+
+def port_free(port: int) -> bool:
+    """True if nothing listens on the port (TIME_WAIT leftovers do not count: SO_REUSEADDR, as servers use)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def reap(token: str, grace_s: float, ports: Optional[List[int]] = None) -> Dict[str, Any]:
+    """SIGTERM every survivor of the job, SIGKILL what is left after grace_s; report what was found."""
+    procs = job_processes(token)
+    ports = sorted(set(ports or []) | set(listening_ports(procs)))
+    survivors = []
+    for p in procs:
+        try:
+            survivors.append(f"{p.pid}:{p.name()}")
+            p.terminate()
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(alive, timeout=5.0)
+    return {"survivors": survivors, "killed": len(alive) == 0 and bool(survivors), "left": [p.pid for p in alive],
+            "ports": {str(port): port_free(port) for port in ports}}
+
+
+def gpu_used() -> Optional[List[int]]:
+    """Used bytes per physical GPU (NVML), or None without a driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used)
+                    for i in range(pynvml.nvmlDeviceGetCount())]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None
+
+
+def wait_gpu_baseline(before: Optional[List[int]], timeout_s: float = 30.0) -> Dict[str, Any]:
+    """Wait until every GPU is back within GPU_TOLERANCE of its pre-job usage (the driver frees a dead
+    process's memory asynchronously); record the figures either way."""
+    t0 = time.monotonic()
+    after = gpu_used()
+    while after is not None and before is not None and time.monotonic() - t0 < timeout_s:
+        if all(a <= b + GPU_TOLERANCE for a, b in zip(after, before)):
+            break
+        time.sleep(0.5)
+        after = gpu_used()
+    back = None if after is None or before is None else all(a <= b + GPU_TOLERANCE for a, b in zip(after, before))
+    return {"gpu_used_before": before, "gpu_used_after": after, "gpu_back_to_baseline": back,
+            "gpu_wait_s": round(time.monotonic() - t0, 2)}
