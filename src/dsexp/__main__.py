@@ -22,7 +22,7 @@ def conf_dir() -> str:
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")
 def main(cfg: DictConfig):
     from dsexp.config import ConfigError
-    from dsexp.job import run_job
+    from dsexp.job import record_invalid, run_job
     from dsexp.tracking import resolve_uri, track_job
 
     hc = HydraConfig.get()
@@ -31,7 +31,9 @@ def main(cfg: DictConfig):
     try:
         result = run_job(cfg, job_dir, sweep_dir)
     except ConfigError as e:
-        sys.exit(f"dsexp: bad config: {e}")
+        if sweep_dir is None:
+            sys.exit(f"dsexp: bad config: {e}")
+        result = record_invalid(cfg, job_dir, str(e))  # a multirun goes on
     if result.get("resumed_from"):
         print(f"dsexp: skipped, already ok in {result['resumed_from']} (rerun=true forces a rerun)")
         return result.get("headline")

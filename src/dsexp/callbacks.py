@@ -9,8 +9,7 @@ from typing import Any, Dict, List
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from dsexp import records
-from dsexp.tracking import SWEEP_STATE, Tracker, read_sweep_state, resolve_uri
+from dsexp.tracking import Tracker, ensure_parent, read_sweep_state, resolve_uri
 
 
 class SweepCallback(Callback):
@@ -31,6 +30,8 @@ class SweepCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         results = collect_results(sweep_dir)
         print(format_table(results))
+        if any(not (res.get("tracking") or {}).get("run_id") for res in results):
+            retry_tracking(sweep_dir)
         state = read_sweep_state(sweep_dir)
         summarise_sweep(sweep_dir, state)
         if state:
@@ -45,29 +46,30 @@ class SweepCallback(Callback):
 def open_parent_run(config: DictConfig, sweep_dir: Path) -> None:
     """Create the store and the sweep's parent run once, before any job (reused when a sweep is resumed)."""
     uri = resolve_uri(config.tracking.uri, Path(os.getcwd()))
-    experiment = config.tracking.experiment
-    state = read_sweep_state(sweep_dir)
     try:
-        tracker = Tracker(uri, experiment)
-        if state and state.get("uri") == uri and state.get("experiment") == experiment:
-            tracker.set_status(state["run_id"], "RUNNING")
-            return
-        overrides = " ".join(config.hydra.overrides.task)
-        run_id = tracker.start_parent(f"sweep {sweep_dir.name}", {"dsexp.sweep_dir": str(sweep_dir.resolve()),
-                                                                   "dsexp.overrides": overrides[:4000]})
-        records.write_json_atomic(sweep_dir / SWEEP_STATE, {"uri": uri, "experiment": experiment, "run_id": run_id})
+        state = ensure_parent(sweep_dir, uri, config.tracking.experiment,
+                              {"dsexp.overrides": " ".join(config.hydra.overrides.task)[:4000]})
+        if not state["created"]:
+            Tracker(uri, config.tracking.experiment).set_status(state["run_id"], "RUNNING")
     except Exception as e:
         print(f"dsexp: MLflow store {uri} unavailable ({e}); results go to result.json files only. "
               f"Re-log them later with: python -m dsexp.sync {sweep_dir}", file=sys.stderr)
 
 
 def collect_results(sweep_dir: Path) -> List[Dict[str, Any]]:
-    out = []
-    for path in sorted(Path(sweep_dir).glob("*/result.json"), key=lambda p: (len(p.parent.name), p.parent.name)):
-        res = records.read_json(path)
-        if res:
-            out.append(res)
-    return out
+    from dsexp.sync import job_results
+
+    return [res for _, res in job_results(sweep_dir)]
+
+
+def retry_tracking(sweep_dir: Path) -> None:
+    """Jobs the store missed during the sweep get one more try now (as `python -m dsexp.sync` would)."""
+    from dsexp.sync import sync_sweep
+
+    out = sync_sweep(sweep_dir)
+    if out["failed"]:
+        print(f"dsexp: {len(out['failed'])} jobs are not in MLflow yet; log them later with: "
+              f"python -m dsexp.sync {sweep_dir}", file=sys.stderr)
 
 
 def summarise_sweep(sweep_dir: Path, state) -> None:

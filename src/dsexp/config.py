@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import struct
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -206,6 +208,9 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
     if device == "cpu" and spec.engine.kernel_inject:
         raise ConfigError("engine.kernel_inject=true needs CUDA kernels and device resolved to cpu; "
                           "set engine.kernel_inject=false or run on a GPU machine")
+    if spec.zero.offload != "none" and spec.zero.stage != 3:
+        raise ConfigError(f"zero.offload={spec.zero.offload} needs zero.stage=3 (DeepSpeed offloads parameters only "
+                          f"in stage 3), got zero.stage={spec.zero.stage}; set zero.stage=3 or zero.offload=none")
     if device == "cpu" and spec.dtype == "fp16":
         raise ConfigError("dtype=fp16 on device=cpu: DeepSpeed's CPU accelerator supports fp32 and bf16 only here; "
                           "choose dtype=bf16 or dtype=fp32")
@@ -226,6 +231,9 @@ def _validate_model(spec: JobConfig) -> None:
         weights = [p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")]
         if not weights:
             raise ConfigError(f"model.path={m.path!r} holds no weights (*.safetensors or *.bin)")
+        problem = checkpoint_problem(folder)
+        if problem:
+            raise ConfigError(f"model.path={m.path!r}: {problem}")
         cfg = json.loads((folder / "config.json").read_text())
         if cfg.get("auto_map") and not m.trust_remote_code:
             raise ConfigError(f"model.path={m.path!r} ships its own modeling code (auto_map in config.json); "
@@ -243,3 +251,48 @@ def _validate_model(spec: JobConfig) -> None:
     if kv and spec.tp > int(kv) and spec.engine.name in ("init_inference", "autotp_zero3", "hf_tp"):
         raise ConfigError(f"tp={spec.tp} leaves some ranks with no attention heads: the model has "
                           f"{kv} key/value heads; allowed: tp <= {kv}")
+
+
+def checkpoint_problem(folder: Path) -> Optional[str]:
+    """Cheap integrity check of a checkpoint folder (headers and sizes only, no tensor data is read): shards the
+    index names but that are missing, safetensors files whose header is unreadable or whose size disagrees with
+    it (truncated), and zip-format .bin files with no zip directory. None if nothing is wrong."""
+    folder = Path(folder)
+    for index in folder.glob("*.index.json"):
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError) as e:
+            return f"{index.name} is unreadable ({type(e).__name__}: {e})"
+        missing = sorted(f for f in shards if not (folder / f).is_file())
+        if missing:
+            return f"{index.name} names shards that are missing: {', '.join(missing)}"
+    for path in sorted(folder.glob("*.safetensors")):
+        problem = _safetensors_problem(path)
+        if problem:
+            return f"{path.name} {problem}"
+    for path in sorted(folder.glob("*.bin")):
+        with open(path, "rb") as f:
+            zipped = f.read(2) == b"PK"
+        if zipped and not zipfile.is_zipfile(path):
+            return f"{path.name} is truncated or corrupt (a zip-format torch checkpoint without its zip directory)"
+    return None
+
+
+def _safetensors_problem(path: Path) -> Optional[str]:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"is truncated or empty ({size} bytes, no safetensors header)"
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            return f"is truncated or corrupt (header length {n} > file size {size})"
+        try:
+            header = json.loads(f.read(n))
+            end = max([v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"] + [0])
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            return f"has a corrupt safetensors header ({type(e).__name__})"
+    if 8 + n + end != size:
+        return (f"is truncated ({size} bytes, its header describes {8 + n + end})" if size < 8 + n + end else
+                f"is corrupt ({size} bytes, its header describes {8 + n + end})")
+    return None

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from dsexp import correctness, failures, records, teardown
-from dsexp.config import JobConfig, to_schema, validate
+from dsexp.config import JobConfig, checkpoint_problem, to_schema, validate
 from dsexp.launch import run_ranks
 
 RESULT = "result.json"
@@ -142,6 +142,10 @@ def archive_attempt(job_dir: Path) -> List[Dict[str, Any]]:
     return summary
 
 
+class CheckpointError(RuntimeError):
+    """The checkpoint folder fails the integrity check (before launch): a load_error naming the file."""
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGTERM to the job process (scancel, a supervisor) unwinds like Ctrl-C, so the ranks are torn down."""
 
@@ -170,7 +174,8 @@ def run_job(cfg: DictConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
     try:
         _execute(spec, job_dir, result)
     except Exception as e:  # preparation failed: still a result
-        result.update(status="failed", failure={"cause": "prepare_error", "type": type(e).__name__,
+        cause = "load_error" if isinstance(e, CheckpointError) else "prepare_error"
+        result.update(status="failed", failure={"cause": cause, "type": type(e).__name__,
                                                 "message": str(e)[:2000], "traceback": traceback.format_exc()[-4000:]})
     except KeyboardInterrupt as e:  # the ranks are already torn down (launch's finally); record, then stop
         result.update(status="failed", failure={"cause": "interrupted", "type": type(e).__name__,
@@ -194,8 +199,26 @@ def after_teardown(device: str, base: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def record_invalid(cfg: DictConfig, job_dir: Path, message: str) -> Dict[str, Any]:
+    """A multirun job whose settings fail validation at run time (the up-front check passed: e.g. a GPU went
+    away) is a failed result too, so the sweep goes on."""
+    config = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+    job_dir = Path(job_dir)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    result = {"schema": records.SCHEMA_VERSION, "key": None, "job_dir": str(job_dir), "config": config,
+              "started": time.time(), "status": "failed", "attempt_id": uuid.uuid4().hex,
+              "earlier_attempts": archive_attempt(job_dir),
+              "failure": {"cause": "invalid_config", "rank": None, "phase": None, "type": "ConfigError",
+                          "message": message}}
+    records.write_json_atomic(job_dir / RESULT, result)
+    return result
+
+
 def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     runtime = {"device": spec.device, **prepare_model(spec)}
+    problem = checkpoint_problem(Path(runtime["model_dir"]))
+    if problem:
+        raise CheckpointError(f"checkpoint {runtime['model_dir']}: {problem}")
     ref = ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
     _write_job_file(job_dir, spec, runtime)
     result["runtime"] = runtime
@@ -221,6 +244,9 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
             failure = {"cause": "incorrect_output", "rank": 0, "phase": "generate",
                        "message": f"first-step logits differ from the tp=1 reference: rel. L2 error "
                                   f"{c['logits_rel_err']:.3g} > tolerance {c['tolerance']:.3g}"}
+    if failure is not None and failure["cause"] == "load_error":
+        problem = checkpoint_problem(Path(runtime["model_dir"]))  # changed since the check before launch?
+        failure["message"] += f" ({problem})" if problem else ""
     if failure is not None:
         failure["memory_reached"] = failures.memory_reached(ranks)
         failure["log_tails"] = tails

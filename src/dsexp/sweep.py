@@ -22,7 +22,7 @@ def sweep_combinations(config: DictConfig) -> List[List[str]]:
 def validate_sweep(config: DictConfig) -> List[Tuple[List[str], str]]:
     """[(overrides, message)] for every combination that cannot run; empty if all are fine."""
     from hydra import compose
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, MissingConfigException
 
     errors = []
     for combo in sweep_combinations(config):
@@ -30,5 +30,8 @@ def validate_sweep(config: DictConfig) -> List[Tuple[List[str], str]]:
             job_cfg = compose(config_name=config.hydra.job.config_name, overrides=combo)
             validate(to_schema(job_cfg))
         except (ConfigError, HydraException) as e:
-            errors.append((combo, str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__))
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if isinstance(e, MissingConfigException) and e.options:
+                msg += f"; choose one of: {', '.join(sorted(e.options))}"
+            errors.append((combo, msg))
     return errors

@@ -3,9 +3,16 @@
 Each job's run holds the flattened config as params, `<phase>.<quantity>.<aggregate>` metrics, the
 headline metrics, tags `dsexp.status`/`dsexp.cause`/`dsexp.error`, and the job folder (rank JSON and
 logs) as artifacts. A sqlite store is used by absolute path, so jobs and sweeps agree on one store.
+
+Several sweeps may share a store: its creation is serialised by a file lock beside the database,
+writes retry on lock contention, and a job attempt is logged at most once (runs carry the attempt's
+id, so a retried log or `dsexp.sync` finds the run instead of adding a second one). A job retried by
+a resumed sweep gets a new child run under the same parent; the earlier attempt's run is tagged
+`dsexp.superseded_by=<new run id>`.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -13,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, TypeVar
 
 T = TypeVar("T")
+_READY_STORES: set = set()
 
 MAX_PARAM_LEN = 6000
 METRIC_BATCH = 900
@@ -61,10 +69,25 @@ def flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     return out
 
 
+def ensure_store(uri: str) -> None:
+    """Create (or migrate) a sqlite store under a file lock, once per process: concurrent sweeps that
+    create the same new database would otherwise race on its schema."""
+    if not uri.startswith("sqlite:///") or uri in _READY_STORES:
+        return
+    from filelock import FileLock
+    from mlflow.tracking import MlflowClient
+
+    db = Path(uri[len("sqlite:///"):])
+    with FileLock(str(db) + ".lock", timeout=300):
+        retry(lambda: MlflowClient(tracking_uri=uri).search_experiments(max_results=1))
+    _READY_STORES.add(uri)
+
+
 class Tracker:
     def __init__(self, uri: str, experiment: str):
         from mlflow.tracking import MlflowClient
 
+        ensure_store(uri)
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
         self.experiment_id = retry(lambda: self._experiment(experiment))
@@ -83,9 +106,25 @@ class Tracker:
     def set_status(self, run_id: str, status: str) -> None:
         retry(lambda: self.client.update_run(run_id, status=status))
 
+    def find_attempt(self, attempt_id: str):
+        """The run already logged for this job attempt, if any."""
+        runs = retry(lambda: self.client.search_runs([self.experiment_id],
+                                                     f"tags.`dsexp.attempt_id` = '{attempt_id}'", max_results=5))
+        return runs[0] if runs else None
+
     def log_job(self, result: Dict[str, Any], job_dir: Path, parent_id: Optional[str] = None,
                 run_name: Optional[str] = None) -> str:
-        tags = {"dsexp.kind": "job", "dsexp.status": result.get("status", "?"), "dsexp.key": result.get("key", "")}
+        """Log one job attempt as a run; idempotent per attempt (a complete earlier log is returned as is,
+        a partial one is replaced)."""
+        attempt_id = result.get("attempt_id")
+        if attempt_id:
+            prior = self.find_attempt(attempt_id)
+            if prior is not None and prior.info.status in ("FINISHED", "FAILED"):
+                return prior.info.run_id
+            if prior is not None:
+                retry(lambda: self.client.delete_run(prior.info.run_id))
+        tags = {"dsexp.kind": "job", "dsexp.status": result.get("status", "?"), "dsexp.key": result.get("key", ""),
+                "dsexp.attempt": str(result.get("attempt", 1)), "dsexp.attempt_id": attempt_id or ""}
         failure = result.get("failure") or {}
         if failure:
             tags["dsexp.cause"] = str(failure.get("cause"))
@@ -160,6 +199,21 @@ def read_sweep_state(sweep_dir: Optional[Path]) -> Optional[Dict[str, Any]]:
     return read_json(Path(sweep_dir) / SWEEP_STATE)
 
 
+def ensure_parent(sweep_dir: Path, uri: str, experiment: str, tags: Dict[str, str]) -> Dict[str, Any]:
+    """The sweep's parent run in this store: the recorded one (a resumed sweep reuses it), else a new one."""
+    from dsexp.records import write_json_atomic
+
+    state = read_sweep_state(sweep_dir)
+    tracker = Tracker(uri, experiment)
+    if state and state.get("uri") == uri and state.get("experiment") == experiment:
+        return {**state, "created": False}
+    run_id = tracker.start_parent(f"sweep {Path(sweep_dir).name}",
+                                  {"dsexp.sweep_dir": str(Path(sweep_dir).resolve()), **tags})
+    state = {"uri": uri, "experiment": experiment, "run_id": run_id}
+    write_json_atomic(Path(sweep_dir) / SWEEP_STATE, state)
+    return {**state, "created": True}
+
+
 def run_name(config: Dict[str, Any]) -> str:
     parts = [config.get("variant") or "", config["model"]["name"], config["load"]["name"], config["engine"]["name"],
              f"tp{config['tp']}"]
@@ -178,9 +232,13 @@ def track_job(result: Dict[str, Any], job_dir: Path, sweep_dir: Optional[Path], 
     if state:
         uri, experiment = state["uri"], state["experiment"]
     try:
-        rid = Tracker(uri, experiment).log_job(result, job_dir, state and state.get("run_id"),
-                                               run_name(result["config"]))
+        tracker = Tracker(uri, experiment)
+        rid = tracker.log_job(result, job_dir, state and state.get("run_id"), run_name(result["config"]))
         result["tracking"] = {"uri": uri, "experiment": experiment, "run_id": rid}
+        for earlier in result.get("earlier_attempts") or []:
+            if earlier.get("run_id"):
+                with contextlib.suppress(Exception):  # the earlier run may live in another store
+                    tracker.client.set_tag(earlier["run_id"], "dsexp.superseded_by", rid)
     except Exception as e:
         result["tracking"] = {"uri": uri, "experiment": experiment, "error": f"{type(e).__name__}: {e}"[:2000]}
     write_json_atomic(Path(job_dir) / "result.json", result)
