@@ -57,6 +57,7 @@ class PhaseRecorder:
             self.sampler.take()  # discard the gap between phases
             t0 = time.perf_counter()
         self.current = (name, t0)
+        self._beat(self.sampler.peek(), dict(self.sampler.last))  # a rank killed right away still shows the phase
         try:
             yield self
         except BaseException as e:
