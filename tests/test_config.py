@@ -70,4 +70,10 @@ def test_local_folder_checks(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(ConfigError, match="trust_remote_code=true explicitly"):
         spec_of("model=local", f"model.path={tmp_path}")
+    with pytest.raises(ConfigError, match="model.safetensors is truncated or empty"):
+        spec_of("model=local", f"model.path={tmp_path}", "model.trust_remote_code=true")
+    from safetensors.torch import save_file
+    import torch
+
+    save_file({"w": torch.zeros(4)}, str(tmp_path / "model.safetensors"))
     assert spec_of("model=local", f"model.path={tmp_path}", "model.trust_remote_code=true").model.path == str(tmp_path)

@@ -231,13 +231,13 @@ def _validate_model(spec: JobConfig) -> None:
         weights = [p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")]
         if not weights:
             raise ConfigError(f"model.path={m.path!r} holds no weights (*.safetensors or *.bin)")
-        problem = checkpoint_problem(folder)
-        if problem:
-            raise ConfigError(f"model.path={m.path!r}: {problem}")
         cfg = json.loads((folder / "config.json").read_text())
         if cfg.get("auto_map") and not m.trust_remote_code:
             raise ConfigError(f"model.path={m.path!r} ships its own modeling code (auto_map in config.json); "
                               "set model.trust_remote_code=true explicitly to allow running it")
+        problem = checkpoint_problem(folder)
+        if problem:
+            raise ConfigError(f"model.path={m.path!r}: {problem}")
     elif not m.arch:
         raise ConfigError(f"model={m.name}: set model.path to a local folder or model.arch to generate one")
     else:
