@@ -138,7 +138,7 @@ def matrix_rows(run: Dict[str, object], faults) -> List[List[str]]:
         reached = (f.get("memory_reached") or {}).get("rank1", {})
         reaped = (res.get("teardown") or {}).get("survivors") or []
         kind = "none" if fault is None else f"{fault['kind']}" + (f" ({fault['cap_mb']} MB cap)" if "cap_mb" in fault else "")
-        message = re.sub(r"\s+", " ", str(f.get("message", "")))[:110].replace("|", "/")
+        message = re.sub(r"\s+", " ", str(f.get("message", "")))[:160].replace("|", "/")
         retry = "skipped (ok)" if after.get("earlier_attempts") == [] and fault is None else \
             f"retried: {after['status']} (attempt {after.get('attempt')})"
         rows.append([kind, phase or "-", cause, f.get("cause", res["status"]) if f else "ok",
@@ -174,3 +174,29 @@ def test_full_fault_matrix(tmp_path, cache_dir):
     assert all(hang["teardown"]["ports"].values())  # the ports the job listened on are free again
     table = write_matrix(matrix_rows(run, FULL))
     assert table.count("\n") == len(FULL) + 2
+
+
+def test_sigterm_to_the_sweep_tears_its_ranks_down(tmp_path, cache_dir):
+    """The job process itself is stopped (scancel, a supervisor): its ranks must not outlive it."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "DSEXP_CACHE": str(cache_dir)}
+    proc = subprocess.Popen([sys.executable, "-m", "dsexp", "tp=2", "check.correctness=false",
+                             "fault={rank:1,phase:load,kind:sleep}", "hydra.run.dir=out"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    live = tmp_path / "out" / "ranks" / "rank1.live.json"
+    deadline = time.monotonic() + 600
+    while not (live.is_file() and json.loads(live.read_text() or "{}").get("phase") == "load"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode != 0
+    res = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert res["status"] == "failed" and res["failure"]["cause"] == "interrupted", out[-2000:]
+    assert sweep_processes(tmp_path / "out", [res]) == []

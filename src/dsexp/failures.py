@@ -192,9 +192,9 @@ def _timeout(ranks: List[Optional[dict]], at_stop: Dict[int, Optional[str]],
     rank = min(at_stop, key=lambda r: (order.get(at_stop[r], len(PHASES)), bool((hangs.get(r) or (None, False))[1]), r))
     where = "; ".join(f"rank {r} in {at_stop[r]}" + (f" at {hangs[r][0]}" + (" (in a collective)" if hangs[r][1] else "")
                                                       if hangs.get(r) and hangs[r][0] else "")
-                      for r in sorted(at_stop))
+                      for r in sorted(at_stop, key=lambda r: r != rank))
     return {"cause": "timeout", "rank": rank, "phase": at_stop[rank], "type": "timeout",
-            "message": f"the job ran past timeout_s and its ranks were killed; {where}"}
+            "message": f"ran past timeout_s, ranks killed; {where}"}
 
 
 def _signal_name(num: int) -> str:
