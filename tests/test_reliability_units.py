@@ -19,7 +19,7 @@ from dsexp.config import ConfigError, checkpoint_problem, to_schema, validate
 from dsexp.failures import classify, hang_site, launcher_exits
 from dsexp.job import archive_attempt, find_ok_result
 from dsexp.launch import kill_group
-from dsexp.records import GIB, with_partial_phase, write_json_atomic
+from dsexp.records import GIB, read_json, with_partial_phase, write_json_atomic
 
 
 def test_reap_finds_a_rank_that_left_the_launchers_process_group(tmp_path):
@@ -229,3 +229,25 @@ def test_stack_signal_is_not_fatal_to_a_rank_that_registered_it():
     proc.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=30)
     assert "alive" in out and "most recent call first" in err
+
+
+def test_resume_skips_ok_jobs_unless_rerun_and_retries_keep_the_earlier_attempt(tmp_path, monkeypatch):
+    from dsexp import job as jobmod
+
+    executed = []
+
+    def fake_execute(spec, job_dir, result):
+        executed.append(job_dir)
+        result["status"] = "ok"
+
+    monkeypatch.setattr(jobmod, "_execute", fake_execute)
+    sweep = tmp_path / "sweep"
+    first = jobmod.run_job(compose(["check.correctness=false"]), sweep / "0", sweep)
+    assert executed == [sweep / "0"] and first["attempt"] == 1
+    again = jobmod.run_job(compose(["check.correctness=false"]), sweep / "0", sweep)
+    assert executed == [sweep / "0"] and again["resumed_from"] == str(sweep / "0")  # skipped, not executed
+    assert again["attempt_id"] == first["attempt_id"] and not (sweep / "0" / "attempts").exists()
+    forced = jobmod.run_job(compose(["check.correctness=false", "rerun=true"]), sweep / "0", sweep)
+    assert len(executed) == 2 and forced["attempt"] == 2
+    assert forced["earlier_attempts"][0]["status"] == "ok"
+    assert read_json(sweep / "0" / "attempts" / "1" / "result.json")["attempt_id"] == first["attempt_id"]
