@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -251,3 +252,40 @@ def test_resume_skips_ok_jobs_unless_rerun_and_retries_keep_the_earlier_attempt(
     assert len(executed) == 2 and forced["attempt"] == 2
     assert forced["earlier_attempts"][0]["status"] == "ok"
     assert read_json(sweep / "0" / "attempts" / "1" / "result.json")["attempt_id"] == first["attempt_id"]
+
+
+def test_a_rank_that_received_sigterm_is_a_victim_even_if_its_heartbeat_stopped_first():
+    """DeepSpeed's launcher prints no per-rank exit codes; a rank spinning in the CPU shm all-reduce holds the GIL,
+    so its heartbeat stops before the culprit dies. Its SIGTERM stack file marks it as stopped by the launcher."""
+    ranks = [_rank(0, ("start",), last_alive=90.0), _rank(1, ("start",), last_alive=100.0)]
+    assert classify(False, 1, ranks, {})["rank"] == 0  # heartbeats alone blame the wrong rank
+    got = classify(False, 1, ranks, {}, terminated=[0])
+    assert (got["rank"], got["phase"], got["cause"]) == (1, "load", "rank_crashed")
+
+
+def test_worker_sigterm_leaves_its_stacks_and_still_dies(tmp_path):
+    code = ("import os, re; from pathlib import Path; from dsexp import worker; out = os.fdopen(os.dup(1), 'w'); "
+            f"worker._redirect_output(Path({str(tmp_path)!r}) / 'ranks' / 'rank0.log'); "
+            "print('ready', file=out, flush=True); re.match(r'(a+)+$', 'a' * 40 + 'b')")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.5)  # now spinning in C code, holding the GIL
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    stacks = (tmp_path / "ranks" / "rank0.terminated").read_text()
+    assert "most recent call first" in stacks and "in match" in stacks
+
+
+def test_release_shm_removes_only_this_jobs_segments(tmp_path, monkeypatch):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(teardown, "SHM_DIR", str(shm))
+    uid = os.getuid()
+    mine = [shm / f"deepspeed_allreduce_buffer_{uid}_localhost_29500_{r}" for r in (0, 1)]
+    other = shm / f"deepspeed_allreduce_buffer_{uid}_localhost_29501_0"
+    for f in mine + [other]:
+        f.write_bytes(b"x")
+    write_json_atomic(tmp_path / "job" / "ranks" / "rank0.json", {"rank": 0, "master": "localhost:29500"})
+    assert teardown.release_shm(tmp_path / "job") == sorted(f.name for f in mine)
+    assert not any(f.exists() for f in mine) and other.exists()

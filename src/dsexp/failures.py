@@ -1,18 +1,20 @@
 """Turn how a job ended into a cause class, the failing rank and phase, and the last lines of each log.
 
 Evidence, per rank: its record (status, a recorded Python error with its time), its heartbeat (the
-live file: the phase it was in and when it was last alive), the exit code the launcher reports
-(torchrun's failure summary), and, for hangs, the Python stacks the ranks dumped before being killed.
-The failing rank is the earliest to fail among ranks that were not collateral damage: ranks the
-launcher SIGTERMed after another failed, and ranks whose error only says a peer went away, are
-blamed only when nobody else can be.
+live file: the phase it was in and when it was last alive), whether it received SIGTERM (it then
+leaves its stacks in rank{N}.terminated), the exit code the launcher reports (torchrun's failure
+summary), and, for hangs, the Python stacks the ranks dumped before being killed. The failing rank
+is the earliest to fail among ranks that were not collateral damage: ranks the launcher SIGTERMed
+after another failed, and ranks whose error only says a peer went away, are blamed only when nobody
+else can be. (Heartbeats alone can mislead: a rank spinning in a collective holds the GIL and stops
+beating long before it is killed.)
 """
 from __future__ import annotations
 
 import re
 import signal
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from dsexp.records import GIB, PHASES
 
@@ -56,6 +58,16 @@ def launcher_exits(job_dir: Path) -> Dict[int, int]:
     return {int(r): int(c) for r, c in _EXIT.findall(tail(Path(job_dir) / "launcher.log", 2000))}
 
 
+def terminated_ranks(job_dir: Path, world_size: int) -> List[int]:
+    """Ranks that received SIGTERM (their faulthandler wrote rank{N}.terminated)."""
+    out = []
+    for r in range(world_size):
+        path = Path(job_dir) / "ranks" / f"rank{r}.terminated"
+        if path.is_file() and path.stat().st_size > 0:
+            out.append(r)
+    return out
+
+
 def oom_kills() -> Optional[int]:
     """The cgroup's OOM-kill counter (cgroup v2 memory.events, or v1 memory.oom_control); None if unreadable."""
     for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
@@ -84,11 +96,12 @@ def hang_site(log_text: str) -> Tuple[Optional[str], bool]:
 
 def classify(timed_out: bool, returncode: Optional[int], ranks: List[Optional[dict]], tails: Dict[str, str],
              exits: Optional[Dict[int, int]] = None, oom_killed: bool = False,
-             hangs: Optional[Dict[int, Tuple[Optional[str], bool]]] = None) -> Optional[Dict[str, Any]]:
+             hangs: Optional[Dict[int, Tuple[Optional[str], bool]]] = None,
+             terminated: Iterable[int] = ()) -> Optional[Dict[str, Any]]:
     """None if every rank finished ok; else {cause, rank, phase, type, message, ranks_at_stop}."""
     if not timed_out and returncode == 0 and ranks and all(r and r.get("status") == "ok" for r in ranks):
         return None
-    exits = exits or {}
+    exits = {**(exits or {}), **{r: -signal.SIGTERM for r in terminated}}  # stopped by someone else first
     at_stop = {r: _phase_at_stop(rec) for r, rec in enumerate(ranks) if not (rec and rec.get("status") == "ok")}
     if timed_out:
         out = _timeout(ranks, at_stop, hangs or {})

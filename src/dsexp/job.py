@@ -236,6 +236,7 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
              if outcome.timed_out else None)
     failure = failures.classify(outcome.timed_out, outcome.returncode, ranks, tails,
                                 exits=failures.launcher_exits(job_dir), hangs=hangs,
+                                terminated=failures.terminated_ranks(job_dir, spec.tp),
                                 oom_killed=(result["teardown"].get("oom_kills") or 0) > (base.get("oom_kills") or 0))
     if failure is None:
         result["correctness"] = check_output(spec, job_dir, ranks, ref)

@@ -108,6 +108,7 @@ def run_ranks(spec: JobConfig, job_dir: Path, device: str, visible: Optional[str
         kill_group(proc.pid, spec.launcher.grace_s, leader=proc)
         proc.wait()
         report.update(teardown.reap(token, spec.launcher.grace_s, report.get("ports", []) + ([port] if port else [])))
+        report["shm_removed"] = teardown.release_shm(job_dir)
         log.close()
     return LaunchOutcome(cmd, None if timed_out else proc.returncode, timed_out, time.perf_counter() - t0, port, extra,
                          report)

@@ -4,15 +4,18 @@ Launchers put ranks in sessions of their own (torchrun starts every worker with 
 so killing the launcher's process group can orphan ranks. Every process of a job therefore carries
 `DSEXP_JOB_TOKEN=<token>` in its environment (inherited from the launcher); after the launcher is
 gone, any process still carrying the token is a survivor and is stopped here. On a hang, the ranks
-are first asked to dump their Python stacks into their logs (faulthandler on SIGUSR1).
+are first asked to dump their Python stacks into their logs (faulthandler on SIGUSR1). Finally the
+shared-memory segments DeepSpeed's CPU all-reduce leaves in /dev/shm are removed.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import psutil
@@ -20,6 +23,7 @@ import psutil
 TOKEN_ENV = "DSEXP_JOB_TOKEN"
 STACK_SIGNAL = signal.SIGUSR1  # the worker registers faulthandler on it
 GPU_TOLERANCE = 64 * 2**20    # device memory within this of the baseline counts as released
+SHM_DIR = "/dev/shm"
 
 
 def new_token() -> str:
@@ -96,6 +100,24 @@ def reap(token: str, grace_s: float, ports: Optional[List[int]] = None) -> Dict[
     _, alive = psutil.wait_procs(alive, timeout=5.0)
     return {"survivors": survivors, "killed": len(alive) == 0 and bool(survivors), "left": [p.pid for p in alive],
             "ports": {str(port): port_free(port) for port in ports}}
+
+
+def release_shm(job_dir: Path) -> List[str]:
+    """Remove the job's DeepSpeed CPU all-reduce segments (/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>,
+    64 MiB a rank). DeepSpeed never unlinks them, so without this every CPU job leaks host memory until reboot."""
+    from dsexp.records import read_json
+
+    removed = []
+    for rec_file in Path(job_dir).glob("ranks/rank*.json"):
+        master = (read_json(rec_file) or {}).get("master", "")
+        addr, _, port = master.rpartition(":")
+        if not addr or not port.isdigit():
+            continue
+        for seg in Path(SHM_DIR).glob(f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_*"):
+            with contextlib.suppress(FileNotFoundError):
+                seg.unlink()
+                removed.append(seg.name)
+    return sorted(removed)
 
 
 def gpu_used() -> Optional[List[int]]:

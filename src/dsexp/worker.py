@@ -13,6 +13,7 @@ T_PROCESS = time.perf_counter()  # before the heavy imports: the start phase inc
 import faulthandler  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -20,6 +21,8 @@ from dsexp.context import RankContext  # noqa: E402
 from dsexp.faults import maybe_inject  # noqa: E402
 from dsexp.probes.phases import PhaseRecorder  # noqa: E402
 from dsexp.teardown import STACK_SIGNAL  # noqa: E402
+
+_TERMINATED = None  # kept open: faulthandler writes into it from its signal handler
 
 
 def _redirect_output(log: Path) -> None:
@@ -33,6 +36,12 @@ def _redirect_output(log: Path) -> None:
     faulthandler.enable(file=sys.stderr, all_threads=True)
     # The job sends SIGUSR1 before killing a hung job: every thread's stack lands in this log.
     faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
+    # A launcher SIGTERMs the other ranks when one fails: the stacks go to rank{N}.terminated, then the default
+    # action. Done in C, so it works while the rank spins in a collective holding the GIL; the job reads the
+    # file to tell ranks that were stopped from the rank that failed.
+    global _TERMINATED
+    _TERMINATED = open(log.with_suffix(".terminated"), "w")
+    faulthandler.register(signal.SIGTERM, file=_TERMINATED, all_threads=True, chain=True)
 
 
 def _start_distributed(ctx: RankContext, rec: PhaseRecorder) -> None:

@@ -38,7 +38,10 @@ class PhaseRecorder:
             "rank": rank, "local_rank": local_rank, "world_size": world_size, "pid": os.getpid(),
             "hostname": socket.gethostname(), "device": "cpu", "status": "running",
             "phases": {}, "timeline": [], "error": None,
+            # the rendezvous endpoint names DeepSpeed's CPU shared-memory segments (the job removes them)
+            "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
         }
+        self.flush()
 
     def attach_cuda(self, index: int) -> None:
         """Once torch is imported on a GPU rank: watch this device through NVML too."""
