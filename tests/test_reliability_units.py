@@ -289,3 +289,19 @@ def test_release_shm_removes_only_this_jobs_segments(tmp_path, monkeypatch):
     write_json_atomic(tmp_path / "job" / "ranks" / "rank0.json", {"rank": 0, "master": "localhost:29500"})
     assert teardown.release_shm(tmp_path / "job") == sorted(f.name for f in mine)
     assert not any(f.exists() for f in mine) and other.exists()
+
+
+def test_retry_first_stops_ranks_an_earlier_attempt_left_running(tmp_path):
+    """The job process of the earlier attempt was SIGKILLed, so its teardown never ran; the retry cleans up."""
+    job = tmp_path / "sweep" / "3"
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "-m", "dsexp.worker", str(job)])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "-m", "dsexp.worker",
+                              str(tmp_path / "sweep" / "31")])
+    try:
+        time.sleep(0.5)
+        assert teardown.reap_stale(job, grace_s=2.0) == [f"{orphan.pid}:{sys.executable}"]
+        assert orphan.wait(timeout=10) is not None and other.poll() is None
+    finally:
+        for p in (orphan, other):
+            p.kill()
+            p.wait()

@@ -164,10 +164,12 @@ def run_job(cfg: DictConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
         if prior is not None:
             return {**prior, "resumed_from": prior.get("job_dir")}
     job_dir.mkdir(parents=True, exist_ok=True)
+    stale = teardown.reap_stale(job_dir)
     earlier = archive_attempt(job_dir)  # a retried job starts clean and loses nothing
     result: Dict[str, Any] = {"schema": records.SCHEMA_VERSION, "key": key, "job_dir": str(job_dir),
                               "config": asdict(spec), "started": time.time(), "status": "running",
-                              "attempt": len(earlier) + 1, "attempt_id": uuid.uuid4().hex, "earlier_attempts": earlier}
+                              "attempt": len(earlier) + 1, "attempt_id": uuid.uuid4().hex, "earlier_attempts": earlier,
+                              "stale_reaped": stale}
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     t0 = time.perf_counter()

@@ -59,6 +59,26 @@ def dump_stacks(token: str, wait_s: float = 1.0) -> int:
     return len(ranks)
 
 
+def reap_stale(job_dir: Path, grace_s: float = 5.0) -> List[str]:
+    """Ranks and launchers of an earlier attempt of this job that outlived it (its job process was killed
+    outright, so its own teardown never ran): any process running dsexp.worker for this job folder."""
+    target = str(job_dir)
+    stale = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if p.pid != os.getpid() and target in cmd and any("dsexp.worker" in part for part in cmd):
+            stale.append(p)
+    names = [f"{p.pid}:{p.info['cmdline'][0]}" for p in stale]
+    for p in stale:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, alive = psutil.wait_procs(stale, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    return names
+
+
 def listening_ports(procs: List[psutil.Process]) -> List[int]:
     ports = set()
     for p in procs:
