@@ -305,3 +305,8 @@ def test_retry_first_stops_ranks_an_earlier_attempt_left_running(tmp_path):
         for p in (orphan, other):
             p.kill()
             p.wait()
+
+
+def test_a_launcher_that_never_started_a_rank_is_a_launch_error():
+    got = classify(False, 1, [None, None], {"launcher": "usage: torchrun ...\nerror: unrecognized arguments: --bogus"})
+    assert (got["cause"], got["rank"]) == ("launch_error", None) and "unrecognized arguments" in got["message"]

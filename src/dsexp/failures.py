@@ -105,6 +105,10 @@ def classify(timed_out: bool, returncode: Optional[int], ranks: List[Optional[di
     at_stop = {r: _phase_at_stop(rec) for r, rec in enumerate(ranks) if not (rec and rec.get("status") == "ok")}
     if timed_out:
         out = _timeout(ranks, at_stop, hangs or {})
+    elif not any(ranks) or not at_stop:  # no rank ever started, or all finished and the launcher still failed
+        last = (tails.get("launcher") or "").strip().splitlines()[-1:] or ["(empty launcher.log)"]
+        out = {"cause": "launch_error", "rank": None, "phase": None, "type": "launcher",
+               "message": f"the launcher exited with rc={returncode}: {last[0][:500]}"}
     else:
         rank = _culprit(ranks, exits)
         rec = ranks[rank] if rank is not None else None
