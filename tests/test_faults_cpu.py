@@ -31,6 +31,7 @@ FULL = [(None, "ok", None),
         ({"phase": "generate", "kind": "sleep"}, "timeout", "generate"),
         ({"phase": "load", "kind": "alloc_host", "cap_mb": 256}, "oom_host", "load")]
 MATRIX = ROOT / "results" / "cpu" / "fault_matrix.md"
+pytestmark = pytest.mark.timeout(2400)  # whole sweeps, run twice; a busy 2-core machine is slow
 README_BEGIN, README_END = "<!-- fault-matrix:begin -->", "<!-- fault-matrix:end -->"
 
 

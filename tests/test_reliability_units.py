@@ -310,3 +310,11 @@ def test_retry_first_stops_ranks_an_earlier_attempt_left_running(tmp_path):
 def test_a_launcher_that_never_started_a_rank_is_a_launch_error():
     got = classify(False, 1, [None, None], {"launcher": "usage: torchrun ...\nerror: unrecognized arguments: --bogus"})
     assert (got["cause"], got["rank"]) == ("launch_error", None) and "unrecognized arguments" in got["message"]
+
+
+def test_a_multirun_job_that_fails_validation_at_run_time_is_a_failed_result(tmp_path):
+    from dsexp.job import record_invalid
+
+    res = record_invalid(compose(["tp=2"]), tmp_path / "0", "device=cuda but no GPU is visible (NVML found none)")
+    assert read_json(tmp_path / "0" / "result.json") == res
+    assert (res["status"], res["failure"]["cause"], res["config"]["tp"]) == ("failed", "invalid_config", 2)

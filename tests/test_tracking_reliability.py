@@ -122,6 +122,7 @@ def test_sweep_with_unreachable_store_completes_and_sync_logs_it_later(tmp_path,
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_four_concurrent_sweeps_into_one_store(tmp_path, cache_dir):
     """Four real multiruns (tiny model, tp=1, two jobs each) writing into one store at once."""
     env = {**os.environ, "DSEXP_CACHE": str(cache_dir), "PYTHONPATH": str(SRC)}
