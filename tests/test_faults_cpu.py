@@ -145,14 +145,20 @@ def matrix_rows(run: Dict[str, object], faults) -> List[List[str]]:
         rows.append([kind, phase or "-", cause, f.get("cause", res["status"]) if f else "ok",
                      "-" if not f else f"rank {f.get('rank')} / {f.get('phase')}", message or "-",
                      f"{reached['host_rss_gib']:.2f}" if reached.get("host_rss_gib") else "-",
-                     f"{res['wall_s']:.0f}", f"{len(reaped)} reaped, 0 left" if not run["first"]["left"] else "LEFT",
-                     retry])
+                     f"{res['wall_s']:.0f}", teardown_cell(res, run["first"]["left"]), retry])
     return rows
+
+
+def teardown_cell(res: dict, left: List[str]) -> str:
+    td = res.get("teardown") or {}
+    ports = td.get("ports") or {}
+    cell = f"{len(td.get('survivors') or [])} reaped, {len(left)} left, {len(td.get('shm_removed') or [])} shm segments removed"
+    return cell + (f", {sum(ports.values())}/{len(ports)} ports free" if ports else "")
 
 
 def write_matrix(rows: List[List[str]]) -> str:
     head = ["fault on rank 1", "phase", "expected", "recorded cause", "blamed rank / phase", "message",
-            "rank 1 host RSS reached (GiB)", "job wall (s)", "processes after teardown", "same command again"]
+            "rank 1 host RSS reached (GiB)", "job wall (s)", "teardown", "same command again"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     table = "\n".join(lines) + "\n"
