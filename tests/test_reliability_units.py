@@ -101,6 +101,10 @@ def test_sigkill_with_a_full_node_is_host_oom():
     assert (got["cause"], got["rank"], got["phase"]) == ("oom_host", 1, "load")
     got = classify(False, 1, [_rank(0, ("start",)), _rank(1, ("start",))], {}, exits={0: -15, 1: -9}, oom_killed=True)
     assert got["cause"] == "oom_host" and "cgroup" in got["message"]
+    got = classify(False, 1, [_rank(0, ("start",)), _rank(1, ("start",))], {"rank1": "std::bad_alloc"}, exits={0: -15, 1: -6})
+    assert got["cause"] == "oom_host" and "SIGABRT" in got["message"]
+    got = classify(False, 1, [_rank(0, ("start",)), _rank(1, ("start",))], {}, exits={0: -15, 1: -9})
+    assert got["cause"] == "rank_crashed"  # a SIGKILL on a node with room is not taken for an OOM kill
 
 
 def test_timeout_blames_the_rank_not_waiting_in_a_collective():

@@ -189,10 +189,12 @@ def _from_silent_stop(rank: Optional[int], rec: Optional[dict], code: Optional[i
     sigkill = code is None or code == -signal.SIGKILL
     if _OOM_GPU.search(log):
         cause = "oom_gpu"
-    elif _OOM_HOST.search(log) or (sigkill and (oom_killed or (fill or 0) >= _NODE_FULL)):
-        cause = "oom_host"
-        how += " (the kernel OOM killer: " + ("the cgroup counted an OOM kill)" if oom_killed else
-                                              f"node memory was {fill:.0%} used)")
+    elif _OOM_HOST.search(log):
+        cause, how = "oom_host", how + " (its log reports a failed host allocation)"
+    elif sigkill and oom_killed:
+        cause, how = "oom_host", how + " (the kernel OOM killer: the cgroup counted an OOM kill)"
+    elif sigkill and (fill or 0) >= _NODE_FULL:
+        cause, how = "oom_host", how + f" (likely the kernel OOM killer: node memory was {fill:.0%} used)"
     else:
         cause = "rank_crashed"
     return {"cause": cause, "type": "signal" if code is not None and code < 0 else "exit",
