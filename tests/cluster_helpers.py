@@ -1,7 +1,8 @@
-"""Test helpers for the cluster path: a real `mlflow server` on 127.0.0.1, and fake SLURM commands.
+"""Test helpers for the cluster path: a real `mlflow server` on 127.0.0.1, and fake cluster commands.
 
-The fake `srun` runs its command once per requested node, all on this machine; the fake `scontrol`
-expands any node list to the hosts given. Together they let a multi-node job run for real on one box.
+The fake `srun` and `pdsh` run their command once per node, all on this machine; the fake `scontrol`
+expands any node list to the hosts given; the fake `ssh` runs locally. Together they let a multi-node
+job go through the real launch path (srun + torchrun rendezvous, or DeepSpeed's runner) on one box.
 """
 from __future__ import annotations
 
@@ -28,6 +29,21 @@ for ((i = 0; i < n; i++)); do SLURM_NODEID=$i SLURM_PROCID=$i "$@" & pids+=($!);
 rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; exit $rc
 """
 
+FAKE_PDSH = """#!/bin/bash
+# fake pdsh: run the remote command once per host of -w, all on this machine (%n = the host's index)
+hosts=
+while [[ $1 == -* ]]; do case $1 in -w) hosts=$2; shift;; -f) shift;; esac; shift; done
+IFS=, read -ra hs <<< "$hosts"
+pids=()
+for i in "${!hs[@]}"; do bash -c "${*//%n/$i}" & pids+=($!); done
+rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; exit $rc
+"""
+
+FAKE_SSH = """#!/bin/bash
+# fake ssh: every host is this machine (DeepSpeed's runner checks `ssh HOST hostname`)
+exec "${@: -1}"
+"""
+
 FAKE_SCONTROL = """#!/bin/bash
 [[ "$1 $2" == "show hostnames" && -n "$3" ]] || { echo "fake scontrol: unexpected $*" >&2; exit 2; }
 printf '%s\\n' {hosts}
@@ -35,11 +51,12 @@ printf '%s\\n' {hosts}
 
 
 def fake_slurm_bin(folder: Path, hosts: List[str]) -> Path:
-    """A bin/ folder with fake `srun` and `scontrol` (put it first on PATH)."""
+    """A bin/ folder with fake `srun`, `scontrol`, `pdsh` and `ssh` (put it first on PATH)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "srun").write_text(FAKE_SRUN)
-    (folder / "scontrol").write_text(FAKE_SCONTROL.replace("{hosts}", " ".join(hosts)))
-    for name in ("srun", "scontrol"):
+    scripts = {"srun": FAKE_SRUN, "scontrol": FAKE_SCONTROL.replace("{hosts}", " ".join(hosts)),
+               "pdsh": FAKE_PDSH, "ssh": FAKE_SSH}
+    for name, text in scripts.items():
+        (folder / name).write_text(text)
         (folder / name).chmod(0o755)
     return folder
 
