@@ -63,7 +63,7 @@ def test_sbatch_script_has_the_job_resources(tp, nodes, tmp_path, monkeypatch):
     flags = sbatch_flags(script)
     assert flags["gpus-per-node"] == str(tp // nodes) and flags["nodes"] == str(nodes)
     assert flags["ntasks-per-node"] == "1" and flags["partition"] == "gpu"
-    assert flags["time"] == "45" and flags["account"] == "proj1"
+    assert flags["time"] == "45" and flags["account"] == "proj1" and flags["job-name"] == "dsexp"
     assert "array" not in flags
     srun_line = [line for line in script.splitlines() if line.startswith("srun ")]
     assert len(srun_line) == 1 and "submitit.core._submit" in srun_line[0]

@@ -56,7 +56,9 @@ def check_server(uri: str, timeout_s: float = 10.0) -> None:
 
     try:
         requests.get(f"{uri.rstrip('/')}/health", timeout=timeout_s)
-    except requests.RequestException as e:
+    except requests.exceptions.SSLError:
+        return  # it answers; TLS settings are MLflow's (MLFLOW_TRACKING_INSECURE_TLS, ..._SERVER_CERT_PATH)
+    except (requests.ConnectionError, requests.Timeout) as e:
         raise ConnectionError(f"MLflow server {uri} does not answer: {type(e).__name__}") from None
 
 
