@@ -189,6 +189,9 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
         raise ConfigError(f"tp={spec.tp}: tp must be >= 1")
     if spec.launcher.nodes < 1:
         raise ConfigError(f"launcher.nodes={spec.launcher.nodes}: must be >= 1")
+    from dsexp.multinode import validate_nodes  # here, not at the top: multinode imports this module
+
+    validate_nodes(spec)
     if not 0 < spec.probe.sample_ms <= 20:
         raise ConfigError(f"probe.sample_ms={spec.probe.sample_ms}: the sampler period must be in (0, 20] ms")
     if spec.generate.new_tokens < 1:

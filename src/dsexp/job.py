@@ -70,15 +70,24 @@ def _write_job_file(job_dir: Path, spec: JobConfig, runtime: Dict[str, Any]) -> 
 
 def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Optional[Path]:
     """The cached tp=1 eager reference for this model and dtype, computed now if missing."""
-    import torch
+    from filelock import FileLock
 
     path = correctness.reference_path(spec.cache_dir, Path(runtime["model_dir"]), spec.dtype,
                                       spec.generate.prompt, spec.generate.new_tokens, runtime["device"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):  # jobs running at once (submitit, a cluster) compute it once
+        return _ensure_reference(spec, runtime, job_dir, path)
+
+
+def _ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path, path: Path) -> Path:
+    import torch
+
     if path.is_file():
         runtime["reference_cache_hit"] = True
         return path
     ref_spec = to_schema(OmegaConf.create(asdict(spec)))
     ref_spec.tp, ref_spec.fault, ref_spec.launcher.name = 1, None, "torchrun"
+    ref_spec.launcher.nodes, ref_spec.launcher.hostfile = 1, None  # one rank, on this node
     ref_dir = job_dir / "reference"
     ref_dir.mkdir(parents=True, exist_ok=True)
     _write_job_file(ref_dir, ref_spec, {**runtime, "role": "reference"})
@@ -88,7 +97,6 @@ def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) ->
     if out.returncode != 0 or not rec or rec.get("status") != "ok" or not logits.is_file():
         raise RuntimeError(f"the tp=1 reference run failed (see {ref_dir}): "
                            f"{(rec or {}).get('error') or failures.tail(ref_dir / 'ranks' / 'rank0.log', 10)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save({"first_logits": torch.load(logits), "tokens": rec["generate"]["tokens"]}, tmp)
     tmp.replace(path)

@@ -50,6 +50,18 @@ def retry(fn: Callable[[], T], attempts: int = 8) -> T:
     raise AssertionError("unreachable")
 
 
+def check_server(uri: str, timeout_s: float = 10.0) -> None:
+    """Fail fast if a tracking server does not answer at all (MLflow's own HTTP retries take minutes a call)."""
+    import requests
+
+    try:
+        requests.get(f"{uri.rstrip('/')}/health", timeout=timeout_s)
+    except requests.exceptions.SSLError:
+        return  # it answers; TLS settings are MLflow's (MLFLOW_TRACKING_INSECURE_TLS, ..._SERVER_CERT_PATH)
+    except (requests.ConnectionError, requests.Timeout) as e:
+        raise ConnectionError(f"MLflow server {uri} does not answer: {type(e).__name__}") from None
+
+
 def flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for k, v in d.items():
@@ -66,6 +78,8 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
+        if uri.startswith(("http://", "https://")):
+            check_server(uri)
         self.client = MlflowClient(tracking_uri=uri)
         self.experiment_id = retry(lambda: self._experiment(experiment))
 
