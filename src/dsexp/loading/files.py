@@ -1,7 +1,10 @@
 """Checkpoint files: which ones a folder holds, their tensor names, and a strict, streaming fill of a model.
 
-Tensors are read one at a time: safetensors' `get_tensor` maps the file lazily and `.bin` files are
-loaded with `mmap=True`, so a fill holds at most one source tensor beyond the model itself.
+Tensors are read one at a time, so a fill holds at most one source tensor beyond the model itself.
+safetensors' `get_tensor` is a view of the file's mmap, and every page touched stays mapped (counted
+in the rank's RSS as file-backed) until the handle *and* all its tensors are gone: the file is
+therefore reopened for each tensor. `.bin` files are loaded with `mmap=True` (their mapping lives until
+the last tensor of the file is copied).
 """
 from __future__ import annotations
 
@@ -32,9 +35,11 @@ def read_tensors(path: Path) -> Iterator[Tuple[str, Any]]:
     if str(path).endswith(".safetensors"):
         from safetensors import safe_open
 
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
+        for name in tensor_names(path):
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                tensor = f.get_tensor(name)
+            yield name, tensor
+            del tensor
     else:
         import torch
 
