@@ -37,6 +37,7 @@ def rank_figures(rank: dict) -> dict:
     peak = lambda q: max(phases[p]["peaks"].get(f"{q}_peak", 0) for p in LOAD_PHASES) / GIB  # noqa: E731
     return {"rank": rank["rank"], "rss_peak_gib": peak("host_rss"), "anon_peak_gib": peak("host_anon"),
             "file_peak_gib": peak("host_file"), "start_rss_gib": phases["start"]["host"]["host_rss"] / GIB,
+            "end_rss_gib": max(phases[p]["host"]["host_rss"] for p in LOAD_PHASES) / GIB,  # snapshots miss transients
             "start_anon_gib": phases["start"]["host"]["host_anon"] / GIB,
             "weights_gib": phases["init"]["weights_device"] / GIB}
 
