@@ -40,7 +40,8 @@ class ModelConfig:
 class LoadConfig:
     name: str = "eager"
     format: str = "safetensors"
-    shard_dir: Optional[str] = None
+    shard_dir: Optional[str] = None   # sharded: where split checkpoints are cached (null: <cache_dir>/shards)
+    restore_buffers: bool = True      # put back non-persistent buffers (RoPE) the engine cast or left empty
 
 
 @dataclass
@@ -213,9 +214,24 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
         raise ConfigError("dtype=fp16 on device=cpu: DeepSpeed's CPU accelerator supports fp32 and bf16 only here; "
                           "choose dtype=bf16 or dtype=fp32")
 
+    _validate_load(spec)
     _validate_model(spec)
     spec.device = device
     return spec
+
+
+def _validate_load(spec: JobConfig) -> None:
+    """meta and sharded hand the model to DeepSpeed's AutoTP on the meta device; other engines would not fill it."""
+    name, engine = spec.load.name, spec.engine
+    if name in ("meta", "sharded") and engine.name != "init_inference":
+        raise ConfigError(f"load={name} needs engine=init_inference (it builds the model on the meta device and "
+                          f"relies on init_inference to place it); engine={engine.name} would leave it empty")
+    if name == "sharded" and engine.kernel_inject:
+        raise ConfigError("load=sharded slices with AutoTP; engine.kernel_inject=true replaces the layers with "
+                          "DeepSpeed kernels whose tensors the split files do not hold; set engine.kernel_inject=false")
+    if name == "meta" and engine.kernel_inject and spec.load.format != "bin":
+        raise ConfigError("load=meta with engine.kernel_inject=true: DeepSpeed's kernel-injection checkpoint path "
+                          "reads files with torch.load only; set load.format=bin")
 
 
 def _validate_model(spec: JobConfig) -> None:

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from dsexp import correctness, failures, records
 from dsexp.config import JobConfig, to_schema, validate
 from dsexp.launch import run_ranks
+from dsexp.loading import prepare_load
 
 RESULT = "result.json"
 
@@ -158,6 +159,7 @@ def run_job(cfg: DictConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
 def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     runtime = {"device": spec.device, **prepare_model(spec)}
     ref = ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
+    runtime.update(prepare_load(spec, runtime, job_dir))
     _write_job_file(job_dir, spec, runtime)
     result["runtime"] = runtime
     result["baseline"] = baseline(spec.device)
