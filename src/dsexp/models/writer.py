@@ -31,8 +31,9 @@ class WriteStats:
 
 
 def checkpoint_key(arch: str, dims: Dict[str, Any], dtype: str, fmt: str, seed: int, shard_mb: float) -> str:
+    code = ARCHS[arch].code_digest() if arch in ARCHS and ARCHS[arch].code_digest else None
     blob = json.dumps({"arch": arch, "dims": dims, "dtype": dtype, "format": fmt, "seed": seed,
-                       "shard_mb": shard_mb, "v": 1}, sort_keys=True)
+                       "shard_mb": shard_mb, "v": 1, **({"code": code} if code else {})}, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
