@@ -8,7 +8,8 @@ from typing import Any, Dict, List, Optional
 CAUSES = ("oom_gpu", "oom_host", "timeout", "rank_crashed", "config_rejected", "load_error", "engine_error",
           "kernel_build_error", "incorrect_output", "prepare_error", "launch_error")
 
-_OOM_GPU = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|NCCL.*(out of memory|alloc)", re.I)
+_OOM_GPU = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|NCCL.*(out of memory|alloc)|"
+                      r"Workspace can't be allocated", re.I)  # the last: DeepSpeed's kernel-injection workspace
 _OOM_HOST = re.compile(r"\bMemoryError\b|Cannot allocate memory|std::bad_alloc|DefaultCPUAllocator: can't allocate", re.I)
 _REJECTED = re.compile(r"ValidationError|validation error|Extra inputs are not permitted|is not supported by|"
                        r"not a valid|Cannot use both|Injection policy layer.*not valid|Not able to determine model policy", re.I)
