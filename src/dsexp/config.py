@@ -260,3 +260,7 @@ def _validate_model(spec: JobConfig) -> None:
     if kv and spec.tp > int(kv) and spec.engine.name in ("init_inference", "autotp_zero3", "hf_tp"):
         raise ConfigError(f"tp={spec.tp} leaves some ranks with no attention heads: the model has "
                           f"{kv} key/value heads; allowed: tp <= {kv}")
+    if kv and int(kv) % spec.tp and spec.engine.name in ("autotp_zero3", "hf_tp"):
+        # DeepSpeed's AutoTP (init_inference) splits unevenly by whole KV heads; these split rows evenly.
+        raise ConfigError(f"engine={spec.engine.name} splits attention evenly: tp={spec.tp} must divide the "
+                          f"model's {kv} key/value heads")
