@@ -123,6 +123,7 @@ ENGINES = ("init_inference", "zero_inference", "autotp_zero3", "hf_tp")
 LAUNCHERS = ("torchrun", "deepspeed")
 FORMATS = ("safetensors", "bin")
 OFFLOADS = ("none", "cpu")
+ZERO3_ENGINES = ("zero_inference", "autotp_zero3")  # engines built on deepspeed.initialize with ZeRO stage 3
 
 
 def to_schema(cfg: DictConfig) -> JobConfig:
@@ -207,15 +208,21 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
     if device == "cuda" and per_node > gpus:
         raise ConfigError(f"tp={spec.tp} needs {per_node} GPUs per node but only {gpus} are visible; "
                           f"allowed: tp <= {gpus * spec.launcher.nodes}")
-    if device == "cpu" and spec.engine.kernel_inject:
-        raise ConfigError("engine.kernel_inject=true needs CUDA kernels and device resolved to cpu; "
-                          "set engine.kernel_inject=false or run on a GPU machine")
     if device == "cpu" and spec.dtype == "fp16":
         raise ConfigError("dtype=fp16 on device=cpu: DeepSpeed's CPU accelerator supports fp32 and bf16 only here; "
                           "choose dtype=bf16 or dtype=fp32")
 
     _validate_load(spec)
+    if spec.engine.name in ZERO3_ENGINES and spec.zero.stage != 3:
+        raise ConfigError(f"engine={spec.engine.name} runs ZeRO stage 3 but zero={spec.zero.name} has stage "
+                          f"{spec.zero.stage}; choose zero=stage3, zero=stage3_offload or zero=seed_accepted")
     _validate_model(spec)
+    if device == "cpu" and spec.engine.name == "init_inference" and spec.engine.kernel_inject:
+        layers = _kernel_injected_layers(spec)
+        if layers:
+            raise ConfigError(f"engine.kernel_inject=true on device=cpu: DeepSpeed's kernel injection would replace "
+                              f"{', '.join(layers)} of model={spec.model.name} with CUDA kernels; "
+                              "set engine.kernel_inject=false or run on a GPU machine")
     spec.device = device
     return spec
 
@@ -232,6 +239,16 @@ def _validate_load(spec: JobConfig) -> None:
     if name == "meta" and engine.kernel_inject and spec.load.format != "bin":
         raise ConfigError("load=meta with engine.kernel_inject=true: DeepSpeed's kernel-injection checkpoint path "
                           "reads files with torch.load only; set load.format=bin")
+
+
+def _kernel_injected_layers(spec: JobConfig):
+    """Layer classes DeepSpeed has a kernel policy for (none: kernel injection is a no-op, runnable on CPU)."""
+    from dsexp.engines.kernel_policy import folder_kernel_injected_layers, preset_kernel_injected_layers
+
+    m = spec.model
+    if m.path:
+        return folder_kernel_injected_layers(str(Path(m.path).expanduser()), m.trust_remote_code)
+    return preset_kernel_injected_layers(m.arch, json.dumps(dict(m.dims), sort_keys=True), m.dtype)
 
 
 def _validate_model(spec: JobConfig) -> None:
@@ -262,3 +279,7 @@ def _validate_model(spec: JobConfig) -> None:
     if kv and spec.tp > int(kv) and spec.engine.name in ("init_inference", "autotp_zero3", "hf_tp"):
         raise ConfigError(f"tp={spec.tp} leaves some ranks with no attention heads: the model has "
                           f"{kv} key/value heads; allowed: tp <= {kv}")
+    if kv and int(kv) % spec.tp and spec.engine.name in ("autotp_zero3", "hf_tp"):
+        # DeepSpeed's AutoTP (init_inference) splits unevenly by whole KV heads; these split rows evenly.
+        raise ConfigError(f"engine={spec.engine.name} splits attention evenly: tp={spec.tp} must divide the "
+                          f"model's {kv} key/value heads")

@@ -47,7 +47,7 @@ def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
     from dsexp.engines import get_engine
     from dsexp.generation import run_generate
     from dsexp.loading import get_loader
-    from dsexp.probes.weights import resident_bytes, weight_census
+    from dsexp.probes.weights import resident_bytes, residency, tensor_layout, weight_census
 
     spec, role = ctx.spec, ctx.runtime.get("role")  # None: measured run; "reference"; "split" (load=sharded)
     reference = role == "reference"
@@ -65,6 +65,7 @@ def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
     with rec.phase("init"):
         maybe_inject(spec.fault, ctx.rank, "init")
         if engine:
+            full = tensor_layout(loaded.model)
             module, report = engine.wrap(loaded.model, ctx, checkpoint=loaded.checkpoint)
         else:
             module, report = loaded.model.to(ctx.device), {"reference": True}
@@ -73,6 +74,8 @@ def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
     del loaded
     census = weight_census(module)
     rec.annotate_phase("init", weights_device=resident_bytes(census, device_type), weights=census)
+    if engine:
+        report.update(residency(full, module, device_type, ctx.torch_dtype.itemsize))
     if census["on_meta"]:
         raise RuntimeError(f"{len(census['on_meta'])} tensors are still on the meta device after init: "
                            f"{', '.join(census['on_meta'][:8])}")
