@@ -60,14 +60,20 @@ def ensure_checkpoint(cache_dir: str, name: str, arch: str, dims: Dict[str, Any]
         return WriteStats(final, nbytes, secs, cache_hit=False)
 
 
-def tensor_specs(arch: str, dims: Dict[str, Any], dtype: str) -> Tuple[Any, List[Tuple[str, tuple]]]:
-    """The HF config and the (name, shape) of every tensor a checkpoint of this model holds."""
+def meta_model(arch: str, dims: Dict[str, Any], dtype: str):
+    """The model of a named architecture on the meta device: every tensor's name, shape and dtype, no storage."""
     import torch
     from transformers import AutoModelForCausalLM
 
     cfg = ARCHS[arch].make_config(dims, dtype)
     with torch.device("meta"):
-        model = _model_class(arch, cfg)(cfg) if ARCHS[arch].remote_code else AutoModelForCausalLM.from_config(cfg)
+        return _model_class(arch, cfg)(cfg) if ARCHS[arch].remote_code else AutoModelForCausalLM.from_config(cfg)
+
+
+def tensor_specs(arch: str, dims: Dict[str, Any], dtype: str) -> Tuple[Any, List[Tuple[str, tuple]]]:
+    """The HF config and the (name, shape) of every tensor a checkpoint of this model holds."""
+    model = meta_model(arch, dims, dtype)
+    cfg = model.config
     seen, specs = set(), []
     for name, t in model.state_dict(keep_vars=True).items():
         if id(t) in seen:  # tied weights are stored once
