@@ -68,7 +68,13 @@ def incorrect_output(f: RunFacts) -> List[Finding]:
               else c.get("message") or "no comparable logits")
     agree = c.get("token_agreement")
     tokens = f"; greedy tokens agree {agree:.0%}" if agree is not None else ""
-    return [Finding("incorrect_output", "problem", f"outputs differ from tp=1 beyond tolerance: {detail}{tokens}")]
+    before, after = m.buffer_bytes(f.result, "load"), m.buffer_bytes(f.result, "init")
+    cast = ""
+    if before and after is not None and after < before:
+        dtype = (f.result.get("config") or {}).get("dtype")
+        cast = (f"; the model's buffers shrank from {m.human(before)} to {m.human(after)} at init: the engine cast "
+                f"them (rotary inv_freq included) to {dtype}, which the tp=1 reference does not")
+    return [Finding("incorrect_output", "problem", f"outputs differ from tp=1 beyond tolerance: {detail}{tokens}{cast}")]
 
 
 def left_on_meta(f: RunFacts) -> List[Finding]:
@@ -150,16 +156,17 @@ def host_copies(f: RunFacts) -> List[Finding]:
     p, growth = f.prediction, m.load_growth(f.result, "anon")
     if p is None or not growth or p.model_bytes < SIGNIFICANT:
         return []
-    kept = 0 if m.on_gpu(f.result) else p.weights_max  # on a CPU run the rank's weights legitimately live on the host
-    full, per_rank = p.model_bytes, sorted(growth)[len(growth) // 2] - kept
+    # beyond the TP slices a CPU rank legitimately keeps on its host
+    full, per_rank = p.model_bytes, max(0, sorted(growth)[len(growth) // 2] - max(p.host.kept))
     s = p.strategy
     if per_rank >= 0.8 * full:
         reason = (f"dtype conversion {s.conversion}" if s.conversion else
                   ".bin checkpoint" if s.fmt == "bin" else "no conversion was configured")
         node = m.node_growth(f.result)
-        node_txt = f"; node memory rose by {m.human(node)} ({node / full:.1f} models)" if node else ""
+        node_txt = (f"; the machine's used memory rose by {m.human(node)} during the run ({node / full:.1f} models, "
+                    f"other processes included)") if node else ""
         return [Finding("host_private_copy", "problem",
-                        f"host memory grew by one model per rank ({m.human(per_rank)} private per rank beyond its own weights, the model is "
+                        f"host memory grew by one model per rank ({m.human(per_rank)} private per rank beyond its own slices, the model is "
                         f"{m.human(full)}): each rank made a private copy while loading ({reason}){node_txt}")]
     if per_rank <= 0.3 * full:
         return [Finding("host_shared", "info",
@@ -169,10 +176,10 @@ def host_copies(f: RunFacts) -> List[Finding]:
 
 
 def scaling_with_tp(f: RunFacts) -> List[Finding]:
-    """Compared with the same configuration at the next smaller tp that ran ok."""
+    """Compared with the same configuration at the next smaller tp that was measured (correct or not)."""
     tp = (f.result.get("config") or {}).get("tp") or 1
-    smaller = [s for s in f.siblings if s.get("status") == "ok" and (s.get("config") or {}).get("tp", 1) < tp]
-    if f.result.get("status") != "ok" or not smaller:
+    smaller = [s for s in f.siblings if m.per_device_gib(s) is not None and (s.get("config") or {}).get("tp", 1) < tp]
+    if m.per_device_gib(f.result) is None or not smaller:
         return []
     prev = max(smaller, key=lambda s: s["config"]["tp"])
     ptp, out = prev["config"]["tp"], []

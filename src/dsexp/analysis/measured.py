@@ -14,7 +14,7 @@ def human(nbytes: Optional[float]) -> str:
     for unit, size in (("GiB", GIB), ("MiB", MIB)):
         if abs(nbytes) >= size:
             return f"{nbytes / size:.2f} {unit}"
-    return f"{nbytes / 1024:.1f} KiB"
+    return f"{nbytes / 1024:.1f} KiB" if abs(nbytes) >= 1024 else f"{nbytes:.0f} B"
 
 
 def ranks(result: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -50,6 +50,13 @@ def on_meta(result: Dict[str, Any]) -> List[str]:
         for n in (phase(rk, "init").get("weights") or {}).get("on_meta") or []:
             names[n] = None
     return list(names)
+
+
+def buffer_bytes(result: Dict[str, Any], name: str) -> Optional[int]:
+    """Rank 0's buffer bytes (all devices) in a phase's census."""
+    rk = next(iter(ranks(result)), None)
+    census = phase(rk, name).get("weights") if rk else None
+    return sum((census.get("buffer_bytes") or {}).values()) if census else None
 
 
 def load_growth(result: Dict[str, Any], kind: str = "anon") -> List[int]:

@@ -93,6 +93,7 @@ class HostPrediction:
     """Host bytes each rank adds while loading, on top of its `start` snapshot."""
     file: List[int]            # file-backed (mmap'd checkpoint pages: page cache, shared by the ranks)
     anon: List[int]            # private (anonymous) memory at the load peak
+    kept: List[int]            # private bytes a rank keeps whatever the loading (its own TP slices on a CPU run)
     how: str                   # one sentence: why
 
     @property
@@ -415,21 +416,26 @@ def start_overhead(result: Dict[str, Any]) -> Optional[int]:
 
 
 def _host(result: Dict[str, Any], s: Strategy, tp: int, weights: List[int], placements: List[Placement]) -> HostPrediction:
+    """Host bytes loading adds per rank (measured on CPU runs: the interpreter's own imports during load, ~100-200
+    MiB, come on top). Eager loads mmap the checkpoint (.bin too: transformers >= 5 loads it with mmap=True);
+    a dtype conversion materialises a private converted copy; on a CPU run the TP slices a rank keeps are copies."""
     files = arch.checkpoint_files((result.get("runtime") or {}).get("model_dir"))
     model_run = sum(p.full for p in placements)
     ckpt = sum(files.values()) or (result.get("runtime") or {}).get("checkpoint_bytes") or \
         model_run * arch.DTYPE_BYTES[s.model_dtype] // arch.DTYPE_BYTES[s.dtype]
     largest = max(files.values()) if files else ckpt
-    kept = weights if s.device == "cpu" else [0] * tp  # on a CPU run the device *is* the host
+    on_host = s.device == "cpu"  # on a CPU run the device *is* the host
+    kept = [sum(p.local[r] for p in placements if p.how not in ("replicated", "offloaded")) if on_host else 0
+            for r in range(tp)]
     if s.load == "meta":
-        return HostPrediction([largest] * tp, [largest + k for k in kept],
+        return HostPrediction([largest] * tp, [largest + k for k in kept], kept,
                               "every rank reads every checkpoint file in full, one file at a time")
     if s.load == "sharded":
-        return HostPrediction([0] * tp, list(weights),
+        return HostPrediction([0] * tp, list(weights), kept,
                               "each rank reads only its own slice and the replicated tensors")
     if s.conversion:
-        return HostPrediction([ckpt] * tp, [model_run] * tp,
+        return HostPrediction([ckpt] * tp, [model_run] * tp, kept,
                               f"the load converts ({s.conversion}): a private full copy per rank")
-    return HostPrediction([ckpt] * tp, list(kept),
+    return HostPrediction([ckpt] * tp, kept, kept,
                           f"{s.fmt} is memory-mapped without conversion: the checkpoint sits in the page cache, "
-                          f"shared by the ranks; private memory ~ what each rank keeps")
+                          f"shared by the ranks; private memory ~ the slices each rank keeps")
