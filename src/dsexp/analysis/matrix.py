@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from dsexp.analysis import measured as m
+from dsexp.records import config_label
 from dsexp.analysis.diagnosis import Finding, diagnose, text
 from dsexp.analysis.memory import TP_ENGINES, Prediction, predict
 
@@ -31,7 +32,7 @@ class Row:
 
     @property
     def strategy(self) -> str:
-        return strategy_label(self.config)
+        return config_label(self.config)
 
     @property
     def label(self) -> str:
@@ -58,18 +59,6 @@ class Row:
             "diagnosis": text(self.findings) or (f"no memory model: {self.model_error}" if self.model_error else ""),
             "job": r.get("job_dir"), "run_id": (r.get("tracking") or {}).get("run_id"),
         }
-
-
-def strategy_label(config: Dict[str, Any]) -> str:
-    """Everything but tp that tells configurations apart, short: variant/model/load/engine/zero/dtype."""
-    model, load, eng, zero = (config.get(k) or {} for k in ("model", "load", "engine", "zero"))
-    dtype, mdtype = config.get("dtype") or model.get("dtype"), model.get("dtype")
-    parts = [config.get("variant"), model.get("name"),
-             (load.get("name") or "eager") + ("-bin" if load.get("format") == "bin" else ""),
-             (eng.get("name") or "") + ("+inject" if eng.get("kernel_inject") else ""),
-             None if (zero.get("name") or "none") == "none" else f"zero-{zero.get('name')}",
-             f"{dtype}<-{mdtype}" if mdtype and dtype != mdtype else dtype]
-    return "/".join(str(p) for p in parts if p)
 
 
 def _status(r: Dict[str, Any]) -> str:

@@ -152,15 +152,7 @@ def predict(result: Dict[str, Any], tp: Optional[int] = None) -> Prediction:
     strategy = Strategy.from_result(result)
     tp = int(tp or (result.get("config") or {}).get("tp") or 1)
     model = arch.meta_model(arch.model_source(result.get("config") or {}, result.get("runtime")), strategy.dtype)
-    tensors = _tensors(model, strategy)
-    notes: List[str] = []
-    error = None
-    modules: Dict[str, Dict[str, int]] = {"removed": {}, "added": {}}
-    try:
-        placements, modules = PLACERS.get(strategy.engine, _unknown_engine)(model, tensors, strategy, tp, notes)
-    except AssertionError as e:  # DeepSpeed's own refusal (e.g. AutoTP finds no policy)
-        error = str(e) or type(e).__name__
-        placements = [_replicated(t, tp) for t in tensors]
+    placements, modules, notes, error = place(model, strategy, tp)
     weights = [sum(p.local[r] for p in placements) for r in range(tp)]
     tokens = _tokens(result, strategy)
     d = arch.dims(model)
@@ -168,6 +160,17 @@ def predict(result: Dict[str, Any], tp: Optional[int] = None) -> Prediction:
     return Prediction(tp=tp, strategy=strategy, placements=placements, weights=weights, kv_cache=kv,
                       tokens=tokens, dims=d, overhead=start_overhead(result), notes=notes, error=error, modules=modules,
                       host=_host(result, strategy, tp, weights, placements))
+
+
+def place(model, strategy: Strategy, tp: int):
+    """(placements, predicted module changes, notes, error) for any model (meta device) under a strategy."""
+    tensors = _tensors(model, strategy)
+    notes: List[str] = []
+    try:
+        placements, modules = PLACERS.get(strategy.engine, _unknown_engine)(model, tensors, strategy, tp, notes)
+        return placements, modules, notes, None
+    except AssertionError as e:  # DeepSpeed's own refusal (e.g. AutoTP finds no policy)
+        return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}, notes, str(e) or "AssertionError"
 
 
 # --- tensors -------------------------------------------------------------------------------------

@@ -30,16 +30,18 @@ def write_report(sweep_dir: Path, parent: Optional[Dict[str, Any]] = None,
     (out / PLOTS).mkdir(parents=True, exist_ok=True)
     extra = extrapolate(rows)
     figures = write_plots(rows, extra, out / PLOTS)
-    md = render_markdown(rows, extra, figures, source or str(sweep_dir))
+    tracker = _tracker(parent)
+    view = mlflow_view(tracker, parent, rows) if tracker else None
+    md = render_markdown(rows, extra, figures, source or str(sweep_dir), parent if tracker else None, view)
     (out / SUMMARY_MD).write_text(md)
     frame(rows).to_csv(out / SUMMARY_CSV, index=False)
-    if parent:
+    if tracker:
         try:
-            log_to_mlflow(parent, out, rows)
+            log_to_mlflow(tracker, parent, out, rows)
         except Exception as e:  # the files on disk are the report; MLflow is a copy
             print(f"dsexp report: could not attach the report to MLflow run {parent.get('run_id')}: {e}",
                   file=sys.stderr)
-    print(f"dsexp report: {out / SUMMARY_MD}")
+    print(f"dsexp report: {out / SUMMARY_MD}" + (f"\n             MLflow comparison view: {view}" if view else ""))
     return out / SUMMARY_MD
 
 
@@ -149,12 +151,17 @@ def recommendation(rows: List[Row], extra: List[Extrapolated]) -> List[str]:
     return lines
 
 
-def render_markdown(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path], source: str) -> str:
+def render_markdown(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path], source: str,
+                    parent: Optional[Dict[str, Any]] = None, view: Optional[str] = None) -> str:
     gpu = any(m.on_gpu(r.result) for r in rows)
     devices = sorted({str(r.values()["device"]) for r in rows})
     out = ["# dsexp sweep summary", "",
            f"Source: `{source}` · {len(rows)} runs · device: {', '.join(devices)} · "
            f"regenerate with `python -m dsexp.report {source}`", ""]
+    if parent:
+        out += [f"MLflow: experiment `{parent['experiment']}`, sweep run `{parent['run_id']}` (this report is in its "
+                f"artifacts under `report/`); side-by-side view of the runs: `{view}` in the MLflow UI "
+                f"(`make ui`).", ""]
     if not gpu:
         out += ["CPU runs: there is no GPU; per-device figures are the weights resident on each rank, whose "
                 "device is the host. Host figures include each rank's Python runtime.", ""]
@@ -254,12 +261,54 @@ def _timeline_run(rows: List[Row]) -> Optional[Row]:
 
 # --- MLflow --------------------------------------------------------------------------------------
 
-def log_to_mlflow(parent: Dict[str, Any], out: Path, rows: List[Row]) -> None:
-    """Report files as artifacts of the parent run (report/), headline tags on it; prediction and
-    diagnosis on each child run logged in the same store."""
-    from dsexp.tracking import Tracker, retry
+CHILD_METRICS = {"pred.weights_gib": "pred_weights_gib", "pred.weights_err_pct": "weights_err_pct",
+                 "pred.floor_gib": "pred_floor_gib", "pred.model_gib": "model_gib"}
+HEADLINE_COLUMNS = ("gpu_peak_gib", "gpu_weights_gib", "pred.weights_gib", "pred.weights_err_pct", "host_peak_gib",
+                    "host_anon_peak_gib", "node_host_peak_gib", "correct", "logits_rel_err", "load_s", "init_s",
+                    "generate_s", "tokens_per_s")
+PARAM_COLUMNS = ("model.name", "load.name", "engine.name", "engine.kernel_inject", "zero.name", "dtype", "tp")
 
-    tracker = Tracker(parent["uri"], parent["experiment"])
+
+def _tracker(parent: Optional[Dict[str, Any]]):
+    if not parent:
+        return None
+    try:
+        from dsexp.tracking import Tracker
+
+        return Tracker(parent["uri"], parent["experiment"])
+    except Exception as e:
+        print(f"dsexp report: MLflow store {parent.get('uri')} unavailable: {e}", file=sys.stderr)
+        return None
+
+
+def mlflow_view(tracker, parent: Dict[str, Any], rows: List[Row]) -> Optional[str]:
+    """A shared view of the sweep's job runs in the MLflow UI: the settings that vary and the headline metrics as
+    columns, sorted by the per-device figure. Stored the way the UI's own "Share" stores views (an experiment tag
+    `mlflow.sharedViewState.<key>` holding the view's JSON); returns the UI route that opens it."""
+    import json
+
+    from dsexp.tracking import retry
+
+    gpu = any(m.on_gpu(r.result) for r in rows)
+    key = f"dsexp-{parent['run_id']}"
+    state = {"searchFilter": f"tags.mlflow.parentRunId = '{parent['run_id']}'",
+             "orderByKey": "metrics.`" + ("gpu_peak_gib" if gpu else "gpu_weights_gib") + "`", "orderByAsc": True,
+             "selectedColumns": [f"params.`{p}`" for p in PARAM_COLUMNS]
+             + [f"metrics.`{k}`" for k in HEADLINE_COLUMNS if gpu or k != "gpu_peak_gib"] + ["tags.`dsexp.diagnosis`"]}
+    try:
+        retry(lambda: tracker.client.set_experiment_tag(tracker.experiment_id, f"mlflow.sharedViewState.{key}",
+                                                        json.dumps(state)))
+    except Exception as e:
+        print(f"dsexp report: could not save the MLflow view: {e}", file=sys.stderr)
+        return None
+    return f"#/experiments/{tracker.experiment_id}/runs?viewStateShareKey={key}"
+
+
+def log_to_mlflow(tracker, parent: Dict[str, Any], out: Path, rows: List[Row]) -> None:
+    """Report files as artifacts of the parent run (report/), the recommendation on it; prediction and
+    diagnosis on each child run logged in the same store."""
+    from dsexp.tracking import retry
+
     client, rid = tracker.client, parent["run_id"]
     for name in (SUMMARY_MD, SUMMARY_CSV):
         retry(lambda: client.log_artifact(rid, str(out / name), "report"))
@@ -279,7 +328,5 @@ def log_to_mlflow(parent: Dict[str, Any], out: Path, rows: List[Row]) -> None:
         if not child or tracking.get("uri") not in (None, parent["uri"]):
             continue
         v = r.values()
-        tracker.log_metrics(child, {f"pred.{k}": v[k] for k in ("pred_weights_gib", "weights_err_pct",
-                                                                  "pred_floor_gib", "model_gib")
-                                    if v[k] is not None})
+        tracker.log_metrics(child, {name: v[k] for name, k in CHILD_METRICS.items() if v[k] is not None})
         retry(lambda: client.set_tag(child, "dsexp.diagnosis", v["diagnosis"][:4900] or "-"))
