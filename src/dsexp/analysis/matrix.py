@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from dsexp.analysis import measured as m
 from dsexp.records import config_label
-from dsexp.analysis.diagnosis import Finding, diagnose, text
+from dsexp.analysis.diagnosis import UNSHARDED, WEIGHT_TOL, Finding, diagnose, text
 from dsexp.analysis.memory import TP_ENGINES, Prediction, predict
 
 EXTRAPOLATE_TP = (4, 8)
@@ -155,16 +155,34 @@ def _at(base: Row, strategy: str, tp: int) -> Extrapolated:
     p = predict(r, tp)
     if p.error:
         return Extrapolated(strategy, tp, False, None, None, None, None, f"engine refuses: {p.error[:80]}")
+    scale, note = _as_measured(base)
+    anchor = max(m.weights_per_rank(r) or [bp.weights_max])
+    weights = anchor + scale * (p.weights_max - bp.weights_max)
     gpu = m.headline(r, "gpu_peak_gib")
-    per_dev = (gpu + (p.floor() - bp.floor()) / m.GIB) if (m.on_gpu(r) and gpu is not None and p.overhead) \
-        else p.weights_max / m.GIB
+    if m.on_gpu(r) and gpu is not None and p.overhead is not None:
+        per_dev = gpu + (weights - anchor + scale * (max(p.kv_cache) - max(bp.kv_cache))) / m.GIB
+    else:
+        per_dev = weights / m.GIB
     host = m.headline(r, "host_peak_gib")
     host_pred = host + (_cost(p) - _cost(bp)) / m.GIB if host is not None else None
     node = m.headline(r, "node_host_peak_gib")
     per_rank_base = sum(m.start_anon(r)) / max(1, len(m.start_anon(r)))
     node_pred = (node + (p.host.node - bp.host.node + (tp - bp.tp) * per_rank_base) / m.GIB) if node is not None else None
-    return Extrapolated(strategy, tp, False, per_dev, p.weights_max / m.GIB, host_pred, node_pred,
-                        f"predicted from tp={bp.tp}")
+    return Extrapolated(strategy, tp, False, per_dev, weights / m.GIB, host_pred, node_pred,
+                        f"predicted from tp={bp.tp}{note}")
+
+
+def _as_measured(base: Row) -> Tuple[float, str]:
+    """How much of the modelled change with tp to trust: all of it when the base run placed its weights as
+    predicted, none when it sharded nothing, else the measured/predicted ratio of the sharding."""
+    meas, bp = max(m.weights_per_rank(base.result) or [0]), base.prediction
+    if not meas or abs(meas - bp.weights_max) <= WEIGHT_TOL * bp.weights_max:
+        return 1.0, ""
+    if base.tp > 1 and meas >= UNSHARDED * bp.model_bytes:
+        return 0.0, f" (nothing was sharded at tp={base.tp}: kept unsharded)"
+    saved_pred, saved_meas = bp.model_bytes - bp.weights_max, bp.model_bytes - meas
+    ratio = max(0.0, saved_meas / saved_pred) if saved_pred else 1.0
+    return ratio, f" (scaled to the sharding measured at tp={base.tp}: {ratio:.2f} of the modelled saving)"
 
 
 def _cost(p: Prediction) -> int:

@@ -34,8 +34,10 @@ def _lines(ax, series: Series, scale: float, measured_key: str, predicted_key: s
             ax.plot([t for t, _ in pts], [v * scale for _, v in pts], "o-", color=c, label=strategy, lw=2)
         pred = sorted(p for p in s.get(predicted_key, []) if p[1] is not None)
         if pred:
-            ax.plot([t for t, _ in pred], [v * scale for _, v in pred], "--", color=c, lw=1.3, marker="x",
-                    label=f"{predicted_label} ({strategy})")
+            ax.plot([t for t, _ in pred], [v * scale for _, v in pred], "--", color=c, lw=1.3, marker="x")
+    from matplotlib.lines import Line2D
+
+    ax.add_line(Line2D([], [], ls="--", marker="x", color="gray", label=f"{predicted_label} (dashed, same colour)"))
     tps = sorted({t for s in series.values() for pts in s.values() for t, v in pts if v is not None})
     if tps:
         ax.set_xscale("log", base=2)
