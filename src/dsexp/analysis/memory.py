@@ -131,7 +131,7 @@ class Prediction:
 
     @property
     def sharded(self) -> bool:
-        return any(p.how not in ("replicated",) for p in self.placements) and self.tp > 1
+        return any(p.how != "replicated" for p in self.placements) and self.tp > 1
 
     def replicated(self) -> Dict[str, int]:
         """Bytes every rank holds in full, grouped by name pattern (layer numbers as *)."""
@@ -141,7 +141,7 @@ class Prediction:
                 groups[re.sub(r"\.\d+\.", ".*.", p.name)] += p.full
         return dict(groups.most_common())
 
-    def floor(self) -> Optional[int]:
+    def floor(self) -> int:
         """Per-device floor: weights + KV cache (+ the context overhead on GPUs), max over ranks."""
         per_rank = max(w + k for w, k in zip(self.weights, self.kv_cache))
         return per_rank + (self.overhead or 0)
