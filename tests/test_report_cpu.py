@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 
 import pytest
-from conftest import run_dsexp, sweep_results
+from conftest import sweep_results
 
 from dsexp.analysis.diagnosis import UNSHARDED
 from dsexp.analysis.measured import weights_per_rank
@@ -14,10 +14,10 @@ from dsexp.report import main
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory, cache_dir):
-    cwd = tmp_path_factory.mktemp("report-sweep")
-    run_dsexp(["-m", "tp=1,2", "model=tiny", "hydra.sweep.dir=multirun/s"], cwd, cache_dir)
-    return cwd, cwd / "multirun" / "s"
+def sweep(tiny_sweep):
+    """The session's tiny CPU sweep (conftest), whose end-of-sweep callback wrote the report."""
+    cwd, sweep_dir, _ = tiny_sweep
+    return cwd, sweep_dir
 
 
 def test_predicted_weights_within_2_percent_where_sharded_as_predicted(sweep):
