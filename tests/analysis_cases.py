@@ -3,7 +3,7 @@ records with phases and census, metrics and headline aggregated by dsexp.records
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 import torch.nn as nn

@@ -272,6 +272,11 @@ PARAM_COLUMNS = ("model.name", "load.name", "engine.name", "engine.kernel_inject
 def _tracker(parent: Optional[Dict[str, Any]]):
     if not parent:
         return None
+    uri = parent.get("uri") or ""
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        print(f"dsexp report: the sweep's MLflow store {uri} is not on this machine; report written to disk only",
+              file=sys.stderr)
+        return None
     try:
         from dsexp.tracking import Tracker
 
