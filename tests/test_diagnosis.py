@@ -128,3 +128,13 @@ def test_predicted_refusal_is_reported():
     p.error = "Not able to determine model policy automatically. Please provide policy."
     found = {f.code: f for f in diagnose(res, p)}
     assert "expects the engine to refuse this: Not able to determine" in found["predicted_refusal"].text
+
+
+def test_engine_weight_fraction_stands_in_for_a_missing_census(full):
+    whole, _ = full
+    res = result(config(2, kernel_inject=True, device="cuda"), [whole, whole], engine_extra={"weight_fraction": 1.0})
+    for rk in res["ranks"]:
+        del rk["phases"]["init"]["weights_device"]
+    by, _ = findings(res)
+    assert "nothing was sharded" in by["nothing_sharded"].text
+

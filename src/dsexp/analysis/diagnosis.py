@@ -87,6 +87,8 @@ def left_on_meta(f: RunFacts) -> List[Finding]:
 
 def weights_vs_model(f: RunFacts) -> List[Finding]:
     p, w = f.prediction, m.weights_per_rank(f.result)
+    if p is not None and not w:  # no census: the engine's own report of the resident fraction, if it has one
+        w = [int(x * p.model_bytes) for x in _fractions((f.result.get("engine") or {}).get("weight_fraction"))]
     if p is None or not w or not p.model_bytes:
         return []
     tp, dev, full = p.tp, m.device_word(f.result), p.model_bytes
@@ -106,6 +108,14 @@ def weights_vs_model(f: RunFacts) -> List[Finding]:
                     f"weights on each {dev} = {m.human(meas)} ({frac:.0%} of the model) at tp={tp}, but the memory "
                     f"model predicts {m.human(pred)} ({pred / full:.0%}), {(meas - pred) / pred:+.1%}"
                     + _differences(f.result, p))]
+
+
+def _fractions(value: Any) -> List[float]:
+    if isinstance(value, (int, float)):
+        return [float(value)]
+    if isinstance(value, dict):
+        return [float(v) for v in value.values() if isinstance(v, (int, float))]
+    return []
 
 
 def _nothing_sharded(f: RunFacts, p: Prediction, meas: int, frac: float, dev: str) -> Finding:
