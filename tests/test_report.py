@@ -129,3 +129,17 @@ def test_report_from_mlflow_parent_run(tmp_path):
     runs = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
     assert len(runs) == 2 and all("dsexp.diagnosis" in r.data.tags for r in runs)
     assert any("pred.weights_gib" in r.data.metrics for r in runs)
+
+
+def test_cli_prints_one_section_for_docs(tmp_path, capsys):
+    from dsexp.report import main
+
+    for i, res in enumerate(gpu_sweep()):
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / "result.json").write_text(json.dumps(res))
+    assert main([str(tmp_path), "--no-mlflow", "--print", "matrix"]) == 0
+    printed = capsys.readouterr().out  # (in a fresh process library logs go to stderr; here pytest holds them)
+    section = printed[printed.index("## Matrix"):].strip()
+    assert section.startswith("## Matrix\n\n| configuration | tp |") and section.count("\n| ") == 2 + 6
+    assert section in (tmp_path / "summary.md").read_text()
+

@@ -7,9 +7,13 @@ sweep's parent run; the report goes into --out and to the parent run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
+
+
+SECTIONS = ("recommendation", "matrix", "weights", "predicted", "diagnosis", "plots", "definitions")
 
 
 def parse(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -22,11 +26,19 @@ def parse(argv: Optional[List[str]]) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, help="where to write the report (default: the sweep folder, or "
                                              "./report-<experiment or run id> for MLflow sources)")
     ap.add_argument("--no-mlflow", action="store_true", help="do not attach the report to an MLflow parent run")
+    ap.add_argument("--print", dest="show", choices=SECTIONS, help="also print one section of summary.md to stdout "
+                                                                    "(e.g. to generate docs from committed results)")
     return ap.parse_args(argv)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse(argv)
+    out = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):  # library chatter (DeepSpeed logs to stdout) stays off stdout
+        return run(args, out)
+
+
+def run(args: argparse.Namespace, out) -> int:
     from dsexp.analysis.report import write_report
     from dsexp.tracking import read_sweep_state, resolve_uri
 
@@ -35,18 +47,26 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"dsexp report: {args.sweep_dir} is not a folder", file=sys.stderr)
             return 2
         parent = None if args.no_mlflow else read_sweep_state(args.sweep_dir)
-        summary = write_report(args.sweep_dir, parent=parent, out_dir=args.out, source=str(args.sweep_dir))
-        return 0 if summary else 1
+        return show(write_report(args.sweep_dir, parent=parent, out_dir=args.out, source=str(args.sweep_dir)),
+                    args.show, out)
     from dsexp.analysis.sources import results_from_mlflow
 
     uri = resolve_uri(args.tracking_uri)
     results, parent = results_from_mlflow(uri, args.experiment, args.parent_run)
     name = args.experiment or args.parent_run
-    out = args.out or Path(f"report-{name}")
+    folder = args.out or Path(f"report-{name}")
     source = f"--experiment {args.experiment}" if args.experiment else f"--parent-run {args.parent_run}"
-    summary = write_report(out, parent=None if args.no_mlflow else parent, results=results, out_dir=out,
-                           source=source)
-    return 0 if summary else 1
+    return show(write_report(folder, parent=None if args.no_mlflow else parent, results=results, out_dir=folder,
+                             source=source), args.show, out)
+
+
+def show(parts: Optional[Dict[str, str]], section: Optional[str], out) -> int:
+    """Exit status; prints the requested section (for docs generated from committed results)."""
+    if parts is None:
+        return 1
+    if section:
+        print(parts[section], file=out)
+    return 0
 
 
 if __name__ == "__main__":

@@ -124,7 +124,7 @@ class Extrapolated:
 
 
 def extrapolate(rows: List[Row], tps: Sequence[int] = EXTRAPOLATE_TP) -> List[Extrapolated]:
-    """Per configuration: its measured tps, then the model's figures at `tps`, calibrated on the largest ok run.
+    """Per configuration: its measured tps, then the model's figures at `tps`, calibrated on the largest measured run.
 
     GPU peak = measured peak - predicted floor at the base tp + predicted floor at the new tp (the rest of
     the peak - activations, allocator cache - is carried over). Host per rank = measured peak - predicted
@@ -137,13 +137,13 @@ def extrapolate(rows: List[Row], tps: Sequence[int] = EXTRAPOLATE_TP) -> List[Ex
             v = r.values()
             out.append(Extrapolated(strategy, r.tp, True, m.per_device_gib(r.result), v["gpu_weights_gib"],
                                     v["host_peak_gib"], v["node_host_peak_gib"], v["status"]))
-        base = max((r for r in mine if r.result.get("status") == "ok" and r.prediction), key=lambda r: r.tp,
+        base = max((r for r in mine if m.weights_per_rank(r.result) and r.prediction), key=lambda r: r.tp,
                    default=None)
         for tp in tps:
             if any(r.tp == tp for r in mine):
                 continue
             out.append(_at(base, strategy, tp) if base else
-                       Extrapolated(strategy, tp, False, None, None, None, None, "no ok run to start from"))
+                       Extrapolated(strategy, tp, False, None, None, None, None, "no measured run to start from"))
     return out
 
 

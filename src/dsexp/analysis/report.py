@@ -19,8 +19,9 @@ FILES = {"per_device": "per_device_vs_tp.png", "host": "host_vs_tp.png", "timeli
 
 def write_report(sweep_dir: Path, parent: Optional[Dict[str, Any]] = None,
                  results: Optional[Sequence[Dict[str, Any]]] = None, out_dir: Optional[Path] = None,
-                 source: Optional[str] = None) -> Optional[Path]:
-    """Report on a sweep folder's results (or the given ones) into out_dir (default: the sweep folder)."""
+                 source: Optional[str] = None) -> Optional[Dict[str, str]]:
+    """Report on a sweep folder's results (or the given ones) into out_dir (default: the sweep folder).
+    Returns the report's sections by name (markdown), None when there are no results."""
     results = list(results) if results is not None else results_from_dir(sweep_dir)
     if not results:
         print(f"dsexp report: no results under {sweep_dir}", file=sys.stderr)
@@ -32,8 +33,9 @@ def write_report(sweep_dir: Path, parent: Optional[Dict[str, Any]] = None,
     figures = write_plots(rows, extra, out / PLOTS)
     tracker = _tracker(parent)
     view = mlflow_view(tracker, parent, rows) if tracker else None
-    md = render_markdown(rows, extra, figures, source or str(sweep_dir), parent if tracker else None, view)
-    (out / SUMMARY_MD).write_text(md)
+    parts = sections(rows, extra, figures)
+    (out / SUMMARY_MD).write_text(render_markdown(rows, parts, source or str(sweep_dir), parent if tracker else None,
+                                                  view))
     frame(rows).to_csv(out / SUMMARY_CSV, index=False)
     if tracker:
         try:
@@ -41,8 +43,9 @@ def write_report(sweep_dir: Path, parent: Optional[Dict[str, Any]] = None,
         except Exception as e:  # the files on disk are the report; MLflow is a copy
             print(f"dsexp report: could not attach the report to MLflow run {parent.get('run_id')}: {e}",
                   file=sys.stderr)
-    print(f"dsexp report: {out / SUMMARY_MD}" + (f"\n             MLflow comparison view: {view}" if view else ""))
-    return out / SUMMARY_MD
+    print(f"dsexp report: {out / SUMMARY_MD}" + (f"\n             MLflow comparison view: {view}" if view else ""),
+          file=sys.stderr)
+    return parts
 
 
 # --- tables --------------------------------------------------------------------------------------
@@ -151,8 +154,40 @@ def recommendation(rows: List[Row], extra: List[Extrapolated]) -> List[str]:
     return lines
 
 
-def render_markdown(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path], source: str,
-                    parent: Optional[Dict[str, Any]] = None, view: Optional[str] = None) -> str:
+def sections(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path]) -> Dict[str, str]:
+    """The report's sections by name (markdown, heading included); `python -m dsexp.report --print NAME` prints one."""
+    gpu = any(m.on_gpu(r.result) for r in rows)
+    weights = ["## Weights per rank: predicted vs measured", "", weights_table(rows), ""]
+    off = [r for r in rows if r.values()["weights_err_pct"] is not None and abs(r.values()["weights_err_pct"]) > 2]
+    if off:
+        weights += ["Differences where the weights were not placed as predicted:", ""]
+        weights += [f"- `{r.label}`: " + "; ".join(f.text for f in r.findings if f.code in
+                                                     ("nothing_sharded", "weights_differ")) for r in off] + [""]
+    diagnosis = ["## Diagnosis", ""]
+    for r in rows:
+        items = [f"- {'**problem**: ' if f.severity == 'problem' else ''}{f.text}." for f in r.findings]
+        diagnosis += [f"### `{r.label}`", ""] + (items or [f"- no diagnosis: {r.model_error or 'no measurements'}."]) + [""]
+    parts = {
+        "recommendation": ["## Recommendation", ""] + [f"- {line}" for line in recommendation(rows, extra)] + [""],
+        "matrix": ["## Matrix", "", matrix_table(rows), ""],
+        "weights": weights,
+        "predicted": ["## Predicted at tp values not run", "", extrapolation_table(extra, gpu, rows), ""],
+        "diagnosis": diagnosis,
+        "plots": ["## Plots", ""] + [f"![{k}]({PLOTS}/{p.name})" for k, p in figures.items()] + [""],
+        "definitions": [
+            "## Definitions", "",
+            "- GiB = 2^30 bytes, MiB = 2^20 bytes. Per-GPU and per-rank figures are the maximum over ranks.",
+            "- per-GPU peak: NVML device memory used at its peak (includes the CUDA context and communicators).",
+            "- weights per GPU/rank: parameter + buffer bytes on the rank's compute device after init (census).",
+            "- predicted: the memory model from the model's config alone (dsexp.analysis.memory); the floor adds "
+            "the KV cache for prompt + generated tokens and the device memory in use after the `start` phase.",
+            "- host peak / rank: RSS peak of one rank process; node host peak: total - available memory of the machine.",
+            "- tp values not run: the memory model at that tp, calibrated on the largest tp that was measured.", ""]}
+    return {name: "\n".join(lines) for name, lines in parts.items()}
+
+
+def render_markdown(rows: List[Row], parts: Dict[str, str], source: str, parent: Optional[Dict[str, Any]] = None,
+                    view: Optional[str] = None) -> str:
     gpu = any(m.on_gpu(r.result) for r in rows)
     devices = sorted({str(r.values()["device"]) for r in rows})
     out = ["# dsexp sweep summary", "",
@@ -165,32 +200,7 @@ def render_markdown(rows: List[Row], extra: List[Extrapolated], figures: Dict[st
     if not gpu:
         out += ["CPU runs: there is no GPU; per-device figures are the weights resident on each rank, whose "
                 "device is the host. Host figures include each rank's Python runtime.", ""]
-    out += ["## Recommendation", ""] + [f"- {line}" for line in recommendation(rows, extra)] + [""]
-    out += ["## Matrix", "", matrix_table(rows), ""]
-    out += ["## Weights per rank: predicted vs measured", "", weights_table(rows), ""]
-    off = [r for r in rows if r.values()["weights_err_pct"] is not None and abs(r.values()["weights_err_pct"]) > 2]
-    if off:
-        out += ["Differences where the weights were not placed as predicted:", ""]
-        out += [f"- `{r.label}`: " + "; ".join(f.text for f in r.findings if f.code in
-                                                 ("nothing_sharded", "weights_differ")) for r in off] + [""]
-    out += ["## Predicted at tp values not run", "", extrapolation_table(extra, gpu, rows), ""]
-    out += ["## Diagnosis", ""]
-    for r in rows:
-        out.append(f"### `{r.label}`")
-        out.append("")
-        items = [f"- {'**problem**: ' if f.severity == 'problem' else ''}{f.text}." for f in r.findings]
-        out += items or [f"- no diagnosis: {r.model_error or 'no measurements'}."]
-        out.append("")
-    out += ["## Plots", ""] + [f"![{k}]({PLOTS}/{p.name})" for k, p in figures.items()] + [""]
-    out += ["## Definitions", "",
-            "- GiB = 2^30 bytes, MiB = 2^20 bytes. Per-GPU and per-rank figures are the maximum over ranks.",
-            "- per-GPU peak: NVML device memory used at its peak (includes the CUDA context and communicators).",
-            "- weights per GPU/rank: parameter + buffer bytes on the rank's compute device after init (census).",
-            "- predicted: the memory model from the model's config alone (dsexp.analysis.memory); the floor adds "
-            "the KV cache for prompt + generated tokens and the device memory in use after the `start` phase.",
-            "- host peak / rank: RSS peak of one rank process; node host peak: total - available memory of the machine.",
-            "- tp values not run: the memory model at that tp, calibrated on the largest tp that ran ok.", ""]
-    return "\n".join(out)
+    return "\n".join(out + list(parts.values()))
 
 
 # --- plots ---------------------------------------------------------------------------------------
