@@ -140,6 +140,7 @@ def test_cli_prints_one_section_for_docs(tmp_path, capsys):
     assert main([str(tmp_path), "--no-mlflow", "--print", "matrix"]) == 0
     printed = capsys.readouterr().out  # (in a fresh process library logs go to stderr; here pytest holds them)
     section = printed[printed.index("## Matrix"):].strip()
-    assert section.startswith("## Matrix\n\n| configuration | tp |") and section.count("\n| ") == 1 + 6  # header + six runs
+    assert section.startswith("## Matrix\n\n| configuration | tp |")
+    assert section.count("\n| ") == 1 + 6  # header + six runs
     assert section in (tmp_path / "summary.md").read_text()
 

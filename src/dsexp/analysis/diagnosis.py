@@ -176,7 +176,8 @@ def host_copies(f: RunFacts) -> List[Finding]:
         node_txt = (f"; the machine's used memory rose by {m.human(node)} during the run ({node / full:.1f} models, "
                     f"other processes included)") if node else ""
         return [Finding("host_private_copy", "problem",
-                        f"host memory grew by one model per rank ({m.human(per_rank)} private per rank beyond its own slices, the model is "
+                        f"host memory grew by one model per rank ({m.human(per_rank)} private per rank beyond its "
+                        f"own slices, the model is "
                         f"{m.human(full)}): each rank made a private copy while loading ({reason}){node_txt}")]
     if per_rank <= 0.3 * full:
         return [Finding("host_shared", "info",

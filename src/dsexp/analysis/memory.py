@@ -306,7 +306,8 @@ def _kernel_inject(model, tensors, tp: int, notes: List[str]):
     classes = _kernel_policy_classes()
     layers = {n: type(m).__name__ for n, m in model.named_modules() if type(m) in classes}
     if not layers:
-        names = sorted({type(m).__name__ for m in model.modules() if "Layer" in type(m).__name__ or "Block" in type(m).__name__})
+        names = sorted({type(m).__name__ for m in model.modules()
+                        if "Layer" in type(m).__name__ or "Block" in type(m).__name__})
         notes.append(f"kernel injection has no policy for {', '.join(names) or 'any layer class'}: "
                      f"no module is replaced and nothing is sharded")
         return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}

@@ -146,7 +146,8 @@ def recommendation(rows: List[Row], extra: List[Extrapolated]) -> List[str]:
     ahead = [e for e in extra if e.strategy == best.strategy and not e.measured and e.per_device_gib is not None]
     if ahead:
         lines.append("Predicted for this configuration: " + "; ".join(
-            f"tp={e.tp}: {m.human(e.per_device_gib * m.GIB)} per {'GPU' if gpu else 'rank'}, host {_num(e.host_peak_gib)} GiB "
+            f"tp={e.tp}: {m.human(e.per_device_gib * m.GIB)} per {'GPU' if gpu else 'rank'}, "
+            f"host {_num(e.host_peak_gib)} GiB "
             f"per rank, node {_num(e.node_host_peak_gib)} GiB" for e in ahead) + ".")
     if best_host is not None:
         lines.append(f"Lowest host peak per rank that passed correctness: `{best_host.strategy}` at tp={best_host.tp}: "
