@@ -63,12 +63,9 @@ def open_parent_run(config: DictConfig, sweep_dir: Path) -> None:
 
 
 def collect_results(sweep_dir: Path) -> List[Dict[str, Any]]:
-    out = []
-    for path in sorted(Path(sweep_dir).glob("*/result.json"), key=lambda p: (len(p.parent.name), p.parent.name)):
-        res = records.read_json(path)
-        if res:
-            out.append(res)
-    return out
+    from dsexp.analysis.sources import results_from_dir
+
+    return results_from_dir(sweep_dir)
 
 
 def summarise_sweep(sweep_dir: Path, state) -> None:

@@ -131,6 +131,18 @@ def headline(metrics: Dict[str, float], ranks: List[Optional[dict]], new_tokens:
     }
 
 
+def config_label(config: Dict[str, Any]) -> str:
+    """A configuration's short name, everything but tp: variant/model/load/engine/zero/dtype (only what is set)."""
+    model, load, eng, zero = (config.get(k) or {} for k in ("model", "load", "engine", "zero"))
+    dtype, mdtype = config.get("dtype") or model.get("dtype"), model.get("dtype")
+    parts = [config.get("variant"), model.get("name"),
+             (load.get("name") or "eager") + ("-bin" if load.get("format") == "bin" else ""),
+             (eng.get("name") or "") + ("+inject" if eng.get("kernel_inject") else ""),
+             None if (zero.get("name") or "none") == "none" else f"zero-{zero.get('name')}",
+             f"{dtype}<-{mdtype}" if mdtype and dtype != mdtype else dtype]
+    return "/".join(str(p) for p in parts if p)
+
+
 def first_error(ranks: List[Optional[dict]]) -> Optional[dict]:
     """The earliest failure among the ranks (by time), with its rank."""
     errs = [dict(r["error"], rank=r["rank"]) for r in ranks if r and r.get("error")]

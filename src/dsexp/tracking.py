@@ -175,9 +175,9 @@ def read_sweep_state(sweep_dir: Optional[Path]) -> Optional[Dict[str, Any]]:
 
 
 def run_name(config: Dict[str, Any]) -> str:
-    parts = [config.get("variant") or "", config["model"]["name"], config["load"]["name"], config["engine"]["name"],
-             f"tp{config['tp']}"]
-    return "/".join(p for p in parts if p)
+    from dsexp.records import config_label
+
+    return f"{config_label(config)}/tp{config['tp']}"
 
 
 def track_job(result: Dict[str, Any], job_dir: Path, sweep_dir: Optional[Path], uri: str, experiment: str) -> None:
