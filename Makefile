@@ -5,6 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.dsexp-installed
 SWEEP   ?= tp=1,2 load=eager
 UI_PORT ?= 5000
+SERVER_PORT ?= 5001
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
 .PHONY: help install sweep test test-all ui server bench wheels clean
@@ -33,6 +34,12 @@ test-all: install  ## also the slow tests (headless Chromium UI check, fault mat
 
 ui: install  ## MLflow UI on http://127.0.0.1:$(UI_PORT) for ./mlflow.db
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port $(UI_PORT)
+
+server: install  ## MLflow tracking server on http://127.0.0.1:$(SERVER_PORT) (sqlite + artifacts in mlserver/)
+	mkdir -p mlserver/artifacts
+	$(BIN)/mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlserver/mlflow.db \
+		--artifacts-destination $(CURDIR)/mlserver/artifacts --serve-artifacts \
+		--host 127.0.0.1 --port $(SERVER_PORT) --workers 1
 
 clean:  ## remove sweep outputs and the local MLflow store (not the model cache)
 	rm -rf multirun outputs mlflow.db mlartifacts mlruns

@@ -42,3 +42,12 @@ def run_dsexp(args: List[str], cwd: Path, cache: Path, timeout: float = 900, che
 
 def sweep_results(sweep_dir: Path) -> List[dict]:
     return [json.loads(p.read_text()) for p in sorted(Path(sweep_dir).glob("*/result.json"))]
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(tmp_path_factory, cache_dir):
+    """`python -m dsexp -m tp=1,2 load=eager model=tiny`, run once per session: (cwd, sweep dir, process)."""
+    cwd = tmp_path_factory.mktemp("sweep")
+    proc = run_dsexp(["-m", "tp=1,2", "load=eager", "model=tiny", "hydra.sweep.dir=multirun/s"], cwd, cache_dir)
+    return cwd, cwd / "multirun" / "s", proc
+

@@ -207,10 +207,10 @@ def test_retry_archives_the_earlier_attempt_and_resume_finds_ok_ones(tmp_path):
     (job / ".hydra").mkdir()
     earlier = archive_attempt(job)
     assert [(e["status"], e["cause"], e["run_id"]) for e in earlier] == [("failed", "timeout", "r1")]
-    assert (job / "attempts" / "1" / "ranks" / "rank0.log").read_text() == "first attempt"
+    assert (job / ".dsexp" / "attempts" / "1" / "ranks" / "rank0.log").read_text() == "first attempt"
     assert not (job / "result.json").exists() and (job / ".hydra").is_dir()
     # an ok result that was later moved aside still counts for resume
-    write_json_atomic(job / "attempts" / "1" / "result.json", {"key": "k1", "status": "ok", "job_dir": str(job)})
+    write_json_atomic(job / ".dsexp" / "attempts" / "1" / "result.json", {"key": "k1", "status": "ok", "job_dir": str(job)})
     assert find_ok_result(sweep, "k1")["status"] == "ok" and find_ok_result(sweep, "k2") is None
 
 
@@ -251,11 +251,11 @@ def test_resume_skips_ok_jobs_unless_rerun_and_retries_keep_the_earlier_attempt(
     assert executed == [sweep / "0"] and first["attempt"] == 1
     again = jobmod.run_job(compose(["check.correctness=false"]), sweep / "0", sweep)
     assert executed == [sweep / "0"] and again["resumed_from"] == str(sweep / "0")  # skipped, not executed
-    assert again["attempt_id"] == first["attempt_id"] and not (sweep / "0" / "attempts").exists()
+    assert again["attempt_id"] == first["attempt_id"] and not (sweep / "0" / ".dsexp" / "attempts").exists()
     forced = jobmod.run_job(compose(["check.correctness=false", "rerun=true"]), sweep / "0", sweep)
     assert len(executed) == 2 and forced["attempt"] == 2
     assert forced["earlier_attempts"][0]["status"] == "ok"
-    assert read_json(sweep / "0" / "attempts" / "1" / "result.json")["attempt_id"] == first["attempt_id"]
+    assert read_json(sweep / "0" / ".dsexp" / "attempts" / "1" / "result.json")["attempt_id"] == first["attempt_id"]
 
 
 def test_a_rank_that_received_sigterm_is_a_victim_even_if_its_heartbeat_stopped_first():

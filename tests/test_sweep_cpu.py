@@ -4,16 +4,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import run_dsexp, sweep_results
+from conftest import sweep_results
 
 from dsexp.records import HEADLINE, PHASES
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory, cache_dir):
-    cwd = tmp_path_factory.mktemp("sweep")
-    proc = run_dsexp(["-m", "tp=1,2", "load=eager", "model=tiny", "hydra.sweep.dir=multirun/s"], cwd, cache_dir)
-    return cwd, cwd / "multirun" / "s", proc
+def sweep(tiny_sweep):
+    return tiny_sweep
 
 
 def test_every_rank_has_every_phase(sweep):

@@ -23,8 +23,11 @@ def conf_dir() -> str:
 def main(cfg: DictConfig):
     from dsexp.config import ConfigError
     from dsexp.job import record_invalid, run_job
+    from dsexp.multinode import is_first_task
     from dsexp.tracking import resolve_uri, track_job
 
+    if not is_first_task():  # submitit's task on another node of a multi-node job: task 0 starts every rank
+        return None
     hc = HydraConfig.get()
     job_dir = Path(hc.runtime.output_dir)
     sweep_dir = Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None

@@ -39,8 +39,9 @@ class SweepCallback(Callback):
                 Tracker(state["uri"], state["experiment"]).set_status(state["run_id"], "FINISHED")
             except Exception as e:
                 print(f"dsexp: could not close the MLflow parent run: {e}", file=sys.stderr)
+            where = state["uri"] if state["uri"].startswith("http") else "`make ui` (http://127.0.0.1:5000)"
             print(f"MLflow: experiment '{state['experiment']}', parent run {state['run_id']} in {state['uri']}\n"
-                  f"        open it with `make ui` (http://127.0.0.1:5000)")
+                  f"        open it with {where}")
 
 
 def open_parent_run(config: DictConfig, sweep_dir: Path) -> None:
@@ -57,9 +58,9 @@ def open_parent_run(config: DictConfig, sweep_dir: Path) -> None:
 
 
 def collect_results(sweep_dir: Path) -> List[Dict[str, Any]]:
-    from dsexp.sync import job_results
+    from dsexp.analysis.sources import results_from_dir
 
-    return [res for _, res in job_results(sweep_dir)]
+    return results_from_dir(sweep_dir)
 
 
 def retry_tracking(sweep_dir: Path) -> None:

@@ -42,7 +42,8 @@ class ModelConfig:
 class LoadConfig:
     name: str = "eager"
     format: str = "safetensors"
-    shard_dir: Optional[str] = None
+    shard_dir: Optional[str] = None   # sharded: where split checkpoints are cached (null: <cache_dir>/shards)
+    restore_buffers: bool = True      # put back non-persistent buffers (RoPE) the engine cast or left empty
 
 
 @dataclass
@@ -124,6 +125,7 @@ ENGINES = ("init_inference", "zero_inference", "autotp_zero3", "hf_tp")
 LAUNCHERS = ("torchrun", "deepspeed")
 FORMATS = ("safetensors", "bin")
 OFFLOADS = ("none", "cpu")
+ZERO3_ENGINES = ("zero_inference", "autotp_zero3")  # engines built on deepspeed.initialize with ZeRO stage 3
 
 
 def to_schema(cfg: DictConfig) -> JobConfig:
@@ -191,6 +193,9 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
         raise ConfigError(f"tp={spec.tp}: tp must be >= 1")
     if spec.launcher.nodes < 1:
         raise ConfigError(f"launcher.nodes={spec.launcher.nodes}: must be >= 1")
+    from dsexp.multinode import validate_nodes  # here, not at the top: multinode imports this module
+
+    validate_nodes(spec)
     if not 0 < spec.probe.sample_ms <= 20:
         raise ConfigError(f"probe.sample_ms={spec.probe.sample_ms}: the sampler period must be in (0, 20] ms")
     if spec.generate.new_tokens < 1:
@@ -205,9 +210,6 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
     if device == "cuda" and per_node > gpus:
         raise ConfigError(f"tp={spec.tp} needs {per_node} GPUs per node but only {gpus} are visible; "
                           f"allowed: tp <= {gpus * spec.launcher.nodes}")
-    if device == "cpu" and spec.engine.kernel_inject:
-        raise ConfigError("engine.kernel_inject=true needs CUDA kernels and device resolved to cpu; "
-                          "set engine.kernel_inject=false or run on a GPU machine")
     if spec.zero.offload != "none" and spec.zero.stage != 3:
         raise ConfigError(f"zero.offload={spec.zero.offload} needs zero.stage=3 (DeepSpeed offloads parameters only "
                           f"in stage 3), got zero.stage={spec.zero.stage}; set zero.stage=3 or zero.offload=none")
@@ -215,9 +217,43 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
         raise ConfigError("dtype=fp16 on device=cpu: DeepSpeed's CPU accelerator supports fp32 and bf16 only here; "
                           "choose dtype=bf16 or dtype=fp32")
 
+    _validate_load(spec)
+    if spec.engine.name in ZERO3_ENGINES and spec.zero.stage != 3:
+        raise ConfigError(f"engine={spec.engine.name} runs ZeRO stage 3 but zero={spec.zero.name} has stage "
+                          f"{spec.zero.stage}; choose zero=stage3, zero=stage3_offload or zero=seed_accepted")
     _validate_model(spec)
+    if device == "cpu" and spec.engine.name == "init_inference" and spec.engine.kernel_inject:
+        layers = _kernel_injected_layers(spec)
+        if layers:
+            raise ConfigError(f"engine.kernel_inject=true on device=cpu: DeepSpeed's kernel injection would replace "
+                              f"{', '.join(layers)} of model={spec.model.name} with CUDA kernels; "
+                              "set engine.kernel_inject=false or run on a GPU machine")
     spec.device = device
     return spec
+
+
+def _validate_load(spec: JobConfig) -> None:
+    """meta and sharded hand the model to DeepSpeed's AutoTP on the meta device; other engines would not fill it."""
+    name, engine = spec.load.name, spec.engine
+    if name in ("meta", "sharded") and engine.name != "init_inference":
+        raise ConfigError(f"load={name} needs engine=init_inference (it builds the model on the meta device and "
+                          f"relies on init_inference to place it); engine={engine.name} would leave it empty")
+    if name == "sharded" and engine.kernel_inject:
+        raise ConfigError("load=sharded slices with AutoTP; engine.kernel_inject=true replaces the layers with "
+                          "DeepSpeed kernels whose tensors the split files do not hold; set engine.kernel_inject=false")
+    if name == "meta" and engine.kernel_inject and spec.load.format != "bin":
+        raise ConfigError("load=meta with engine.kernel_inject=true: DeepSpeed's kernel-injection checkpoint path "
+                          "reads files with torch.load only; set load.format=bin")
+
+
+def _kernel_injected_layers(spec: JobConfig):
+    """Layer classes DeepSpeed has a kernel policy for (none: kernel injection is a no-op, runnable on CPU)."""
+    from dsexp.engines.kernel_policy import folder_kernel_injected_layers, preset_kernel_injected_layers
+
+    m = spec.model
+    if m.path:
+        return folder_kernel_injected_layers(str(Path(m.path).expanduser()), m.trust_remote_code)
+    return preset_kernel_injected_layers(m.arch, json.dumps(dict(m.dims), sort_keys=True), m.dtype)
 
 
 def _validate_model(spec: JobConfig) -> None:
@@ -251,6 +287,10 @@ def _validate_model(spec: JobConfig) -> None:
     if kv and spec.tp > int(kv) and spec.engine.name in ("init_inference", "autotp_zero3", "hf_tp"):
         raise ConfigError(f"tp={spec.tp} leaves some ranks with no attention heads: the model has "
                           f"{kv} key/value heads; allowed: tp <= {kv}")
+    if kv and int(kv) % spec.tp and spec.engine.name in ("autotp_zero3", "hf_tp"):
+        # DeepSpeed's AutoTP (init_inference) splits unevenly by whole KV heads; these split rows evenly.
+        raise ConfigError(f"engine={spec.engine.name} splits attention evenly: tp={spec.tp} must divide the "
+                          f"model's {kv} key/value heads")
 
 
 def checkpoint_problem(folder: Path) -> Optional[str]:

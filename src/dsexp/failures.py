@@ -21,11 +21,18 @@ from dsexp.records import GIB, PHASES
 CAUSES = ("oom_gpu", "oom_host", "timeout", "rank_crashed", "config_rejected", "load_error", "engine_error",
           "kernel_build_error", "incorrect_output", "prepare_error", "launch_error", "invalid_config", "interrupted")
 
-_OOM_GPU = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|NCCL.*(out of memory|alloc)", re.I)
+_OOM_GPU = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|NCCL.*(out of memory|alloc)|"
+                      r"Workspace can't be allocated", re.I)  # the last: DeepSpeed's kernel-injection workspace
 _OOM_HOST = re.compile(r"\bMemoryError\b|Cannot allocate memory|std::bad_alloc|DefaultCPUAllocator: can't allocate", re.I)
 _REJECTED = re.compile(r"ValidationError|validation error|Extra inputs are not permitted|is not supported by|"
                        r"not a valid|Cannot use both|Injection policy layer.*not valid|Not able to determine model policy", re.I)
-_KERNEL = re.compile(r"op_builder|ninja|nvcc|Error building extension|This op had not been implemented", re.I)
+# DeepSpeed's op builders (deepspeed/ops/op_builder/builder.py, cpu/no_impl.py) and torch.utils.cpp_extension.
+_KERNEL = re.compile(r"op_builder|ninja|nvcc|Error building extension|This op had not been implemented|"
+                     r"Unable to JIT load|CUDA_HOME does not exist|unable to compile CUDA op|MissingCUDAException|"
+                     r"CUDAMismatchException|DeepSpeed JIT builder|version mismatch! DeepSpeed ops|"
+                     r"no compute capabilities remaining", re.I)
+# Config classes refusing a key or value, in whichever phase the config is built (zero.Init reads it at load).
+_REJECTING_TYPES = ("ValidationError", "DeepSpeedConfigError")
 # A rank's error that only reports that a peer went away (gloo/NCCL/c10d store).
 _COLLATERAL = re.compile(r"Connection (closed|reset) by peer|Broken pipe|ECONNRESET|communicator was aborted|"
                          r"remote process exited|DistNetworkError|DistStoreError|Connection refused|failed to recv", re.I)
@@ -166,7 +173,7 @@ def _from_error(err: dict) -> Dict[str, Any]:
         cause = "oom_host"
     elif _KERNEL.search(text):
         cause = "kernel_build_error"
-    elif err.get("phase") == "init" and _REJECTED.search(text):
+    elif err.get("type") in _REJECTING_TYPES or (err.get("phase") == "init" and _REJECTED.search(text)):
         cause = "config_rejected"
     elif err.get("phase") == "load":
         cause = "load_error"

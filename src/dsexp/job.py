@@ -5,7 +5,8 @@ and returns normally, so a multirun goes on and its end-of-sweep summary still r
 
 Resume: in a multirun, a job whose configuration (its key) already has an ok result anywhere in the
 sweep folder is skipped (`rerun=true` forces it). Any other job runs again; what an earlier attempt
-left in the job folder (result.json, ranks/, logs) is moved to `attempts/<n>/` first, never overwritten.
+left in the job folder (result.json, ranks/, logs) is moved to `.dsexp/attempts/<n>/` first, never overwritten
+(hidden, so tools that collect every result.json below a sweep do not count earlier attempts).
 """
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ from omegaconf import DictConfig, OmegaConf
 from dsexp import correctness, failures, records, teardown
 from dsexp.config import JobConfig, checkpoint_problem, to_schema, validate
 from dsexp.launch import run_ranks
+from dsexp.loading import prepare_load
 
 RESULT = "result.json"
-ATTEMPTS = "attempts"
+ATTEMPTS = Path(".dsexp") / "attempts"
 _ATTEMPT_FILES = (RESULT, "job.json", "launcher.log", "ranks", "reference")
 
 
@@ -79,15 +81,24 @@ def _write_job_file(job_dir: Path, spec: JobConfig, runtime: Dict[str, Any]) -> 
 
 def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Optional[Path]:
     """The cached tp=1 eager reference for this model and dtype, computed now if missing."""
-    import torch
+    from filelock import FileLock
 
     path = correctness.reference_path(spec.cache_dir, Path(runtime["model_dir"]), spec.dtype,
                                       spec.generate.prompt, spec.generate.new_tokens, runtime["device"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):  # jobs running at once (submitit, a cluster) compute it once
+        return _ensure_reference(spec, runtime, job_dir, path)
+
+
+def _ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path, path: Path) -> Path:
+    import torch
+
     if path.is_file():
         runtime["reference_cache_hit"] = True
         return path
     ref_spec = to_schema(OmegaConf.create(asdict(spec)))
     ref_spec.tp, ref_spec.fault, ref_spec.launcher.name = 1, None, "torchrun"
+    ref_spec.launcher.nodes, ref_spec.launcher.hostfile = 1, None  # one rank, on this node
     ref_dir = job_dir / "reference"
     ref_dir.mkdir(parents=True, exist_ok=True)
     _write_job_file(ref_dir, ref_spec, {**runtime, "role": "reference"})
@@ -97,7 +108,6 @@ def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) ->
     if out.returncode != 0 or not rec or rec.get("status") != "ok" or not logits.is_file():
         raise RuntimeError(f"the tp=1 reference run failed (see {ref_dir}): "
                            f"{(rec or {}).get('error') or failures.tail(ref_dir / 'ranks' / 'rank0.log', 10)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save({"first_logits": torch.load(logits), "tokens": rec["generate"]["tokens"]}, tmp)
     tmp.replace(path)
@@ -126,7 +136,7 @@ def baseline(device: str) -> Dict[str, Any]:
 
 
 def archive_attempt(job_dir: Path) -> List[Dict[str, Any]]:
-    """Move what an earlier attempt left in job_dir to attempts/<n>/; return a summary of every earlier attempt."""
+    """Move what an earlier attempt left in job_dir to .dsexp/attempts/<n>/; return a summary of every earlier attempt."""
     leftovers = [job_dir / name for name in _ATTEMPT_FILES if (job_dir / name).exists()]
     if leftovers:
         dest = job_dir / ATTEMPTS / str(len(list((job_dir / ATTEMPTS).glob("*"))) + 1)
@@ -222,6 +232,7 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     if problem:
         raise CheckpointError(f"checkpoint {runtime['model_dir']}: {problem}")
     ref = ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
+    runtime.update(prepare_load(spec, runtime, job_dir))
     _write_job_file(job_dir, spec, runtime)
     result["runtime"] = runtime
     result["baseline"] = base = baseline(spec.device)

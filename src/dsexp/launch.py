@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from dsexp import teardown
+from dsexp import multinode, teardown
 from dsexp.config import JobConfig
 
 
@@ -53,12 +53,13 @@ def rank_command(spec: JobConfig, job_dir: Path, port: Optional[int]) -> List[st
 
 def rank_env(spec: JobConfig, device: str, visible: Optional[str] = None) -> Dict[str, str]:
     """Environment the ranks need on top of ours (only these keys are recorded)."""
-    threads = max(1, (os.cpu_count() or 1) // spec.tp)
+    local = multinode.per_node(spec.tp, spec.launcher.nodes)  # ranks on this node
+    threads = max(1, len(os.sched_getaffinity(0)) // local)  # the CPUs this job may use (a SLURM job: its share)
     env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), "NCCL_NVLS_ENABLE": "0",
            "TOKENIZERS_PARALLELISM": "false"}
     if device == "cpu":
         # DeepSpeed's CPU accelerator; its shared-memory all-reduce needs LOCAL_SIZE under torchrun.
-        env.update(DS_ACCELERATOR="cpu", LOCAL_SIZE=str(spec.tp), CUDA_VISIBLE_DEVICES="")
+        env.update(DS_ACCELERATOR="cpu", LOCAL_SIZE=str(local), CUDA_VISIBLE_DEVICES="")
     else:
         env["DS_ACCELERATOR"] = "cuda"
         if visible is not None:
@@ -87,9 +88,10 @@ def kill_group(pgid: int, grace_s: float, leader: Optional[subprocess.Popen] = N
 
 
 def run_ranks(spec: JobConfig, job_dir: Path, device: str, visible: Optional[str] = None) -> LaunchOutcome:
-    port = free_port() if spec.launcher.name == "deepspeed" else None
-    cmd = rank_command(spec, job_dir, port)
+    nodes = spec.launcher.nodes
+    port = free_port() if spec.launcher.name == "deepspeed" or nodes > 1 else None
     extra = rank_env(spec, device, visible)
+    cmd = multinode.rank_command(spec, job_dir, port, extra) if nodes > 1 else rank_command(spec, job_dir, port)
     token = teardown.new_token()
     env = {**os.environ, **extra, teardown.TOKEN_ENV: token}
     log = open(Path(job_dir) / "launcher.log", "ab")

@@ -90,7 +90,8 @@ def phase_quantities(phase: Dict[str, Any]) -> Dict[str, float]:
 
 
 def aggregate_metrics(ranks: Iterable[Optional[dict]]) -> Dict[str, float]:
-    """`<phase>.<quantity>.<agg>` over the ranks that reported that phase."""
+    """`<phase>.<quantity>.<agg>` over the ranks that reported that phase, plus the per-node figures."""
+    ranks = list(ranks)
     per: Dict[str, Dict[int, float]] = {}
     for rec in ranks:
         if not rec:
@@ -107,6 +108,29 @@ def aggregate_metrics(ranks: Iterable[Optional[dict]]) -> Dict[str, float]:
         out[f"{name}.sum"] = sum(vals)
         for r, v in by_rank.items():
             out[f"{name}.rank{r}"] = v
+    out.update(node_metrics(ranks))
+    return out
+
+
+NODE_QUANTITIES = ("node_used_gib", "node_used_peak_gib")
+
+
+def node_metrics(ranks: List[Optional[dict]]) -> Dict[str, float]:
+    """`<phase>.<node quantity>.node_<host>`: each node's used memory (max over its ranks; short hostname).
+
+    One entry on a single node; a multi-node job shows whether host memory grows on every node or one.
+    """
+    out: Dict[str, float] = {}
+    for rec in ranks:
+        if not rec:
+            continue
+        host = str(rec.get("hostname") or "unknown").split(".")[0]
+        for pname, phase in (rec.get("phases") or {}).items():
+            q = phase_quantities(phase)
+            for name in NODE_QUANTITIES:
+                if name in q:
+                    key = f"{pname}.{name}.node_{host}"
+                    out[key] = max(out.get(key, 0.0), q[name])
     return out
 
 
@@ -130,6 +154,18 @@ def headline(metrics: Dict[str, float], ranks: List[Optional[dict]], new_tokens:
         "generate_s": gen_s,
         "tokens_per_s": (new_tokens / gen_s) if gen_s else None,
     }
+
+
+def config_label(config: Dict[str, Any]) -> str:
+    """A configuration's short name, everything but tp: variant/model/load/engine/zero/dtype (only what is set)."""
+    model, load, eng, zero = (config.get(k) or {} for k in ("model", "load", "engine", "zero"))
+    dtype, mdtype = config.get("dtype") or model.get("dtype"), model.get("dtype")
+    parts = [config.get("variant"), model.get("name"),
+             (load.get("name") or "eager") + ("-bin" if load.get("format") == "bin" else ""),
+             (eng.get("name") or "") + ("+inject" if eng.get("kernel_inject") else ""),
+             None if (zero.get("name") or "none") == "none" else f"zero-{zero.get('name')}",
+             f"{dtype}<-{mdtype}" if mdtype and dtype != mdtype else dtype]
+    return "/".join(str(p) for p in parts if p)
 
 
 def first_error(ranks: List[Optional[dict]]) -> Optional[dict]:

@@ -1,7 +1,7 @@
 """Expand a multirun into its job configs and validate each one before any job is launched."""
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -25,13 +25,23 @@ def validate_sweep(config: DictConfig) -> List[Tuple[List[str], str]]:
     from hydra.errors import HydraException, MissingConfigException
 
     errors = []
+    hydra_overrides = list(config.hydra.overrides.hydra)  # e.g. the launcher, which decides the GPUs
     for combo in sweep_combinations(config):
         try:
-            job_cfg = compose(config_name=config.hydra.job.config_name, overrides=combo)
-            validate(to_schema(job_cfg))
+            job_cfg = compose(config_name=config.hydra.job.config_name, overrides=hydra_overrides + combo,
+                              return_hydra_config=True)
+            validate(to_schema(job_cfg), requested_gpus(job_cfg))
         except (ConfigError, HydraException) as e:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             if isinstance(e, MissingConfigException) and e.options:
                 msg += f"; choose one of: {', '.join(sorted(e.options))}"
             errors.append((combo, msg))
     return errors
+
+
+def requested_gpus(job_cfg: DictConfig) -> Optional[int]:
+    """GPUs per node a SLURM launcher asks for this job (it runs elsewhere, not on the GPUs seen here); else None."""
+    launcher = OmegaConf.select(job_cfg, "hydra.launcher")
+    if launcher is None or not str(launcher.get("_target_", "")).endswith("SlurmLauncher"):
+        return None
+    return int(launcher.get("gpus_per_node") or 0)

@@ -58,6 +58,18 @@ def retry(fn: Callable[[], T], attempts: int = 8) -> T:
     raise AssertionError("unreachable")
 
 
+def check_server(uri: str, timeout_s: float = 10.0) -> None:
+    """Fail fast if a tracking server does not answer at all (MLflow's own HTTP retries take minutes a call)."""
+    import requests
+
+    try:
+        requests.get(f"{uri.rstrip('/')}/health", timeout=timeout_s)
+    except requests.exceptions.SSLError:
+        return  # it answers; TLS settings are MLflow's (MLFLOW_TRACKING_INSECURE_TLS, ..._SERVER_CERT_PATH)
+    except (requests.ConnectionError, requests.Timeout) as e:
+        raise ConnectionError(f"MLflow server {uri} does not answer: {type(e).__name__}") from None
+
+
 def flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for k, v in d.items():
@@ -89,6 +101,8 @@ class Tracker:
 
         ensure_store(uri)
         self.uri = uri
+        if uri.startswith(("http://", "https://")):
+            check_server(uri)
         self.client = MlflowClient(tracking_uri=uri)
         self.experiment_id = retry(lambda: self._experiment(experiment))
 
@@ -215,9 +229,9 @@ def ensure_parent(sweep_dir: Path, uri: str, experiment: str, tags: Dict[str, st
 
 
 def run_name(config: Dict[str, Any]) -> str:
-    parts = [config.get("variant") or "", config["model"]["name"], config["load"]["name"], config["engine"]["name"],
-             f"tp{config['tp']}"]
-    return "/".join(p for p in parts if p)
+    from dsexp.records import config_label
+
+    return f"{config_label(config)}/tp{config['tp']}"
 
 
 def track_job(result: Dict[str, Any], job_dir: Path, sweep_dir: Optional[Path], uri: str, experiment: str) -> None:

@@ -59,9 +59,10 @@ def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
     from dsexp.engines import get_engine
     from dsexp.generation import run_generate
     from dsexp.loading import get_loader
-    from dsexp.probes.weights import resident_bytes, weight_census
+    from dsexp.probes.weights import resident_bytes, residency, tensor_layout, weight_census
 
-    spec, reference = ctx.spec, ctx.runtime.get("role") == "reference"
+    spec, role = ctx.spec, ctx.runtime.get("role")  # None: measured run; "reference"; "split" (load=sharded)
+    reference = role == "reference"
     engine = None if reference else get_engine(spec.engine.name)
     device_type = "cuda" if ctx.on_gpu else "cpu"
 
@@ -69,13 +70,14 @@ def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
         maybe_inject(spec.fault, ctx.rank, "load", ctx.job_dir)
         if engine:
             engine.before_load(ctx)
-        loaded = get_loader("eager" if reference else spec.load.name).load(ctx, engine.load_kwargs(ctx) if engine else {})
+        loaded = get_loader("eager" if role else spec.load.name).load(ctx, engine.load_kwargs(ctx) if engine else {})
     census = weight_census(loaded.model)
-    rec.annotate_phase("load", weights_device=resident_bytes(census, device_type), weights=census)
+    rec.annotate_phase("load", weights_device=resident_bytes(census, device_type), weights=census, loader=loaded.info)
 
     with rec.phase("init"):
         maybe_inject(spec.fault, ctx.rank, "init", ctx.job_dir)
         if engine:
+            full = tensor_layout(loaded.model)
             module, report = engine.wrap(loaded.model, ctx, checkpoint=loaded.checkpoint)
         else:
             module, report = loaded.model.to(ctx.device), {"reference": True}
@@ -84,9 +86,17 @@ def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
     del loaded
     census = weight_census(module)
     rec.annotate_phase("init", weights_device=resident_bytes(census, device_type), weights=census)
+    if engine:
+        report.update(residency(full, module, device_type, ctx.torch_dtype.itemsize))
     if census["on_meta"]:
         raise RuntimeError(f"{len(census['on_meta'])} tensors are still on the meta device after init: "
                            f"{', '.join(census['on_meta'][:8])}")
+    if role == "split":
+        from dsexp.loading.split import save_rank_slice
+
+        with rec.phase("save"):
+            rec.note(split=save_rank_slice(module, ctx))
+        return
 
     with rec.phase("generate"):
         maybe_inject(spec.fault, ctx.rank, "generate", ctx.job_dir)

@@ -5,7 +5,12 @@ import importlib
 
 from dsexp.engines.base import Engine
 
-_REGISTRY = {"init_inference": "dsexp.engines.init_inference:InitInference"}
+_REGISTRY = {
+    "init_inference": "dsexp.engines.init_inference:InitInference",
+    "zero_inference": "dsexp.engines.zero_inference:ZeroInference",
+    "autotp_zero3": "dsexp.engines.autotp_zero3:AutoTPZero3",
+    "hf_tp": "dsexp.engines.hf_tp:HfTP",
+}
 
 
 def get_engine(name: str) -> Engine:

@@ -18,9 +18,16 @@ class Engine(ABC):
         """Extra from_pretrained arguments this engine needs (e.g. a TP plan)."""
         return {}
 
-    @abstractmethod
     def wrap(self, model, ctx: RankContext, checkpoint: Optional[Any] = None) -> Tuple[Any, Dict[str, Any]]:
-        """Return (module to generate with, report of what was done)."""
+        """Return (module to generate with, report of what was done, with the module classes it replaced)."""
+        before = class_census(model)
+        module, report = self.apply(model, ctx, checkpoint)
+        report["modules"] = module_changes(before, class_census(module))
+        return module, report
+
+    @abstractmethod
+    def apply(self, model, ctx: RankContext, checkpoint: Optional[Any] = None) -> Tuple[Any, Dict[str, Any]]:
+        """Wrap the model for inference; return (module to generate with, report)."""
 
     def generate_kwargs(self, ctx: RankContext) -> Dict[str, Any]:
         return {}

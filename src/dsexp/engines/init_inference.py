@@ -5,10 +5,10 @@ and which of the user's config fields DeepSpeed's code read during init and gene
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from dsexp.context import RankContext
-from dsexp.engines.base import Engine, class_census, module_changes
+from dsexp.engines.base import Engine
 from dsexp.engines.config_trace import FieldReadTracer
 
 
@@ -47,10 +47,19 @@ def zero_block(ctx: RankContext):
     return DeepSpeedZeroConfig(stage=z.stage, **fields)
 
 
+def zero_field_names(ctx: RankContext) -> List[str]:
+    """The DeepSpeedZeroConfig fields the user's zero block sets (aliases such as stage3_* mapped to field names)."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    by_alias = {f.alias: name for name, f in DeepSpeedZeroConfig.model_fields.items() if f.alias}
+    keys = ["stage", *ctx.spec.zero.extra] + (["offload_param"] if ctx.spec.zero.offload == "cpu" else [])
+    return sorted({by_alias.get(k, k) for k in keys})
+
+
 class InitInference(Engine):
     name = "init_inference"
 
-    def wrap(self, model, ctx: RankContext, checkpoint: Optional[Any] = None) -> Tuple[Any, Dict[str, Any]]:
+    def apply(self, model, ctx: RankContext, checkpoint: Optional[Any] = None) -> Tuple[Any, Dict[str, Any]]:
         import deepspeed
         from deepspeed.inference.config import DeepSpeedInferenceConfig, DeepSpeedTPConfig
         from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
@@ -66,21 +75,20 @@ class InitInference(Engine):
             kwargs["replace_method"] = e.replace_method
         if e.keep_module_on_host:
             kwargs["keep_module_on_host"] = True
-        zero = zero_block(ctx)
+        zero = zero_block(ctx)  # built here, as the seed does: DeepSpeed may reject it (a config_rejected result)
         if zero is not None:
             kwargs["zero"] = zero
         if checkpoint is not None:
             kwargs["checkpoint"] = checkpoint
-        before = class_census(model)
+        report: Dict[str, Any] = {"call": {k: _printable(v) for k, v in kwargs.items()}, "injection_policy": policy}
+        if e.kernel_inject:
+            from dsexp.engines.kernel_policy import kernel_injected_layers
+
+            report["kernel_policy_layers"] = kernel_injected_layers(model)  # empty: injection replaces nothing
         self.tracer = FieldReadTracer([DeepSpeedInferenceConfig, DeepSpeedTPConfig, DeepSpeedZeroConfig]).start()
         engine = deepspeed.init_inference(model, **kwargs)
         self.user_fields = sorted(k for k in kwargs if k != "dtype") + ["dtype"]
-        self.zero_fields = sorted(zero.model_fields_set) if zero is not None else []
-        report = {
-            "call": {k: _printable(v) for k, v in kwargs.items()},
-            "injection_policy": policy,
-            "modules": module_changes(before, class_census(engine.module)),
-        }
+        self.zero_fields = zero_field_names(ctx) if zero is not None else []
         return engine.module, report
 
     def finish(self, report: Dict[str, Any]) -> Dict[str, Any]:

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
+from typing import Any, Dict
 
 from dsexp.loading.base import Loaded, Loader
 
-_REGISTRY = {"eager": "dsexp.loading.eager:EagerLoader"}
+_REGISTRY = {"eager": "dsexp.loading.eager:EagerLoader", "meta": "dsexp.loading.meta:MetaLoader",
+             "sharded": "dsexp.loading.sharded:ShardedLoader"}
 
 
 def get_loader(name: str) -> Loader:
@@ -15,4 +18,10 @@ def get_loader(name: str) -> Loader:
     return getattr(importlib.import_module(mod), cls)()
 
 
-__all__ = ["Loaded", "Loader", "get_loader"]
+def prepare_load(spec, runtime: Dict[str, Any], job_dir: Path) -> Dict[str, Any]:
+    """Job side, before launch: the strategy's preparation and the dtype conversion its ranks will do."""
+    loader = get_loader(spec.load.name)
+    return {"conversion": loader.conversion(spec), **loader.prepare(spec, runtime, Path(job_dir))}
+
+
+__all__ = ["Loaded", "Loader", "get_loader", "prepare_load"]

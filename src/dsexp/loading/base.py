@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
+from dsexp.config import JobConfig
 from dsexp.context import RankContext
 
 
@@ -18,6 +20,14 @@ class Loaded:
 
 class Loader(ABC):
     name: str = ""
+
+    def prepare(self, spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Dict[str, Any]:
+        """Job-side work before the ranks start (e.g. a cached split); returns runtime facts for the ranks."""
+        return {}
+
+    def conversion(self, spec: JobConfig) -> Optional[str]:
+        """The dtype conversion the ranks do while loading, e.g. "fp32->bf16" (None: none)."""
+        return None if spec.model.dtype == spec.dtype else f"{spec.model.dtype}->{spec.dtype}"
 
     @abstractmethod
     def load(self, ctx: RankContext, hf_kwargs: Dict[str, Any]) -> Loaded:

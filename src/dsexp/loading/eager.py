@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from dsexp.context import RankContext
+from dsexp.loading import buffers
 from dsexp.loading.base import Loaded, Loader
 
 
@@ -20,5 +21,8 @@ class EagerLoader(Loader):
     name = "eager"
 
     def load(self, ctx: RankContext, hf_kwargs: Dict[str, Any]) -> Loaded:
-        model = from_pretrained(ctx, **hf_kwargs)
-        return Loaded(model.eval())
+        model = from_pretrained(ctx, **hf_kwargs).eval()
+        if not ctx.spec.load.restore_buffers:
+            return Loaded(model)
+        originals = buffers.snapshot(model)
+        return Loaded(model, finalize=lambda m: {"buffers": buffers.restore(m, originals, ctx.device)})

@@ -33,8 +33,9 @@ class WriteStats:
 
 
 def checkpoint_key(arch: str, dims: Dict[str, Any], dtype: str, fmt: str, seed: int, shard_mb: float) -> str:
+    code = ARCHS[arch].code_digest() if arch in ARCHS and ARCHS[arch].code_digest else None
     blob = json.dumps({"arch": arch, "dims": dims, "dtype": dtype, "format": fmt, "seed": seed,
-                       "shard_mb": shard_mb, "v": 1}, sort_keys=True)
+                       "shard_mb": shard_mb, "v": 1, **({"code": code} if code else {})}, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
@@ -62,14 +63,20 @@ def ensure_checkpoint(cache_dir: str, name: str, arch: str, dims: Dict[str, Any]
         return WriteStats(final, nbytes, secs, cache_hit=False)
 
 
-def tensor_specs(arch: str, dims: Dict[str, Any], dtype: str) -> Tuple[Any, List[Tuple[str, tuple]]]:
-    """The HF config and the (name, shape) of every tensor a checkpoint of this model holds."""
+def meta_model(arch: str, dims: Dict[str, Any], dtype: str):
+    """The model of this architecture built on the meta device (no memory), with its HF config."""
     import torch
     from transformers import AutoModelForCausalLM
 
     cfg = ARCHS[arch].make_config(dims, dtype)
     with torch.device("meta"):
         model = _model_class(arch, cfg)(cfg) if ARCHS[arch].remote_code else AutoModelForCausalLM.from_config(cfg)
+    return cfg, model
+
+
+def tensor_specs(arch: str, dims: Dict[str, Any], dtype: str) -> Tuple[Any, List[Tuple[str, tuple]]]:
+    """The HF config and the (name, shape) of every tensor a checkpoint of this model holds."""
+    cfg, model = meta_model(arch, dims, dtype)
     seen, specs = set(), []
     for name, t in model.state_dict(keep_vars=True).items():
         if id(t) in seen:  # tied weights are stored once

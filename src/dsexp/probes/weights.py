@@ -7,14 +7,58 @@ slice; transformers' TP uses DTensors (count `to_local()`); ZeRO-3 keeps an empt
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 
 def _local(t):
     if hasattr(t, "ds_tensor") and t.ds_tensor is not None:  # ZeRO-3 partition
-        return t.ds_tensor
+        # Persistent (small) parameters stay whole on every rank once first gathered.
+        return t.data if getattr(t, "ds_persist", False) and t.data.numel() == t.ds_numel else t.ds_tensor
     to_local = getattr(t, "to_local", None)
     return to_local() if callable(to_local) else t
+
+
+def _full_shape(t) -> Tuple[int, ...]:
+    """The tensor's shape in the whole model (ZeRO-3 keeps it in ds_shape; a DTensor's shape is global)."""
+    return tuple(getattr(t, "ds_shape", None) or t.shape)
+
+
+def tensor_layout(module) -> Dict[str, Dict[str, Tuple[int, ...]]]:
+    """Full shapes of the model's parameters and buffers by qualified name (taken before an engine shards it)."""
+    return {"params": {n: _full_shape(p) for n, p in module.named_parameters()},
+            "buffers": {n: _full_shape(b) for n, b in module.named_buffers()}}
+
+
+def residency(full: Dict[str, Dict[str, Tuple[int, ...]]], module, device_type: str, itemsize: int) -> Dict[str, Any]:
+    """What this rank holds after the engine, against the full model recorded by `tensor_layout`.
+
+    weight_fraction: parameter bytes resident on the rank's device / the full model's parameter bytes at
+    the run dtype (`itemsize`); 1/tp for perfect tensor parallelism, 1.0 when nothing was sharded.
+    replicated: {name: bytes} of parameters and buffers held whole on the device (local shape == full
+    shape), found by comparing shapes; parameters the engine renamed or introduced are not listed.
+    """
+    full_params = sum(_numel(s) for s in full["params"].values()) * itemsize
+    local_params, replicated = 0, {}
+    for kind, named in (("params", module.named_parameters()), ("buffers", module.named_buffers())):
+        for name, t in named:
+            loc = _local(t)
+            if loc.device.type != device_type:
+                continue
+            nbytes = loc.numel() * loc.element_size()
+            if kind == "params":
+                local_params += nbytes
+            if full[kind].get(name) == tuple(loc.shape):
+                replicated[name] = nbytes
+    return {"weight_fraction": local_params / full_params if full_params else None,
+            "weight_bytes_local": local_params, "weight_bytes_full": full_params,
+            "replicated": replicated, "replicated_bytes": sum(replicated.values())}
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def weight_census(module) -> Dict[str, Any]:

@@ -1,0 +1,77 @@
+"""The model a run used, rebuilt from its config alone on the meta device (no weights, no storage).
+
+Building the model on the meta device gives every parameter and buffer with its exact name, shape,
+dtype and owning module, for any architecture transformers or the folder's own remote code can
+build; per-model constants or hand-written shape formulas would silently drift from the modeling code.
+The run's own folder (`runtime.model_dir`, holding config.json) is preferred; when it is not on this
+machine (a report read back from MLflow elsewhere), the preset's architecture and dims rebuild it.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The architecture numbers the KV cache depends on."""
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+
+def model_source(config: Dict[str, Any], runtime: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """What identifies the model: its folder if present here, else the preset's arch and dims."""
+    model = config.get("model") or {}
+    folder = (runtime or {}).get("model_dir") or model.get("path")
+    if folder and (Path(folder) / "config.json").is_file():
+        return {"folder": str(folder), "trust_remote_code": bool(model.get("trust_remote_code"))}
+    if model.get("arch") and model.get("dims"):
+        return {"arch": model["arch"], "dims": model["dims"]}
+    raise LookupError(f"model {model.get('name')!r}: neither its folder ({folder}) nor arch+dims are available")
+
+
+def meta_model(source: Dict[str, Any], dtype: str):
+    """The model on the meta device, parameters in `dtype` (as from_pretrained(dtype=...) makes them)."""
+    return _build(json.dumps(source, sort_keys=True), dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _build(source_json: str, dtype: str):
+    import torch
+
+    from dsexp.models.presets import torch_dtype
+
+    source = json.loads(source_json)
+    if "arch" in source:
+        from dsexp.models.writer import meta_model as preset_meta_model
+
+        return preset_meta_model(source["arch"], source["dims"], dtype)[1]
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    trust = source["trust_remote_code"]
+    cfg = AutoConfig.from_pretrained(source["folder"], trust_remote_code=trust)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust, dtype=torch_dtype(dtype))
+
+
+def dims(model) -> Dims:
+    cfg = model.config
+    cfg = getattr(cfg, "text_config", None) or cfg
+    heads = cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return Dims(layers=cfg.num_hidden_layers, kv_heads=kv, head_dim=head_dim)
+
+
+def checkpoint_files(folder: Optional[str]) -> Dict[str, int]:
+    """{file name: bytes} of the weight files in a model folder (empty if the folder is not here)."""
+    if not folder or not Path(folder).is_dir():
+        return {}
+    return {p.name: p.stat().st_size for p in sorted(Path(folder).iterdir())
+            if p.suffix in (".safetensors", ".bin") and p.is_file()}

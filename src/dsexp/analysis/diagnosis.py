@@ -1,0 +1,236 @@
+"""Diagnosis of one run: prediction vs measurement, in plain sentences with the numbers.
+
+Each rule looks at one kind of evidence and returns findings (or none). A finding is a `problem`
+(something the user should act on) or `info` (what happened, as expected or not). Host-memory rules
+only conclude when the model is large enough to stand out of the interpreter's own memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+from dsexp.analysis import measured as m
+from dsexp.analysis.memory import Prediction
+
+WEIGHT_TOL = 0.02        # predicted vs measured weights: "as predicted" within 2%
+UNSHARDED = 0.98         # a rank holding >= 98% of the model holds all of it
+SIGNIFICANT = 256 * 2**20  # host rules need a model this large: imports during load add ~100-200 MiB per rank
+FLAT = 0.95              # per-device memory "did not fall" when tp=N keeps >= 95% of the smaller tp
+
+
+@dataclass
+class Finding:
+    code: str
+    severity: str  # "problem" | "info"
+    text: str
+
+
+@dataclass
+class RunFacts:
+    result: Dict[str, Any]
+    prediction: Optional[Prediction]
+    siblings: List[Dict[str, Any]]  # results of the same configuration at other tp
+
+
+Rule = Callable[[RunFacts], List[Finding]]
+
+
+def diagnose(result: Dict[str, Any], prediction: Optional[Prediction],
+             siblings: Optional[List[Dict[str, Any]]] = None) -> List[Finding]:
+    facts = RunFacts(result, prediction, siblings or [])
+    found = [f for rule in RULES for f in rule(facts)]
+    return sorted(found, key=lambda f: f.severity != "problem")
+
+
+def text(findings: List[Finding]) -> str:
+    return " ".join(f.text.rstrip(".") + "." for f in findings)
+
+
+# --- rules ---------------------------------------------------------------------------------------
+
+def failed(f: RunFacts) -> List[Finding]:
+    fail = f.result.get("failure") or {}
+    if f.result.get("status") == "ok" or not fail or fail.get("cause") == "incorrect_output":
+        return []
+    where = " ".join(x for x in (f"on rank {fail['rank']}" if fail.get("rank") is not None else "",
+                                 f"in the {fail['phase']} phase" if fail.get("phase") else "") if x)
+    msg = str(fail.get("message") or "").strip().splitlines()
+    return [Finding("failed", "problem", f"the run failed ({fail.get('cause')}) {where}: "
+                                         f"{(msg[0] if msg else '')[:240]}".replace("  ", " "))]
+
+
+def incorrect_output(f: RunFacts) -> List[Finding]:
+    c = f.result.get("correctness") or {}
+    if not c or c.get("passed"):
+        return []
+    err, tol = c.get("logits_rel_err"), c.get("tolerance")
+    detail = (f"first-step logits rel. L2 error {err:.3g} > tolerance {tol:.3g}" if err is not None and tol
+              else c.get("message") or "no comparable logits")
+    agree = c.get("token_agreement")
+    tokens = f"; greedy tokens agree {agree:.0%}" if agree is not None else ""
+    before, after = m.buffer_bytes(f.result, "load"), m.buffer_bytes(f.result, "init")
+    cast = ""
+    if before and after is not None and after < before:
+        dtype = (f.result.get("config") or {}).get("dtype")
+        cast = (f"; the model's buffers shrank from {m.human(before)} to {m.human(after)} at init: the engine cast "
+                f"them (rotary inv_freq included) to {dtype}, which the tp=1 reference does not")
+    return [Finding("incorrect_output", "problem", f"outputs differ from tp=1 beyond tolerance: {detail}{tokens}{cast}")]
+
+
+def left_on_meta(f: RunFacts) -> List[Finding]:
+    names = m.on_meta(f.result)
+    if not names:
+        return []
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    return [Finding("on_meta", "problem", f"{len(names)} parameters were left on the meta device ({shown})")]
+
+
+def weights_vs_model(f: RunFacts) -> List[Finding]:
+    p, w = f.prediction, m.weights_per_rank(f.result)
+    if p is not None and not w:  # no census: the engine's own report of the resident fraction, if it has one
+        w = [int(x * p.model_bytes) for x in _fractions((f.result.get("engine") or {}).get("weight_fraction"))]
+    if p is None or not w or not p.model_bytes:
+        return []
+    tp, dev, full = p.tp, m.device_word(f.result), p.model_bytes
+    meas, pred = max(w), p.weights_max
+    frac = meas / full
+    if tp > 1 and frac >= UNSHARDED:
+        return [_nothing_sharded(f, p, meas, frac, dev)]
+    if abs(meas - pred) <= WEIGHT_TOL * pred:
+        rep = p.replicated()
+        tail = ""
+        if tp > 1 and rep:
+            tail = "; replicated on every rank: " + ", ".join(f"{n} {m.human(b)}" for n, b in list(rep.items())[:4])
+        return [Finding("weights_as_predicted", "info",
+                        f"weights on each {dev} = {m.human(meas)} = {frac:.0%} of the model at tp={tp}, as predicted "
+                        f"({m.human(pred)}, {(meas - pred) / pred:+.1%}){tail}")]
+    return [Finding("weights_differ", "problem",
+                    f"weights on each {dev} = {m.human(meas)} ({frac:.0%} of the model) at tp={tp}, but the memory "
+                    f"model predicts {m.human(pred)} ({pred / full:.0%}), {(meas - pred) / pred:+.1%}"
+                    + _differences(f.result, p))]
+
+
+def _fractions(value: Any) -> List[float]:
+    if isinstance(value, (int, float)):
+        return [float(value)]
+    if isinstance(value, dict):
+        return [float(v) for v in value.values() if isinstance(v, (int, float))]
+    return []
+
+
+def _nothing_sharded(f: RunFacts, p: Prediction, meas: int, frac: float, dev: str) -> Finding:
+    mods = (f.result.get("engine") or {}).get("modules") or {}
+    why = " (no module was replaced)" if mods and not mods.get("removed") else ""
+    if p.sharded:
+        expect = f"; the memory model expected {m.human(p.weights_max)} ({p.fraction:.0%})" + _differences(f.result, p)
+    else:
+        expect = "; as the memory model predicts" + (f": {p.notes[0]}" if p.notes else "")
+    return Finding("nothing_sharded", "problem",
+                   f"weights on each {dev} = {frac:.0%} of the model ({m.human(meas)}) at tp={p.tp}: "
+                   f"nothing was sharded{why}{expect}")
+
+
+def _differences(result: Dict[str, Any], p: Prediction) -> str:
+    """Where measured placement departs from the model: module replacements, replicated tensors."""
+    out = []
+    mods = (result.get("engine") or {}).get("modules")
+    if mods is not None:
+        for cls in sorted(set(p.modules.get("added", {})) | set(mods.get("added", {}))):
+            want, got = p.modules.get("added", {}).get(cls, 0), mods.get("added", {}).get(cls, 0)
+            if want != got:
+                out.append(f"{got} {cls} modules instead of {want}")
+    rep = (result.get("engine") or {}).get("replicated")
+    if isinstance(rep, dict):
+        predicted = {pl.name for pl in p.placements if pl.how == "replicated"}
+        extra = sorted(n for n in rep if n not in predicted)
+        if extra:
+            out.append("replicated although the model shards them: " + ", ".join(extra[:5]))
+    return ("; differences: " + "; ".join(out)) if out else ""
+
+
+def unread_fields(f: RunFacts) -> List[Finding]:
+    unread = (f.result.get("engine") or {}).get("unread_fields") or []
+    zero = [u for u in unread if u == "zero" or u.startswith("zero.")]
+    other = [u for u in unread if u not in zero]
+    engine = ((f.result.get("config") or {}).get("engine") or {}).get("name", "the engine")
+    out = []
+    if zero:
+        out.append(Finding("zero_unread", "problem", f"ZeRO settings were passed to {engine} and never read "
+                                                     f"({', '.join(zero)}): they had no effect"))
+    if other:
+        out.append(Finding("fields_unread", "info", f"accepted but never read by DeepSpeed: {', '.join(other)}"))
+    return out
+
+
+def host_copies(f: RunFacts) -> List[Finding]:
+    p, growth = f.prediction, m.load_growth(f.result, "anon")
+    if p is None or not growth or p.model_bytes < SIGNIFICANT:
+        return []
+    # beyond the TP slices a CPU rank legitimately keeps on its host
+    full, per_rank = p.model_bytes, max(0, sorted(growth)[len(growth) // 2] - max(p.host.kept))
+    s = p.strategy
+    if per_rank >= 0.8 * full:
+        reason = (f"dtype conversion {s.conversion}" if s.conversion else
+                  ".bin checkpoint" if s.fmt == "bin" else "no conversion was configured")
+        node = m.node_growth(f.result)
+        node_txt = (f"; the machine's used memory rose by {m.human(node)} during the run ({node / full:.1f} models, "
+                    f"other processes included)") if node else ""
+        return [Finding("host_private_copy", "problem",
+                        f"host memory grew by one model per rank ({m.human(per_rank)} private per rank beyond its "
+                        f"own slices, the model is "
+                        f"{m.human(full)}): each rank made a private copy while loading ({reason}){node_txt}")]
+    if per_rank <= 0.3 * full:
+        return [Finding("host_shared", "info",
+                        f"private host memory per rank grew by only {m.human(per_rank)} while loading "
+                        f"({per_rank / full:.0%} of the model): {p.host.how}")]
+    return []
+
+
+def scaling_with_tp(f: RunFacts) -> List[Finding]:
+    """Compared with the same configuration at the next smaller tp that was measured (correct or not)."""
+    tp = (f.result.get("config") or {}).get("tp") or 1
+    smaller = [s for s in f.siblings if m.per_device_gib(s) is not None and (s.get("config") or {}).get("tp", 1) < tp]
+    if m.per_device_gib(f.result) is None or not smaller:
+        return []
+    prev = max(smaller, key=lambda s: s["config"]["tp"])
+    ptp, out = prev["config"]["tp"], []
+    a, b = m.per_device_gib(prev), m.per_device_gib(f.result)
+    what = "per-GPU peak" if m.on_gpu(f.result) else "device-resident weights per rank"
+    if a and b is not None:
+        ha, hb = m.human(a * m.GIB), m.human(b * m.GIB)
+        if b >= FLAT * a:
+            out.append(Finding("flat_with_tp", "problem", f"{what} did not fall from tp={ptp} to tp={tp} ({ha} -> {hb})"))
+        else:
+            out.append(Finding("falls_with_tp", "info", f"{what} fell from {ha} at tp={ptp} to {hb} ({b / a - 1:+.0%})"))
+    na, nb = m.headline(prev, "node_host_peak_gib"), m.headline(f.result, "node_host_peak_gib")
+    full = f.prediction.model_bytes if f.prediction else 0
+    if na is not None and nb is not None and full >= SIGNIFICANT:
+        per_added = (nb - na) * m.GIB / (tp - ptp)
+        if per_added >= 0.8 * full:
+            out.append(Finding("host_grows_per_rank", "problem",
+                               f"node host memory grew by {(nb - na):.3g} GiB from tp={ptp} to tp={tp}: about "
+                               f"{per_added / full:.1f} model(s) per added rank"))
+    return out
+
+
+def gpu_overhead(f: RunFacts) -> List[Finding]:
+    p = f.prediction
+    peak = m.headline(f.result, "gpu_peak_gib")
+    if p is None or p.overhead is None or peak is None:
+        return []
+    floor = p.floor()
+    return [Finding("gpu_floor", "info",
+                    f"per-GPU peak {peak:.2f} GiB vs floor {floor / m.GIB:.2f} GiB (weights {m.human(p.weights_max)} + "
+                    f"KV cache {m.human(max(p.kv_cache))} + CUDA context/communicator {m.human(p.overhead)} at start): "
+                    f"{(peak * m.GIB - floor) / m.GIB:+.2f} GiB of activations and allocator cache")]
+
+
+def predicted_error(f: RunFacts) -> List[Finding]:
+    p = f.prediction
+    if p is None or not p.error:
+        return []
+    return [Finding("predicted_refusal", "info", f"the memory model expects the engine to refuse this: {p.error}")]
+
+
+RULES: List[Rule] = [failed, incorrect_output, left_on_meta, weights_vs_model, unread_fields, host_copies,
+                     scaling_with_tp, gpu_overhead, predicted_error]

@@ -1,0 +1,445 @@
+"""Memory model: what each rank should hold, predicted from the model's config and the run's settings.
+
+Weights: every parameter and buffer of the meta-built model (see architecture.py) is placed by the
+rule of the engine that ran, using the engine's own split functions where it has them:
+- `init_inference` without kernel injection (AutoTP, also with a user injection policy): inside each
+  policy layer every nn.Linear is split, column-parallel (LinearLayer, out dim) or row-parallel
+  (LinearAllreduce, in dim, bias replicated), with DeepSpeed's `get_shard_size_list` (KV-head units
+  for attention, 64-grain near-even splits for MLP); a top-level `lm_head`/`embed_out` becomes
+  LmHeadLinearAllreduce (split on the hidden dim); everything else (embeddings, a head named
+  otherwise, norms, rotary buffers) stays replicated. tp=1 without a policy shards nothing.
+- `init_inference` with kernel injection: layers whose class has a DeepSpeed policy have their matrices
+  split 1/tp; without a matching policy (e.g. InternLM2) nothing is sharded.
+- `zero_inference` (ZeRO-3): every parameter partitioned 1/tp (padded), buffers replicated; with
+  `offload=cpu` the partitions live on the host.
+- `hf_tp`: the model's own transformers TP plan (DTensor shards, torch.chunk sizes).
+DeepSpeed's init_inference casts every floating tensor (buffers too) to the engine dtype; the other
+engines keep buffers in the dtype the model built them.
+
+KV cache: 2 x layers x kv_heads(rank) x head_dim x tokens x bytes. CUDA context and communicator:
+the run's own `start` snapshot. Host: what loading costs each rank, by loading strategy.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from dsexp.analysis import architecture as arch
+
+DS_ENGINES = ("init_inference", "autotp_zero3")   # engines that cast the whole module to the engine dtype
+TP_ENGINES = ("init_inference", "autotp_zero3", "hf_tp")
+
+
+@dataclass
+class Placement:
+    name: str
+    full: int                  # bytes of the whole tensor, in the dtype the engine holds it
+    local: Tuple[int, ...]     # bytes on each rank's compute device
+    how: str                   # "replicated", "offloaded" or the splitting module/style (LinearLayer, zero3, colwise...)
+
+
+@dataclass
+class Strategy:
+    """The settings that decide placement (everything but tp)."""
+    engine: str
+    kernel_inject: bool
+    policy: Optional[Dict[str, List[str]]]
+    zero_stage: int
+    offload: str
+    dtype: str
+    model_dtype: str
+    load: str
+    fmt: str
+    device: str
+    max_out_tokens: int
+    conversion: Optional[str]
+
+    @classmethod
+    def from_result(cls, result: Dict[str, Any]) -> "Strategy":
+        c = result.get("config") or {}
+        model, eng, zero, load = (c.get(k) or {} for k in ("model", "engine", "zero", "load"))
+        runtime = result.get("runtime") or {}
+        dtype, model_dtype = c.get("dtype") or model.get("dtype", "bf16"), model.get("dtype", "bf16")
+        conversion = runtime.get("conversion", f"{model_dtype}->{dtype}" if dtype != model_dtype else None)
+        return cls(engine=eng.get("name", "init_inference"), kernel_inject=bool(eng.get("kernel_inject")),
+                   policy=_effective_policy(result), zero_stage=int(zero.get("stage") or 0),
+                   offload=zero.get("offload") or "none", dtype=dtype, model_dtype=model_dtype,
+                   load=load.get("name", "eager"), fmt=load.get("format", "safetensors"),
+                   device=runtime.get("device") or c.get("device") or "cpu",
+                   max_out_tokens=int(eng.get("max_out_tokens") or 0), conversion=conversion)
+
+
+def _effective_policy(result: Dict[str, Any]) -> Optional[Dict[str, List[str]]]:
+    """The injection policy the engine used (its report), else what the config resolves to."""
+    report = result.get("engine") or {}
+    if "injection_policy" in report:
+        return report["injection_policy"] or None
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from dsexp.engines.init_inference import effective_policy
+
+    cfg = OmegaConf.create({k: (result.get("config") or {}).get(k) or {} for k in ("engine", "model")})
+    pol = effective_policy(SimpleNamespace(spec=cfg))
+    return OmegaConf.to_container(pol) if pol is not None and not isinstance(pol, (dict, str)) else pol
+
+
+@dataclass
+class HostPrediction:
+    """Host bytes each rank adds while loading, on top of its `start` snapshot."""
+    file: List[int]            # file-backed (mmap'd checkpoint pages: page cache, shared by the ranks)
+    anon: List[int]            # private (anonymous) memory at the load peak
+    kept: List[int]            # private bytes a rank keeps whatever the loading (its own TP slices on a CPU run)
+    how: str                   # one sentence: why
+
+    @property
+    def node(self) -> int:
+        """Node-wide growth: private bytes add up over ranks; mapped page cache counts as available."""
+        return sum(self.anon)
+
+
+@dataclass
+class Prediction:
+    tp: int
+    strategy: Strategy
+    placements: List[Placement]
+    weights: List[int]                 # bytes on each rank's compute device
+    kv_cache: List[int]
+    tokens: int
+    dims: arch.Dims
+    overhead: Optional[int]            # CUDA context + communicator at start (GPU runs only)
+    host: HostPrediction
+    modules: Dict[str, Dict[str, int]]
+    notes: List[str] = field(default_factory=list)
+    error: Optional[str] = None        # the engine cannot run this (e.g. AutoTP finds no policy)
+
+    @property
+    def model_bytes(self) -> int:
+        return sum(p.full for p in self.placements)
+
+    @property
+    def weights_max(self) -> int:
+        return max(self.weights)
+
+    @property
+    def fraction(self) -> float:
+        return self.weights_max / self.model_bytes if self.model_bytes else float("nan")
+
+    @property
+    def sharded(self) -> bool:
+        return any(p.how != "replicated" for p in self.placements) and self.tp > 1
+
+    def replicated(self) -> Dict[str, int]:
+        """Bytes every rank holds in full, grouped by name pattern (layer numbers as *)."""
+        groups: Counter = Counter()
+        for p in self.placements:
+            if p.how == "replicated":
+                groups[re.sub(r"\.\d+\.", ".*.", p.name)] += p.full
+        return dict(groups.most_common())
+
+    def floor(self) -> int:
+        """Per-device floor: weights + KV cache (+ the context overhead on GPUs), max over ranks."""
+        per_rank = max(w + k for w, k in zip(self.weights, self.kv_cache))
+        return per_rank + (self.overhead or 0)
+
+
+def predict(result: Dict[str, Any], tp: Optional[int] = None) -> Prediction:
+    """The memory model for this run's configuration, at its own tp or another one."""
+    strategy = Strategy.from_result(result)
+    tp = int(tp or (result.get("config") or {}).get("tp") or 1)
+    model = arch.meta_model(arch.model_source(result.get("config") or {}, result.get("runtime")), strategy.dtype)
+    placements, modules, notes, error = place(model, strategy, tp)
+    weights = [sum(p.local[r] for p in placements) for r in range(tp)]
+    tokens = _tokens(result, strategy)
+    d = arch.dims(model)
+    kv = [_kv_bytes(d, _kv_heads(d.kv_heads, tp, r, strategy), tokens, strategy.dtype) for r in range(tp)]
+    return Prediction(tp=tp, strategy=strategy, placements=placements, weights=weights, kv_cache=kv,
+                      tokens=tokens, dims=d, overhead=start_overhead(result), notes=notes, error=error, modules=modules,
+                      host=_host(result, strategy, tp, weights, placements))
+
+
+def place(model, strategy: Strategy, tp: int):
+    """(placements, predicted module changes, notes, error) for any model (meta device) under a strategy."""
+    tensors = _tensors(model, strategy)
+    notes: List[str] = []
+    try:
+        placements, modules = PLACERS.get(strategy.engine, _unknown_engine)(model, tensors, strategy, tp, notes)
+        return placements, modules, notes, None
+    except AssertionError as e:  # DeepSpeed's own refusal (e.g. AutoTP finds no policy)
+        return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}, notes, str(e) or "AssertionError"
+
+
+# --- tensors -------------------------------------------------------------------------------------
+
+@dataclass
+class _Tensor:
+    name: str
+    module: str
+    numel: int
+    shape: Tuple[int, ...]
+    itemsize: int
+    is_buffer: bool
+
+
+def _tensors(model, strategy: Strategy) -> List[_Tensor]:
+    """Every parameter and buffer once (tied weights counted once), in the dtype the engine holds it."""
+    import torch
+
+    cast = strategy.engine in DS_ENGINES
+    run_itemsize = arch.DTYPE_BYTES[strategy.dtype]
+    seen, out = set(), []
+    for mname, mod in model.named_modules():
+        for is_buffer, items in ((False, mod.named_parameters(recurse=False)), (True, mod.named_buffers(recurse=False))):
+            for pname, t in items:
+                if t is None or id(t) in seen:
+                    continue
+                seen.add(id(t))
+                itemsize = run_itemsize if (cast and torch.is_floating_point(t)) else t.element_size()
+                out.append(_Tensor(f"{mname}.{pname}" if mname else pname, mname, t.numel(), tuple(t.shape),
+                                   itemsize, is_buffer))
+    return out
+
+
+def _replicated(t: _Tensor, tp: int, how: str = "replicated") -> Placement:
+    b = t.numel * t.itemsize
+    return Placement(t.name, b, (b,) * tp, how)
+
+
+def _split(t: _Tensor, dim: int, sizes: List[int], how: str) -> Placement:
+    """A tensor cut along `dim` into pieces of the given sizes (one per rank)."""
+    other = t.numel // t.shape[dim]
+    return Placement(t.name, t.numel * t.itemsize, tuple(s * other * t.itemsize for s in sizes), how)
+
+
+# --- engines -------------------------------------------------------------------------------------
+
+Placer = Callable[[Any, List[_Tensor], Strategy, int, List[str]], Tuple[List[Placement], Dict[str, Dict[str, int]]]]
+
+
+def _init_inference(model, tensors, s: Strategy, tp: int, notes: List[str]):
+    if s.kernel_inject:
+        return _kernel_inject(model, tensors, tp, notes)
+    return _autotp(model, tensors, s, tp, notes)
+
+
+def _autotp(model, tensors, s: Strategy, tp: int, notes: List[str]):
+    """DeepSpeed AutoTP as `replace_wo_policy` + `set_lm_head` apply it (deepspeed/module_inject)."""
+    import torch.nn as nn
+    from deepspeed.inference.config import DeepSpeedTPConfig
+    from deepspeed.module_inject.auto_tp import AutoTP
+    from deepspeed.module_inject.fusedqkv_utils import require_tp_fused_qkvw
+    from deepspeed.module_inject.tp_shard import AutoTPMeta, get_shard_size_list
+
+    if s.policy:
+        rules = {cls: tuple(names) for cls, names in s.policy.items()}
+    elif tp > 1:
+        rules = {cls.__name__: tuple(names) for cls, names in AutoTP.tp_parser(model)}
+    else:
+        notes.append("tp=1 without an injection policy: AutoTP does not run, every tensor stays whole")
+        return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
+    meta = AutoTPMeta.from_model_config(model.config, DeepSpeedTPConfig().tp_grain_size)
+    by_module: Dict[str, Tuple[str, str]] = {}  # module name -> (DeepSpeed's name for it, replacement class)
+    for lname, layer in model.named_modules():
+        if type(layer).__name__ not in rules:
+            continue
+        for rel, child in layer.named_modules():
+            if not isinstance(child, nn.Linear) or not rel:
+                continue
+            parts = rel.split(".")
+            ds_name = f"{parts[-2] if len(parts) > 1 else ''}.{parts[-1]}"  # parent attr + '.' + attr, as AutoTP names it
+            by_module[f"{lname}.{rel}"] = (ds_name, _autotp_class(ds_name, rules[type(layer).__name__], tp,
+                                                                    require_tp_fused_qkvw))
+    head = next((n for n in ("lm_head", "embed_out") if isinstance(getattr(model, n, None), nn.Linear)), None)
+    if head:
+        by_module[head] = ("lm_head", "LmHeadLinearAllreduce")
+    out = []
+    for t in tensors:
+        ds_name, cls = by_module.get(t.module, (None, None))
+        if cls is None or cls == "skip" or t.is_buffer:
+            out.append(_replicated(t, tp))
+        elif cls in ("LinearAllreduce", "LmHeadLinearAllreduce"):
+            out.append(_split(t, 1, get_shard_size_list(t.shape[1], tp, meta, ds_name), cls) if len(t.shape) == 2
+                       else _replicated(t, tp))  # row-parallel bias stays whole
+        else:
+            out.append(_split(t, 0, get_shard_size_list(t.shape[0], tp, meta, ds_name), cls))
+    replaced = Counter(cls for _, cls in by_module.values() if cls != "skip")
+    return out, {"removed": {"Linear": sum(replaced.values())} if replaced else {}, "added": dict(replaced)}
+
+
+def _autotp_class(ds_name: str, allreduce: Tuple[str, ...], tp: int, fused) -> str:
+    """Which module AutoTP's `_replace` turns a Linear into (the routing rules of auto_tp.py)."""
+    if ds_name == "mlp.gate" or "q_a_proj" in ds_name or "kv_a_proj_with_mqa" in ds_name:
+        return "skip"
+    if "gate_up_proj" in ds_name:
+        return "GateUpPack_LinearLayer"
+    if ds_name in allreduce or "down_proj" in ds_name:
+        return "LinearAllreduce"
+    return "fused_LinearLayer" if fused(ds_name, tp) else "LinearLayer"
+
+
+_KERNEL_CLASSES: Optional[set] = None
+
+
+def _kernel_policy_classes() -> set:
+    """Layer classes DeepSpeed has an injection policy (container) for, as replace_module finds them."""
+    global _KERNEL_CLASSES
+    if _KERNEL_CLASSES is None:
+        from deepspeed.module_inject.replace_policy import replace_policies
+
+        found = set()
+        for plcy in replace_policies:
+            try:
+                plcy(None)  # populates _orig_layer_class, as DeepSpeed does
+            except Exception:
+                continue
+            orig = plcy._orig_layer_class
+            found.update(c for c in (orig if isinstance(orig, list) else [orig]) if c is not None)
+        _KERNEL_CLASSES = found
+    return _KERNEL_CLASSES
+
+
+def _kernel_inject(model, tensors, tp: int, notes: List[str]):
+    classes = _kernel_policy_classes()
+    layers = {n: type(m).__name__ for n, m in model.named_modules() if type(m) in classes}
+    if not layers:
+        names = sorted({type(m).__name__ for m in model.modules()
+                        if "Layer" in type(m).__name__ or "Block" in type(m).__name__})
+        notes.append(f"kernel injection has no policy for {', '.join(names) or 'any layer class'}: "
+                     f"no module is replaced and nothing is sharded")
+        return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
+    notes.append("kernel-injected layers: matrices assumed split evenly 1/tp (DeepSpeed containers); "
+                 "the kernel workspace is not part of the weights")
+    out = []
+    for t in tensors:
+        in_layer = any(t.module == n or t.module.startswith(n + ".") for n in layers)
+        if in_layer and len(t.shape) == 2 and tp > 1 and not t.is_buffer:
+            out.append(_split(t, 0, _even(t.shape[0], tp), "kernel"))
+        else:
+            out.append(_replicated(t, tp))
+    return out, {"removed": dict(Counter(layers.values())), "added": {}}
+
+
+def _zero3(model, tensors, s: Strategy, tp: int, notes: List[str]):
+    """ZeRO-3: each parameter's flat partition is ceil(numel / world) elements on every rank."""
+    offloaded = s.offload == "cpu" and s.device == "cuda"
+    if s.offload == "cpu" and s.device != "cuda":
+        notes.append("offload=cpu on a CPU run: the host is the device, the partitions stay where they are counted")
+    out = []
+    for t in tensors:
+        if t.is_buffer:
+            out.append(_replicated(t, tp))
+            continue
+        part = math.ceil(t.numel / tp) * t.itemsize
+        out.append(Placement(t.name, t.numel * t.itemsize, (0 if offloaded else part,) * tp,
+                             "offloaded" if offloaded else "zero3"))
+    return out, {"removed": {}, "added": {}}
+
+
+def _autotp_zero3(model, tensors, s: Strategy, tp: int, notes: List[str]):
+    notes.append("autotp_zero3 modelled as AutoTP over all ranks (ZeRO-3 data-parallel group of 1)")
+    return _autotp(model, tensors, s, tp, notes)
+
+
+_HF_DIMS = (("embedding_colwise", 1), ("embedding_rowwise", 0), ("packed_colwise", 0), ("packed_rowwise", -1),
+            ("colwise", 0), ("rowwise", -1))
+
+
+def _hf_tp(model, tensors, s: Strategy, tp: int, notes: List[str]):
+    """transformers TP: the model's resolved plan; DTensor Shard(dim) cuts like torch.chunk."""
+    if tp == 1:
+        return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
+    from transformers.distributed import DistributedConfig
+
+    plan = model._resolve_parallel_plans(DistributedConfig(tp_size=tp))[0]
+    out = []
+    for t in tensors:
+        style = plan.get(t.name)
+        dim = next((d for prefix, d in _HF_DIMS if style and style.startswith(prefix)), None)
+        if dim is None or t.is_buffer or (dim == -1 and len(t.shape) == 1):  # row-parallel bias: replicated
+            out.append(_replicated(t, tp))
+        else:
+            d = dim % len(t.shape)
+            out.append(_split(t, d, _chunks(t.shape[d], tp), style))
+    return out, {"removed": {}, "added": {}}
+
+
+def _unknown_engine(model, tensors, s: Strategy, tp: int, notes: List[str]):
+    notes.append(f"no placement rule for engine {s.engine!r}: predicted as unsharded")
+    return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
+
+
+PLACERS: Dict[str, Placer] = {"init_inference": _init_inference, "zero_inference": _zero3,
+                              "autotp_zero3": _autotp_zero3, "hf_tp": _hf_tp}
+
+
+def _even(n: int, tp: int) -> List[int]:
+    return [n // tp + (1 if r < n % tp else 0) for r in range(tp)]
+
+
+def _chunks(n: int, tp: int) -> List[int]:
+    size = -(-n // tp)
+    return [max(0, min(size, n - r * size)) for r in range(tp)]
+
+
+# --- KV cache, context, host ---------------------------------------------------------------------
+
+def _kv_heads(kv: int, tp: int, rank: int, s: Strategy) -> int:
+    if s.engine not in TP_ENGINES or tp == 1:
+        return kv
+    return kv // tp + (1 if rank < kv % tp else 0)
+
+
+def _kv_bytes(d: arch.Dims, kv_heads: int, tokens: int, dtype: str) -> int:
+    return 2 * d.layers * kv_heads * d.head_dim * tokens * arch.DTYPE_BYTES[dtype]
+
+
+def _tokens(result: Dict[str, Any], s: Strategy) -> int:
+    """Prompt + generated tokens (kernel injection sizes its KV workspace for max_out_tokens instead)."""
+    gen = (result.get("config") or {}).get("generate") or {}
+    if s.kernel_inject and s.max_out_tokens:
+        return s.max_out_tokens
+    rank0 = next((r for r in result.get("ranks") or [] if r), None)
+    prompt = (rank0 or {}).get("generate", {}).get("prompt_ids")
+    n_prompt = len(prompt) if prompt else len(str(gen.get("prompt", "")).encode())
+    return n_prompt + int(gen.get("new_tokens") or 0)
+
+
+def start_overhead(result: Dict[str, Any]) -> Optional[int]:
+    """Device memory in use after `start` (CUDA context, communicator, whatever else holds the GPU), max over ranks."""
+    vals = []
+    for rk in result.get("ranks") or []:
+        gpu = ((rk or {}).get("phases", {}).get("start") or {}).get("gpu") or {}
+        used = gpu.get("nvml_device_used") or gpu.get("gpu_driver_used")
+        if used is not None:
+            vals.append(used)
+    return max(vals) if vals else None
+
+
+def _host(result: Dict[str, Any], s: Strategy, tp: int, weights: List[int], placements: List[Placement]) -> HostPrediction:
+    """Host bytes loading adds per rank (measured on CPU runs: the interpreter's own imports during load, ~100-200
+    MiB, come on top). Eager loads mmap the checkpoint (.bin too: transformers >= 5 loads it with mmap=True);
+    a dtype conversion materialises a private converted copy; on a CPU run the TP slices a rank keeps are copies."""
+    files = arch.checkpoint_files((result.get("runtime") or {}).get("model_dir"))
+    model_run = sum(p.full for p in placements)
+    ckpt = sum(files.values()) or (result.get("runtime") or {}).get("checkpoint_bytes") or \
+        model_run * arch.DTYPE_BYTES[s.model_dtype] // arch.DTYPE_BYTES[s.dtype]
+    largest = max(files.values()) if files else ckpt
+    on_host = s.device == "cpu"  # on a CPU run the device *is* the host
+    kept = [sum(p.local[r] for p in placements if p.how not in ("replicated", "offloaded")) if on_host else 0
+            for r in range(tp)]
+    if s.load == "meta":
+        return HostPrediction([largest] * tp, [largest + k for k in kept], kept,
+                              "every rank reads every checkpoint file in full, one file at a time")
+    if s.load == "sharded":
+        return HostPrediction([0] * tp, list(weights), kept,
+                              "each rank reads only its own slice and the replicated tensors")
+    if s.conversion:
+        return HostPrediction([ckpt] * tp, [model_run] * tp, kept,
+                              f"the load converts ({s.conversion}): a private full copy per rank")
+    return HostPrediction([ckpt] * tp, kept, kept,
+                          f"{s.fmt} is memory-mapped without conversion: the checkpoint sits in the page cache, "
+                          f"shared by the ranks; private memory ~ the slices each rank keeps")

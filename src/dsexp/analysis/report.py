@@ -1,0 +1,348 @@
+"""The sweep report: summary.md (tables meant to be pasted into docs as they are), summary.csv, plots/,
+written into a folder and attached to the sweep's MLflow parent run (child runs get their prediction
+and diagnosis too, so the MLflow UI compares them side by side)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from dsexp.analysis import measured as m
+from dsexp.analysis import plots
+from dsexp.analysis.matrix import Extrapolated, Row, build_rows, extrapolate, recommend
+from dsexp.analysis.memory import predict
+from dsexp.analysis.sources import results_from_dir
+
+SUMMARY_MD, SUMMARY_CSV, PLOTS = "summary.md", "summary.csv", "plots"
+FILES = {"per_device": "per_device_vs_tp.png", "host": "host_vs_tp.png", "timeline": "timeline.png"}
+
+
+def write_report(sweep_dir: Path, parent: Optional[Dict[str, Any]] = None,
+                 results: Optional[Sequence[Dict[str, Any]]] = None, out_dir: Optional[Path] = None,
+                 source: Optional[str] = None) -> Optional[Dict[str, str]]:
+    """Report on a sweep folder's results (or the given ones) into out_dir (default: the sweep folder).
+    Returns the report's sections by name (markdown), None when there are no results."""
+    results = list(results) if results is not None else results_from_dir(sweep_dir)
+    if not results:
+        print(f"dsexp report: no results under {sweep_dir}", file=sys.stderr)
+        return None
+    out = Path(out_dir or sweep_dir)
+    rows = build_rows(results)
+    (out / PLOTS).mkdir(parents=True, exist_ok=True)
+    extra = extrapolate(rows)
+    figures = write_plots(rows, extra, out / PLOTS)
+    tracker = _tracker(parent)
+    view = mlflow_view(tracker, parent, rows) if tracker else None
+    parts = sections(rows, extra, figures)
+    (out / SUMMARY_MD).write_text(render_markdown(rows, parts, source or str(sweep_dir), parent if tracker else None,
+                                                  view))
+    frame(rows).to_csv(out / SUMMARY_CSV, index=False)
+    if tracker:
+        try:
+            log_to_mlflow(tracker, parent, out, rows)
+        except Exception as e:  # the files on disk are the report; MLflow is a copy
+            print(f"dsexp report: could not attach the report to MLflow run {parent.get('run_id')}: {e}",
+                  file=sys.stderr)
+    print(f"dsexp report: {out / SUMMARY_MD}" + (f"\n             MLflow comparison view: {view}" if view else ""),
+          file=sys.stderr)
+    return parts
+
+
+# --- tables --------------------------------------------------------------------------------------
+
+def frame(rows: List[Row]):
+    import pandas as pd
+
+    return pd.DataFrame([r.values() for r in rows])
+
+
+def md_table(header: Sequence[str], body: Sequence[Sequence[Any]], right: Sequence[bool]) -> str:
+    """A GitHub markdown table; numeric columns right-aligned. Cells are already formatted strings."""
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if r else "---" for r in right) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def _num(v: Optional[float], nd: int = 2, scale: float = 1.0) -> str:
+    return "-" if v is None else f"{v * scale:.{nd}f}"
+
+
+def _weights_unit(rows: List[Row]) -> tuple:
+    vals = [v for r in rows for v in (r.values()["gpu_weights_gib"], r.values()["pred_weights_gib"]) if v is not None]
+    return ("MiB", 1024.0) if vals and max(vals) < 1 else ("GiB", 1.0)
+
+
+def _correct(v: Dict[str, Any]) -> str:
+    if v["correct"] is None:
+        return "-"
+    err = f" ({v['logits_rel_err']:.1e})" if v["logits_rel_err"] is not None else ""
+    return ("yes" if v["correct"] else "**NO**") + err
+
+
+def matrix_table(rows: List[Row]) -> str:
+    wu, ws = _weights_unit(rows)
+    gpu = any(m.on_gpu(r.result) for r in rows)
+    header = ["configuration", "tp", "status", "correct (rel. err)"] + (["per-GPU peak (GiB)"] if gpu else []) + [
+        f"weights per {'GPU' if gpu else 'rank'} ({wu})", f"predicted ({wu})", "Δ", "host peak / rank (GiB)",
+        "host anon / rank (GiB)", "node host peak (GiB)", "load (s)", "init (s)", "generate (s)", "tokens/s"]
+    body = []
+    for r in rows:
+        v = r.values()
+        body.append([v["config"], v["tp"], v["status"], _correct(v)] + ([_num(v["gpu_peak_gib"])] if gpu else []) + [
+            _num(v["gpu_weights_gib"], 2, ws), _num(v["pred_weights_gib"], 2, ws),
+            "-" if v["weights_err_pct"] is None else f"{v['weights_err_pct']:+.1f}%",
+            _num(v["host_peak_gib"]), _num(v["host_anon_peak_gib"]), _num(v["node_host_peak_gib"]),
+            _num(v["load_s"]), _num(v["init_s"]), _num(v["generate_s"]), _num(v["tokens_per_s"], 1)])
+    return md_table(header, body, [False, True, False, False] + [True] * (len(header) - 4))
+
+
+def weights_table(rows: List[Row]) -> str:
+    """Per-rank weights, predicted vs measured, and what the model keeps whole on every rank."""
+    wu, ws = _weights_unit(rows)
+    header = ["configuration", "tp", f"measured per rank ({wu})", f"predicted per rank ({wu})", "max Δ",
+              "within 2%", "replicated on every rank (predicted)"]
+    body = []
+    for r in rows:
+        meas, p = m.weights_per_rank(r.result), r.prediction
+        if p is None:
+            body.append([r.strategy, r.tp, _ranks(meas, ws), "-", "-", "-", r.model_error or ""])
+            continue
+        err = max((abs(a - b) / b for a, b in zip(meas, p.weights) if b), default=None) if meas else None
+        rep = ", ".join(f"{n} {m.human(b)}" for n, b in list(p.replicated().items())[:3]) if p.tp > 1 else "(tp=1: all)"
+        body.append([r.strategy, r.tp, _ranks(meas, ws), _ranks(p.weights, ws),
+                     "-" if err is None else f"{100 * err:.2f}%",
+                     "-" if err is None else ("yes" if err <= 0.02 else "**no**"), rep])
+    return md_table(header, body, [False, True, True, True, True, False, False])
+
+
+def _ranks(vals: Sequence[float], scale: float) -> str:
+    return " / ".join(f"{v / m.GIB * scale:.2f}" for v in vals) if vals else "-"
+
+
+def extrapolation_table(extra: List[Extrapolated], gpu: bool, rows: List[Row]) -> str:
+    wu, ws = _weights_unit(rows)
+    header = ["configuration", "tp", "source"] + (["per-GPU peak (GiB)"] if gpu else []) + [
+        f"weights per {'GPU' if gpu else 'rank'} ({wu})", "host peak / rank (GiB)", "node host peak (GiB)"]
+    body = [[e.strategy, e.tp, "measured" if e.measured else (e.note or "predicted")]
+            + ([_num(e.per_device_gib)] if gpu else [])
+            + [_num(e.weights_gib, 2, ws), _num(e.host_peak_gib), _num(e.node_host_peak_gib)] for e in extra]
+    return md_table(header, body, [False, True, False] + [True] * (len(header) - 3))
+
+
+def recommendation(rows: List[Row], extra: List[Extrapolated]) -> List[str]:
+    best, best_host = recommend(rows)
+    gpu = any(m.on_gpu(r.result) for r in rows)
+    what = "per-GPU peak" if gpu else "device-resident weights per rank (CPU run: no GPU, the rank's device is the host)"
+    if best is None:
+        return ["No configuration passed the correctness check: nothing to recommend."]
+    v = best.values()
+    lines = [f"**Recommended (lowest {what} that passed correctness): `{best.strategy}` at tp={best.tp}**: "
+             f"{m.human(m.per_device_gib(best.result) * m.GIB)} per {'GPU' if gpu else 'rank'}, host peak "
+             f"{_num(v['host_peak_gib'])} GiB per rank, node {_num(v['node_host_peak_gib'])} GiB; logits rel. err "
+             f"{_num(v['logits_rel_err'], 4)}."]
+    ahead = [e for e in extra if e.strategy == best.strategy and not e.measured and e.per_device_gib is not None]
+    if ahead:
+        lines.append("Predicted for this configuration: " + "; ".join(
+            f"tp={e.tp}: {m.human(e.per_device_gib * m.GIB)} per {'GPU' if gpu else 'rank'}, "
+            f"host {_num(e.host_peak_gib)} GiB "
+            f"per rank, node {_num(e.node_host_peak_gib)} GiB" for e in ahead) + ".")
+    if best_host is not None:
+        lines.append(f"Lowest host peak per rank that passed correctness: `{best_host.strategy}` at tp={best_host.tp}: "
+                     f"{_num(best_host.values()['host_peak_gib'])} GiB.")
+    return lines
+
+
+def sections(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path]) -> Dict[str, str]:
+    """The report's sections by name (markdown, heading included); `python -m dsexp.report --print NAME` prints one."""
+    gpu = any(m.on_gpu(r.result) for r in rows)
+    weights = ["## Weights per rank: predicted vs measured", "", weights_table(rows), ""]
+    off = [r for r in rows if r.values()["weights_err_pct"] is not None and abs(r.values()["weights_err_pct"]) > 2]
+    if off:
+        weights += ["Differences where the weights were not placed as predicted:", ""]
+        weights += [f"- `{r.label}`: " + "; ".join(f.text for f in r.findings if f.code in
+                                                     ("nothing_sharded", "weights_differ")) for r in off] + [""]
+    diagnosis = ["## Diagnosis", ""]
+    for r in rows:
+        items = [f"- {'**problem**: ' if f.severity == 'problem' else ''}{f.text}." for f in r.findings]
+        diagnosis += [f"### `{r.label}`", ""] + (items or [f"- no diagnosis: {r.model_error or 'no measurements'}."]) + [""]
+    parts = {
+        "recommendation": ["## Recommendation", ""] + [f"- {line}" for line in recommendation(rows, extra)] + [""],
+        "matrix": ["## Matrix", "", matrix_table(rows), ""],
+        "weights": weights,
+        "predicted": ["## Predicted at tp values not run", "", extrapolation_table(extra, gpu, rows), ""],
+        "diagnosis": diagnosis,
+        "plots": ["## Plots", ""] + [f"![{k}]({PLOTS}/{p.name})" for k, p in figures.items()] + [""],
+        "definitions": [
+            "## Definitions", "",
+            "- GiB = 2^30 bytes, MiB = 2^20 bytes. Per-GPU and per-rank figures are the maximum over ranks.",
+            "- per-GPU peak: NVML device memory used at its peak (includes the CUDA context and communicators).",
+            "- weights per GPU/rank: parameter + buffer bytes on the rank's compute device after init (census).",
+            "- predicted: the memory model from the model's config alone (dsexp.analysis.memory); the floor adds "
+            "the KV cache for prompt + generated tokens and the device memory in use after the `start` phase.",
+            "- host peak / rank: RSS peak of one rank process; node host peak: total - available memory of the machine.",
+            "- tp values not run: the memory model at that tp, calibrated on the largest tp that was measured.", ""]}
+    return {name: "\n".join(lines) for name, lines in parts.items()}
+
+
+def render_markdown(rows: List[Row], parts: Dict[str, str], source: str, parent: Optional[Dict[str, Any]] = None,
+                    view: Optional[str] = None) -> str:
+    gpu = any(m.on_gpu(r.result) for r in rows)
+    devices = sorted({str(r.values()["device"]) for r in rows})
+    out = ["# dsexp sweep summary", "",
+           f"Source: `{source}` · {len(rows)} runs · device: {', '.join(devices)} · "
+           f"regenerate with `python -m dsexp.report {source}`", ""]
+    if parent:
+        out += [f"MLflow: experiment `{parent['experiment']}`, sweep run `{parent['run_id']}` (this report is in its "
+                f"artifacts under `report/`); side-by-side view of the runs: `{view}` in the MLflow UI "
+                f"(`make ui`).", ""]
+    if not gpu:
+        out += ["CPU runs: there is no GPU; per-device figures are the weights resident on each rank, whose "
+                "device is the host. Host figures include each rank's Python runtime.", ""]
+    return "\n".join(out + list(parts.values()))
+
+
+# --- plots ---------------------------------------------------------------------------------------
+
+def write_plots(rows: List[Row], extra: List[Extrapolated], folder: Path) -> Dict[str, Path]:
+    gpu = any(m.on_gpu(r.result) for r in rows)
+    per_dev: plots.Series = {}
+    host: plots.Series = {}
+    node: plots.Series = {}
+    for r in rows:
+        per_dev.setdefault(r.strategy, {"measured": [], "predicted": []})["measured"].append(
+            (r.tp, m.per_device_gib(r.result)))
+        host.setdefault(r.strategy, {"measured": [], "predicted": []})["measured"].append(
+            (r.tp, m.headline(r.result, "host_peak_gib")))
+        node.setdefault(r.strategy, {"measured": [], "predicted": []})["measured"].append(
+            (r.tp, m.headline(r.result, "node_host_peak_gib")))
+    for strategy, pts in _floors(rows, extra, gpu).items():
+        per_dev[strategy]["predicted"] = pts
+    for e in extra:
+        if not e.measured:
+            if e.host_peak_gib is not None:
+                host[e.strategy]["predicted"].append((e.tp, e.host_peak_gib))
+            if e.node_host_peak_gib is not None:
+                node[e.strategy]["predicted"].append((e.tp, e.node_host_peak_gib))
+    for series in (host, node):  # predicted lines start at the measured point they are calibrated on
+        for s in series.values():
+            if s["predicted"] and s["measured"]:
+                s["predicted"].insert(0, max(s["measured"], key=lambda p: p[0]))
+    figures = {"per_device": plots.per_device_vs_tp(per_dev, gpu, folder / FILES["per_device"]),
+               "host": plots.host_vs_tp(host, node, folder / FILES["host"])}
+    pick = _timeline_run(rows)
+    if pick is not None:
+        t = plots.timeline(pick.result, folder / FILES["timeline"], f"Phase timeline: {pick.label}")
+        if t:
+            figures["timeline"] = t
+    return figures
+
+
+def _floors(rows: List[Row], extra: List[Extrapolated], gpu: bool) -> Dict[str, list]:
+    """Per configuration: the predicted floor (GPU) or weights (CPU) at every tp run or extrapolated."""
+    out: Dict[str, list] = {}
+    for strategy in dict.fromkeys(r.strategy for r in rows):
+        base = next((r for r in sorted(rows, key=lambda r: -r.tp) if r.strategy == strategy and r.prediction), None)
+        if base is None:
+            continue
+        tps = sorted({r.tp for r in rows if r.strategy == strategy} |
+                     {e.tp for e in extra if e.strategy == strategy and e.weights_gib is not None})
+        pts = []
+        for tp in tps:
+            p = base.prediction if tp == base.tp else _safe(lambda: predict(base.result, tp))
+            if p is not None and not p.error and (p.overhead is not None or not gpu):
+                pts.append((tp, (p.floor() if gpu else p.weights_max) / m.GIB))
+        out[strategy] = pts
+    return out
+
+
+def _safe(fn: Callable):
+    try:
+        return fn()
+    except Exception:
+        return None
+
+
+def _timeline_run(rows: List[Row]) -> Optional[Row]:
+    best, _ = recommend(rows)
+    return best or next((r for r in sorted(rows, key=lambda r: -r.tp) if m.ranks(r.result)), None)
+
+
+# --- MLflow --------------------------------------------------------------------------------------
+
+CHILD_METRICS = {"pred.weights_gib": "pred_weights_gib", "pred.weights_err_pct": "weights_err_pct",
+                 "pred.floor_gib": "pred_floor_gib", "pred.model_gib": "model_gib"}
+HEADLINE_COLUMNS = ("gpu_peak_gib", "gpu_weights_gib", "pred.weights_gib", "pred.weights_err_pct", "host_peak_gib",
+                    "host_anon_peak_gib", "node_host_peak_gib", "correct", "logits_rel_err", "load_s", "init_s",
+                    "generate_s", "tokens_per_s")
+PARAM_COLUMNS = ("model.name", "load.name", "engine.name", "engine.kernel_inject", "zero.name", "dtype", "tp")
+
+
+def _tracker(parent: Optional[Dict[str, Any]]):
+    if not parent:
+        return None
+    uri = parent.get("uri") or ""
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        print(f"dsexp report: the sweep's MLflow store {uri} is not on this machine; report written to disk only",
+              file=sys.stderr)
+        return None
+    try:
+        from dsexp.tracking import Tracker
+
+        return Tracker(parent["uri"], parent["experiment"])
+    except Exception as e:
+        print(f"dsexp report: MLflow store {parent.get('uri')} unavailable: {e}", file=sys.stderr)
+        return None
+
+
+def mlflow_view(tracker, parent: Dict[str, Any], rows: List[Row]) -> Optional[str]:
+    """A shared view of the sweep's job runs in the MLflow UI: the settings that vary and the headline metrics as
+    columns, sorted by the per-device figure. Stored the way the UI's own "Share" stores views (an experiment tag
+    `mlflow.sharedViewState.<key>` holding the view's JSON); returns the UI route that opens it."""
+    import json
+
+    from dsexp.tracking import retry
+
+    gpu = any(m.on_gpu(r.result) for r in rows)
+    key = f"dsexp-{parent['run_id']}"
+    state = {"searchFilter": f"tags.mlflow.parentRunId = '{parent['run_id']}'",
+             "orderByKey": "metrics.`" + ("gpu_peak_gib" if gpu else "gpu_weights_gib") + "`", "orderByAsc": True,
+             "selectedColumns": [f"params.`{p}`" for p in PARAM_COLUMNS]
+             + [f"metrics.`{k}`" for k in HEADLINE_COLUMNS if gpu or k != "gpu_peak_gib"] + ["tags.`dsexp.diagnosis`"]}
+    try:
+        retry(lambda: tracker.client.set_experiment_tag(tracker.experiment_id, f"mlflow.sharedViewState.{key}",
+                                                        json.dumps(state)))
+    except Exception as e:
+        print(f"dsexp report: could not save the MLflow view: {e}", file=sys.stderr)
+        return None
+    return f"#/experiments/{tracker.experiment_id}/runs?viewStateShareKey={key}"
+
+
+def log_to_mlflow(tracker, parent: Dict[str, Any], out: Path, rows: List[Row]) -> None:
+    """Report files as artifacts of the parent run (report/), the recommendation on it; prediction and
+    diagnosis on each child run logged in the same store."""
+    from dsexp.tracking import retry
+
+    client, rid = tracker.client, parent["run_id"]
+    for name in (SUMMARY_MD, SUMMARY_CSV):
+        retry(lambda: client.log_artifact(rid, str(out / name), "report"))
+    tracker.log_artifact_dir(rid, out / PLOTS, "report/plots")
+    best, best_host = recommend(rows)
+    tags = {"dsexp.recommendation": best.label if best else "none passed correctness"}
+    if best_host:
+        tags["dsexp.recommendation_host"] = best_host.label
+    for k, v in tags.items():
+        retry(lambda: client.set_tag(rid, k, v))
+    if best:
+        tracker.log_metrics(rid, {"best_per_device_gib": m.per_device_gib(best.result) or float("nan"),
+                                  "best_host_peak_gib": m.headline(best.result, "host_peak_gib") or float("nan")})
+    for r in rows:
+        tracking = r.result.get("tracking") or {}
+        child = tracking.get("run_id")
+        if not child or tracking.get("uri") not in (None, parent["uri"]):
+            continue
+        v = r.values()
+        tracker.log_metrics(child, {name: v[k] for name, k in CHILD_METRICS.items() if v[k] is not None})
+        retry(lambda: client.set_tag(child, "dsexp.diagnosis", v["diagnosis"][:4900] or "-"))

@@ -1,0 +1,42 @@
+"""`load=sharded`: each rank reads only its own slice, written once per (model, tp, dtype, ...) by split.py.
+
+The model is built on meta; `init_inference` runs AutoTP on it as usual (DeepSpeed keeps meta
+slices on meta, `TensorParallel_Layer.move`) and, finding the model on meta, `to_empty`s it on the
+rank's device: exactly this rank's slices, uninitialised. We then fill them from the rank's files,
+strictly (every module tensor present, same shape, nothing extra). The files are already in the run
+dtype, so a converting checkpoint costs the conversion once, in the split, not on every run.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from dsexp.config import JobConfig
+from dsexp.context import RankContext
+from dsexp.loading import buffers, files
+from dsexp.loading.base import Loaded, Loader
+from dsexp.loading.meta import build_on_meta
+from dsexp.loading.split import ensure_split, rank_files
+
+
+class ShardedLoader(Loader):
+    name = "sharded"
+
+    def prepare(self, spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Dict[str, Any]:
+        return {"split": ensure_split(spec, runtime, job_dir)}
+
+    def conversion(self, spec: JobConfig) -> Optional[str]:
+        return None  # done once by the split (runtime["split"]["conversion"])
+
+    def load(self, ctx: RankContext, hf_kwargs: Dict[str, Any]) -> Loaded:
+        model = build_on_meta(ctx)
+        originals = buffers.snapshot(model)
+        paths = rank_files(Path(ctx.runtime["split"]["dir"]), ctx.rank)
+
+        def finalize(module) -> Dict[str, Any]:
+            report: Dict[str, Any] = {"fill": files.fill(module, paths)}
+            if ctx.spec.load.restore_buffers:
+                report["buffers"] = buffers.restore(module, originals, ctx.device)
+            return report
+
+        return Loaded(model, finalize=finalize, info={"rank_files": [str(p) for p in paths]})

@@ -1,0 +1,1 @@
+"""Modeling code that dsexp writes next to generated checkpoints (loaded with trust_remote_code)."""

@@ -1,0 +1,244 @@
+"""Cluster path without a cluster: the SLURM/local launcher presets, the sbatch script submitit would
+write, the multi-node rank commands, per-node metrics, and tracking into a real `mlflow server`."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from cluster_helpers import fake_slurm_bin, mlflow_server
+from conftest import compose
+
+from dsexp import multinode, records
+from dsexp.config import ConfigError, to_schema, validate
+
+SLURM = ["hydra/launcher=dsexp_slurm", "hydra.launcher.partition=gpu"]
+
+
+def launcher_params(*overrides):
+    from hydra_plugins.dsexp_launcher.dsexp_launcher import launcher_params
+
+    return launcher_params(compose(list(overrides), hydra=True))
+
+
+def sbatch_script(params, monkeypatch, map_count=None) -> str:
+    """The sbatch file submitit would submit for these launcher params (no `srun` needed here)."""
+    import submitit.slurm.slurm as slurm
+
+    from hydra_plugins.dsexp_launcher.dsexp_launcher import DsexpSlurmLauncher
+
+    monkeypatch.setattr(slurm.SlurmExecutor, "affinity", classmethod(lambda cls: 2))  # "srun is installed"
+    executor = DsexpSlurmLauncher(**params).executor(params)._executor
+    if map_count:
+        executor.parameters["map_count"] = map_count
+    return executor._make_submission_file_text(executor._submitit_command_str, "uid")
+
+
+def sbatch_flags(script: str) -> dict:
+    flags = [line[len("#SBATCH --"):] for line in script.splitlines() if line.startswith("#SBATCH --")]
+    return dict(f.split("=", 1) if "=" in f else (f, True) for f in flags)
+
+
+@pytest.mark.parametrize("tp,nodes,gpus", [(1, 1, 1), (4, 1, 4), (8, 2, 4), (16, 4, 4)])
+def test_slurm_preset_asks_for_tp_gpus_per_job(tp, nodes, gpus, tmp_path):
+    p = launcher_params(*SLURM, f"tp={tp}", f"launcher.nodes={nodes}", f"hydra.sweep.dir={tmp_path}")
+    assert (p["gpus_per_node"], p["nodes"], p["tasks_per_node"]) == (gpus, nodes, 1)
+    assert p["partition"] == "gpu" and p["submitit_folder"].startswith(str(tmp_path))
+
+
+def test_slurm_preset_defaults_leave_partition_and_account_to_the_cluster(tmp_path, monkeypatch):
+    params = launcher_params("hydra/launcher=dsexp_slurm", "tp=2", f"hydra.sweep.dir={tmp_path}")
+    assert params["partition"] is None and params["account"] is None
+    flags = sbatch_flags(sbatch_script(params, monkeypatch))
+    assert "partition" not in flags and "account" not in flags and flags["gpus-per-node"] == "2"
+    assert compose(["hydra/launcher=dsexp_slurm"], hydra=True).hydra.launcher._target_.endswith("DsexpSlurmLauncher")
+
+
+@pytest.mark.parametrize("tp,nodes", [(4, 1), (8, 2)])
+def test_sbatch_script_has_the_job_resources(tp, nodes, tmp_path, monkeypatch):
+    params = launcher_params(*SLURM, f"tp={tp}", f"launcher.nodes={nodes}", "hydra.launcher.timeout_min=45",
+                             "hydra.launcher.account=proj1", f"hydra.sweep.dir={tmp_path}")
+    script = sbatch_script(params, monkeypatch)
+    flags = sbatch_flags(script)
+    assert flags["gpus-per-node"] == str(tp // nodes) and flags["nodes"] == str(nodes)
+    assert flags["ntasks-per-node"] == "1" and flags["partition"] == "gpu"
+    assert flags["time"] == "45" and flags["account"] == "proj1" and flags["job-name"] == "dsexp"
+    assert "array" not in flags
+    srun_line = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert len(srun_line) == 1 and "submitit.core._submit" in srun_line[0]
+
+
+def test_sbatch_script_array_setup_and_extra_options(tmp_path, monkeypatch):
+    params = launcher_params(*SLURM, "tp=2", "hydra.launcher.mem_gb=64", "+hydra.launcher.additional_parameters.exclusive=true",
+                             "hydra.launcher.setup=[source .venv/bin/activate]", f"hydra.sweep.dir={tmp_path}")
+    script = sbatch_script(params, monkeypatch, map_count=3)
+    flags = sbatch_flags(script)
+    assert flags["array"] == "0-2%3" and flags["exclusive"] is True and flags["mem"] == "64GB"
+    lines = script.splitlines()
+    assert lines.index("source .venv/bin/activate") < next(i for i, s in enumerate(lines) if s.startswith("srun "))
+
+
+def test_local_preset_gives_each_job_tp_gpus(tmp_path):
+    p = launcher_params("hydra/launcher=dsexp_local", "tp=2", f"hydra.sweep.dir={tmp_path}")
+    assert (p["gpus_per_node"], p["nodes"], p["tasks_per_node"]) == (2, 1, 1)
+    cfg = compose(["hydra/launcher=dsexp_local"], hydra=True)
+    assert cfg.hydra.launcher._target_.endswith("DsexpLocalLauncher")
+
+
+def test_sweep_validation_counts_the_gpus_slurm_will_give():
+    """On a login node (no GPU here) a GPU-only setting is valid when the SLURM preset asks for GPUs."""
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
+
+    from conftest import CONF
+    from dsexp.sweep import validate_sweep
+
+    job = ["tp=2", "engine.kernel_inject=true", "dtype=fp16"]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        on_slurm = validate_sweep(hcompose("config", overrides=SLURM + job, return_hydra_config=True))
+        here = validate_sweep(hcompose("config", overrides=job, return_hydra_config=True))
+        uneven = validate_sweep(hcompose("config", overrides=SLURM + ["tp=3", "launcher.nodes=2"],
+                                         return_hydra_config=True))
+    assert on_slurm == []
+    assert len(here) == 1 and "kernel_inject" in here[0][1]
+    assert len(uneven) == 1 and "launcher.nodes=2" in uneven[0][1]
+
+
+def spec_of(*overrides):
+    return to_schema(compose(list(overrides)))
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["tp=3", "launcher.nodes=2"], "does not split evenly"),
+    (["launcher.hostfile=/etc/hostname"], "DeepSpeed launcher only"),
+    (["launcher=deepspeed", "launcher.hostfile=/nonexistent/hostfile"], "does not exist"),
+])
+def test_multinode_settings_are_checked(overrides, needle):
+    with pytest.raises(ConfigError, match=needle):
+        validate(spec_of(*overrides), gpus=0)
+
+
+@pytest.fixture
+def allocation(tmp_path, monkeypatch):
+    """A fake 2-node SLURM allocation: SLURM_JOB_NODELIST and a `scontrol` that expands it."""
+    bin_dir = fake_slurm_bin(tmp_path / "bin", ["gpu-a1", "gpu-a2"])
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu-a[1-2]")
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "32")
+    return tmp_path
+
+
+def test_torchrun_multinode_command(allocation):
+    import sys
+
+    job_dir = allocation / "job"
+    spec = spec_of("tp=8", "launcher.nodes=2")
+    assert multinode.slurm_hosts() == ["gpu-a1", "gpu-a2"]
+    assert multinode.rank_command(spec, job_dir, 29511, {"OMP_NUM_THREADS": "8"}) == [
+        "srun", "--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+        "--cpus-per-task=32", sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4",
+        "--rdzv-backend=c10d", "--rdzv-endpoint=gpu-a1:29511", "--rdzv-id=dsexp-job-29511",
+        "-m", "dsexp.worker", str(job_dir)]
+
+
+def test_deepspeed_multinode_command_from_the_allocation(allocation):
+    import sys
+
+    job_dir = allocation / "job"
+    job_dir.mkdir()
+    spec = spec_of("launcher=deepspeed", "tp=8", "launcher.nodes=2")
+    cmd = multinode.rank_command(spec, job_dir, 29512, {"OMP_NUM_THREADS": "8", "DS_ACCELERATOR": "cuda"})
+    assert cmd == [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(job_dir / "hostfile"),
+                   "--num_nodes", "2", "--num_gpus", "4", "--master_addr", "gpu-a1", "--master_port", "29512",
+                   "--no_local_rank", "--module", "dsexp.worker", str(job_dir)]
+    assert (job_dir / "hostfile").read_text() == "gpu-a1 slots=4\ngpu-a2 slots=4\n"
+    assert multinode.hostfile_hosts(job_dir / "hostfile") == {"gpu-a1": 4, "gpu-a2": 4}
+    # the runner exports these to the other nodes (it reads .deepspeed_env from its cwd, the job folder)
+    assert (job_dir / ".deepspeed_env").read_text() == "DS_ACCELERATOR=cuda\nOMP_NUM_THREADS=8\n"
+
+
+def test_deepspeed_multinode_command_from_a_given_hostfile(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# two boxes\nbox7 slots=8\nbox9 slots=8\n")
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    spec = spec_of("launcher=deepspeed", "tp=8", "launcher.nodes=2", f"launcher.hostfile={hostfile}")
+    multinode.validate_nodes(spec)
+    cmd = multinode.rank_command(spec, job_dir, 29513, {})
+    assert cmd[cmd.index("--hostfile") + 1] == str(hostfile) and cmd[cmd.index("--master_addr") + 1] == "box7"
+    assert cmd[cmd.index("--num_gpus") + 1] == "4" and not (job_dir / "hostfile").exists()
+
+
+def test_torchrun_multinode_outside_slurm_says_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    monkeypatch.delenv("SLURM_NODELIST", raising=False)
+    with pytest.raises(RuntimeError, match="needs a SLURM allocation"):
+        multinode.rank_command(spec_of("tp=2", "launcher.nodes=2"), tmp_path, 29514, {})
+
+
+def test_only_the_first_submitit_task_runs_the_job(monkeypatch):
+    monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+    assert multinode.is_first_task()
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    for rank, first in (("0", True), ("1", False)):
+        monkeypatch.setenv("SLURM_PROCID", rank)
+        assert multinode.is_first_task() is first
+
+
+def rank_record(rank, host, used_gib):
+    g = 2**30
+    phase = {"wall_s": 1.0, "host": {"host_rss": g, "node_used": used_gib * g}, "peaks": {"node_used_peak": (used_gib + 1) * g}}
+    return {"rank": rank, "hostname": host, "phases": {"load": phase}}
+
+
+def test_per_node_metrics_next_to_the_per_rank_ones():
+    ranks = [rank_record(0, "gpu-a1.cluster", 10), rank_record(1, "gpu-a1.cluster", 12), rank_record(2, "gpu-a2", 30)]
+    m = records.aggregate_metrics(ranks)
+    assert m["load.node_used_gib.node_gpu-a1"] == 12 and m["load.node_used_gib.node_gpu-a2"] == 30
+    assert m["load.node_used_peak_gib.node_gpu-a1"] == 13 and m["load.node_used_peak_gib.node_gpu-a2"] == 31
+    assert m["load.node_used_gib.max"] == 30 and m["load.node_used_gib.rank1"] == 12  # existing names unchanged
+    assert not any(k.endswith("node_gpu-a1") and "host_rss" in k for k in m)
+
+
+def test_unreachable_tracking_server_fails_fast():
+    from dsexp.launch import free_port
+    from dsexp.tracking import Tracker
+
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError, match="does not answer"):
+        Tracker(f"http://127.0.0.1:{free_port()}", "dsexp")
+    assert time.monotonic() - t0 < 30
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlserver")
+    with mlflow_server(root) as uri:
+        yield uri, root
+
+
+def test_http_store_takes_job_runs_and_serves_their_artifacts(server, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from dsexp.tracking import Tracker
+
+    uri, root = server
+    job_dir = tmp_path / "job"
+    (job_dir / "ranks").mkdir(parents=True)
+    (job_dir / "ranks" / "rank0.json").write_text('{"rank": 0}')
+    result = {"status": "ok", "key": "k1", "config": {"tp": 2, "model": {"name": "tiny"}},
+              "headline": {"load_s": 1.5}, "metrics": {"load.node_used_gib.node_gpu-a1": 3.0}}
+    tracker = Tracker(uri, "dsexp-http")
+    parent = tracker.start_parent("sweep s", {})
+    rid = tracker.log_job(result, job_dir, parent, "tiny/tp2")
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("dsexp-http")
+    assert exp.artifact_location.startswith("mlflow-artifacts:")  # the server stores and serves artifacts
+    run = client.get_run(rid)
+    assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent
+    assert run.data.metrics["load.node_used_gib.node_gpu-a1"] == 3.0 and run.data.params["model.name"] == "tiny"
+    assert [a.path for a in client.list_artifacts(rid, "ranks")] == ["ranks/rank0.json"]
+    stored = list((root / "artifacts").rglob("rank0.json"))
+    assert len(stored) == 1 and stored[0].read_text() == '{"rank": 0}'

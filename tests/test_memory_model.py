@@ -1,0 +1,133 @@
+"""The memory model against sizes derived independently from the architecture numbers, and against
+DeepSpeed's own split rules (KV-head units, 64-grain MLP, lm_head on the hidden dim, `output` replicated)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from analysis_cases import GIB, INTERNLM2_POLICY, MEDIUM, TINY, InternLM2ForCausalLM, config, result
+
+from dsexp.analysis.memory import Strategy, place, predict
+
+
+def llama_bytes(d, tp, itemsize=2, embed_split=1, head_split=None, buffers_itemsize=2):
+    """Per-rank bytes of a Llama under AutoTP, from the architecture numbers alone."""
+    h, i, L, nh, kv, V = (d[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                         "num_attention_heads", "num_key_value_heads", "vocab_size"))
+    hd = h // nh
+    layer_matrices = (nh * hd * h) * 2 + (kv * hd * h) * 2 + 3 * i * h  # q, o, k, v, gate/up/down
+    head_split = tp if head_split is None else head_split
+    params = L * (layer_matrices // tp + 2 * h) + h + V * h // embed_split + V * h // head_split
+    return params * itemsize + 2 * (hd // 2) * buffers_itemsize  # inv_freq + original_inv_freq
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_autotp_llama_matches_architecture_numbers(tp):
+    p = predict(result(config(tp), [0] * tp), tp)
+    # tp=1: AutoTP does not run, nothing is split; tp=2: layers and lm_head halved, embed_tokens and norms whole
+    assert p.weights == [llama_bytes(TINY, tp)] * tp
+    assert p.model_bytes == llama_bytes(TINY, 1)
+    if tp == 2:
+        layers = TINY["num_hidden_layers"]
+        assert p.modules == {"removed": {"Linear": 7 * layers + 1},
+                             "added": {"LinearLayer": 5 * layers, "LinearAllreduce": 2 * layers,
+                                       "LmHeadLinearAllreduce": 1}}
+        rep = p.replicated()
+        assert rep["model.embed_tokens.weight"] == TINY["vocab_size"] * TINY["hidden_size"] * 2
+        assert "lm_head.weight" not in rep and "model.rotary_emb.inv_freq" in rep
+    else:
+        assert not p.sharded and p.modules == {"removed": {}, "added": {}}
+
+
+def test_uneven_tp_splits_follow_deepspeed_kv_heads_and_grain():
+    dims = dict(TINY, num_attention_heads=8, num_key_value_heads=8, intermediate_size=11 * 64)
+    p = predict(result(config(3, dims), [0] * 3), 3)
+    by = {pl.name: pl for pl in p.placements}
+    hd, h = 256 // 8, 256
+    # 8 KV heads on 3 ranks -> 3/3/2 heads; 11 grains of 64 -> 4/4/3 grains; lm_head (hidden dim 256 = 4 grains) -> 2/1/1
+    assert by["model.layers.0.self_attn.q_proj.weight"].local == tuple(n * hd * h * 2 for n in (3, 3, 2))
+    assert by["model.layers.0.mlp.up_proj.weight"].local == tuple(n * 64 * h * 2 for n in (4, 4, 3))
+    assert by["model.layers.0.mlp.down_proj.weight"].local == tuple(h * n * 64 * 2 for n in (4, 4, 3))
+    assert by["lm_head.weight"].local == tuple(1024 * n * 64 * 2 for n in (2, 1, 1))
+    assert sum(p.weights) > p.model_bytes  # replicated parts count on every rank
+
+
+def _strategy(**kw):
+    base = dict(engine="init_inference", kernel_inject=False, policy=None, zero_stage=0, offload="none", dtype="bf16",
+                model_dtype="bf16", load="eager", fmt="safetensors", device="cpu", max_out_tokens=1024, conversion=None)
+    return Strategy(**{**base, **kw})
+
+
+def _meta_internlm2():
+    with torch.device("meta"):
+        return InternLM2ForCausalLM().to(torch.bfloat16)
+
+
+def test_internlm2_policy_shards_layers_but_output_and_embeddings_stay_whole():
+    placements, modules, _, error = place(_meta_internlm2(), _strategy(policy=INTERNLM2_POLICY), 2)
+    by = {p.name: p for p in placements}
+    assert error is None
+    assert by["output.weight"].how == "replicated" and by["model.tok_embeddings.weight"].how == "replicated"
+    # wqkv rows are (8 q + 2 k + 2 v) x 32 = 384: split in KV-head units, one group per rank
+    assert by["model.layers.0.attention.wqkv.weight"].local == (192 * 256 * 2,) * 2
+    assert by["model.layers.0.attention.wo.weight"].how == "LinearAllreduce"
+    assert by["model.layers.0.feed_forward.w2.weight"].how == "LinearAllreduce"
+    assert modules == {"removed": {"Linear": 10}, "added": {"LinearLayer": 6, "LinearAllreduce": 4}}
+
+
+def test_internlm2_without_policy_kernel_injection_shards_nothing_and_autotp_refuses():
+    model = _meta_internlm2()
+    placements, modules, notes, error = place(model, _strategy(kernel_inject=True), 2)
+    assert all(p.how == "replicated" for p in placements) and modules == {"removed": {}, "added": {}}
+    assert "no policy for InternLM2DecoderLayer" in notes[0]
+    _, _, _, error = place(model, _strategy(), 2)
+    assert error and "policy" in error  # DeepSpeed's AutoTP parser finds no row-parallel layers
+
+
+def test_kernel_injection_with_a_policy_splits_llama_layers():
+    p = predict(result(config(2, kernel_inject=True, device="cuda"), [0, 0]), 2)
+    assert p.modules["removed"] == {"LlamaDecoderLayer": TINY["num_hidden_layers"]}
+    assert p.weights_max == llama_bytes(TINY, 2, head_split=1)  # lm_head is not touched by kernel injection
+    assert p.tokens == 1024  # the kernel workspace is sized for max_out_tokens
+
+
+def test_zero3_partitions_every_parameter_and_offload_empties_the_gpu():
+    cfg = config(2, engine="zero_inference", zero="stage3", stage=3)
+    p = predict(result(cfg, [0, 0]), 2)
+    # every tiny parameter has an even numel: each rank's partition is exactly half; buffers stay fp32 and whole
+    expect = llama_bytes(TINY, 1, buffers_itemsize=0) // 2 + 2 * 32 * 4
+    assert p.weights == [expect, expect] and {pl.how for pl in p.placements} == {"zero3", "replicated"}
+    off = predict(result(dict(cfg, device="cuda", zero=dict(cfg["zero"], offload="cpu")), [0, 0]), 2)
+    assert off.weights == [2 * 32 * 4] * 2
+
+
+def test_hf_tp_plan_shards_embeddings_vocab_parallel():
+    p = predict(result(config(2, engine="hf_tp"), [0, 0]), 2)
+    assert p.weights == [llama_bytes(TINY, 2, embed_split=2, buffers_itemsize=4)] * 2
+    by = {pl.name: pl for pl in p.placements}
+    assert by["model.embed_tokens.weight"].how == "embedding_rowwise"
+
+
+def test_kv_cache_floor_and_start_overhead_on_gpu():
+    res = result(config(2, device="cuda"), [GIB, GIB], gpu_start=600 * 2**20, gpu_peak=3 * GIB)
+    p = predict(res, 2)
+    d = TINY
+    tokens = 18 + 16  # prompt ids recorded by the rank + new tokens
+    kv = 2 * d["num_hidden_layers"] * (d["num_key_value_heads"] // 2) * (d["hidden_size"] // d["num_attention_heads"]) \
+        * tokens * 2
+    assert p.kv_cache == [kv, kv] and p.overhead == 600 * 2**20
+    assert p.floor() == p.weights_max + kv + 600 * 2**20
+
+
+def test_host_cost_by_loading_strategy():
+    full = predict(result(config(1, MEDIUM), [0]), 1).model_bytes
+    eager = predict(result(config(2, MEDIUM), [0, 0]), 2)
+    split = [sum(pl.local[r] for pl in eager.placements if pl.how != "replicated") for r in range(2)]
+    assert eager.host.anon == split and eager.host.kept == split  # mmap: private = the TP slices kept on the host
+    conv = predict(result(config(2, MEDIUM, dtype="fp32"), [0, 0]), 2)
+    assert conv.host.anon == [2 * full] * 2  # a private converted (fp32) copy of the whole model per rank
+    sharded = predict(result(config(2, MEDIUM, load="sharded"), [0, 0]), 2)
+    assert sharded.host.anon == sharded.weights and sharded.host.file == [0, 0]
+    meta = predict(result(config(2, MEDIUM, load="meta"), [0, 0]), 2)
+    assert meta.host.anon[0] >= meta.host.file[0] > 0  # every checkpoint file read in full, one at a time
+    gpu = predict(result(config(2, MEDIUM, device="cuda"), [0, 0]), 2)
+    assert gpu.host.anon == [0, 0] and gpu.host.node == 0  # mmap'd and moved to the GPU: nothing private stays

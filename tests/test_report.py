@@ -1,0 +1,146 @@
+"""The report on constructed sweeps: recommendation, tables, predictions at tp not run, plots, MLflow round trip."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from analysis_cases import GIB, config, result
+
+from dsexp.analysis.matrix import build_rows, extrapolate, recommend
+from dsexp.analysis.memory import predict
+from dsexp.analysis.report import write_report
+from dsexp.analysis.sources import _value
+
+DIMS8 = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+             num_key_value_heads=8, vocab_size=1024, max_position_embeddings=512, rope_theta=10000.0)
+
+
+def gpu_sweep():
+    """tp=1,2 of an AutoTP config (sharded as predicted), a kernel-injected one (nothing sharded) and an
+    incorrect one; GPU runs with a 0.5 GiB start overhead."""
+    out, job = [], 0
+    for variant, inject, ok in (("autotp", False, True), ("seed", True, True), ("broken", False, False)):
+        for tp in (1, 2):
+            cfg = config(tp, DIMS8, name="m8", device="cuda", kernel_inject=inject, variant=variant)
+            p = predict(result(cfg, [0] * tp), tp)
+            w = [p.model_bytes] * tp if inject else p.weights
+            peak = max(w) + GIB // 2 + 2**20 * (3 if variant == "broken" else 5)
+            out.append(result(cfg, w, gpu_start=GIB // 2, gpu_peak=peak, passed=ok, rel_err=5e-3 if ok else 0.2,
+                              status="ok" if ok else "failed", job=str(job),
+                              failure=None if ok else {"cause": "incorrect_output"},
+                              modules={"removed": {}, "added": {}} if inject else p.modules))
+            job += 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    results = gpu_sweep()
+    write_report(out, results=results, source="constructed")
+    return out, results
+
+
+def test_recommendation_skips_incorrect_and_unsharded(report):
+    out, results = report
+    rows = build_rows(results)
+    best, best_host = recommend(rows)
+    assert (best.strategy, best.tp) == ("autotp/m8/eager/init_inference/bf16", 2)  # "broken" is lower but incorrect
+    md = (out / "summary.md").read_text()
+    assert "**Recommended (lowest per-GPU peak that passed correctness): `autotp/m8/eager/init_inference/bf16` at " \
+           "tp=2**" in md
+
+
+def test_every_run_has_a_diagnosis_and_tables_are_well_formed(report):
+    out, results = report
+    md = (out / "summary.md").read_text()
+    sections = re.findall(r"### `([^`]+)`\n\n((?:- .*\n)+)", md)
+    assert len(sections) == len(results)
+    assert "nothing was sharded (no module was replaced)" in dict(sections)["seed/m8/eager/init_inference+inject/bf16 tp=2"]
+    for block in re.findall(r"((?:^\|.*\|\n)+)", md, flags=re.M):
+        widths = {len(re.split(r"(?<!\\)\|", line)) for line in block.strip().splitlines()}
+        assert len(widths) == 1, block  # every row has as many cells as the header
+    csv = (out / "summary.csv").read_text().splitlines()
+    assert csv[0].startswith("config,tp,status,correct,logits_rel_err,gpu_peak_gib,gpu_weights_gib,pred_weights_gib")
+    assert len(csv) == 1 + len(results)
+
+
+def test_predictions_at_tp_4_and_8_come_from_the_model(report):
+    out, results = report
+    rows = build_rows(results)
+    extra = {(e.strategy, e.tp): e for e in extrapolate(rows)}
+    base = next(r for r in rows if r.strategy.startswith("autotp") and r.tp == 2)
+    for tp in (4, 8):
+        e, p = extra[(base.strategy, tp)], predict(base.result, tp)
+        assert not e.measured and e.weights_gib == pytest.approx(p.weights_max / GIB)
+        # calibrated: the measured peak at tp=2 minus its floor, plus the floor at this tp
+        assert e.per_device_gib == pytest.approx(base.values()["gpu_peak_gib"] + (p.floor() - base.prediction.floor()) / GIB)
+    assert extra[(base.strategy, 8)].per_device_gib < extra[(base.strategy, 4)].per_device_gib
+    md = (out / "summary.md").read_text()
+    assert "| autotp/m8/eager/init_inference/bf16 | 8 | predicted from tp=2 |" in md
+
+
+def test_plots_are_pngs_with_the_floor_drawn(report):
+    out, _ = report
+    for name in ("per_device_vs_tp.png", "host_vs_tp.png", "timeline.png"):
+        data = (out / "plots" / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert "![per_device](plots/per_device_vs_tp.png)" in (out / "summary.md").read_text()
+
+
+def test_params_read_back_from_mlflow_strings():
+    assert [_value(v) for v in ("2", "2.5", "True", "None", "bf16", "{'A': ['x', 'y']}", "[]")] == \
+        [2, 2.5, True, None, "bf16", {"A": ["x", "y"]}, []]
+
+
+def test_report_from_mlflow_parent_run(tmp_path):
+    """Runs logged as a sweep (one with result.json, one from params/metrics only) -> CLI -> report on the parent."""
+    from mlflow.tracking import MlflowClient
+
+    from dsexp.report import main
+    from dsexp.tracking import Tracker, flatten, job_metrics, run_name
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "exp")
+    parent = tracker.start_parent("sweep s", {})
+    results = gpu_sweep()[:2]
+    for i, res in enumerate(results):
+        job = tmp_path / f"job{i}"
+        job.mkdir()
+        if i == 0:
+            (job / "result.json").write_text(json.dumps(res))
+            tracker.log_job(res, job, parent, run_name(res["config"]))
+        else:  # no artifacts: rebuilt from params and metrics
+            rid = tracker.client.create_run(tracker.experiment_id, run_name=run_name(res["config"]),
+                                            tags={"dsexp.kind": "job", "mlflow.parentRunId": parent,
+                                                  "dsexp.status": "ok"}).info.run_id
+            tracker.log_params(rid, flatten(res["config"]))
+            tracker.log_metrics(rid, job_metrics(res))
+    assert main(["--parent-run", parent, "--tracking-uri", uri, "--out", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    assert "autotp/m8/eager/init_inference/bf16 tp=1" in md and "autotp/m8/eager/init_inference/bf16 tp=2" in md
+    client = MlflowClient(uri)
+    arts = {a.path for a in client.list_artifacts(parent, "report")}
+    assert {"report/summary.md", "report/summary.csv", "report/plots"} <= arts
+    assert client.get_run(parent).data.tags["dsexp.recommendation"].startswith("autotp/m8")
+    exp = client.get_experiment_by_name("exp")
+    assert f"mlflow.sharedViewState.dsexp-{parent}" in exp.tags
+    runs = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
+    assert len(runs) == 2 and all("dsexp.diagnosis" in r.data.tags for r in runs)
+    assert any("pred.weights_gib" in r.data.metrics for r in runs)
+
+
+def test_cli_prints_one_section_for_docs(tmp_path, capsys):
+    from dsexp.report import main
+
+    for i, res in enumerate(gpu_sweep()):
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / "result.json").write_text(json.dumps(res))
+    assert main([str(tmp_path), "--no-mlflow", "--print", "matrix"]) == 0
+    printed = capsys.readouterr().out  # (in a fresh process library logs go to stderr; here pytest holds them)
+    section = printed[printed.index("## Matrix"):].strip()
+    assert section.startswith("## Matrix\n\n| configuration | tp |")
+    assert section.count("\n| ") == 1 + 6  # header + six runs
+    assert section in (tmp_path / "summary.md").read_text()
+
