@@ -193,15 +193,17 @@ def test_sigterm_to_the_sweep_tears_its_ranks_down(tmp_path, cache_dir):
     import time
 
     env = {**os.environ, "DSEXP_CACHE": str(cache_dir)}
-    proc = subprocess.Popen([sys.executable, "-m", "dsexp", "tp=2", "check.correctness=false",
+    proc = subprocess.Popen([sys.executable, "-m", "dsexp", "tp=2", "check.correctness=false", "timeout_s=600",
                              "fault={rank:1,phase:load,kind:sleep}", "hydra.run.dir=out"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     live = tmp_path / "out" / "ranks" / "rank1.live.json"
     deadline = time.monotonic() + 600
-    while not (live.is_file() and json.loads(live.read_text() or "{}").get("phase") == "load"):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
-        time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
+    try:  # wait until rank 1 hangs in load
+        while not (live.is_file() and json.loads(live.read_text() or "{}").get("phase") == "load"):
+            assert proc.poll() is None and time.monotonic() < deadline, "the job ended or never reached load"
+            time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0
     res = json.loads((tmp_path / "out" / "result.json").read_text())

@@ -273,10 +273,14 @@ def test_worker_sigterm_leaves_its_stacks_and_still_dies(tmp_path):
             "print('ready', file=out, flush=True); re.match(r'(a+)+$', 'a' * 40 + 'b')")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout.readline().strip() == "ready"
-    time.sleep(0.5)  # now spinning in C code, holding the GIL
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == -signal.SIGTERM
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)  # now spinning in C code, holding the GIL
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
     stacks = (tmp_path / "ranks" / "rank0.terminated").read_text()
     assert "most recent call first" in stacks and "in match" in stacks
 
