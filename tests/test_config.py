@@ -47,12 +47,17 @@ def test_tp_is_a_plain_int():
     (["device=cuda"], 0, "device=cuda"),
     (["load.format=gguf"], 0, "load.format"),
     (["probe.sample_ms=50"], 0, "probe.sample_ms"),
+    (["probe.sample_ms=-1"], 0, "or 0 to turn the background sampler off"),
     (["model=local", "model.path=/does/not/exist"], 0, "model.path='/does/not/exist' does not exist"),
 ])
 def test_bad_settings_name_the_key(overrides, gpus, needle):
     with pytest.raises(ConfigError, match=None) as e:
         spec_of(*overrides, gpus=gpus)
     assert needle in str(e.value)
+
+
+def test_sampler_period_zero_turns_it_off():
+    assert spec_of("probe.sample_ms=0", gpus=0).probe.sample_ms == 0
 
 
 def test_wrong_type_names_the_key():

@@ -6,7 +6,8 @@ import time
 
 import torch
 
-from dsexp.probes.host import host_snapshot, status_rss
+from dsexp.probes.host import ProcFiles, host_snapshot, node_used, status_rss
+from dsexp.probes.phases import PhaseRecorder
 from dsexp.probes.sampler import PeakSampler
 from dsexp.probes.see_memory import parse
 from dsexp.probes.weights import resident_bytes, weight_census
@@ -28,6 +29,33 @@ def test_sampler_catches_a_transient_peak():
     assert after - before < 50 * 2**20  # freed again, so only the sampler can have seen it
     assert peaks["host_anon_peak"] - before > 250 * 2**20
     assert s.samples > 5 and s.cpu_s < 0.5
+
+
+def test_held_open_proc_files_follow_memory_as_fresh_reads_do():
+    files = ProcFiles()
+    try:
+        before = files.read()
+        blob = bytearray(200 * 2**20)
+        during, fresh = files.read(), status_rss()
+        del blob
+    finally:
+        files.close()
+    assert set(before) == {"host_rss", "host_anon", "host_file", "host_shmem", "node_used"}
+    assert during["host_anon"] - before["host_anon"] > 190 * 2**20
+    assert abs(during["host_anon"] - fresh["host_anon"]) < 8 * 2**20
+    assert abs(during["node_used"] - node_used()) < 256 * 2**20
+
+
+def test_recorder_without_sampler_thread_keeps_phase_end_peaks(tmp_path):
+    rec = PhaseRecorder(tmp_path, 0, 1, 0, time.perf_counter(), sample_ms=0, see_memory_usage=False)
+    with rec.phase("load"):
+        blob = bytearray(100 * 2**20)
+    rec.finish()
+    del blob
+    phase = rec.record["phases"]["load"]
+    assert rec.record["sampler"] == {"samples": 2, "cpu_s": 0.0, "period_s": 0.0}  # the phase's own two readings
+    assert abs(phase["peaks"]["host_anon_peak"] - phase["host"]["host_anon"]) < 4 * 2**20
+    assert rec.record["clock"]["created"] <= rec.record["clock"]["t0"] <= time.time()
 
 
 def test_file_backed_pages_are_not_anonymous(tmp_path):

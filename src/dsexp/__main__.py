@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -21,6 +22,7 @@ def conf_dir() -> str:
 
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")
 def main(cfg: DictConfig):
+    entered = time.time()  # the job's clock starts when Hydra hands over (composition is done)
     from dsexp.config import ConfigError
     from dsexp.job import record_invalid, run_job
     from dsexp.multinode import is_first_task
@@ -40,6 +42,7 @@ def main(cfg: DictConfig):
     if result.get("resumed_from"):
         print(f"dsexp: skipped, already ok in {result['resumed_from']} (rerun=true forces a rerun)")
         return result.get("headline")
+    result.setdefault("clock", {})["task"] = entered
     track_job(result, job_dir, sweep_dir, resolve_uri(cfg.tracking.uri, Path(hc.runtime.cwd)), cfg.tracking.experiment)
     failure = result.get("failure") or {}
     print(f"dsexp: {result['status']}" + (f" ({failure.get('cause')}: {failure.get('message')})" if failure else "")

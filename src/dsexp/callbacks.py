@@ -9,6 +9,7 @@ from typing import Any, Dict, List
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from dsexp.packing import node_shared
 from dsexp.tracking import Tracker, ensure_parent, read_sweep_state, resolve_uri
 
 
@@ -24,12 +25,15 @@ class SweepCallback(Callback):
             sys.exit(2)
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        if config.launcher.pack:
+            start_packing(config, sweep_dir)
         open_parent_run(config, sweep_dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         results = collect_results(sweep_dir)
         print(format_table(results))
+        print(format_cache_use(results))
         if any(not (res.get("tracking") or {}).get("run_id") for res in results):
             retry_tracking(sweep_dir)
         state = read_sweep_state(sweep_dir)
@@ -42,6 +46,18 @@ class SweepCallback(Callback):
             where = state["uri"] if state["uri"].startswith("http") else "`make ui` (http://127.0.0.1:5000)"
             print(f"MLflow: experiment '{state['experiment']}', parent run {state['run_id']} in {state['uri']}\n"
                   f"        open it with {where}")
+
+
+def start_packing(config: DictConfig, sweep_dir: Path) -> None:
+    """launcher.pack=true: fix the sweep's GPU pool (from this process's view) for the jobs to claim from."""
+    from dsexp.packing import init_pool
+
+    pool = init_pool(sweep_dir)
+    print(f"dsexp: launcher.pack=true: jobs running at once get disjoint GPUs of [{','.join(pool)}]"
+          + ("" if pool else " (no GPU here: jobs share the host and are only marked as overlapping)"))
+    if str(config.hydra.launcher.get("_target_", "")).endswith("BasicLauncher"):
+        print("dsexp: Hydra's basic launcher runs one job at a time, so nothing is packed; "
+              "add hydra/launcher=dsexp_local to run the jobs at once", file=sys.stderr)
 
 
 def open_parent_run(config: DictConfig, sweep_dir: Path) -> None:
@@ -91,6 +107,19 @@ def _fmt(v: Any, nd: int = 2) -> str:
     return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
 
 
+def format_cache_use(results: List[Dict[str, Any]]) -> str:
+    """One line: how often each cached artefact was reused (hit) or computed (miss) by this sweep's jobs."""
+    from collections import Counter
+
+    uses = [(res.get("runtime") or {}).get("cache") or {} for res in results]
+    parts = []
+    for what in ("checkpoint", "reference", "split"):
+        n = Counter(u.get(what) for u in uses)
+        if n["hit"] or n["miss"]:
+            parts.append(f"{what} {n['hit']} hit{'s' * (n['hit'] != 1)} / {n['miss']} computed")
+    return "dsexp caches: " + ("; ".join(parts) if parts else "none used")
+
+
 def format_table(results: List[Dict[str, Any]]) -> str:
     """One row a job, headline metrics; failed jobs show their cause."""
     cols = ["job", "config", "status", "gpu_peak_gib", "gpu_weights_gib", "host_peak_gib", "node_host_peak_gib",
@@ -103,8 +132,9 @@ def format_table(results: List[Dict[str, Any]]) -> str:
         name = "/".join(str(x) for x in (c.get("variant") or "", (c.get("model") or {}).get("name"),
                                          (c.get("load") or {}).get("name"), (c.get("engine") or {}).get("name"),
                                          f"tp{c.get('tp')}") if x)
+        shared = node_shared(res)  # packed with other jobs: the node's memory was theirs too
         rows.append([Path(res.get("job_dir", "?")).name, name, status] +
-                    [_fmt(h.get(k)) for k in cols[3:-1]] + [_fmt(corr.get("logits_rel_err"), 4)
-                                                            if corr.get("logits_rel_err") is not None else "-"])
+                    ["shared" if shared and k.startswith("node_") else _fmt(h.get(k)) for k in cols[3:-1]]
+                    + [_fmt(corr.get("logits_rel_err"), 4) if corr.get("logits_rel_err") is not None else "-"])
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(cols))]
     return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths)) for r in rows)

@@ -196,8 +196,9 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
     from dsexp.multinode import validate_nodes  # here, not at the top: multinode imports this module
 
     validate_nodes(spec)
-    if not 0 < spec.probe.sample_ms <= 20:
-        raise ConfigError(f"probe.sample_ms={spec.probe.sample_ms}: the sampler period must be in (0, 20] ms")
+    if not (0 < spec.probe.sample_ms <= 20 or spec.probe.sample_ms == 0):
+        raise ConfigError(f"probe.sample_ms={spec.probe.sample_ms}: the sampler period must be in (0, 20] ms, "
+                          "or 0 to turn the background sampler off (peaks are then the phase-end readings only)")
     if spec.generate.new_tokens < 1:
         raise ConfigError(f"generate.new_tokens={spec.generate.new_tokens}: must be >= 1")
     if spec.timeout_s <= 0:

@@ -10,6 +10,7 @@ left in the job folder (result.json, ranks/, logs) is moved to `.dsexp/attempts/
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import signal
@@ -25,7 +26,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from dsexp import correctness, failures, records, teardown
+from dsexp import correctness, failures, multinode, records, teardown
 from dsexp.config import JobConfig, checkpoint_problem, to_schema, validate
 from dsexp.launch import run_ranks
 from dsexp.loading import prepare_load
@@ -125,13 +126,15 @@ def check_output(spec: JobConfig, job_dir: Path, ranks: List[Optional[dict]], re
                                spec.dtype, spec.check.rel_err_tol)
 
 
-def baseline(device: str) -> Dict[str, Any]:
-    """Node and device memory (and the cgroup's OOM-kill count) before launch, to check the teardown against."""
+def baseline(device: str, gpus: Optional[List[int]] = None) -> Dict[str, Any]:
+    """Node and device memory (and the cgroup's OOM-kill count) before launch, to check the teardown against.
+
+    gpus: the NVML indices of a packed job's own GPUs (the others belong to other jobs)."""
     from dsexp.probes.host import node_used
 
     out: Dict[str, Any] = {"node_used": node_used(), "oom_kills": failures.oom_kills()}
     if device == "cuda":
-        out["gpu_used"] = teardown.gpu_used()
+        out["gpu_used"] = teardown.gpu_used(gpus)
     return out
 
 
@@ -184,7 +187,9 @@ def run_job(cfg: DictConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     t0 = time.perf_counter()
     try:
-        _execute(spec, job_dir, result)
+        with _packing(spec, job_dir, sweep_dir) as packed:
+            result["packed"] = packed
+            _execute(spec, job_dir, result, packed)
     except Exception as e:  # preparation failed: still a result
         cause = "load_error" if isinstance(e, CheckpointError) else "prepare_error"
         result.update(status="failed", failure={"cause": cause, "type": type(e).__name__,
@@ -197,17 +202,40 @@ def run_job(cfg: DictConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
         result["wall_s"] = time.perf_counter() - t0
+        result["clock"] = {"started": result["started"], "ended": time.time()}
+        if result.get("packed") is None:
+            result.pop("packed", None)
         records.write_json_atomic(job_dir / RESULT, result)
     return result
 
 
-def after_teardown(device: str, base: Dict[str, Any]) -> Dict[str, Any]:
+def _packing(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path]):
+    """launcher.pack=true in a sweep: hold GPUs of the job's own for the whole job (see dsexp.packing)."""
+    if not spec.launcher.pack or sweep_dir is None:
+        return contextlib.nullcontext()
+    from dsexp import packing
+
+    return packing.claim(sweep_dir, job_dir, multinode.per_node(spec.tp, spec.launcher.nodes))
+
+
+def cache_use(spec: JobConfig, runtime: Dict[str, Any]) -> Dict[str, str]:
+    """What the job found cached: hit (reused), miss (computed now) or none (not needed), for the random-weight
+    checkpoint, the tp=1 reference logits and the per-rank split of load=sharded."""
+    def state(hit: Optional[bool]) -> str:
+        return "none" if hit is None else "hit" if hit else "miss"
+
+    return {"checkpoint": state(None if spec.model.path else not runtime.get("checkpoint_written")),
+            "reference": state(runtime.get("reference_cache_hit")),
+            "split": state((runtime.get("split") or {}).get("cache_hit"))}
+
+
+def after_teardown(device: str, base: Dict[str, Any], gpus: Optional[List[int]] = None) -> Dict[str, Any]:
     """Memory once the ranks are gone; on a GPU machine, wait (bounded) for the devices to return to baseline."""
     from dsexp.probes.host import node_used
 
     out: Dict[str, Any] = {"node_used_after": node_used(), "oom_kills": failures.oom_kills()}
     if device == "cuda":
-        out.update(teardown.wait_gpu_baseline(base.get("gpu_used")))
+        out.update(teardown.wait_gpu_baseline(base.get("gpu_used"), indices=gpus))
     return out
 
 
@@ -226,19 +254,23 @@ def record_invalid(cfg: DictConfig, job_dir: Path, message: str) -> Dict[str, An
     return result
 
 
-def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
+def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any], packed: Optional[Dict[str, Any]] = None) -> None:
+    from dsexp.packing import gpu_indices
+
+    gpus = gpu_indices(packed)
     runtime = {"device": spec.device, **prepare_model(spec)}
     problem = checkpoint_problem(Path(runtime["model_dir"]))
     if problem:
         raise CheckpointError(f"checkpoint {runtime['model_dir']}: {problem}")
     ref = ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
     runtime.update(prepare_load(spec, runtime, job_dir))
+    runtime["cache"] = cache_use(spec, runtime)
     _write_job_file(job_dir, spec, runtime)
     result["runtime"] = runtime
-    result["baseline"] = base = baseline(spec.device)
-    outcome = run_ranks(spec, job_dir, spec.device)
+    result["baseline"] = base = baseline(spec.device, gpus)
+    outcome = run_ranks(spec, job_dir, spec.device, visible=(packed or {}).get("gpus"))
     result["launch"] = launch = outcome.to_dict()
-    result["teardown"] = {**launch.pop("teardown", {}), **after_teardown(spec.device, base)}
+    result["teardown"] = {**launch.pop("teardown", {}), **after_teardown(spec.device, base, gpus)}
     ranks = records.read_rank_records(job_dir, spec.tp)
     tails = failures.log_tails(job_dir, spec.tp)
     result["ranks"] = ranks

@@ -29,6 +29,7 @@ class LaunchOutcome:
     port: Optional[int] = None
     env: Dict[str, str] = field(default_factory=dict)
     teardown: Dict[str, object] = field(default_factory=dict)  # survivors reaped, ports released, stacks dumped
+    clock: Dict[str, float] = field(default_factory=dict)  # epoch seconds: popen, exited (launcher gone), done (torn down)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,13 +96,15 @@ def run_ranks(spec: JobConfig, job_dir: Path, device: str, visible: Optional[str
     token = teardown.new_token()
     env = {**os.environ, **extra, teardown.TOKEN_ENV: token}
     log = open(Path(job_dir) / "launcher.log", "ab")
-    t0 = time.perf_counter()
+    t0, popen = time.perf_counter(), time.time()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                             cwd=str(job_dir))
     timed_out, report = False, {"token": token}
     try:
         proc.wait(timeout=spec.timeout_s)
+        exited = time.time()
     except subprocess.TimeoutExpired:
+        exited = None
         timed_out = True
         report["stacks_dumped"] = teardown.dump_stacks(token)
         report["ports"] = teardown.listening_ports(teardown.job_processes(token))
@@ -113,4 +116,4 @@ def run_ranks(spec: JobConfig, job_dir: Path, device: str, visible: Optional[str
         report["shm_removed"] = teardown.release_shm(job_dir)
         log.close()
     return LaunchOutcome(cmd, None if timed_out else proc.returncode, timed_out, time.perf_counter() - t0, port, extra,
-                         report)
+                         report, {"popen": popen, "exited": exited, "done": time.time()})

@@ -29,6 +29,9 @@ def per_node(tp: int, nodes: int) -> int:
 
 def validate_nodes(spec: JobConfig) -> None:
     nodes = spec.launcher.nodes
+    if nodes > 1 and spec.launcher.pack:
+        raise ConfigError(f"launcher.pack=true shares out the GPUs of this machine; a job over launcher.nodes={nodes} "
+                          "nodes gets its nodes from the cluster: set launcher.pack=false")
     if nodes > 1 and spec.tp % nodes:
         raise ConfigError(f"tp={spec.tp} does not split evenly over launcher.nodes={nodes}; "
                           f"choose tp as a multiple of {nodes}")

@@ -30,7 +30,10 @@ def validate_sweep(config: DictConfig) -> List[Tuple[List[str], str]]:
         try:
             job_cfg = compose(config_name=config.hydra.job.config_name, overrides=hydra_overrides + combo,
                               return_hydra_config=True)
-            validate(to_schema(job_cfg), requested_gpus(job_cfg))
+            spec = validate(to_schema(job_cfg), requested_gpus(job_cfg))
+            if spec.launcher.pack and requested_gpus(job_cfg) is not None:
+                raise ConfigError("launcher.pack=true shares out the GPUs of this machine; with a SLURM launcher "
+                                  "SLURM gives every job its own: set launcher.pack=false")
         except (ConfigError, HydraException) as e:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             if isinstance(e, MissingConfigException) and e.options:

@@ -140,31 +140,32 @@ def release_shm(job_dir: Path) -> List[str]:
     return sorted(removed)
 
 
-def gpu_used() -> Optional[List[int]]:
-    """Used bytes per physical GPU (NVML), or None without a driver."""
+def gpu_used(indices: Optional[List[int]] = None) -> Optional[List[int]]:
+    """Used bytes per physical GPU (NVML; only `indices` if given: a packed job's own), or None without a driver."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
         try:
             return [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used)
-                    for i in range(pynvml.nvmlDeviceGetCount())]
+                    for i in (range(pynvml.nvmlDeviceGetCount()) if indices is None else indices)]
         finally:
             pynvml.nvmlShutdown()
     except Exception:
         return None
 
 
-def wait_gpu_baseline(before: Optional[List[int]], timeout_s: float = 30.0) -> Dict[str, Any]:
-    """Wait until every GPU is back within GPU_TOLERANCE of its pre-job usage (the driver frees a dead
-    process's memory asynchronously); record the figures either way."""
+def wait_gpu_baseline(before: Optional[List[int]], timeout_s: float = 30.0,
+                      indices: Optional[List[int]] = None) -> Dict[str, Any]:
+    """Wait until every GPU (of `indices`, if given) is back within GPU_TOLERANCE of its pre-job usage (the driver
+    frees a dead process's memory asynchronously); record the figures either way."""
     t0 = time.monotonic()
-    after = gpu_used()
+    after = gpu_used(indices)
     while after is not None and before is not None and time.monotonic() - t0 < timeout_s:
         if all(a <= b + GPU_TOLERANCE for a, b in zip(after, before)):
             break
         time.sleep(0.5)
-        after = gpu_used()
+        after = gpu_used(indices)
     back = None if after is None or before is None else all(a <= b + GPU_TOLERANCE for a, b in zip(after, before))
     return {"gpu_used_before": before, "gpu_used_after": after, "gpu_back_to_baseline": back,
             "gpu_wait_s": round(time.monotonic() - t0, 2)}

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, TypeVar
 
+from dsexp.packing import node_shared
+
 T = TypeVar("T")
 _READY_STORES: set = set()
 
@@ -145,6 +147,8 @@ class Tracker:
             tags["dsexp.error"] = str(failure.get("message"))[:4000]
         if parent_id:
             tags["mlflow.parentRunId"] = parent_id
+        if node_shared(result):  # packed with other jobs: node-wide figures are theirs too
+            tags["dsexp.node_shared"] = "true"
         run = retry(lambda: self.client.create_run(self.experiment_id, run_name=run_name, tags=tags))
         rid = run.info.run_id
         self.log_params(rid, flatten(result.get("config", {})))
@@ -255,4 +259,5 @@ def track_job(result: Dict[str, Any], job_dir: Path, sweep_dir: Optional[Path], 
                     tracker.client.set_tag(earlier["run_id"], "dsexp.superseded_by", rid)
     except Exception as e:
         result["tracking"] = {"uri": uri, "experiment": experiment, "error": f"{type(e).__name__}: {e}"[:2000]}
+    result.setdefault("clock", {})["tracked"] = time.time()
     write_json_atomic(Path(job_dir) / "result.json", result)

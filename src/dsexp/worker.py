@@ -44,15 +44,21 @@ def _redirect_output(log: Path) -> None:
     faulthandler.register(signal.SIGTERM, file=_TERMINATED, all_threads=True, chain=True)
 
 
-def _start_distributed(ctx: RankContext, rec: PhaseRecorder) -> None:
+def _start_distributed(ctx: RankContext, rec: PhaseRecorder) -> dict:
+    """Import torch and DeepSpeed, take the device, join the process group; return how long each part took."""
     import deepspeed
     import torch
 
+    t1 = time.perf_counter()
     if ctx.runtime.get("device") == "cuda":
         torch.cuda.set_device(ctx.local_rank)
         ctx.device = f"cuda:{ctx.local_rank}"
         rec.attach_cuda(ctx.local_rank)
+    t2 = time.perf_counter()
     deepspeed.init_distributed(dist_backend="nccl" if ctx.on_gpu else "gloo", verbose=False)
+    if ctx.world_size > 1:
+        rec.align = torch.distributed.barrier  # every later phase starts on all ranks together
+    return {"imports_s": t1 - T_PROCESS, "device_s": t2 - t1, "rendezvous_s": time.perf_counter() - t2}
 
 
 def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
@@ -130,7 +136,8 @@ def main(argv=None) -> int:
     try:
         with rec.phase("start", t0=T_PROCESS):
             maybe_inject(spec.fault, rank, "start", job_dir)
-            _start_distributed(ctx, rec)
+            startup = _start_distributed(ctx, rec)
+        rec.annotate_phase("start", **startup)
         run_rank(ctx, rec)
     except BaseException as e:  # recorded by the phase; the job classifies it
         if rec.record["error"] is None:
@@ -146,4 +153,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is written (rank file, logits, log): skip the interpreter's finalisation, which takes about
+    # a second with torch and DeepSpeed loaded and would add that much to every job (`make bench`).
+    os._exit(code)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from dsexp.packing import node_shared
+
 MIB, GIB = 2**20, 2**30
 
 
@@ -77,6 +79,9 @@ def start_anon(result: Dict[str, Any]) -> List[int]:
 
 
 def headline(result: Dict[str, Any], name: str) -> Optional[float]:
+    """A headline figure; None for a node-wide one that other jobs packed beside this one shared."""
+    if name.startswith("node_") and node_shared(result):
+        return None
     return (result.get("headline") or {}).get(name)
 
 

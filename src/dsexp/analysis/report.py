@@ -182,7 +182,8 @@ def sections(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path
             "- weights per GPU/rank: parameter + buffer bytes on the rank's compute device after init (census).",
             "- predicted: the memory model from the model's config alone (dsexp.analysis.memory); the floor adds "
             "the KV cache for prompt + generated tokens and the device memory in use after the `start` phase.",
-            "- host peak / rank: RSS peak of one rank process; node host peak: total - available memory of the machine.",
+            "- host peak / rank: RSS peak of one rank process; node host peak: total - available memory of the machine "
+            "(left out, `-`, for jobs packed with other jobs: `launcher.pack=true`).",
             "- tp values not run: the memory model at that tp, calibrated on the largest tp that was measured.", ""]}
     return {name: "\n".join(lines) for name, lines in parts.items()}
 

@@ -6,6 +6,10 @@ failure is an exception). While a phase runs, a small live file (`rank{N}.live.j
 about twice a second with the phase's peaks so far and a timestamp: after a hard death (SIGKILL,
 os._exit, the OOM killer) it holds the partial measurement of the phase the rank died in and
 when it was last alive.
+
+Timeline times are seconds after `clock.t0` (epoch seconds: the worker's first line ran then); `clock.created`
+is when the process was created and `clock.finished` when the record was complete, so the job can place a
+rank's start-up and exit on its own clock.
 """
 from __future__ import annotations
 
@@ -15,7 +19,9 @@ import socket
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
+
+import psutil
 
 from dsexp.probes import gpu as gpu_probe
 from dsexp.probes.host import host_snapshot
@@ -29,17 +35,22 @@ class PhaseRecorder:
         self.path = rank_file(job_dir, rank)
         self.live_path = live_file(job_dir, rank)
         self.current: Optional[tuple] = None  # (phase name, its perf_counter start)
+        self.align: Optional[Callable[[], None]] = None  # once the process group is up: a barrier over all ranks
+        self._waited: Optional[float] = None
         self.t_process = t_process
         self.cuda_index: Optional[int] = None
         self.nvml = None
         self.opts = {"see_memory_usage": see_memory_usage, "nvidia_smi": nvidia_smi}
-        self.sampler = PeakSampler(sample_ms / 1000.0, beat=self._beat).start()
+        self.sampler = PeakSampler(sample_ms / 1000.0, beat=self._beat)
+        if sample_ms > 0:  # 0: no background thread (peaks are the phase-end readings)
+            self.sampler.start()
         self.record: Dict[str, Any] = {
             "rank": rank, "local_rank": local_rank, "world_size": world_size, "pid": os.getpid(),
             "hostname": socket.gethostname(), "device": "cpu", "status": "running",
             "phases": {}, "timeline": [], "error": None,
             # the rendezvous endpoint names DeepSpeed's CPU shared-memory segments (the job removes them)
             "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+            "clock": {"t0": time.time() - (time.perf_counter() - t_process), "created": psutil.Process().create_time()},
         }
         self.flush()
 
@@ -57,8 +68,7 @@ class PhaseRecorder:
         if self.cuda_index is not None:
             gpu_probe.reset_torch_peaks(self.cuda_index)
         if t0 is None:
-            self.sampler.take()  # discard the gap between phases
-            t0 = time.perf_counter()
+            t0 = self._enter(name)
         self.current = (name, t0)
         self._beat(self.sampler.peek(), dict(self.sampler.last))  # a rank killed right away still shows the phase
         try:
@@ -69,9 +79,29 @@ class PhaseRecorder:
         else:
             self._end(name, t0)
 
+    def _enter(self, name: str) -> float:
+        """A phase's start: wait for every rank (`align`), close the gap's peak window; return the phase's t0.
+
+        Without the wait, a rank that finished the previous phase first would count, in its next phase, the time
+        the others still spent on theirs and on their probes (DeepSpeed's see_memory_usage runs gc.collect on
+        rank 0 only): its first collective waits for them."""
+        if self.align is not None:
+            self.current = (name, time.perf_counter())
+            t = time.perf_counter()
+            try:
+                self.align()
+            except BaseException as e:
+                self._end(name, t, error=e)
+                raise
+            self._waited = time.perf_counter() - t
+        self.sampler.take()  # discard the gap between phases
+        return time.perf_counter()
+
     def _end(self, name: str, t0: float, error: Optional[BaseException] = None) -> None:
         t1 = time.perf_counter()
         phase: Dict[str, Any] = {"wall_s": t1 - t0, "peaks": self.sampler.take(), "host": host_snapshot()}
+        if self._waited is not None:
+            phase["wait_s"], self._waited = self._waited, None
         if self.cuda_index is not None:
             with contextlib.suppress(Exception):
                 phase["gpu"] = gpu_probe.torch_snapshot(self.cuda_index)
@@ -114,6 +144,7 @@ class PhaseRecorder:
                                   "period_s": self.sampler.period_s}
         if self.record["status"] == "running":
             self.record["status"] = "ok"
+        self.record["clock"]["finished"] = time.time()
         self.flush()
 
     def flush(self) -> None:

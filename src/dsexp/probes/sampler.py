@@ -1,9 +1,11 @@
 """Background peak sampler: the highest host and NVML figures reached between two phase snapshots.
 
 A daemon thread reads /proc (and NVML when there is a GPU) every `period_s`; `take()` returns the
-peaks since the previous `take()` and starts a new window. Reads are a few microseconds each, and
-the thread sleeps between them, so it costs well under 1% of a core (benchmarks/ measures it).
-An optional `beat` callback gets the running window's peaks every `beat_s` (the rank's live file).
+peaks since the previous `take()` and starts a new window. A reading is two `pread`s of files held
+open, and the thread sleeps between readings, so it costs well under 1% of a core (`make bench`
+measures it). An optional `beat` callback gets the running window's peaks every `beat_s` (the
+rank's live file). Without `start()` there is no thread: each window's peak is the reading `take()`
+makes at its end (`probe.sample_ms=0`, for measuring what the sampler itself costs).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import threading
 import time
 from typing import Callable, Dict, Optional
 
-from dsexp.probes.host import node_used, status_rss
+from dsexp.probes.host import ProcFiles
 
 
 class PeakSampler:
@@ -27,10 +29,10 @@ class PeakSampler:
         self._thread: Optional[threading.Thread] = None
         self.samples = 0
         self.cpu_s = 0.0
+        self._proc = ProcFiles()
 
     def _read(self) -> Dict[str, int]:
-        vals = status_rss()
-        vals["node_used"] = node_used()
+        vals = self._proc.read()
         if self.nvml is not None:
             used, proc = self.nvml.used(), self.nvml.process_used()
             if used is not None:
@@ -80,7 +82,10 @@ class PeakSampler:
         return {f"{k}_peak": v for k, v in peaks.items()}
 
     def stop(self) -> None:
+        """End the thread (no further `take()`)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=1.0)
+        if self._thread is None or not self._thread.is_alive():
+            self._proc.close()
 
