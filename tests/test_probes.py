@@ -93,3 +93,25 @@ def test_weight_census_counts_params_buffers_and_meta():
     assert c["param_bytes"]["meta"] == (8 * 2 + 2) * 4
     assert c["on_meta"] == ["2.weight", "2.bias"]
     assert resident_bytes(c, "cpu") == c["param_bytes"]["cpu"] + 40
+
+
+def test_sampler_reads_nvml_per_process_figure_sparingly_but_at_every_window_end():
+    from dsexp.probes.sampler import PROCESS_EVERY
+
+    class FakeNvml:
+        process_reads = 0
+
+        def used(self):
+            return 7
+
+        def process_used(self):
+            self.process_reads += 1
+            return 3
+
+    nvml = FakeNvml()
+    s = PeakSampler(nvml=nvml)
+    for _ in range(2 * PROCESS_EVERY):
+        s.sample()
+    assert nvml.process_reads == 2
+    assert s.take()["nvml_process_used_peak"] == 3 and nvml.process_reads == 3
+    s.stop()

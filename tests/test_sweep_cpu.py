@@ -70,3 +70,32 @@ def test_result_json_is_self_contained(sweep):
     for res in sweep_results(sweep_dir):
         assert res["tracking"]["run_id"] and res["key"] and res["config"]["model"]["name"] == "tiny"
         assert Path(res["job_dir"], "job.json").is_file()
+
+
+def test_cache_use_is_recorded_per_job_and_counted_at_the_end(sweep):
+    _, sweep_dir, proc = sweep
+    uses = [res["runtime"]["cache"] for res in sweep_results(sweep_dir)]
+    assert all(u["checkpoint"] in ("hit", "miss") and u["reference"] in ("hit", "miss") and u["split"] == "none"
+               for u in uses)
+    assert uses[1] == {"checkpoint": "hit", "reference": "hit", "split": "none"}  # computed once, by job 0 at most
+    hits = sum(u["reference"] == "hit" for u in uses)
+    assert f"reference {hits} hit{'s' * (hits != 1)} / {2 - hits} computed" in proc.stdout
+
+
+def test_job_and_rank_clocks_split_the_wall_time(sweep):
+    from dsexp.analysis.overhead import SEGMENTS, breakdown
+
+    _, sweep_dir, _ = sweep
+    first, second = sweep_results(sweep_dir)
+    c, launch, rk = second["clock"], second["launch"]["clock"], second["ranks"][1]
+    assert c["task"] <= c["started"] <= launch["popen"] <= rk["clock"]["created"] <= rk["clock"]["t0"]
+    assert rk["clock"]["t0"] + rk["timeline"][-1]["t1"] <= rk["clock"]["finished"] <= launch["exited"]
+    assert launch["exited"] <= launch["done"] <= c["ended"] <= c["tracked"]
+    start = rk["phases"]["start"]
+    assert 0 < start["imports_s"] < start["wall_s"] and start["rendezvous_s"] > 0
+    assert "wait_s" in rk["phases"]["init"]  # tp=2: each phase starts on both ranks together
+    b = breakdown(second, previous=first)
+    parts = [b[name] for name, *_ in SEGMENTS] + [b["hydra"]]
+    assert all(p > -0.05 for p in parts), b  # consecutive marks: no segment runs backwards
+    assert sum(parts) == pytest.approx(b["total"]) and b["total"] == pytest.approx(c["tracked"] - first["clock"]["tracked"])
+    assert b["rank_work"] == pytest.approx(sum(rk["phases"][p]["wall_s"] for p in ("load", "init", "generate")), rel=0.2)

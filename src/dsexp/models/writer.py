@@ -30,6 +30,7 @@ class WriteStats:
     bytes: int = 0
     seconds: float = 0.0
     cache_hit: bool = True
+    weights_s: float = 0.0  # of seconds: drawing and writing the weights (not building the model skeleton)
 
 
 def checkpoint_key(arch: str, dims: Dict[str, Any], dtype: str, fmt: str, seed: int, shard_mb: float) -> str:
@@ -55,12 +56,12 @@ def ensure_checkpoint(cache_dir: str, name: str, arch: str, dims: Dict[str, Any]
         tmp = final.with_name(final.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         t0 = time.perf_counter()
-        nbytes = write_checkpoint(tmp, arch, dict(dims), dtype, fmt, seed, shard_mb)
+        nbytes, weights_s = write_checkpoint(tmp, arch, dict(dims), dtype, fmt, seed, shard_mb)
         secs = time.perf_counter() - t0
-        (tmp / DONE_MARK).write_text(json.dumps({"bytes": nbytes, "seconds": secs, "key": key}))
+        (tmp / DONE_MARK).write_text(json.dumps({"bytes": nbytes, "seconds": secs, "weights_s": weights_s, "key": key}))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        return WriteStats(final, nbytes, secs, cache_hit=False)
+        return WriteStats(final, nbytes, secs, cache_hit=False, weights_s=weights_s)
 
 
 def meta_model(arch: str, dims: Dict[str, Any], dtype: str):
@@ -93,8 +94,9 @@ def _model_class(arch: str, cfg):
 
 
 def write_checkpoint(folder: Path, arch: str, dims: Dict[str, Any], dtype: str, fmt: str, seed: int,
-                     shard_mb: int) -> int:
-    """Write config.json and the weight shards (+ index) into folder; return bytes of weights."""
+                     shard_mb: int) -> Tuple[int, float]:
+    """Write config.json and the weight shards (+ index) into folder; return bytes of weights and the seconds
+    spent drawing and writing them."""
     folder.mkdir(parents=True)
     cfg, specs = tensor_specs(arch, dims, dtype)
     if ARCHS[arch].remote_code:
@@ -104,6 +106,7 @@ def write_checkpoint(folder: Path, arch: str, dims: Dict[str, Any], dtype: str, 
     cfg.save_pretrained(folder)
     shards = list(_plan_shards(specs, torch_dtype(dtype).itemsize, shard_mb))
     n = len(shards)
+    t0 = time.perf_counter()
     weight_map, total, pending = {}, 0, []
     # Draw shard i+1 while shard i is written: generation (GPU if present) and disk overlap.
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -121,7 +124,7 @@ def write_checkpoint(folder: Path, arch: str, dims: Dict[str, Any], dtype: str, 
             fut.result()
     index = "model.safetensors.index.json" if fmt == "safetensors" else "pytorch_model.bin.index.json"
     (folder / index).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
-    return total
+    return total, time.perf_counter() - t0
 
 
 def _plan_shards(specs, itemsize: int, shard_mb: int) -> Iterator[list]:
@@ -186,7 +189,8 @@ def main(argv=None) -> int:
     """
     kwargs = json.loads((sys.argv[1:] if argv is None else argv)[0])
     st = ensure_checkpoint(**kwargs)
-    print(json.dumps({"path": str(st.path), "bytes": st.bytes, "seconds": st.seconds, "cache_hit": st.cache_hit}))
+    print(json.dumps({"path": str(st.path), "bytes": st.bytes, "seconds": st.seconds, "weights_s": st.weights_s,
+                      "cache_hit": st.cache_hit}))
     return 0
 
 

@@ -4,8 +4,10 @@ A daemon thread reads /proc (and NVML when there is a GPU) every `period_s`; `ta
 peaks since the previous `take()` and starts a new window. A reading is two `pread`s of files held
 open, and the thread sleeps between readings, so it costs well under 1% of a core (`make bench`
 measures it). An optional `beat` callback gets the running window's peaks every `beat_s` (the
-rank's live file). Without `start()` there is no thread: each window's peak is the reading `take()`
-makes at its end (`probe.sample_ms=0`, for measuring what the sampler itself costs).
+rank's live file). NVML's per-process figure is read every PROCESS_EVERY readings and at every
+`take()` (its query lists every process on the device); the device figure every time. Without
+`start()` there is no thread: each window's peak is the reading `take()` makes at its end
+(`probe.sample_ms=0`, for measuring what the sampler itself costs).
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import time
 from typing import Callable, Dict, Optional
 
 from dsexp.probes.host import ProcFiles
+
+PROCESS_EVERY = 5  # readings per NVML per-process reading
 
 
 class PeakSampler:
@@ -31,18 +35,20 @@ class PeakSampler:
         self.cpu_s = 0.0
         self._proc = ProcFiles()
 
-    def _read(self) -> Dict[str, int]:
+    def _read(self, full: bool) -> Dict[str, int]:
         vals = self._proc.read()
         if self.nvml is not None:
-            used, proc = self.nvml.used(), self.nvml.process_used()
+            used = self.nvml.used()
             if used is not None:
                 vals["nvml_device_used"] = used
+            # The process list is NVML's slowest query; the device figure (the headline peak) is read every time.
+            proc = self.nvml.process_used() if full or self.samples % PROCESS_EVERY == 0 else None
             if proc is not None:
                 vals["nvml_process_used"] = proc
         return vals
 
-    def sample(self) -> None:
-        vals = self._read()
+    def sample(self, full: bool = False) -> None:
+        vals = self._read(full)
         self.last = vals
         with self._lock:
             for k, v in vals.items():
@@ -75,8 +81,8 @@ class PeakSampler:
             return {f"{k}_peak": v for k, v in self._peaks.items()}
 
     def take(self) -> Dict[str, int]:
-        """Peaks of the window just ended (including a final read now); opens a new window."""
-        self.sample()
+        """Peaks of the window just ended (including a final, full read now); opens a new window."""
+        self.sample(full=True)
         with self._lock:
             peaks, self._peaks = self._peaks, {}
         return {f"{k}_peak": v for k, v in peaks.items()}

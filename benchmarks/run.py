@@ -1,0 +1,310 @@
+"""`make bench`: how fast dsexp itself is on this machine, and how much it disturbs what it measures.
+
+    python benchmarks/run.py [--machine NAME] [--only imports,writer,overhead,sampler] [--big] [--pairs N]
+
+Writes results/<machine>/bench.json and bench.md (machine: `cpu`, or e.g. `h200x2` from NVML). A run
+with --only updates those sections and keeps the others. Not a test: timings on a shared machine are
+noisy, so nothing is asserted; each figure is set against its target and a gap is stated as such.
+
+- imports: a rank's start-up, as fresh interpreters importing what a rank imports, step by step.
+- writer: the random-weight checkpoint writer (`python -m dsexp.models.writer`, as jobs run it) into an
+  empty cache: GB/s of weights drawn and written (GB = 1e9 bytes), also counting the flush to disk
+  (`sync`) after it; building the model skeleton on meta (imports included) is reported apart.
+  Presets tiny and small; --big adds internlm2_20b_shapes (~40 GB: GPU machine).
+- overhead: a warm-up job fills the caches, then a 4-job sweep (tp=1,2 x 2) runs under Hydra's basic
+  launcher; each job's wall time is split by dsexp.analysis.overhead (the ranks' own work, and every
+  step around it). The first job of a sweep process pays one-time imports and is reported apart.
+- sampler: paired jobs (`model=small`), each pair run back to back with the peak sampler at its
+  default period and with it off (`probe.sample_ms=0`); the on/off ratio of each phase's wall time,
+  and the CPU share of the sampler thread (its `cpu_s` over the rank's lifetime).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from dsexp.analysis.overhead import DESCRIPTIONS, NOT_DSEXP, SEGMENTS, breakdown  # noqa: E402
+
+SECTIONS = ("imports", "writer", "overhead", "sampler")
+TARGETS = {"overhead_s": 3.0, "sampler_core_pct": 1.0, "writer_gbps_gpu": 1.0}
+IMPORT_STEPS = (("interpreter", "pass"), ("dsexp.worker", "import dsexp.worker"),
+                ("+ torch", "import dsexp.worker, torch"), ("+ deepspeed", "import dsexp.worker, torch, deepspeed"),
+                ("+ transformers (imported in the load phase)", "import dsexp.worker, torch, deepspeed, transformers"))
+
+
+def machine_name() -> str:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0)) if n else ""
+    except Exception:
+        return "cpu"
+    name = name.decode() if isinstance(name, bytes) else name
+    model = re.search(r"\b([A-Z]\d{2,3}[A-Z]*)\b", name or "")
+    return f"{(model.group(1) if model else 'gpu').lower()}x{n}" if n else "cpu"
+
+
+def on_gpu(machine: str) -> bool:
+    return machine != "cpu"
+
+
+def dsexp(args: List[str], workdir: Path, log: Path) -> None:
+    """`python -m dsexp ARGS` in workdir; output to log; raise with its tail on failure."""
+    with open(log, "w") as f:
+        proc = subprocess.run([sys.executable, "-m", "dsexp", *args], cwd=workdir, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        raise RuntimeError(f"dsexp {' '.join(args)} failed ({proc.returncode}):\n{log.read_text()[-3000:]}")
+
+
+def results(sweep: Path) -> List[Dict[str, Any]]:
+    paths = sorted(sweep.glob("*/result.json"), key=lambda p: int(p.parent.name))
+    out = [json.loads(p.read_text()) for p in paths]
+    bad = [r["job_dir"] for r in out if r["status"] != "ok"]
+    if bad:
+        raise RuntimeError(f"jobs failed: {bad}")
+    return out
+
+
+def compose(model: str) -> Dict[str, Any]:
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = hcompose("config", overrides=[f"model={model}"])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+# --- sections ---------------------------------------------------------------------------------------
+
+def bench_imports(machine: str, repeats: int = 3) -> Dict[str, Any]:
+    env = {**os.environ, "DS_ACCELERATOR": "cuda" if on_gpu(machine) else "cpu"}
+    steps = []
+    for label, code in IMPORT_STEPS:
+        walls = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+            walls.append(time.perf_counter() - t)
+        steps.append({"step": label, "code": code, "wall_s": statistics.median(walls), "runs": walls})
+        print(f"imports: {label}: {steps[-1]['wall_s']:.2f} s")
+    return {"steps": steps, "note": "fresh interpreter, wall time to exit (median of %d)" % repeats}
+
+
+def bench_writer(models: List[str]) -> Dict[str, Any]:
+    rows = []
+    for name in models:
+        m = compose(name)["model"]
+        with tempfile.TemporaryDirectory(prefix="dsexp-writer-") as cache:
+            args = dict(cache_dir=cache, name=m["name"], arch=m["arch"], dims=m["dims"], dtype=m["dtype"],
+                        fmt="safetensors", seed=m["seed"], shard_mb=m["shard_mb"])
+            t = time.perf_counter()
+            out = subprocess.run([sys.executable, "-m", "dsexp.models.writer", json.dumps(args)], check=True,
+                                 capture_output=True, text=True).stdout
+            process_s = time.perf_counter() - t
+            t = time.perf_counter()
+            os.sync()
+            sync_s = time.perf_counter() - t
+        st = json.loads(out.strip().splitlines()[-1])
+        rows.append({"model": name, "bytes": st["bytes"], "write_s": st["seconds"], "weights_s": st["weights_s"],
+                     "sync_s": sync_s, "process_s": process_s, "gbps": st["bytes"] / 1e9 / st["weights_s"],
+                     "gbps_with_sync": st["bytes"] / 1e9 / (st["weights_s"] + sync_s)})
+        print(f"writer: {name}: {st['bytes'] / 1e9:.3f} GB of weights in {st['weights_s']:.2f} s = "
+              f"{rows[-1]['gbps']:.2f} GB/s (+ sync {sync_s:.2f} s)")
+    return {"rows": rows}
+
+
+def _summary(values: List[float]) -> Dict[str, float]:
+    return {"mean": statistics.mean(values), "min": min(values), "max": max(values)} if values else {}
+
+
+def bench_overhead(workdir: Path, model: str = "tiny") -> Dict[str, Any]:
+    dsexp(["-m", f"model={model}", "tp=1", "variant=warmup", "hydra.sweep.dir=multirun/warmup"], workdir,
+          workdir / "warmup.log")
+    t0 = time.time()
+    dsexp(["-m", f"model={model}", "tp=1,2", "variant=o1,o2", "hydra.sweep.dir=multirun/overhead"], workdir,
+          workdir / "overhead.log")
+    t1 = time.time()
+    jobs = results(workdir / "multirun" / "overhead")
+    rows = []
+    for i, res in enumerate(jobs):
+        b = breakdown(res, jobs[i - 1] if i else None)
+        rows.append({"job": i, "tp": res["config"]["tp"], "cache": res["runtime"].get("cache"), **b})
+    steady = rows[1:]
+    return {
+        "setup": f"model={model}, sweep tp=1,2 x variant=o1,o2 (4 jobs), basic launcher, caches warm",
+        "jobs": rows,
+        "steady": {k: _summary([r[k] for r in steady if k in r]) for k in rows[-1] if k not in ("job", "tp", "cache")},
+        "first_job_extra_s": rows[0]["overhead_dsexp"] - statistics.mean(r["overhead_dsexp"] - r.get("hydra", 0)
+                                                                          for r in steady),
+        "sweep_start_s": jobs[0]["clock"]["task"] - t0, "sweep_end_s": t1 - jobs[-1]["clock"]["tracked"],
+        "sweep_wall_s": t1 - t0,
+    }
+
+
+def bench_sampler(workdir: Path, pairs: int, model: str = "small") -> Dict[str, Any]:
+    period = compose(model)["probe"]["sample_ms"]
+    dsexp(["-m", f"model={model}", "tp=1", "variant=warmup", "hydra.sweep.dir=multirun/sampler_warmup"], workdir,
+          workdir / "sampler_warmup.log")
+    variants = ",".join(f"s{i}" for i in range(1, pairs + 1))
+    dsexp(["-m", f"model={model}", "tp=1", f"variant={variants}", f"probe.sample_ms={period:g},0",
+           "hydra.sweep.dir=multirun/sampler"], workdir, workdir / "sampler.log")
+    jobs = results(workdir / "multirun" / "sampler")
+    ratios: Dict[str, List[float]] = {p: [] for p in ("load", "init", "generate", "work")}
+    shares, per_sample, rate = [], [], []
+    for on, off in zip(jobs[0::2], jobs[1::2]):
+        assert on["config"]["probe"]["sample_ms"] > 0 == off["config"]["probe"]["sample_ms"]
+        w_on, w_off = (r["ranks"][0]["phases"] for r in (on, off))
+        for p in ("load", "init", "generate"):
+            ratios[p].append(w_on[p]["wall_s"] / w_off[p]["wall_s"])
+        work = [sum(w[p]["wall_s"] for p in ("load", "init", "generate")) for w in (w_on, w_off)]
+        ratios["work"].append(work[0] / work[1])
+        for rk in on["ranks"]:
+            life = rk["clock"]["finished"] - rk["clock"]["t0"]
+            s = rk["sampler"]
+            shares.append(100 * s["cpu_s"] / life)
+            per_sample.append(1e6 * s["cpu_s"] / s["samples"])
+            rate.append(s["samples"] / life)
+    shift = {p: {**_summary(v), "median": statistics.median(v), "pairs": v,
+                 "within_noise": min(v) <= 1 <= max(v) or abs(statistics.median(v) - 1) < 0.01}
+             for p, v in ratios.items()}
+    return {"setup": f"model={model} tp=1, {pairs} pairs, probe.sample_ms={period:g} vs 0, back to back",
+            "period_ms": period, "core_pct": _summary(shares), "us_per_sample": _summary(per_sample),
+            "samples_per_s": _summary(rate), "expected_samples_per_s": 1000 / period, "ratio_on_off": shift}
+
+
+# --- report --------------------------------------------------------------------------------------
+
+def _row(cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _table(head: List[str], rows: List[List[Any]]) -> List[str]:
+    return [_row(head), _row(["---"] * len(head)), *map(_row, rows), ""]
+
+
+def render(data: Dict[str, Any]) -> str:
+    gpu = on_gpu(data["machine"])
+    out = [f"# dsexp's own speed on `{data['machine']}`", "",
+           f"{data['time']} · {data['host']['cpus']} CPUs · {data['host']['mem_gib']:.0f} GiB · "
+           f"Python {data['host']['python']} · generated by `make bench` (benchmarks/run.py); numbers from one "
+           "run on a possibly shared machine, so expect noise of several percent.", ""]
+    ov = data.get("overhead")
+    if ov:
+        st = ov["steady"]
+        own, total = st["overhead_dsexp"]["mean"], st["overhead"]["mean"]
+        out += ["## Per-job overhead", "", f"Setup: {ov['setup']}. Mean of jobs 2-4 (seconds); job 1 is in the "
+                "JSON. Segments follow one another, so they add up to the job's wall time.", ""]
+        names = ["hydra"] + [n for n, *_ in SEGMENTS]
+        desc = {"hydra": "Hydra between jobs: composing the next job's config, its folder and logging", **DESCRIPTIONS}
+        out += _table(["segment", "s (mean)", "min", "max", "what"],
+                      [[n + (" (ranks' own work)" if n == "rank_work" else ""), f"{st[n]['mean']:.2f}",
+                        f"{st[n]['min']:.2f}", f"{st[n]['max']:.2f}", desc[n]] for n in names if st.get(n)])
+        verdict = "met" if own <= TARGETS["overhead_s"] else f"NOT met (gap {own - TARGETS['overhead_s']:.1f} s)"
+        out += [f"- wall time per job {st['total']['mean']:.2f} s, of which the ranks' own work "
+                f"{st['rank_work']['mean']:.2f} s: overhead **{total:.2f} s**.",
+                f"- overhead dsexp adds (all but {', '.join(NOT_DSEXP)}, which any torchrun + DeepSpeed job pays): "
+                f"**{own:.2f} s** -> target <= {TARGETS['overhead_s']:.0f} s a job: {verdict}.",
+                f"- the whole overhead incl. rank start-up: {'met' if total <= TARGETS['overhead_s'] else 'not met'}; "
+                f"rank start-up (a fresh interpreter importing torch and DeepSpeed) alone is "
+                f"{st['rank_startup']['mean']:.2f} s, see Imports.",
+                f"- once per sweep: start {ov['sweep_start_s']:.1f} s (interpreter, Hydra, validating every job, "
+                f"MLflow parent run), end {ov['sweep_end_s']:.1f} s (table, report and plots); the first job of a sweep "
+                f"process pays {ov['first_job_extra_s']:.1f} s more (torch and MLflow imported in the Hydra process).",
+                ""]
+    sp = data.get("sampler")
+    if sp:
+        cpu = sp["core_pct"]
+        out += ["## Peak sampler", "", f"Setup: {sp['setup']}.", "",
+                f"- CPU of the sampler thread: **{cpu['mean']:.2f}% of one core** (min {cpu['min']:.2f}, max "
+                f"{cpu['max']:.2f}) at {sp['period_ms']:g} ms; {sp['us_per_sample']['mean']:.0f} us a reading; "
+                f"{sp['samples_per_s']['mean']:.0f} readings/s (period allows {sp['expected_samples_per_s']:.0f}). "
+                f"Target <= {TARGETS['sampler_core_pct']:g}%: "
+                f"{'met' if cpu['max'] <= TARGETS['sampler_core_pct'] else 'NOT met'}.", ""]
+        out += _table(["phase", "on/off median", "min", "max", "pairs", "shift"],
+                      [[p, f"{r['median']:.3f}", f"{r['min']:.3f}", f"{r['max']:.3f}",
+                        ", ".join(f"{x:.3f}" for x in r["pairs"]), "within noise" if r["within_noise"] else "measurable"]
+                       for p, r in sp["ratio_on_off"].items()])
+    wr = data.get("writer")
+    if wr:
+        out += ["## Checkpoint writer", "", "`python -m dsexp.models.writer` into an empty cache, as a job runs it. "
+                "weights s: drawing and writing the weight shards (GB/s = 1e9 bytes of weights / that); skeleton s: "
+                "building the model on meta first (imports included); `+ sync`: also waiting for the page cache to "
+                "reach the disk; process s: the writer process from start to exit.", ""]
+        out += _table(["model", "GB", "weights s", "GB/s", "sync s", "GB/s + sync", "skeleton s", "process s"],
+                      [[r["model"], f"{r['bytes'] / 1e9:.3f}", f"{r['weights_s']:.2f}", f"{r['gbps']:.2f}",
+                        f"{r['sync_s']:.2f}", f"{r['gbps_with_sync']:.2f}", f"{r['write_s'] - r['weights_s']:.2f}",
+                        f"{r['process_s']:.1f}"] for r in wr["rows"]])
+        best = max(r["gbps"] for r in wr["rows"])
+        out += [f"Target >= {TARGETS['writer_gbps_gpu']:g} GB/s on the GPU machine: "
+                + (("met" if best >= TARGETS["writer_gbps_gpu"] else "NOT met") + f" (best {best:.2f} GB/s)." if gpu
+                   else "applies to the GPU machine (here the weights are drawn on 2 CPU cores)."), ""]
+    im = data.get("imports")
+    if im:
+        out += ["## Imports (a rank's start-up)", "", im["note"] + ".", ""]
+        out += _table(["step", "s", "added"], [[s["step"], f"{s['wall_s']:.2f}",
+                                                f"{s['wall_s'] - (im['steps'][i - 1]['wall_s'] if i else 0):+.2f}"]
+                                               for i, s in enumerate(im["steps"])])
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--machine", help="results/<machine>/ (default: cpu, or e.g. h200x2 from NVML)")
+    ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    ap.add_argument("--big", action="store_true", help="writer: also internlm2_20b_shapes (~40 GB; GPU machine)")
+    ap.add_argument("--pairs", type=int, default=3, help="sampler: on/off job pairs")
+    ap.add_argument("--out", type=Path, default=ROOT / "results", help="results root")
+    ap.add_argument("--keep", type=Path, help="copy the benchmark's sweep folders and logs here")
+    args = ap.parse_args()
+    only = [s for s in args.only.split(",") if s]
+    unknown = set(only) - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
+    machine = args.machine or machine_name()
+    folder = args.out / machine
+    folder.mkdir(parents=True, exist_ok=True)
+    data = json.loads((folder / "bench.json").read_text()) if (folder / "bench.json").is_file() else {}
+    import psutil
+
+    data.update(machine=machine, time=time.strftime("%Y-%m-%d %H:%M"),
+                host={"cpus": len(os.sched_getaffinity(0)), "mem_gib": psutil.virtual_memory().total / 2**30,
+                      "python": platform.python_version()})
+    with tempfile.TemporaryDirectory(prefix="dsexp-bench-") as tmp:
+        work = Path(tmp)
+        if "imports" in only:
+            data["imports"] = bench_imports(machine)
+        if "writer" in only:
+            data["writer"] = bench_writer(["tiny", "small"] + (["internlm2_20b_shapes"] if args.big else []))
+        if "overhead" in only:
+            data["overhead"] = bench_overhead(work)
+        if "sampler" in only:
+            data["sampler"] = bench_sampler(work, args.pairs)
+        if args.keep:
+            shutil.copytree(work, args.keep, dirs_exist_ok=True)
+    (folder / "bench.json").write_text(json.dumps(data, indent=1))
+    (folder / "bench.md").write_text(render(data) + "\n")
+    print(render(data))
+    print(f"\nwrote {folder / 'bench.json'} and bench.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
