@@ -20,6 +20,19 @@ def test_aggregates_max_sum_and_per_rank():
     assert m["init.weights_device_gib.max"] == 3 and m["load.wall_s.max"] == 2.0
 
 
+def test_see_memory_usage_printout_becomes_rank0_metrics_next_to_ours():
+    from dsexp.probes.see_memory import parse
+
+    r0, r1 = rank(0, 2 * GIB, GIB), rank(1, 4 * GIB, 3 * GIB)
+    r0["phases"]["init"]["see_memory_usage"] = parse("dsexp: after init\nMA 37.74 GB         Max_MA 37.76 GB         "
+                                                     "CA 37.96 GB         Max_CA 38 GB \n"
+                                                     "CPU Virtual Memory:  used = 5.27 GB, percent = 2.1%")
+    r1["phases"]["init"]["see_memory_usage"] = parse("")  # DeepSpeed prints on rank 0 only
+    m = aggregate_metrics([r0, r1])
+    assert m["init.see_memory_ma_gib.rank0"] == 37.74 and m["init.see_memory_cpu_used_gib.rank0"] == 5.27
+    assert m["init.see_memory_max_ca_gib.max"] == 38 and "init.see_memory_ma_gib.rank1" not in m
+
+
 def test_headline_takes_per_device_max():
     ranks = [rank(0, 2 * GIB, GIB, gpu_peak=5 * GIB), rank(1, 4 * GIB, 3 * GIB, gpu_peak=7 * GIB)]
     h = headline(aggregate_metrics(ranks), ranks, new_tokens=8)
