@@ -55,3 +55,14 @@ def test_classify_ok_and_failures():
     got = classify(False, -9, dead, {"rank1": ""})
     assert (got["cause"], got["rank"], got["phase"]) == ("rank_crashed", 1, "load")
     assert classify(True, None, dead, {})["cause"] == "timeout"
+
+
+def test_end_of_sweep_table_shows_failures_and_small_figures():
+    from dsexp.callbacks import format_table
+
+    ok = {"job_dir": "/s/0", "status": "ok", "config": {"model": {"name": "tiny"}, "tp": 2},
+          "headline": {"gpu_weights_gib": 0.00412, "host_peak_gib": 0.53}, "correctness": {"logits_rel_err": 0.0071}}
+    bad = {"job_dir": "/s/1", "status": "failed", "failure": {"cause": "oom_host"}, "config": {"tp": 4}}
+    header, row0, row1 = format_table([ok, bad]).splitlines()
+    assert row0.split()[:6] == ["0", "tiny/tp2", "ok", "-", "0.00412", "0.53"] and row0.split()[-1] == "0.0071"
+    assert row1.split()[:3] == ["1", "tp4", "failed:oom_host"]
