@@ -287,20 +287,20 @@ def main() -> int:
     data.update(machine=machine, time=time.strftime("%Y-%m-%d %H:%M"),
                 host={"cpus": len(os.sched_getaffinity(0)), "mem_gib": psutil.virtual_memory().total / 2**30,
                       "python": platform.python_version()})
+    def save() -> None:  # after every section: a run cut short (device time limit) keeps what it measured
+        (folder / "bench.json").write_text(json.dumps(data, indent=1))
+        (folder / "bench.md").write_text(render(data) + "\n")
+
+    benches = {"imports": lambda work: bench_imports(machine),
+               "writer": lambda work: bench_writer(["tiny", "small"] + (["internlm2_20b_shapes"] if args.big else [])),
+               "overhead": bench_overhead, "sampler": lambda work: bench_sampler(work, args.pairs)}
     with tempfile.TemporaryDirectory(prefix="dsexp-bench-") as tmp:
         work = Path(tmp)
-        if "imports" in only:
-            data["imports"] = bench_imports(machine)
-        if "writer" in only:
-            data["writer"] = bench_writer(["tiny", "small"] + (["internlm2_20b_shapes"] if args.big else []))
-        if "overhead" in only:
-            data["overhead"] = bench_overhead(work)
-        if "sampler" in only:
-            data["sampler"] = bench_sampler(work, args.pairs)
+        for section in only:
+            data[section] = benches[section](work)
+            save()
         if args.keep:
             shutil.copytree(work, args.keep, dirs_exist_ok=True)
-    (folder / "bench.json").write_text(json.dumps(data, indent=1))
-    (folder / "bench.md").write_text(render(data) + "\n")
     print(render(data))
     print(f"\nwrote {folder / 'bench.json'} and bench.md")
     return 0
