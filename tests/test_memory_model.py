@@ -131,3 +131,37 @@ def test_host_cost_by_loading_strategy():
     assert meta.host.anon[0] >= meta.host.file[0] > 0  # every checkpoint file read in full, one at a time
     gpu = predict(result(config(2, MEDIUM, device="cuda"), [0, 0]), 2)
     assert gpu.host.anon == [0, 0] and gpu.host.node == 0  # mmap'd and moved to the GPU: nothing private stays
+
+
+def internlm2_config(tp, **kw):
+    """A run of the remote-code InternLM2 (rebuilt from arch + dims: its folder is not on this machine)."""
+    cfg = config(tp, **kw)
+    cfg["model"].update(arch="internlm2", trust_remote_code=True)
+    return cfg
+
+
+def internlm2_bytes(d, itemsize=2):
+    """(parameter bytes, buffer bytes) of the InternLM2 layout from the architecture numbers alone: fused wqkv,
+    wo, w1/w3/w2, two norms per layer, embeddings, `output`, final norm; per layer bf16 cos/sin tables of
+    max_position x head_dim and an fp32 inv_freq of head_dim / 2."""
+    h, i, L, nh, kv, V, P = (d[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                            "num_attention_heads", "num_key_value_heads", "vocab_size",
+                                            "max_position_embeddings"))
+    hd = h // nh
+    params = L * ((nh + 2 * kv) * hd * h + nh * hd * h + 3 * i * h + 2 * h) + 2 * V * h + h
+    return params * itemsize, L * (2 * P * hd * itemsize + hd // 2 * 4)
+
+
+@pytest.mark.parametrize("engine,offload", [("zero_inference", "none"), ("zero_inference", "cpu"), ("hf_tp", "none")])
+def test_remote_code_model_is_sized_in_the_run_dtype_for_engines_that_do_not_cast(engine, offload):
+    """The meta build honours the dtype for remote code too (it used to build fp32: every prediction doubled)."""
+    zero = dict(zero="stage3", stage=3, offload=offload) if engine == "zero_inference" else {}
+    p = predict(result(internlm2_config(2, engine=engine, device="cuda", **zero), [0, 0]), 2)
+    params, buffers = internlm2_bytes(TINY)
+    assert p.model_bytes == params + buffers
+    h, V, L = TINY["hidden_size"], TINY["vocab_size"], TINY["num_hidden_layers"]
+    whole = (V * h + (2 * L + 1) * h) * 2  # not in the model's TP plan: tok_embeddings and the norms
+    expect = {("zero_inference", "none"): params // 2 + buffers,      # params 1/tp, buffers whole
+              ("zero_inference", "cpu"): buffers,                     # partitions on the host
+              ("hf_tp", "none"): (params - whole) // 2 + whole + buffers}[(engine, offload)]
+    assert p.weights == [expect, expect]
