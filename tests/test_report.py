@@ -45,7 +45,7 @@ def report(tmp_path_factory):
 def test_recommendation_skips_incorrect_and_unsharded(report):
     out, results = report
     rows = build_rows(results)
-    best, best_host = recommend(rows)
+    best = recommend(rows)["per_device"].row
     assert (best.strategy, best.tp) == ("autotp/m8/eager/init_inference/bf16", 2)  # "broken" is lower but incorrect
     md = (out / "summary.md").read_text()
     assert "**Recommended (lowest per-GPU peak that passed correctness): `autotp/m8/eager/init_inference/bf16` at " \
@@ -78,7 +78,7 @@ def test_predictions_at_tp_4_and_8_come_from_the_model(report):
         assert e.per_device_gib == pytest.approx(base.values()["gpu_peak_gib"] + (p.floor() - base.prediction.floor()) / GIB)
     assert extra[(base.strategy, 8)].per_device_gib < extra[(base.strategy, 4)].per_device_gib
     md = (out / "summary.md").read_text()
-    assert "| autotp/m8/eager/init_inference/bf16 | 8 | predicted from tp=2 |" in md
+    assert "| autotp/m8/eager/init_inference/bf16 | 8 | model at tp=8 anchored on tp=2: weights as modelled; " in md
 
 
 def test_plots_are_pngs_with_the_floor_drawn(report):

@@ -106,7 +106,7 @@ def write_checkpoint(folder: Path, arch: str, dims: Dict[str, Any], dtype: str, 
 
         write_remote_code(folder)
     cfg.save_pretrained(folder)
-    shards = list(_plan_shards(specs, torch_dtype(dtype).itemsize, shard_mb))
+    shards = list(plan_shards(specs, torch_dtype(dtype).itemsize, shard_mb))
     n = len(shards)
     weight_map, total, pending = {}, 0, []
     # Draw shard i+1 while shard i is written: generation (GPU if present) and disk overlap.
@@ -128,7 +128,7 @@ def write_checkpoint(folder: Path, arch: str, dims: Dict[str, Any], dtype: str, 
     return total
 
 
-def _plan_shards(specs, itemsize: int, shard_mb: int) -> Iterator[list]:
+def plan_shards(specs, itemsize: int, shard_mb: int) -> Iterator[list]:
     limit = max(1, int(shard_mb * 2**20))
     cur, size = [], 0
     for name, shape in specs:
