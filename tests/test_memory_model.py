@@ -167,3 +167,45 @@ def test_remote_code_model_is_sized_in_the_run_dtype_for_engines_that_do_not_cas
               ("zero_inference", "cpu"): buffers,                     # partitions on the host
               ("hf_tp", "none"): (params - whole) // 2 + whole + buffers}[(engine, offload)]
     assert p.weights == [expect, expect]
+
+
+def test_autotp_zero3_keeps_zero3_partitions_and_autotp_modules():
+    zero = predict(result(config(2, engine="zero_inference", zero="stage3", stage=3, device="cuda"), [0, 0]), 2)
+    both = predict(result(config(2, engine="autotp_zero3", zero="stage3", stage=3, device="cuda"), [0, 0]), 2)
+    autotp = predict(result(config(2, device="cuda"), [0, 0]), 2)
+    assert both.weights == zero.weights < autotp.weights  # params 1/tp, buffers whole: embeddings split too
+    assert both.modules == autotp.modules and both.modules["added"]["LinearAllreduce"] == 2 * TINY["num_hidden_layers"]
+
+
+def test_floor_overhead_is_the_memory_outside_pytorch_over_the_run():
+    """NVML process used - torch reserved at its largest over the phases (communicator, workspaces appear after
+    `start`) + the device's own reserve at start (device used - process used)."""
+    res = result(config(2, device="cuda"), [GIB, GIB], gpu_start=GIB, gpu_peak=3 * GIB)
+    mib = 2**20
+    gpu = {"start": (1500, 900, 0), "load": (1500, 900, 0), "init": (22000, 20500, 20480), "generate": (23500, 22900, 20600)}
+    for rk in res["ranks"]:
+        for ph, (dev, proc, reserved) in gpu.items():
+            rk["phases"][ph]["gpu"] = {"nvml_device_used": dev * mib, "nvml_process_used": proc * mib,
+                                       "gpu_reserved": reserved * mib}
+    p = predict(res, 2)
+    assert p.overhead == (22900 - 20600 + 1500 - 900) * mib  # generate: 2300 MiB outside PyTorch + 600 MiB reserve
+    assert p.floor() == p.weights_max + max(p.kv_cache) + p.overhead
+
+
+def test_host_model_for_gpu_runs_by_loading_strategy():
+    """mmap without conversion: pages of what the rank takes (rows of dim-0 splits, whole otherwise);
+    sharded: one tensor at a time, nothing private stays; meta: one writer-sized file at a time."""
+    eager = {tp: predict(result(config(tp, MEDIUM, device="cuda"), [0] * tp), tp) for tp in (2, 4)}
+    for tp, p in eager.items():
+        rows = sum(pl.local[0] if pl.dim == 0 else pl.full for pl in p.placements if not pl.is_buffer)
+        assert p.host.file == [rows] * tp and p.host.anon == [0] * tp
+    assert eager[4].host.file[0] < eager[2].host.file[0] < eager[2].model_bytes
+    sharded = [predict(result(config(tp, MEDIUM, load="sharded", device="cuda"), [0] * tp), tp) for tp in (2, 4)]
+    embed = MEDIUM["vocab_size"] * MEDIUM["hidden_size"] * 2  # replicated: the largest tensor at any tp
+    assert [s.host.file[0] for s in sharded] == [embed, embed] and sharded[1].host.anon == [0] * 4
+    meta = predict(result(config(2, MEDIUM, load="meta", device="cuda"), [0, 0]), 2)
+    assert meta.host.file[0] <= 2 * 2**20 + embed and meta.host.file[0] < meta.model_bytes  # shard_mb=2: no whole model
+    off = predict(result(config(4, MEDIUM, engine="zero_inference", zero="stage3", stage=3, offload="cpu",
+                                device="cuda"), [0] * 4), 4)
+    params = sum(pl.full for pl in off.placements if pl.how == "offloaded")
+    assert off.host.kept[0] == pytest.approx(params / 4, abs=4096)  # offloaded partitions live on the host
