@@ -26,7 +26,9 @@ def _unit(series: Series) -> Tuple[str, float]:
 
 
 def _lines(ax, series: Series, scale: float, measured_key: str, predicted_key: str, predicted_label: str) -> None:
-    colors = _pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
+    plt = _pyplot()
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"] if len(series) <= 10 else \
+        [plt.get_cmap("tab20")(i) for i in range(20)]  # more lines than the default cycle: no colour twice
     for i, (strategy, s) in enumerate(sorted(series.items())):
         c = colors[i % len(colors)]
         pts = sorted(p for p in s.get(measured_key, []) if p[1] is not None)
@@ -50,10 +52,15 @@ def _lines(ax, series: Series, scale: float, measured_key: str, predicted_key: s
     ax.grid(True, alpha=0.3)
 
 
+def _legend_right(ax) -> None:
+    """Outside the axes, on the right: with a dozen configurations a legend inside hides the lines."""
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
 def per_device_vs_tp(series: Series, on_gpu: bool, path: Path) -> Path:
     plt = _pyplot()
     unit, scale = _unit(series)
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = plt.subplots(figsize=(13, 5.5))
     floor_label = "predicted floor: weights + KV + context" if on_gpu else "predicted weights"
     _lines(ax, series, scale, "measured", "predicted", floor_label)
     if on_gpu:
@@ -63,7 +70,7 @@ def per_device_vs_tp(series: Series, on_gpu: bool, path: Path) -> Path:
         ax.set_ylabel(f"device-resident weights per rank ({unit}, max over ranks)")
         ax.set_title("Weights per rank vs tp, CPU run (the rank's device is the host)\n"
                      "measured (solid) and predicted (dashed)")
-    ax.legend(fontsize=8, loc="best")
+    _legend_right(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -72,13 +79,13 @@ def per_device_vs_tp(series: Series, on_gpu: bool, path: Path) -> Path:
 
 def host_vs_tp(per_rank: Series, node: Series, path: Path) -> Path:
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    fig, axes = plt.subplots(2, 1, figsize=(13, 9))
     for ax, series, what in ((axes[0], per_rank, "host peak per rank"), (axes[1], node, "node host peak")):
         unit, scale = _unit(series)
         _lines(ax, series, scale, "measured", "predicted", "predicted")
         ax.set_ylabel(f"{what} ({unit}{', max over ranks' if 'rank' in what else ', whole machine'})")
         ax.set_title(f"{what.capitalize()} vs tp: measured (solid), predicted (dashed)")
-        ax.legend(fontsize=7, loc="best")
+        _legend_right(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -260,6 +260,8 @@ def write_plots(rows: List[Row], extra: List[Extrapolated], folder: Path) -> Dic
     host: plots.Series = {}
     node: plots.Series = {}
     for r in rows:
+        if r.result.get("status") != "ok":  # a failed run's memory is where it stopped, not the configuration's
+            continue
         per_dev.setdefault(r.strategy, {"measured": [], "predicted": []})["measured"].append(
             (r.tp, m.per_device_gib(r.result)))
         host.setdefault(r.strategy, {"measured": [], "predicted": []})["measured"].append(
@@ -267,9 +269,10 @@ def write_plots(rows: List[Row], extra: List[Extrapolated], folder: Path) -> Dic
         node.setdefault(r.strategy, {"measured": [], "predicted": []})["measured"].append(
             (r.tp, m.headline(r.result, "node_host_peak_gib")))
     for strategy, pts in _floors(rows, extra, gpu).items():
-        per_dev[strategy]["predicted"] = pts
+        if strategy in per_dev:
+            per_dev[strategy]["predicted"] = pts
     for e in extra:
-        if not e.measured:
+        if not e.measured and e.strategy in host:
             if e.host_peak_gib is not None:
                 host[e.strategy]["predicted"].append((e.tp, e.host_peak_gib))
             if e.node_host_peak_gib is not None:
