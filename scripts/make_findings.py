@@ -4,6 +4,7 @@ Placeholders in the template:
   {{report:SECTION}}      a section of `python -m dsexp.report results/h200x2/sweeps --print SECTION`
   {{cpu:SECTION}}         the same for the CPU tp=1,2,4 sweep (results/cpu/tp_scaling/sweep)
   {{seed_table}}          the seed's reported figures next to dsexp's for the same call (see_memory_usage + per rank)
+  {{cpu_holdout}}         the memory model checked out of sample: CPU tp=4 predicted from the tp=1,2 runs only vs measured
 
 Usage: .venv/bin/python scripts/make_findings.py   (rewrites docs/FINDINGS.md; `--check` fails if it is stale)
 """
@@ -34,7 +35,9 @@ def report_section(sweeps: Path, section: str) -> str:
         report_main([str(sweeps), "--no-mlflow", "--out", out, "--print", section])
     text = buf.getvalue()
     # the CLI prints the section, then one line naming the written report: keep the section only
-    return "\n".join(line for line in text.splitlines() if not line.startswith(("dsexp report:", "             MLflow"))).strip()
+    lines = [line for line in text.splitlines() if not line.startswith(("dsexp report:", "             MLflow"))]
+    # the report's own "## Section" headings sit under FINDINGS' numbered sections: one level down
+    return "\n".join("#" + line if re.match(r"#{2,5} ", line) else line for line in lines).strip()
 
 
 def _phase(rank: dict, name: str) -> dict:
@@ -68,6 +71,40 @@ def seed_table() -> str:
     return "\n".join(rows)
 
 
+def cpu_holdout() -> str:
+    """Predict tp=4 from the CPU sweep's tp<=2 runs alone (as a user with 2 GPUs would) and set it against tp=4 measured.
+
+    Node figures are compared as growth during the job (peak used - used before launch): the machine's
+    baseline differs from run to run (other processes), and the prediction carries the tp=2 run's."""
+    from dsexp.analysis.matrix import build_rows, extrapolate
+    from dsexp.analysis.measured import node_growth
+
+    results = [json.loads(p.read_text()) for p in sorted(CPU.glob("*/result.json"))]
+    at4 = {r.strategy: r for r in build_rows([x for x in results if x["config"]["tp"] == 4])}
+    base = {r.strategy: r for r in build_rows([x for x in results if x["config"]["tp"] == 2])}
+    predicted = [e for e in extrapolate(build_rows([x for x in results if x["config"]["tp"] <= 2]), (4,))
+                 if not e.measured]
+    rows = ["| configuration | weights per rank, predicted / measured (MiB) | host peak per rank, predicted / measured (GiB) "
+            "| node growth during the job, predicted / measured (GiB) |", "|---|---|---|---|"]
+
+    def pair(pred, meas, scale=1.0, nd=2) -> str:
+        if pred is None or meas is None:
+            return "-"
+        return f"{pred * scale:.{nd}f} / {meas * scale:.{nd}f} ({100 * (pred - meas) / meas:+.0f}%)"
+
+    for e in predicted:
+        if e.strategy not in at4:
+            continue
+        v, r4 = at4[e.strategy].values(), at4[e.strategy].result
+        growth_pred = None if e.node_host_peak_gib is None else \
+            e.node_host_peak_gib - base[e.strategy].result["baseline"]["node_used"] / GIB
+        growth = node_growth(r4)
+        rows.append(f"| {e.strategy} | {pair(e.weights_gib, v['gpu_weights_gib'], 1024, 1)} "
+                    f"| {pair(e.host_peak_gib, v['host_peak_gib'])} "
+                    f"| {pair(growth_pred, None if growth is None else growth / GIB)} |")
+    return "\n".join(rows)
+
+
 def render(template: str) -> str:
     def sub(m: re.Match) -> str:
         kind, _, arg = m.group(1).partition(":")
@@ -77,6 +114,8 @@ def render(template: str) -> str:
             return report_section(CPU, arg)
         if kind == "seed_table":
             return seed_table()
+        if kind == "cpu_holdout":
+            return cpu_holdout()
         raise KeyError(m.group(0))
 
     return re.sub(r"\{\{([a-z_]+(?::[a-z_]+)?)\}\}", sub, template)
