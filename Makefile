@@ -9,7 +9,7 @@ BENCH   ?=
 SERVER_PORT ?= 5001
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: help install sweep test test-all ui server bench wheels clean
+.PHONY: help install sweep test test-all ui server bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
