@@ -17,7 +17,7 @@ SLURM = ["hydra/launcher=dsexp_slurm", "hydra.launcher.partition=gpu"]
 
 
 def launcher_params(*overrides):
-    from hydra_plugins.dsexp_launcher.dsexp_launcher import launcher_params
+    from dsexp.cluster_launchers import launcher_params
 
     return launcher_params(compose(list(overrides), hydra=True))
 
@@ -84,6 +84,15 @@ def test_local_preset_gives_each_job_tp_gpus(tmp_path):
     assert (p["gpus_per_node"], p["nodes"], p["tasks_per_node"]) == (2, 1, 1)
     cfg = compose(["hydra/launcher=dsexp_local"], hydra=True)
     assert cfg.hydra.launcher._target_.endswith("DsexpLocalLauncher")
+
+
+@pytest.mark.parametrize("launcher", ["dsexp_local", "dsexp_slurm"])
+def test_hydra_finds_the_launcher_class_the_preset_names(launcher):
+    """Hydra instantiates only plugins it registered, under `<__module__>.<name>` inside hydra_plugins."""
+    from hydra.core.plugins import Plugins
+
+    target = compose([f"hydra/launcher={launcher}"], hydra=True).hydra.launcher._target_
+    assert target.startswith("hydra_plugins.") and target in Plugins.instance().class_name_to_class
 
 
 def test_sweep_validation_counts_the_gpus_slurm_will_give():

@@ -40,7 +40,7 @@ def test_tp_is_a_plain_int():
 @pytest.mark.parametrize("overrides,gpus,needle", [
     (["tp=0"], 0, "tp=0"),
     (["tp=4"], 2, "tp=4 needs 4 GPUs"),
-    (["tp=4"], 0, "tp=4 leaves some ranks with no attention heads"),  # tiny has 2 KV heads
+    (["tp=8"], 0, "tp=8 leaves some ranks with no attention heads"),  # tiny has 4 KV heads
     (["engine.kernel_inject=true"], 0, "engine.kernel_inject"),
     (["dtype=fp16"], 0, "dtype=fp16"),
     (["dtype=int8"], 0, "dtype='int8'"),

@@ -20,6 +20,19 @@ def test_aggregates_max_sum_and_per_rank():
     assert m["init.weights_device_gib.max"] == 3 and m["load.wall_s.max"] == 2.0
 
 
+def test_see_memory_usage_printout_becomes_rank0_metrics_next_to_ours():
+    from dsexp.probes.see_memory import parse
+
+    r0, r1 = rank(0, 2 * GIB, GIB), rank(1, 4 * GIB, 3 * GIB)
+    r0["phases"]["init"]["see_memory_usage"] = parse("dsexp: after init\nMA 37.74 GB         Max_MA 37.76 GB         "
+                                                     "CA 37.96 GB         Max_CA 38 GB \n"
+                                                     "CPU Virtual Memory:  used = 5.27 GB, percent = 2.1%")
+    r1["phases"]["init"]["see_memory_usage"] = parse("")  # DeepSpeed prints on rank 0 only
+    m = aggregate_metrics([r0, r1])
+    assert m["init.see_memory_ma_gib.rank0"] == 37.74 and m["init.see_memory_cpu_used_gib.rank0"] == 5.27
+    assert m["init.see_memory_max_ca_gib.max"] == 38 and "init.see_memory_ma_gib.rank1" not in m
+
+
 def test_headline_takes_per_device_max():
     ranks = [rank(0, 2 * GIB, GIB, gpu_peak=5 * GIB), rank(1, 4 * GIB, 3 * GIB, gpu_peak=7 * GIB)]
     h = headline(aggregate_metrics(ranks), ranks, new_tokens=8)
@@ -42,3 +55,14 @@ def test_classify_ok_and_failures():
     got = classify(False, -9, dead, {"rank1": ""})
     assert (got["cause"], got["rank"], got["phase"]) == ("rank_crashed", 1, "load")
     assert classify(True, None, dead, {})["cause"] == "timeout"
+
+
+def test_end_of_sweep_table_shows_failures_and_small_figures():
+    from dsexp.callbacks import format_table
+
+    ok = {"job_dir": "/s/0", "status": "ok", "config": {"model": {"name": "tiny"}, "tp": 2},
+          "headline": {"gpu_weights_gib": 0.00412, "host_peak_gib": 0.53}, "correctness": {"logits_rel_err": 0.0071}}
+    bad = {"job_dir": "/s/1", "status": "failed", "failure": {"cause": "oom_host"}, "config": {"tp": 4}}
+    header, row0, row1 = format_table([ok, bad]).splitlines()
+    assert row0.split()[:6] == ["0", "tiny/tp2", "ok", "-", "0.00412", "0.53"] and row0.split()[-1] == "0.0071"
+    assert row1.split()[:3] == ["1", "tp4", "failed:oom_host"]

@@ -104,6 +104,8 @@ def summarise_sweep(sweep_dir: Path, state) -> None:
 def _fmt(v: Any, nd: int = 2) -> str:
     if v is None:
         return "-"
+    if isinstance(v, float) and 0 < abs(v) < 10 ** -nd * 10:  # tiny models: keep 3 significant digits, not "0.00"
+        return f"{v:.3g}"
     return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
 
 

@@ -86,7 +86,19 @@ def phase_quantities(phase: Dict[str, Any]) -> Dict[str, float]:
                 out[f"{k}_gib"] = v / GIB
     if phase.get("weights_device") is not None:
         out["weights_device_gib"] = phase["weights_device"] / GIB
+    out.update(see_memory_quantities(phase.get("see_memory_usage") or {}))
     return {k: v for k, v in out.items() if v is not None}
+
+
+# DeepSpeed's see_memory_usage prints "GB" but divides by 1024**3: its figures are GiB, like dsexp's.
+SEE_MEMORY_FIELDS = {"MA_GB": "see_memory_ma_gib", "Max_MA_GB": "see_memory_max_ma_gib", "CA_GB": "see_memory_ca_gib",
+                     "Max_CA_GB": "see_memory_max_ca_gib", "cpu_used_GB": "see_memory_cpu_used_gib"}
+
+
+def see_memory_quantities(printed: Dict[str, Any]) -> Dict[str, float]:
+    """What see_memory_usage printed in this phase (rank 0 only, by DeepSpeed's design), as metrics."""
+    return {name: printed[field] for field, name in SEE_MEMORY_FIELDS.items()
+            if isinstance(printed.get(field), (int, float))}
 
 
 def aggregate_metrics(ranks: Iterable[Optional[dict]]) -> Dict[str, float]:

@@ -1,0 +1,97 @@
+"""Build docs/FINDINGS.md from docs/FINDINGS.in.md and the committed results: no table is typed by hand.
+
+Placeholders in the template:
+  {{report:SECTION}}      a section of `python -m dsexp.report results/h200x2/sweeps --print SECTION`
+  {{cpu:SECTION}}         the same for the CPU tp=1,2,4 sweep (results/cpu/tp_scaling/sweep)
+  {{seed_table}}          the seed's reported figures next to dsexp's for the same call (see_memory_usage + per rank)
+
+Usage: .venv/bin/python scripts/make_findings.py   (rewrites docs/FINDINGS.md; `--check` fails if it is stale)
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = ROOT / "results" / "h200x2" / "sweeps"
+CPU = ROOT / "results" / "cpu" / "tp_scaling" / "sweep"
+GIB = 2**30
+
+# The seed issue's own figures (DeepSpeed issue #5793): what its user read from see_memory_usage.
+SEED_REPORTED = [("seed issue, 2 GPUs", 92.87, 37.74), ("seed issue, 4 GPUs", 162.92, 37.74)]
+
+
+def report_section(sweeps: Path, section: str) -> str:
+    from dsexp.report import main as report_main
+
+    buf = io.StringIO()
+    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(buf):
+        report_main([str(sweeps), "--no-mlflow", "--out", out, "--print", section])
+    text = buf.getvalue()
+    # the CLI prints the section, then one line naming the written report: keep the section only
+    return "\n".join(line for line in text.splitlines() if not line.startswith(("dsexp report:", "             MLflow"))).strip()
+
+
+def _phase(rank: dict, name: str) -> dict:
+    return (rank.get("phases") or {}).get(name) or {}
+
+
+def seed_table() -> str:
+    """The seed's see_memory_usage figures beside ours, for the seed's call (accepted form) and the private-copy load."""
+    rows = ["| run | GPUs (tp) | see_memory_usage on rank 0 after init: MA / Max_CA (GB) | its 'CPU Virtual Memory used' after load / after init (GB) "
+            "| dsexp: weights on each GPU (GiB) | dsexp: per-GPU peak, NVML (GiB) | dsexp: private host memory per rank, peak (GiB) "
+            "| dsexp: node used, peak (GiB) |", "|---|---:|---|---:|---|---:|---|---:|"]
+    for label, cpu, ma in SEED_REPORTED:
+        rows.append(f"| {label} (transformers 4.42, DeepSpeed 0.14.4) | {label.split(', ')[1].split()[0]} | {ma} / - "
+                    f"| {cpu} (which call: not stated) | - | - | - | - |")
+    runs = [("seed call (accepted form), kernel injection", "seed_issue_accepted"),
+            ("same model, AutoTP + policy, eager with bf16->fp16 conversion", "autotp_eager_meta")]
+    for label, sweep in runs:
+        for path in sorted((GPU / sweep).glob("*/result.json")):
+            res = json.loads(path.read_text())
+            cfg = res["config"]
+            if sweep == "autotp_eager_meta" and not (cfg["load"]["name"] == "eager" and cfg["dtype"] != cfg["model"]["dtype"]):
+                continue
+            ranks = [r for r in res["ranks"] if r]
+            smu = _phase(ranks[0], "init").get("see_memory_usage") or {}
+            smu_load = _phase(ranks[0], "load").get("see_memory_usage") or {}
+            weights = " / ".join(f"{_phase(r, 'init').get('weights_device', 0) / GIB:.2f}" for r in ranks)
+            h = res["headline"]
+            rows.append(f"| dsexp: {label} | {cfg['tp']} | {smu.get('MA_GB', '-')} / {smu.get('Max_CA_GB', '-')} "
+                        f"| {smu_load.get('cpu_used_GB', '-')} / {smu.get('cpu_used_GB', '-')} | {weights} | {h['gpu_peak_gib']:.2f} | {h['host_anon_peak_gib']:.2f} "
+                        f"| {h['node_host_peak_gib']:.2f} |")
+    return "\n".join(rows)
+
+
+def render(template: str) -> str:
+    def sub(m: re.Match) -> str:
+        kind, _, arg = m.group(1).partition(":")
+        if kind == "report":
+            return report_section(GPU, arg)
+        if kind == "cpu":
+            return report_section(CPU, arg)
+        if kind == "seed_table":
+            return seed_table()
+        raise KeyError(m.group(0))
+
+    return re.sub(r"\{\{([a-z_]+(?::[a-z_]+)?)\}\}", sub, template)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    text = render((ROOT / "docs" / "FINDINGS.in.md").read_text())
+    target = ROOT / "docs" / "FINDINGS.md"
+    if "--check" in argv:
+        return 0 if target.is_file() and target.read_text() == text else 1
+    target.write_text(text)
+    print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
