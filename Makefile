@@ -5,6 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.dsexp-installed
 SWEEP   ?= tp=1,2 load=eager
 UI_PORT ?= 5000
+BENCH   ?=
 SERVER_PORT ?= 5001
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
@@ -31,6 +32,9 @@ test: install  ## the test suite (CPU; slow and GPU tests are skipped)
 
 test-all: install  ## also the slow tests (headless Chromium UI check, fault matrix, cluster launcher)
 	$(BIN)/python -m pytest -m 'not gpu'
+
+bench: install  ## dsexp's own speed on this machine -> results/<machine>/bench.{json,md} (BENCH="--only overhead")
+	$(BIN)/python benchmarks/run.py $(BENCH)
 
 ui: install  ## MLflow UI on http://127.0.0.1:$(UI_PORT) for ./mlflow.db
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port $(UI_PORT)

@@ -36,14 +36,22 @@ def test_pool_comes_from_fake_gpus_then_cuda_visible_devices(monkeypatch):
 
 
 def test_claims_are_disjoint_set_cuda_visible_devices_and_a_full_pool_makes_jobs_wait(sweep):
+    cpus = os.sched_getaffinity(0)
     with packing.claim(sweep, sweep / "0", 1) as a:
-        assert os.environ["CUDA_VISIBLE_DEVICES"] == a["gpus"]
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == a["gpus"] and os.sched_getaffinity(0) == set(a["cpus"])
         with packing.claim(sweep, sweep / "1", 1) as b:
             assert {a["gpus"], b["gpus"]} == {"0", "1"}
             assert packing._try_claim(sweep, "2", 1) is None  # nothing free: job 2 waits
         assert os.environ["CUDA_VISIBLE_DEVICES"] == a["gpus"]  # restored when job 1 let go
         assert packing._try_claim(sweep, "2", 1)["gpus"] == [b["gpus"]]
-    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ and os.sched_getaffinity(0) == cpus
+
+
+def test_each_gpu_brings_its_slice_of_the_cpus():
+    cpus = list(range(16))
+    assert packing.cpu_share(cpus, ["0", "1"], ["1"]) == list(range(8, 16))
+    assert packing.cpu_share(cpus, ["0", "1", "2", "3"], ["0", "2"]) == [0, 1, 2, 3, 8, 9, 10, 11]
+    assert packing.cpu_share([0, 1], ["0", "1", "2", "3"], ["0"]) == [0]  # fewer CPUs than GPUs: one each, shared
 
 
 def test_a_waiting_job_gets_the_gpus_as_soon_as_they_are_released(sweep):

@@ -189,7 +189,7 @@ def run_job(cfg: DictConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
     try:
         with _packing(spec, job_dir, sweep_dir) as packed:
             result["packed"] = packed
-            _execute(spec, job_dir, result, packed)
+            _execute(spec, job_dir, result)
     except Exception as e:  # preparation failed: still a result
         cause = "load_error" if isinstance(e, CheckpointError) else "prepare_error"
         result.update(status="failed", failure={"cause": cause, "type": type(e).__name__,
@@ -254,9 +254,10 @@ def record_invalid(cfg: DictConfig, job_dir: Path, message: str) -> Dict[str, An
     return result
 
 
-def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any], packed: Optional[Dict[str, Any]] = None) -> None:
+def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     from dsexp.packing import gpu_indices
 
+    packed = result.get("packed")  # this job's GPUs under launcher.pack=true
     gpus = gpu_indices(packed)
     runtime = {"device": spec.device, **prepare_model(spec)}
     problem = checkpoint_problem(Path(runtime["model_dir"]))

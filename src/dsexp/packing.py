@@ -4,7 +4,9 @@ Hydra's launcher decides what runs at once (`hydra/launcher=dsexp_local` starts 
 in its own process; the basic launcher runs one at a time, so nothing overlaps). Each job then claims
 `tp` GPUs here before it prepares anything, waiting while too few are free, and runs with
 CUDA_VISIBLE_DEVICES set to them: its checkpoint writer, reference and split runs and its ranks all
-inherit that, so no two jobs share a device and per-GPU figures are the job's own.
+inherit that, so no two jobs share a device and per-GPU figures are the job's own. The job's CPU
+affinity is narrowed to its share of the host's CPUs (the slice matching its GPUs' places in the
+pool), so packed jobs' thread pools (OMP_NUM_THREADS follows the affinity) do not oversubscribe it.
 
 The pool is fixed when the sweep starts (`init_pool`, from the sweep process: DSEXP_FAKE_GPUS=n for
 tests on CPU, else its CUDA_VISIBLE_DEVICES, else every GPU NVML sees) and kept with the claims in
@@ -55,10 +57,20 @@ def _state(sweep_dir: Path) -> Iterator[Dict[str, Any]]:
 
 
 def init_pool(sweep_dir: Path) -> List[str]:
-    """Fix the sweep's pool from this (the sweep) process; a resumed sweep keeps its history."""
+    """Fix the sweep's pool (GPUs and CPUs) from this (the sweep) process; a resumed sweep keeps its history."""
     with _state(sweep_dir) as state:
-        state["pool"] = gpu_pool()
+        state["pool"], state["cpus"] = gpu_pool(), sorted(os.sched_getaffinity(0))
         return state["pool"]
+
+
+def cpu_share(cpus: List[int], pool: List[str], gpus: List[str]) -> List[int]:
+    """The CPUs that go with these GPUs: slice i of len(pool) equal slices of the host's CPUs for pool[i]."""
+    n = len(pool)
+    share = []
+    for g in gpus:
+        i = pool.index(g)
+        share += cpus[i * len(cpus) // n:(i + 1) * len(cpus) // n] or [cpus[i % len(cpus)]]
+    return sorted(set(share))
 
 
 def _drop_dead(state: Dict[str, Any]) -> None:
@@ -71,8 +83,8 @@ def _drop_dead(state: Dict[str, Any]) -> None:
 
 def _try_claim(sweep_dir: Path, job: str, n: int) -> Optional[Dict[str, Any]]:
     with _state(sweep_dir) as state:
-        if state["pool"] is None:  # not started through the sweep callback (e.g. a test): this process decides
-            state["pool"] = gpu_pool()
+        if state.get("pool") is None:  # not started through the sweep callback: this process decides
+            state["pool"], state["cpus"] = gpu_pool(), sorted(os.sched_getaffinity(0))
         pool = state["pool"]
         if pool and n > len(pool):
             raise RuntimeError(f"launcher.pack=true: the job needs {n} GPUs but the sweep's pool has {len(pool)} "
@@ -85,7 +97,7 @@ def _try_claim(sweep_dir: Path, job: str, n: int) -> Optional[Dict[str, Any]]:
         mine = {"gpus": free[:n] if pool else [], "pid": os.getpid(), "host": socket.gethostname(),
                 "since": time.time()}
         state["claims"][job] = mine
-        return {**mine, "pool": pool}
+        return {**mine, "pool": pool, "cpus": cpu_share(state["cpus"], pool, mine["gpus"]) if pool else None}
 
 
 def _release(sweep_dir: Path, job: str) -> List[str]:
@@ -102,21 +114,23 @@ def _release(sweep_dir: Path, job: str) -> List[str]:
 def claim(sweep_dir: Path, job_dir: Path, n: int, poll_s: float = 0.5) -> Iterator[Dict[str, Any]]:
     """Hold n GPUs of the sweep's pool (none on a machine without GPUs) with CUDA_VISIBLE_DEVICES set to them.
 
-    Yields the job's `packed` record: gpus, pool, waited_s; `overlapped_with` is filled on release."""
+    Yields the job's `packed` record: gpus, pool, cpus, waited_s; `overlapped_with` is filled on release."""
     job = Path(job_dir).name
     t0 = time.time()
     got = _try_claim(sweep_dir, job, n)
     while got is None:
         time.sleep(poll_s)
         got = _try_claim(sweep_dir, job, n)
-    packed = {"gpus": ",".join(got["gpus"]) or None, "pool": got["pool"], "waited_s": round(got["since"] - t0, 3),
-              "since": got["since"], "until": None, "overlapped_with": []}
-    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    packed = {"gpus": ",".join(got["gpus"]) or None, "pool": got["pool"], "cpus": got["cpus"],
+              "waited_s": round(got["since"] - t0, 3), "since": got["since"], "until": None, "overlapped_with": []}
+    saved, affinity = os.environ.get("CUDA_VISIBLE_DEVICES"), os.sched_getaffinity(0)
     if packed["gpus"]:
         os.environ["CUDA_VISIBLE_DEVICES"] = packed["gpus"]
+        os.sched_setaffinity(0, packed["cpus"])
     try:
         yield packed
     finally:
+        os.sched_setaffinity(0, affinity)
         if saved is None:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         else:
