@@ -1,0 +1,13 @@
+# Issue 10 on the GPU machine: `make bench` (benchmarks/run.py): per-job overhead, sampler cost, cache reuse,
+# rank start-up and the checkpoint writer with internlm2_20b_shapes (~40 GB written under /tmp, then removed).
+# Usage on the device machine (repo root, `.whl` carried): bash scripts/gpu/bench.sh
+#   -> $OUT/<machine>/bench.{json,md} (machine: h200 on one GPU, h200x2 on two), $OUT/bench_sweeps.tar.gz, $OUT/bench.log
+# About 6-7 minutes on one H200; bench.json/.md are rewritten after every section, so a run cut short keeps
+# what it measured. Commit $OUT/<machine>/bench.{json,md} as results/<machine>/.
+source scripts/gpu/env.sh
+df -h /tmp | tail -1
+rc=0
+python3 benchmarks/run.py --out "$OUT" --keep /tmp/bench-sweeps ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 || rc=$?
+grep -v "Warning\|warn(" "$OUT/bench.log" | tail -80 || true
+[ -d /tmp/bench-sweeps/multirun ] && bash scripts/gpu/pack.sh /tmp/bench-sweeps/multirun bench_sweeps
+exit $rc
