@@ -351,7 +351,8 @@ def main() -> int:
         work = Path(tmp)
         try:
             for name in only:  # written after each section: a run stopped half-way keeps what it measured
-                data[name] = sections[name](work)
+                t = time.perf_counter()
+                data[name] = {**sections[name](work), "section_s": time.perf_counter() - t}
                 (folder / "bench.json").write_text(json.dumps(data, indent=1))
                 (folder / "bench.md").write_text(render(data) + "\n")
         finally:
