@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
@@ -45,6 +46,7 @@ from dsexp.analysis.overhead import DESCRIPTIONS, NOT_DSEXP, SEGMENTS, breakdown
 
 SECTIONS = ("imports", "writer", "overhead", "sampler", "cache")
 TARGETS = {"overhead_s": 3.0, "sampler_core_pct": 1.0, "writer_gbps_gpu": 1.0}
+RESOLVED = 0.05  # "no measurable shift" needs pairs that would have shown a shift of this size
 IMPORT_STEPS = (("interpreter", "pass"), ("dsexp.worker", "import dsexp.worker"),
                 ("+ torch", "import dsexp.worker, torch"), ("+ deepspeed", "import dsexp.worker, torch, deepspeed"),
                 ("+ transformers (imported in the load phase)", "import dsexp.worker, torch, deepspeed, transformers"))
@@ -168,6 +170,24 @@ def bench_overhead(workdir: Path, tps: List[int], model: str = "tiny") -> Dict[s
     }
 
 
+# two-sided 95% quantiles of Student's t for 1..10 degrees of freedom
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def paired_ratio(ratios: List[float]) -> Dict[str, Any]:
+    """Geometric mean of paired on/off ratios with its 95% confidence interval (t on the log ratios).
+
+    A shift is measurable when the interval excludes 1; its width says how small a shift the pairs could
+    have seen on this machine (run-to-run noise of a shared machine makes it wide)."""
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.mean(logs)
+    if len(logs) < 2:
+        return {"ratio": math.exp(mean), "ci95": None, "measurable": None}
+    half = T975[min(len(logs) - 1, len(T975)) - 1] * statistics.stdev(logs) / math.sqrt(len(logs))
+    lo, hi = math.exp(mean - half), math.exp(mean + half)
+    return {"ratio": math.exp(mean), "ci95": [lo, hi], "measurable": not lo <= 1 <= hi}
+
+
 def bench_sampler(workdir: Path, pairs: int, model: str = "small") -> Dict[str, Any]:
     period = compose(model)["probe"]["sample_ms"]
     dsexp(["-m", f"model={model}", "tp=1", "variant=warmup", "hydra.sweep.dir=multirun/sampler_warmup"], workdir,
@@ -191,9 +211,7 @@ def bench_sampler(workdir: Path, pairs: int, model: str = "small") -> Dict[str, 
             shares.append(100 * s["cpu_s"] / life)
             per_sample.append(1e6 * s["cpu_s"] / s["samples"])
             rate.append(s["samples"] / life)
-    shift = {p: {**_summary(v), "median": statistics.median(v), "pairs": v,
-                 "within_noise": min(v) <= 1 <= max(v) or abs(statistics.median(v) - 1) < 0.01}
-             for p, v in ratios.items()}
+    shift = {p: {**_summary(v), **paired_ratio(v), "pairs": v} for p, v in ratios.items()}
     return {"setup": f"model={model} tp=1, {pairs} pairs, probe.sample_ms={period:g} vs 0, back to back",
             "period_ms": period, "core_pct": _summary(shares), "us_per_sample": _summary(per_sample),
             "samples_per_s": _summary(rate), "expected_samples_per_s": 1000 / period, "ratio_on_off": shift}
@@ -228,6 +246,20 @@ def _row(cells) -> str:
 
 def _table(head: List[str], rows: List[List[Any]]) -> List[str]:
     return [_row(head), _row(["---"] * len(head)), *map(_row, rows), ""]
+
+
+def _resolution(r: Dict[str, Any]) -> float:
+    """The smallest relative shift a paired ratio's 95% interval would have shown."""
+    lo, hi = r["ci95"]
+    return max(1 - lo, hi - 1)
+
+
+def _shift_word(r: Dict[str, Any]) -> str:
+    if r["measurable"] is None:
+        return "one pair: not judged"
+    if r["measurable"]:
+        return f"measurable: {100 * (r['ratio'] - 1):+.1f}%"
+    return f"none measurable (pairs resolve shifts beyond {100 * _resolution(r):.1f}%)"
 
 
 def met(value: float, limit: float, unit: str) -> str:
@@ -274,10 +306,20 @@ def render(data: Dict[str, Any]) -> str:
                 f"{sp['samples_per_s']['mean']:.0f} readings/s (period allows {sp['expected_samples_per_s']:.0f}). "
                 f"Target <= {TARGETS['sampler_core_pct']:g}%: "
                 f"{met(cpu['max'], TARGETS['sampler_core_pct'], 'points')} (largest of the jobs).", ""]
-        out += _table(["phase", "on/off median", "min", "max", "pairs", "shift"],
-                      [[p, f"{r['median']:.3f}", f"{r['min']:.3f}", f"{r['max']:.3f}",
-                        ", ".join(f"{x:.3f}" for x in r["pairs"]), "within noise" if r["within_noise"] else "measurable"]
+        out += _table(["phase", "on/off (geometric mean)", "95% CI", "pairs", "shift"],
+                      [[p, f"{r['ratio']:.3f}", "-" if not r["ci95"] else f"{r['ci95'][0]:.3f} - {r['ci95'][1]:.3f}",
+                        ", ".join(f"{x:.3f}" for x in r["pairs"]), _shift_word(r)]
                        for p, r in sp["ratio_on_off"].items()])
+        judged = {p: r for p, r in sp["ratio_on_off"].items() if r["ci95"]}
+        shifted = [p for p, r in judged.items() if r["measurable"]]
+        blur = max((_resolution(r) for r in judged.values()), default=math.inf)
+        out += ["Target: no measurable shift of phase times: "
+                + (f"NOT met ({', '.join(shifted)})." if shifted else
+                   f"met (every 95% interval holds 1 and resolves shifts down to {100 * blur:.1f}%)."
+                   if blur <= RESOLVED else
+                   f"not decided: no shift measurable, but run-to-run noise here lets these pairs resolve only shifts "
+                   f"beyond {100 * blur:.0f}% (target needs <= {100 * RESOLVED:g}%; more pairs or a quieter machine).")
+                , ""]
     wr = data.get("writer")
     if wr:
         out += ["## Checkpoint writer", "", "`python -m dsexp.models.writer` into an empty cache, as a job runs it. "
