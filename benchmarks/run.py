@@ -1,26 +1,29 @@
 """`make bench`: how fast dsexp itself is on this machine, and how much it disturbs what it measures.
 
-    python benchmarks/run.py [--machine NAME] [--only imports,writer,overhead,sampler,cache] [--big] [--pairs N]
+    python benchmarks/run.py [--machine NAME] [--only imports,writer,cache,overhead,sampler] [--big] [--pairs N]
 
 Writes results/<machine>/bench.json and bench.md (machine: `cpu`, or `h200` / `h200x2` from NVML's
 GPU name and count), both rewritten after every section. A run with --only updates those sections and
 keeps the others. Not a test: timings on a shared machine are noisy, so nothing is asserted; each
-figure is set against its target and a gap is stated as such.
+figure is set against its target and a gap is stated as such. Sections run in this order; the jobs
+use the benchmark's own cache (empty at the start) and MLflow store in a temporary folder.
 
 - imports: a rank's start-up, as fresh interpreters importing what a rank imports, step by step.
 - writer: the random-weight checkpoint writer (`python -m dsexp.models.writer`, as jobs run it) into an
   empty cache: GB/s of weights drawn and written (GB = 1e9 bytes), also counting the flush to disk
   (`sync`) after it; building the model skeleton on meta (imports included) is reported apart.
   Presets tiny and small, and internlm2_20b_shapes (~40 GB) on a GPU machine or with --big.
-- overhead: a warm-up job fills the caches, then a 4-job sweep (tp=1,2 x 2; 4 x tp=1 on one GPU) runs
-  under Hydra's basic launcher; each job's wall time is split by dsexp.analysis.overhead (the ranks' own work, and every
-  step around it). The first job of a sweep process pays one-time imports and is reported apart.
-- sampler: paired jobs (`model=small`), each pair run back to back with the peak sampler at its
-  default period and with it off (`probe.sample_ms=0`); the on/off ratio of each phase's wall time,
-  and the CPU share of the sampler thread (its `cpu_s` over the rank's lifetime).
-- cache: two identical `load=sharded` jobs on an empty cache: the first computes the random-weight
-  checkpoint, the tp=1 reference logits and the per-rank split, the second must find all three (hits);
-  the seconds the first spent on each, and each job's preparation time.
+- cache: two identical `load=sharded` jobs (tiny) on the empty cache: the first computes the
+  random-weight checkpoint, the tp=1 reference logits and the per-rank split, the second must find all
+  three (hits); the seconds the first spent on each, and each job's preparation time.
+- overhead: with the caches warm (a warm-up job, unless the cache section just ran), a 4-job sweep
+  (tp=1,2 x 2; 4 x tp=1 on one GPU) under Hydra's basic launcher; each job's wall time is split by
+  dsexp.analysis.overhead (the ranks' own work, and every step around it). The first job of a sweep
+  process pays one-time imports and is reported apart.
+- sampler: paired jobs (`model=small`, after a warm-up job), each pair run back to back with the peak
+  sampler at its default period and with it off (`probe.sample_ms=0`); per phase, the geometric mean of
+  the on/off wall-time ratios with a 95% interval, and the CPU share of the sampler thread (its `cpu_s`
+  over the rank's lifetime).
 """
 from __future__ import annotations
 
@@ -44,7 +47,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from dsexp.analysis.overhead import DESCRIPTIONS, NOT_DSEXP, SEGMENTS, breakdown  # noqa: E402
 
-SECTIONS = ("imports", "writer", "overhead", "sampler", "cache")
+SECTIONS = ("imports", "writer", "cache", "overhead", "sampler")  # run in this order
+SCHEMA = 2  # bench.json of another schema is not merged into
 TARGETS = {"overhead_s": 3.0, "sampler_core_pct": 1.0, "writer_gbps_gpu": 1.0}
 RESOLVED = 0.05  # "no measurable shift" needs pairs that would have shown a shift of this size
 IMPORT_STEPS = (("interpreter", "pass"), ("dsexp.worker", "import dsexp.worker"),
@@ -75,9 +79,11 @@ def gpu_count() -> int:
 
 
 def dsexp(args: List[str], workdir: Path, log: Path) -> None:
-    """`python -m dsexp ARGS` in workdir; output to log; raise with its tail on failure."""
+    """`python -m dsexp ARGS` in workdir with the benchmark's own cache (workdir/cache, empty at first); output
+    to log; raise with its tail on failure."""
     with open(log, "w") as f:
-        proc = subprocess.run([sys.executable, "-m", "dsexp", *args], cwd=workdir, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.run([sys.executable, "-m", "dsexp", *args, f"cache_dir={workdir / 'cache'}"], cwd=workdir,
+                              stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode:
         raise RuntimeError(f"dsexp {' '.join(args)} failed ({proc.returncode}):\n{log.read_text()[-3000:]}")
 
@@ -144,9 +150,11 @@ def _summary(values: List[float]) -> Dict[str, float]:
     return {"mean": statistics.mean(values), "min": min(values), "max": max(values)} if values else {}
 
 
-def bench_overhead(workdir: Path, tps: List[int], model: str = "tiny") -> Dict[str, Any]:
-    dsexp(["-m", f"model={model}", "tp=1", "variant=warmup", "hydra.sweep.dir=multirun/warmup"], workdir,
-          workdir / "warmup.log")
+def bench_overhead(workdir: Path, tps: List[int], warm: bool, model: str = "tiny") -> Dict[str, Any]:
+    """warm: the cache section ran before (same model, cache and MLflow store), so no warm-up job is needed."""
+    if not warm:
+        dsexp(["-m", f"model={model}", "tp=1", "variant=warmup", "hydra.sweep.dir=multirun/warmup"], workdir,
+              workdir / "warmup.log")
     variants = ",".join(f"o{i}" for i in range(1, 4 // len(tps) + 1))  # 4 jobs in all
     tp = ",".join(map(str, tps))
     t0 = time.time()
@@ -221,9 +229,9 @@ CACHED = ("checkpoint", "reference", "split")
 
 
 def bench_cache(workdir: Path, tp: int, model: str = "tiny") -> Dict[str, Any]:
-    cache = workdir / "empty-cache"
-    dsexp(["-m", f"model={model}", "load=sharded", f"tp={tp}", "variant=c1,c2", f"cache_dir={cache}",
-           "hydra.sweep.dir=multirun/cache"], workdir, workdir / "cache.log")
+    """Runs before any other job of the benchmark, so the benchmark's cache holds nothing for the model yet."""
+    dsexp(["-m", f"model={model}", "load=sharded", f"tp={tp}", "variant=c1,c2", "hydra.sweep.dir=multirun/cache"],
+          workdir, workdir / "cache.log")
     rows = []
     for i, res in enumerate(results(workdir / "multirun" / "cache")):
         rt, split = res["runtime"], res["runtime"].get("split") or {}
@@ -294,8 +302,9 @@ def render(data: Dict[str, Any]) -> str:
                 f"rank start-up (a fresh interpreter importing torch and DeepSpeed) alone is "
                 f"{st['rank_startup']['mean']:.2f} s, see Imports.",
                 f"- once per sweep: start {ov['sweep_start_s']:.1f} s (interpreter, Hydra, validating every job, "
-                f"MLflow parent run), end {ov['sweep_end_s']:.1f} s (table, report and plots); the first job of a sweep "
-                f"process pays {ov['first_job_extra_s']:.1f} s more (torch and MLflow imported in the Hydra process).",
+                f"MLflow parent run), end {ov['sweep_end_s']:.1f} s (table, report and plots); the first job of a "
+                f"sweep process pays {ov['first_job_extra_s']:.1f} s more (torch and MLflow imported in the Hydra "
+                "process).",
                 ""]
     sp = data.get("sampler")
     if sp:
@@ -376,6 +385,8 @@ def main() -> int:
     folder = args.out / machine
     folder.mkdir(parents=True, exist_ok=True)
     data = json.loads((folder / "bench.json").read_text()) if (folder / "bench.json").is_file() else {}
+    if data.get("schema") != SCHEMA:
+        data = {"schema": SCHEMA}
     import psutil
 
     gpus = gpu_count()
@@ -386,13 +397,13 @@ def main() -> int:
     tps = [1] if gpus == 1 else [1, 2]  # the overhead sweep's tp values: tp=2 needs 2 GPUs (or CPU ranks)
     sections = {"imports": lambda work: bench_imports(gpus),
                 "writer": lambda work: bench_writer(["tiny", "small"] + (["internlm2_20b_shapes"] if big else [])),
-                "overhead": lambda work: bench_overhead(work, tps),
+                "overhead": lambda work: bench_overhead(work, tps, warm="cache" in only),
                 "sampler": lambda work: bench_sampler(work, args.pairs),
                 "cache": lambda work: bench_cache(work, max(tps))}
     with tempfile.TemporaryDirectory(prefix="dsexp-bench-") as tmp:
         work = Path(tmp)
         try:
-            for name in only:  # written after each section: a run stopped half-way keeps what it measured
+            for name in (n for n in SECTIONS if n in only):  # rewritten after each: a run cut short keeps them
                 t = time.perf_counter()
                 data[name] = {**sections[name](work), "section_s": time.perf_counter() - t}
                 (folder / "bench.json").write_text(json.dumps(data, indent=1))
