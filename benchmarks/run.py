@@ -200,15 +200,26 @@ def bench_sampler(workdir: Path, pairs: int, model: str = "small") -> Dict[str, 
     period = compose(model)["probe"]["sample_ms"]
     dsexp(["-m", f"model={model}", "tp=1", "variant=warmup", "hydra.sweep.dir=multirun/sampler_warmup"], workdir,
           workdir / "sampler_warmup.log")
-    variants = ",".join(f"s{i}" for i in range(1, pairs + 1))
-    dsexp(["-m", f"model={model}", "tp=1", f"variant={variants}", f"probe.sample_ms={period:g},0",
-           "hydra.sweep.dir=multirun/sampler"], workdir, workdir / "sampler.log")
-    jobs = results(workdir / "multirun" / "sampler")
+    # Half the pairs run with the sampler on first, half off first, so a drift in the machine's load cancels.
+    first = (pairs + 1) // 2
+    halves = {"on_first": (range(1, first + 1), f"{period:g},0"),
+              "off_first": (range(first + 1, pairs + 1), f"0,{period:g}")}
+    pairs_run = []
+    for name, (numbers, order) in halves.items():
+        if not numbers:
+            continue
+        dsexp(["-m", f"model={model}", "tp=1", "variant=" + ",".join(f"s{i}" for i in numbers),
+               f"probe.sample_ms={order}", f"hydra.sweep.dir=multirun/sampler_{name}"], workdir,
+              workdir / f"sampler_{name}.log")
+        jobs = results(workdir / "multirun" / f"sampler_{name}")
+        pairs_run += [sorted(pair, key=lambda r: -r["config"]["probe"]["sample_ms"])  # (on, off)
+                      for pair in zip(jobs[0::2], jobs[1::2])]
     ratios: Dict[str, List[float]] = {p: [] for p in ("load", "init", "generate", "work")}
     off_s: Dict[str, List[float]] = {p: [] for p in ratios}
     shares, per_sample, rate = [], [], []
-    for on, off in zip(jobs[0::2], jobs[1::2]):
+    for on, off in pairs_run:
         assert on["config"]["probe"]["sample_ms"] > 0 == off["config"]["probe"]["sample_ms"]
+        assert on["config"]["variant"] == off["config"]["variant"]
         w_on, w_off = ({p: r["ranks"][0]["phases"][p]["wall_s"] for p in ("load", "init", "generate")}
                        for r in (on, off))
         for w in (w_on, w_off):
@@ -224,7 +235,8 @@ def bench_sampler(workdir: Path, pairs: int, model: str = "small") -> Dict[str, 
             rate.append(s["samples"] / life)
     shift = {p: {**_summary(v), **paired_ratio(v), "pairs": v, "off_s": statistics.mean(off_s[p])}
              for p, v in ratios.items()}
-    return {"setup": f"model={model} tp=1, {pairs} pairs, probe.sample_ms={period:g} vs 0, back to back",
+    return {"setup": f"model={model} tp=1, {pairs} pairs, probe.sample_ms={period:g} vs 0, back to back "
+                     f"({first} with the sampler on first, {pairs - first} with it off first)",
             "period_ms": period, "core_pct": _summary(shares), "us_per_sample": _summary(per_sample),
             "samples_per_s": _summary(rate), "expected_samples_per_s": 1000 / period, "ratio_on_off": shift}
 

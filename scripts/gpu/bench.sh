@@ -3,12 +3,13 @@
 # Usage on the device machine (repo root, `.whl` carried): bash scripts/gpu/bench.sh
 #   -> $OUT/<machine>/bench.{json,md} (machine: h200 on one GPU, h200x2 on two), $OUT/bench_sweeps.tar.gz, $OUT/bench.log
 # About 6-7 minutes on one H200; bench.json/.md are rewritten after every section, and the benchmark is stopped
-# after BENCH_TIMEOUT s (default 520, inside the device tool's 600 s) so that what it measured still comes back.
+# after BENCH_TIMEOUT s (default 520, inside the device tool's 600 s) so that what it measured still comes back
+# (SIGTERM reaches the running dsexp job too, which stops its ranks; they run in a session of their own).
 # BENCH_ARGS passes options (e.g. BENCH_ARGS="--pairs 2"). Commit $OUT/<machine>/bench.{json,md} as results/<machine>/.
 source scripts/gpu/env.sh
 df -h /tmp | tail -1
 rc=0
-timeout -s INT -k 15 "${BENCH_TIMEOUT:-520}" python3 benchmarks/run.py --out "$OUT" --keep /tmp/bench-sweeps \
+timeout -s TERM -k 15 "${BENCH_TIMEOUT:-520}" python3 benchmarks/run.py --out "$OUT" --keep /tmp/bench-sweeps \
   ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 || rc=$?
 grep -v "Warning\|warn(" "$OUT/bench.log" | tail -80 || true
 [ -d /tmp/bench-sweeps/multirun ] && bash scripts/gpu/pack.sh /tmp/bench-sweeps/multirun bench_sweeps
