@@ -112,7 +112,7 @@ def test_per_device_memory_flat_with_tp_and_host_growing_per_rank():
     by, _ = findings(tp2, [tp1])
     assert by["flat_with_tp"].text.startswith("per-GPU peak did not fall from tp=1 to tp=2")
     assert "about 1.0 model(s) per added rank" in by["host_grows_per_rank"].text
-    assert "per-GPU peak" in by["gpu_floor"].text and "CUDA context/communicator 1.00 GiB at start" in by["gpu_floor"].text
+    assert "per-GPU peak" in by["gpu_floor"].text and "1.00 GiB outside PyTorch's allocator" in by["gpu_floor"].text
 
 
 def test_falls_with_tp_is_info(full):
@@ -138,3 +138,41 @@ def test_engine_weight_fraction_stands_in_for_a_missing_census(full):
     by, _ = findings(res)
     assert "nothing was sharded" in by["nothing_sharded"].text
 
+
+
+def test_init_transient_names_the_whole_model_on_the_gpu_before_partitioning():
+    cfg = config(2, MEDIUM, name="medium", engine="autotp_zero3", zero="stage3", stage=3, device="cuda")
+    p = predict(result(cfg, [0, 0]), 2)
+    res = result(cfg, p.weights, gpu_start=GIB, gpu_peak=p.model_bytes + 3 * GIB)
+    for rk in res["ranks"]:
+        rk["phases"]["init"]["gpu"] = {"gpu_alloc_peak": p.model_bytes - 10 * MIB, "gpu_reserved_peak": p.model_bytes,
+                                       "gpu_reserved": p.model_bytes}
+    f = findings(res)[0]["init_transient"]
+    assert f.severity == "problem"
+    assert f.text.startswith(f"init phase peak = {human(p.model_bytes - 10 * MIB)} allocated ({human(p.model_bytes)} "
+                             f"reserved) against {human(p.weights_max)} of weights kept: the whole model "
+                             f"({human(p.model_bytes)}) was on the GPU before being partitioned")
+    assert "PyTorch kept" in f.text and f"per-GPU peak is {(p.model_bytes + 3 * GIB) / GIB:.2f} GiB" in f.text
+    # no transient without a load/init allocation far above the weights kept
+    for rk in res["ranks"]:
+        rk["phases"]["init"]["gpu"]["gpu_alloc_peak"] = p.weights_max + 10 * MIB
+    assert "init_transient" not in findings(res)[0]
+
+
+def test_failed_run_gets_no_floor_or_scaling_comparison():
+    cfg1, cfg2 = config(1, MEDIUM, name="medium", device="cuda"), config(2, MEDIUM, name="medium", device="cuda")
+    whole = predict(result(cfg1, [0]), 1).model_bytes
+    tp1 = result(cfg1, [whole], gpu_start=GIB, gpu_peak=whole + 2 * GIB)
+    failure = {"cause": "config_rejected", "rank": 0, "phase": "init", "message": "ValidationError: bad zero"}
+    tp2 = result(cfg2, [0, 0], status="failed", passed=None, failure=failure, gpu_start=GIB, gpu_peak=GIB, job="1",
+                 anon_growth=100 * MIB)
+    for rk in tp2["ranks"]:  # it loaded, then failed in init: no census, no generate
+        del rk["phases"]["init"]["weights_device"], rk["phases"]["generate"]
+    by, found = findings(tp2, [tp1])
+    assert set(by) == {"failed", "host_shared"}  # no gpu_floor, flat_with_tp, weights comparison
+    assert by["host_shared"].text.endswith("(up to the failure)")
+    # and a completed run is not compared with a failed sibling at a smaller tp
+    tp4 = result(config(4, MEDIUM, name="medium", device="cuda"), [whole] * 4, gpu_start=GIB, gpu_peak=whole + 2 * GIB,
+                 job="2")
+    assert "flat_with_tp" not in findings(tp4, [tp2])[0]
+    assert "flat_with_tp" in findings(tp4, [tp2, tp1])[0]

@@ -126,8 +126,86 @@ def test_host_cost_by_loading_strategy():
     conv = predict(result(config(2, MEDIUM, dtype="fp32"), [0, 0]), 2)
     assert conv.host.anon == [2 * full] * 2  # a private converted (fp32) copy of the whole model per rank
     sharded = predict(result(config(2, MEDIUM, load="sharded"), [0, 0]), 2)
-    assert sharded.host.anon == sharded.weights and sharded.host.file == [0, 0]
+    assert sharded.host.anon == sharded.weights  # a CPU rank keeps what it read: its weights
+    biggest = max(pl.local[0] for pl in sharded.placements if not pl.is_buffer)
+    assert sharded.host.file == [biggest] * 2 == [MEDIUM["vocab_size"] * MEDIUM["hidden_size"] * 2] * 2  # embeddings
     meta = predict(result(config(2, MEDIUM, load="meta"), [0, 0]), 2)
     assert meta.host.anon[0] >= meta.host.file[0] > 0  # every checkpoint file read in full, one at a time
     gpu = predict(result(config(2, MEDIUM, device="cuda"), [0, 0]), 2)
     assert gpu.host.anon == [0, 0] and gpu.host.node == 0  # mmap'd and moved to the GPU: nothing private stays
+
+
+def internlm2_config(tp, **kw):
+    """A run of the remote-code InternLM2 (rebuilt from arch + dims: its folder is not on this machine)."""
+    cfg = config(tp, **kw)
+    cfg["model"].update(arch="internlm2", trust_remote_code=True)
+    return cfg
+
+
+def internlm2_bytes(d, itemsize=2):
+    """(parameter bytes, buffer bytes) of the InternLM2 layout from the architecture numbers alone: fused wqkv,
+    wo, w1/w3/w2, two norms per layer, embeddings, `output`, final norm; per layer bf16 cos/sin tables of
+    max_position x head_dim and an fp32 inv_freq of head_dim / 2."""
+    h, i, L, nh, kv, V, P = (d[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                            "num_attention_heads", "num_key_value_heads", "vocab_size",
+                                            "max_position_embeddings"))
+    hd = h // nh
+    params = L * ((nh + 2 * kv) * hd * h + nh * hd * h + 3 * i * h + 2 * h) + 2 * V * h + h
+    return params * itemsize, L * (2 * P * hd * itemsize + hd // 2 * 4)
+
+
+@pytest.mark.parametrize("engine,offload", [("zero_inference", "none"), ("zero_inference", "cpu"), ("hf_tp", "none")])
+def test_remote_code_model_is_sized_in_the_run_dtype_for_engines_that_do_not_cast(engine, offload):
+    """The meta build honours the dtype for remote code too (it used to build fp32: every prediction doubled)."""
+    zero = dict(zero="stage3", stage=3, offload=offload) if engine == "zero_inference" else {}
+    p = predict(result(internlm2_config(2, engine=engine, device="cuda", **zero), [0, 0]), 2)
+    params, buffers = internlm2_bytes(TINY)
+    assert p.model_bytes == params + buffers
+    h, V, L = TINY["hidden_size"], TINY["vocab_size"], TINY["num_hidden_layers"]
+    whole = (V * h + (2 * L + 1) * h) * 2  # not in the model's TP plan: tok_embeddings and the norms
+    expect = {("zero_inference", "none"): params // 2 + buffers,      # params 1/tp, buffers whole
+              ("zero_inference", "cpu"): buffers,                     # partitions on the host
+              ("hf_tp", "none"): (params - whole) // 2 + whole + buffers}[(engine, offload)]
+    assert p.weights == [expect, expect]
+
+
+def test_autotp_zero3_keeps_zero3_partitions_and_autotp_modules():
+    zero = predict(result(config(2, engine="zero_inference", zero="stage3", stage=3, device="cuda"), [0, 0]), 2)
+    both = predict(result(config(2, engine="autotp_zero3", zero="stage3", stage=3, device="cuda"), [0, 0]), 2)
+    autotp = predict(result(config(2, device="cuda"), [0, 0]), 2)
+    assert both.weights == zero.weights < autotp.weights  # params 1/tp, buffers whole: embeddings split too
+    assert both.modules == autotp.modules and both.modules["added"]["LinearAllreduce"] == 2 * TINY["num_hidden_layers"]
+
+
+def test_floor_overhead_is_the_memory_outside_pytorch_over_the_run():
+    """NVML process used - torch reserved at its largest over the phases (communicator, workspaces appear after
+    `start`) + the device's own reserve at start (device used - process used)."""
+    res = result(config(2, device="cuda"), [GIB, GIB], gpu_start=GIB, gpu_peak=3 * GIB)
+    mib = 2**20
+    gpu = {"start": (1500, 900, 0), "load": (1500, 900, 0), "init": (22000, 20500, 20480), "generate": (23500, 22900, 20600)}
+    for rk in res["ranks"]:
+        for ph, (dev, proc, reserved) in gpu.items():
+            rk["phases"][ph]["gpu"] = {"nvml_device_used": dev * mib, "nvml_process_used": proc * mib,
+                                       "gpu_reserved": reserved * mib}
+    p = predict(res, 2)
+    assert p.overhead == (22900 - 20600 + 1500 - 900) * mib  # generate: 2300 MiB outside PyTorch + 600 MiB reserve
+    assert p.floor() == p.weights_max + max(p.kv_cache) + p.overhead
+
+
+def test_host_model_for_gpu_runs_by_loading_strategy():
+    """mmap without conversion: pages of what the rank takes (rows of dim-0 splits, whole otherwise);
+    sharded: one tensor at a time, nothing private stays; meta: one writer-sized file at a time."""
+    eager = {tp: predict(result(config(tp, MEDIUM, device="cuda"), [0] * tp), tp) for tp in (2, 4)}
+    for tp, p in eager.items():
+        rows = sum(pl.local[0] if pl.dim == 0 else pl.full for pl in p.placements if not pl.is_buffer)
+        assert p.host.file == [rows] * tp and p.host.anon == [0] * tp
+    assert eager[4].host.file[0] < eager[2].host.file[0] < eager[2].model_bytes
+    sharded = [predict(result(config(tp, MEDIUM, load="sharded", device="cuda"), [0] * tp), tp) for tp in (2, 4)]
+    embed = MEDIUM["vocab_size"] * MEDIUM["hidden_size"] * 2  # replicated: the largest tensor at any tp
+    assert [s.host.file[0] for s in sharded] == [embed, embed] and sharded[1].host.anon == [0] * 4
+    meta = predict(result(config(2, MEDIUM, load="meta", device="cuda"), [0, 0]), 2)
+    assert meta.host.file[0] <= 2 * 2**20 + embed and meta.host.file[0] < meta.model_bytes  # shard_mb=2: no whole model
+    off = predict(result(config(4, MEDIUM, engine="zero_inference", zero="stage3", stage=3, offload="cpu",
+                                device="cuda"), [0] * 4), 4)
+    params = sum(pl.full for pl in off.placements if pl.how == "offloaded")
+    assert off.host.kept[0] == pytest.approx(params / 4, abs=4096)  # offloaded partitions live on the host

@@ -45,7 +45,7 @@ def report(tmp_path_factory):
 def test_recommendation_skips_incorrect_and_unsharded(report):
     out, results = report
     rows = build_rows(results)
-    best, best_host = recommend(rows)
+    best = recommend(rows)["per_device"].row
     assert (best.strategy, best.tp) == ("autotp/m8/eager/init_inference/bf16", 2)  # "broken" is lower but incorrect
     md = (out / "summary.md").read_text()
     assert "**Recommended (lowest per-GPU peak that passed correctness): `autotp/m8/eager/init_inference/bf16` at " \
@@ -78,7 +78,7 @@ def test_predictions_at_tp_4_and_8_come_from_the_model(report):
         assert e.per_device_gib == pytest.approx(base.values()["gpu_peak_gib"] + (p.floor() - base.prediction.floor()) / GIB)
     assert extra[(base.strategy, 8)].per_device_gib < extra[(base.strategy, 4)].per_device_gib
     md = (out / "summary.md").read_text()
-    assert "| autotp/m8/eager/init_inference/bf16 | 8 | predicted from tp=2 |" in md
+    assert "| autotp/m8/eager/init_inference/bf16 | 8 | model at tp=8 anchored on tp=2: weights as modelled; " in md
 
 
 def test_plots_are_pngs_with_the_floor_drawn(report):
@@ -144,3 +144,49 @@ def test_cli_prints_one_section_for_docs(tmp_path, capsys):
     assert section.count("\n| ") == 1 + 6  # header + six runs
     assert section in (tmp_path / "summary.md").read_text()
 
+
+
+def _medium_gpu(tp, job, **kw):
+    from analysis_cases import MEDIUM
+
+    cfg = config(tp, MEDIUM, name="medium", device="cuda", **{k: v for k, v in kw.items() if k in (
+        "load", "engine", "zero", "stage", "offload", "variant")})
+    p = predict(result(cfg, [0] * tp), tp)
+    return result(cfg, kw.get("weights", p.weights), gpu_start=GIB, gpu_peak=max(kw.get("weights", p.weights)) + 2 * GIB,
+                  job=job, anon_growth=kw.get("anon", 200 * 2**20), node=(3 * GIB, 3 * GIB + tp * GIB)), p
+
+
+def test_predictions_at_larger_tp_follow_the_model_and_never_go_negative():
+    sharded, p2 = _medium_gpu(2, "0", load="sharded", variant="sharded")
+    low, _ = _medium_gpu(2, "1", variant="low", weights=[int(w * 0.6) for w in p2.weights])  # far below the model
+    rows = build_rows([sharded, low])
+    extra = {(e.strategy.split("/")[0], e.tp): e for e in extrapolate(rows)}
+    host2 = sharded["headline"]["host_peak_gib"]
+    for tp in (4, 8):
+        e, p = extra[("sharded", tp)], predict(sharded, tp)
+        assert e.weights_gib == pytest.approx(p.weights_max / GIB)
+        assert e.host_peak_gib == pytest.approx(host2)  # one (replicated) tensor mapped at a time, at any tp
+        assert e.node_host_peak_gib == pytest.approx(3 + tp * 1.0)  # before launch + ranks x private per rank
+        lo = extra[("low", tp)]
+        assert lo.weights_gib * GIB >= p.unshardable > 0 and lo.per_device_gib > lo.weights_gib
+        assert "measured/predicted at tp=2" in lo.note
+
+
+def test_recommendation_states_offload_costs_ties_and_floor():
+    off, _ = _medium_gpu(2, "0", engine="zero_inference", zero="stage3", stage=3, offload="cpu", variant="offload",
+                         anon=3 * GIB)
+    a, _ = _medium_gpu(2, "1", variant="a", anon=2 * GIB)
+    b, _ = _medium_gpu(2, "2", variant="b", load="sharded", anon=100 * 2**20)
+    b["headline"]["gpu_peak_gib"] *= 1.005  # within 1% of a: tied, b has the lower host peak
+    rows = build_rows([off, a, b])
+    picks = recommend(rows)
+    assert picks["per_device"].row.strategy.startswith("offload")
+    plain = picks["per_device_no_offload"]
+    assert plain.row.strategy.startswith("b/") and [r.strategy[0] for r in plain.tied] == ["b", "a"]
+    from dsexp.analysis.report import recommendation
+
+    text = "\n".join(recommendation(rows, []))
+    assert "Its costs against the lowest per-GPU peak without offload (`b/" in text
+    assert "2 runs tie within 1%; the lowest host peak per rank wins" in text
+    assert re.search(r"`b/\S+ tp=2`: per-GPU peak \d+\.\d\d GiB vs the memory model's floor \d+\.\d\d GiB .*over the "
+                     r"floor, (within|beyond) 5%", text)

@@ -2,7 +2,9 @@
 
 Each rule looks at one kind of evidence and returns findings (or none). A finding is a `problem`
 (something the user should act on) or `info` (what happened, as expected or not). Host-memory rules
-only conclude when the model is large enough to stand out of the interpreter's own memory.
+only conclude when the model is large enough to stand out of the interpreter's own memory. A run that
+failed before finishing gets its failure and the host findings valid up to the failure, nothing that
+compares its partial figures with a floor or with other runs.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ WEIGHT_TOL = 0.02        # predicted vs measured weights: "as predicted" within 
 UNSHARDED = 0.98         # a rank holding >= 98% of the model holds all of it
 SIGNIFICANT = 256 * 2**20  # host rules need a model this large: imports during load add ~100-200 MiB per rank
 FLAT = 0.95              # per-device memory "did not fall" when tp=N keeps >= 95% of the smaller tp
+TRANSIENT = 0.25         # a load/init allocation this far (fraction of the model) above the weights kept
+WHOLE = 0.9              # ... reaching this fraction of the model: the whole model was on the GPU
 
 
 @dataclass
@@ -37,8 +41,12 @@ Rule = Callable[[RunFacts], List[Finding]]
 
 def diagnose(result: Dict[str, Any], prediction: Optional[Prediction],
              siblings: Optional[List[Dict[str, Any]]] = None) -> List[Finding]:
-    facts = RunFacts(result, prediction, siblings or [])
-    found = [f for rule in RULES for f in rule(facts)]
+    facts = RunFacts(result, prediction, [s for s in siblings or [] if m.completed(s)])
+    if m.completed(result):
+        found = [f for rule in RULES for f in rule(facts)]
+    else:
+        found = failed(facts) + [Finding(f.code, f.severity, f"{f.text} (up to the failure)")
+                                 for f in host_copies(facts)]
     return sorted(found, key=lambda f: f.severity != "problem")
 
 
@@ -221,8 +229,30 @@ def gpu_overhead(f: RunFacts) -> List[Finding]:
     floor = p.floor()
     return [Finding("gpu_floor", "info",
                     f"per-GPU peak {peak:.2f} GiB vs floor {floor / m.GIB:.2f} GiB (weights {m.human(p.weights_max)} + "
-                    f"KV cache {m.human(max(p.kv_cache))} + CUDA context/communicator {m.human(p.overhead)} at start): "
-                    f"{(peak * m.GIB - floor) / m.GIB:+.2f} GiB of activations and allocator cache")]
+                    f"KV cache {m.human(max(p.kv_cache))} + {m.human(p.overhead)} outside PyTorch's allocator: CUDA "
+                    f"context, communicator, workspaces): {(peak * m.GIB - floor) / m.GIB:+.2f} GiB "
+                    f"({peak * m.GIB / floor - 1:+.1%}) of activations and allocator cache")]
+
+
+def init_transient(f: RunFacts) -> List[Finding]:
+    """A load/init allocation peak far above the weights kept: the model passed through the GPU before being cut."""
+    p, w = f.prediction, m.weights_per_rank(f.result)
+    if p is None or not w or not p.model_bytes:
+        return []
+    kept, full = max(w), p.model_bytes
+    worst = max(((ph, m.gpu_max(f.result, ph, "gpu_alloc_peak") or 0) for ph in ("load", "init")), key=lambda x: x[1])
+    phase, peak = worst
+    if peak - kept < TRANSIENT * full:
+        return []
+    reserved, cached = m.gpu_max(f.result, phase, "gpu_reserved_peak"), m.gpu_max(f.result, phase, "gpu_reserved")
+    what = (f"the whole model ({m.human(full)}) was on the GPU" if peak >= WHOLE * full else
+            f"{peak / full:.0%} of the model ({m.human(full)}) was on the GPU at once")
+    kept_cache = (f"; PyTorch kept {m.human(cached)} reserved after it (cached, not returned to the device), so the "
+                  f"per-GPU peak is {m.headline(f.result, 'gpu_peak_gib'):.2f} GiB"
+                  if cached and reserved and cached >= WHOLE * reserved and m.headline(f.result, "gpu_peak_gib") else "")
+    return [Finding("init_transient", "problem",
+                    f"{phase} phase peak = {m.human(peak)} allocated ({m.human(reserved)} reserved) against "
+                    f"{m.human(kept)} of weights kept: {what} before being partitioned{kept_cache}")]
 
 
 def predicted_error(f: RunFacts) -> List[Finding]:
@@ -233,4 +263,4 @@ def predicted_error(f: RunFacts) -> List[Finding]:
 
 
 RULES: List[Rule] = [failed, incorrect_output, left_on_meta, weights_vs_model, unread_fields, host_copies,
-                     scaling_with_tp, gpu_overhead, predicted_error]
+                     scaling_with_tp, init_transient, gpu_overhead, predicted_error]

@@ -3,6 +3,7 @@ the recommendation; and the memory model's figures at tp values the sweep did no
 from __future__ import annotations
 
 import traceback
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -48,7 +49,7 @@ class Row:
             "correct": None if not corr else bool(corr.get("passed")), "logits_rel_err": corr.get("logits_rel_err"),
             "gpu_peak_gib": m.headline(r, "gpu_peak_gib"), "gpu_weights_gib": m.headline(r, "gpu_weights_gib"),
             "pred_weights_gib": _gib(pred_w),
-            "weights_err_pct": 100 * (max(w) - pred_w) / pred_w if w and pred_w else None,
+            "weights_err_pct": 100 * (max(w) - pred_w) / pred_w if w and pred_w and m.completed(r) else None,
             "pred_floor_gib": _gib(p.floor()) if p and p.overhead is not None else None,
             "model_gib": _gib(p.model_bytes) if p else None,
             "host_peak_gib": m.headline(r, "host_peak_gib"), "host_anon_peak_gib": m.headline(r, "host_anon_peak_gib"),
@@ -97,18 +98,47 @@ def build_rows(results: Sequence[Dict[str, Any]]) -> List[Row]:
     return rows
 
 
-def _best(rows: List[Row], metric) -> Optional[Row]:
-    ok = [r for r in rows if m.passed(r.result) and metric(r.result) is not None]
+@dataclass
+class Pick:
+    """The recommended row for one criterion and the rows tied with it (within TIE of the lowest figure)."""
+    row: Row
+    tied: List[Row]
+
+
+def _best(rows: List[Row], metric, keep=lambda r: True) -> Optional[Pick]:
+    """The lowest figure among runs that passed correctness; ties within 1% go to the lower host peak per rank."""
+    ok = [r for r in rows if m.passed(r.result) and keep(r) and metric(r.result) is not None]
     if not ok:
         return None
     low = min(metric(r.result) for r in ok)
     tied = [r for r in ok if metric(r.result) <= low * (1 + TIE)]
-    return min(tied, key=lambda r: (m.headline(r.result, "host_peak_gib") or float("inf"), metric(r.result)))
+    tied.sort(key=lambda r: (m.headline(r.result, "host_peak_gib") or float("inf"), metric(r.result)))
+    return Pick(tied[0], tied)
 
 
-def recommend(rows: List[Row]) -> Tuple[Optional[Row], Optional[Row]]:
-    """(lowest per-device figure, lowest host peak per rank) among runs that passed correctness."""
-    return _best(rows, m.per_device_gib), _best(rows, lambda r: m.headline(r, "host_peak_gib"))
+def offloads(row: Row) -> bool:
+    return any(pl.how == "offloaded" for pl in row.prediction.placements) if row.prediction else \
+        (row.config.get("zero") or {}).get("offload", "none") != "none"
+
+
+RECOMMENDATIONS = ("per_device", "per_device_no_offload", "host", "node")
+
+
+def main_model(rows: List[Row]) -> Optional[str]:
+    """The model most runs of the sweep used: recommendations compare runs of one model only."""
+    names = Counter((r.config.get("model") or {}).get("name") for r in rows)
+    return names.most_common(1)[0][0] if names else None
+
+
+def recommend(rows: List[Row]) -> Dict[str, Optional[Pick]]:
+    """Among runs of the main model that passed correctness: the lowest per-device figure, the same without
+    offload, the lowest host peak per rank and the lowest node host peak (keys: RECOMMENDATIONS)."""
+    model = main_model(rows)
+    rows = [r for r in rows if (r.config.get("model") or {}).get("name") == model]
+    return {"per_device": _best(rows, m.per_device_gib),
+            "per_device_no_offload": _best(rows, m.per_device_gib, keep=lambda r: not offloads(r)),
+            "host": _best(rows, lambda r: m.headline(r, "host_peak_gib")),
+            "node": _best(rows, lambda r: m.headline(r, "node_host_peak_gib"))}
 
 
 @dataclass
@@ -124,12 +154,8 @@ class Extrapolated:
 
 
 def extrapolate(rows: List[Row], tps: Sequence[int] = EXTRAPOLATE_TP) -> List[Extrapolated]:
-    """Per configuration: its measured tps, then the model's figures at `tps`, calibrated on the largest measured run.
-
-    GPU peak = measured peak - predicted floor at the base tp + predicted floor at the new tp (the rest of
-    the peak - activations, allocator cache - is carried over). Host per rank = measured peak - predicted
-    load cost + predicted load cost at the new tp; node = measured + the private bytes of the added ranks.
-    """
+    """Per configuration: its measured tps, then the model's figures at `tps`, anchored on the largest measured
+    run that completed (see `_at`)."""
     out: List[Extrapolated] = []
     for strategy in dict.fromkeys(r.strategy for r in rows):
         mine = [r for r in rows if r.strategy == strategy]
@@ -137,17 +163,26 @@ def extrapolate(rows: List[Row], tps: Sequence[int] = EXTRAPOLATE_TP) -> List[Ex
             v = r.values()
             out.append(Extrapolated(strategy, r.tp, True, m.per_device_gib(r.result), v["gpu_weights_gib"],
                                     v["host_peak_gib"], v["node_host_peak_gib"], v["status"]))
-        base = max((r for r in mine if m.weights_per_rank(r.result) and r.prediction), key=lambda r: r.tp,
-                   default=None)
+        base = max((r for r in mine if m.completed(r.result) and m.weights_per_rank(r.result) and r.prediction),
+                   key=lambda r: r.tp, default=None)
         for tp in tps:
             if any(r.tp == tp for r in mine):
                 continue
             out.append(_at(base, strategy, tp) if base else
-                       Extrapolated(strategy, tp, False, None, None, None, None, "no measured run to start from"))
+                       Extrapolated(strategy, tp, False, None, None, None, None, "no completed run to start from"))
     return out
 
 
 def _at(base: Row, strategy: str, tp: int) -> Extrapolated:
+    """The memory model at `tp`, anchored on what the base run measured; nothing is extrapolated linearly.
+
+    weights: the model's (sharded part / tp + replicated), see `_weights_at`. GPU peak: weights + KV cache at
+    `tp` + the base run's measured memory outside PyTorch + its measured activations and allocator cache
+    (peak - floor), or the measured peak itself when the whole model passed through the GPU at init (that
+    does not shrink with tp). Host per rank: the base run's peak RSS - the modelled load cost at its tp + the
+    modelled cost at `tp` (mapped checkpoint pages + private bytes, per loading strategy). Node: used before
+    launch + ranks x the private bytes per rank (measured at the base tp, + the modelled change); the
+    checkpoint's page cache is reclaimable and not counted."""
     r, bp = base.result, base.prediction
     kv = bp.dims.kv_heads
     if bp.strategy.engine in TP_ENGINES and tp > kv:
@@ -155,34 +190,39 @@ def _at(base: Row, strategy: str, tp: int) -> Extrapolated:
     p = predict(r, tp)
     if p.error:
         return Extrapolated(strategy, tp, False, None, None, None, None, f"engine refuses: {p.error[:80]}")
-    scale, note = _as_measured(base)
-    anchor = max(m.weights_per_rank(r) or [bp.weights_max])
-    weights = anchor + scale * (p.weights_max - bp.weights_max)
-    gpu = m.headline(r, "gpu_peak_gib")
+    weights, note = _weights_at(base, p)
+    per_dev, gpu = weights, m.headline(r, "gpu_peak_gib")
     if m.on_gpu(r) and gpu is not None and p.overhead is not None:
-        per_dev = gpu + (weights - anchor + scale * (max(p.kv_cache) - max(bp.kv_cache))) / m.GIB
-    else:
-        per_dev = weights / m.GIB
+        extra = max(0, gpu * m.GIB - bp.floor())
+        per_dev = weights + max(p.kv_cache) + p.overhead + extra
+        if any(f.code == "init_transient" for f in base.findings):
+            per_dev, note = max(per_dev, gpu * m.GIB), note + "; peak kept: the whole model passes through the GPU at init"
+        else:
+            note += f"; + measured {extra / m.GIB:.2f} GiB activations/cache"
     host = m.headline(r, "host_peak_gib")
-    host_pred = host + (_cost(p) - _cost(bp)) / m.GIB if host is not None else None
-    node = m.headline(r, "node_host_peak_gib")
-    per_rank_base = sum(m.start_anon(r)) / max(1, len(m.start_anon(r)))
-    node_pred = (node + (p.host.node - bp.host.node + (tp - bp.tp) * per_rank_base) / m.GIB) if node is not None else None
-    return Extrapolated(strategy, tp, False, per_dev, weights / m.GIB, host_pred, node_pred,
-                        f"predicted from tp={bp.tp}{note}")
+    start_rss = max((m.phase(rk, "start").get("host", {}).get("host_rss") or 0 for rk in m.ranks(r)), default=0)
+    host_pred = max(start_rss, host * m.GIB - _cost(bp) + _cost(p)) / m.GIB if host is not None else None
+    growth = m.node_growth(r)
+    node_pred = None
+    if growth is not None:
+        private = max(0, growth / bp.tp + max(p.host.anon) - max(bp.host.anon))
+        node_pred = ((r.get("baseline") or {})["node_used"] + tp * private) / m.GIB
+    return Extrapolated(strategy, tp, False, per_dev / m.GIB, weights / m.GIB, host_pred, node_pred,
+                        f"model at tp={tp} anchored on tp={bp.tp}: {note}")
 
 
-def _as_measured(base: Row) -> Tuple[float, str]:
-    """How much of the modelled change with tp to trust: all of it when the base run placed its weights as
-    predicted, none when it sharded nothing, else the measured/predicted ratio of the sharding."""
-    meas, bp = max(m.weights_per_rank(base.result) or [0]), base.prediction
-    if not meas or abs(meas - bp.weights_max) <= WEIGHT_TOL * bp.weights_max:
-        return 1.0, ""
+def _weights_at(base: Row, p: Prediction) -> Tuple[float, str]:
+    """Weights per device at p.tp: the model's when the base run placed its weights as predicted; unsharded when
+    it sharded nothing; else the model scaled by the base run's measured/predicted ratio, never below the bytes
+    no tp splits."""
+    meas, bp = max(m.weights_per_rank(base.result)), base.prediction
+    if abs(meas - bp.weights_max) <= WEIGHT_TOL * bp.weights_max:
+        return p.weights_max, "weights as modelled"
     if base.tp > 1 and meas >= UNSHARDED * bp.model_bytes:
-        return 0.0, f" (nothing was sharded at tp={base.tp}: kept unsharded)"
-    saved_pred, saved_meas = bp.model_bytes - bp.weights_max, bp.model_bytes - meas
-    ratio = max(0.0, saved_meas / saved_pred) if saved_pred else 1.0
-    return ratio, f" (scaled to the sharding measured at tp={base.tp}: {ratio:.2f} of the modelled saving)"
+        return meas, f"nothing was sharded at tp={base.tp}: kept unsharded"
+    ratio = meas / bp.weights_max
+    return max(p.unshardable, p.weights_max * ratio), (f"weights modelled x {ratio:.2f} (measured/predicted at "
+                                                        f"tp={base.tp}), not below the {m.human(p.unshardable)} no tp splits")
 
 
 def _cost(p: Prediction) -> int:

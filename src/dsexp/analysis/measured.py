@@ -90,6 +90,18 @@ def per_device_gib(result: Dict[str, Any]) -> Optional[float]:
     return headline(result, "gpu_peak_gib") if on_gpu(result) else headline(result, "gpu_weights_gib")
 
 
+def completed(result: Dict[str, Any]) -> bool:
+    """The run got through every phase (its output may still be wrong): its measurements are whole."""
+    return result.get("status") == "ok" or (result.get("failure") or {}).get("cause") == "incorrect_output"
+
+
+def gpu_max(result: Dict[str, Any], phase_name: str, key: str) -> Optional[int]:
+    """A phase's GPU figure (bytes), max over ranks."""
+    vals = [(phase(rk, phase_name).get("gpu") or {}).get(key) for rk in ranks(result)]
+    vals = [v for v in vals if v is not None]
+    return max(vals) if vals else None
+
+
 def passed(result: Dict[str, Any]) -> bool:
     return result.get("status") == "ok" and bool((result.get("correctness") or {}).get("passed"))
 

@@ -12,12 +12,16 @@ rule of the engine that ran, using the engine's own split functions where it has
   split 1/tp; without a matching policy (e.g. InternLM2) nothing is sharded.
 - `zero_inference` (ZeRO-3): every parameter partitioned 1/tp (padded), buffers replicated; with
   `offload=cpu` the partitions live on the host.
+- `autotp_zero3`: the model is loaded under zero.Init over all ranks and the weights a rank keeps are its
+  ZeRO-3 partitions (parameters 1/tp, buffers whole), as for `zero_inference`; AutoTP replaces the layers'
+  Linears (the module changes are AutoTP's).
 - `hf_tp`: the model's own transformers TP plan (DTensor shards, torch.chunk sizes).
 DeepSpeed's init_inference casts every floating tensor (buffers too) to the engine dtype; the other
 engines keep buffers in the dtype the model built them.
 
-KV cache: 2 x layers x kv_heads(rank) x head_dim x tokens x bytes. CUDA context and communicator:
-the run's own `start` snapshot. Host: what loading costs each rank, by loading strategy.
+KV cache: 2 x layers x kv_heads(rank) x head_dim x tokens x bytes. Device memory outside PyTorch's
+allocator (CUDA context, NCCL communicator, cuBLAS workspaces, most created after `start`): measured by the
+run itself, see `nonpytorch_overhead`. Host: what loading costs each rank, by loading strategy (`_host`).
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from dsexp.analysis import architecture as arch
 
-DS_ENGINES = ("init_inference", "autotp_zero3")   # engines that cast the whole module to the engine dtype
+DS_ENGINES = ("init_inference",)   # engines that cast the whole module, buffers too, to the engine dtype
 TP_ENGINES = ("init_inference", "autotp_zero3", "hf_tp")
 
 
@@ -39,6 +43,8 @@ class Placement:
     full: int                  # bytes of the whole tensor, in the dtype the engine holds it
     local: Tuple[int, ...]     # bytes on each rank's compute device
     how: str                   # "replicated", "offloaded" or the splitting module/style (LinearLayer, zero3, colwise...)
+    dim: Optional[int] = None  # the dimension a TP split cuts (0: each rank's rows are contiguous in the file)
+    is_buffer: bool = False
 
 
 @dataclass
@@ -91,9 +97,9 @@ def _effective_policy(result: Dict[str, Any]) -> Optional[Dict[str, List[str]]]:
 @dataclass
 class HostPrediction:
     """Host bytes each rank adds while loading, on top of its `start` snapshot."""
-    file: List[int]            # file-backed (mmap'd checkpoint pages: page cache, shared by the ranks)
-    anon: List[int]            # private (anonymous) memory at the load peak
-    kept: List[int]            # private bytes a rank keeps whatever the loading (its own TP slices on a CPU run)
+    file: List[int]            # file-backed (mmap'd checkpoint pages mapped at the load peak: page cache, shared)
+    anon: List[int]            # private memory at the load peak (conversions, kept slices, offloaded partitions)
+    kept: List[int]            # private bytes a rank keeps whatever the loading (TP slices on a CPU run, offload)
     how: str                   # one sentence: why
 
     @property
@@ -111,7 +117,7 @@ class Prediction:
     kv_cache: List[int]
     tokens: int
     dims: arch.Dims
-    overhead: Optional[int]            # CUDA context + communicator at start (GPU runs only)
+    overhead: Optional[int]            # device memory outside PyTorch's allocator, measured (GPU runs only)
     host: HostPrediction
     modules: Dict[str, Dict[str, int]]
     notes: List[str] = field(default_factory=list)
@@ -133,6 +139,11 @@ class Prediction:
     def sharded(self) -> bool:
         return any(p.how != "replicated" for p in self.placements) and self.tp > 1
 
+    @property
+    def unshardable(self) -> int:
+        """Bytes every rank holds whole whatever the tp (the floor any tp leaves on a device)."""
+        return sum(p.full for p in self.placements if p.how == "replicated")
+
     def replicated(self) -> Dict[str, int]:
         """Bytes every rank holds in full, grouped by name pattern (layer numbers as *)."""
         groups: Counter = Counter()
@@ -142,7 +153,7 @@ class Prediction:
         return dict(groups.most_common())
 
     def floor(self) -> int:
-        """Per-device floor: weights + KV cache (+ the context overhead on GPUs), max over ranks."""
+        """Per-device floor: weights + KV cache (+ the memory outside PyTorch on GPUs), max over ranks."""
         per_rank = max(w + k for w, k in zip(self.weights, self.kv_cache))
         return per_rank + (self.overhead or 0)
 
@@ -158,7 +169,7 @@ def predict(result: Dict[str, Any], tp: Optional[int] = None) -> Prediction:
     d = arch.dims(model)
     kv = [_kv_bytes(d, _kv_heads(d.kv_heads, tp, r, strategy), tokens, strategy.dtype) for r in range(tp)]
     return Prediction(tp=tp, strategy=strategy, placements=placements, weights=weights, kv_cache=kv,
-                      tokens=tokens, dims=d, overhead=start_overhead(result), notes=notes, error=error, modules=modules,
+                      tokens=tokens, dims=d, overhead=nonpytorch_overhead(result), notes=notes, error=error, modules=modules,
                       host=_host(result, strategy, tp, weights, placements))
 
 
@@ -206,13 +217,14 @@ def _tensors(model, strategy: Strategy) -> List[_Tensor]:
 
 def _replicated(t: _Tensor, tp: int, how: str = "replicated") -> Placement:
     b = t.numel * t.itemsize
-    return Placement(t.name, b, (b,) * tp, how)
+    return Placement(t.name, b, (b,) * tp, how, is_buffer=t.is_buffer)
 
 
 def _split(t: _Tensor, dim: int, sizes: List[int], how: str) -> Placement:
     """A tensor cut along `dim` into pieces of the given sizes (one per rank)."""
     other = t.numel // t.shape[dim]
-    return Placement(t.name, t.numel * t.itemsize, tuple(s * other * t.itemsize for s in sizes), how)
+    return Placement(t.name, t.numel * t.itemsize, tuple(s * other * t.itemsize for s in sizes), how, dim=dim,
+                     is_buffer=t.is_buffer)
 
 
 # --- engines -------------------------------------------------------------------------------------
@@ -340,8 +352,11 @@ def _zero3(model, tensors, s: Strategy, tp: int, notes: List[str]):
 
 
 def _autotp_zero3(model, tensors, s: Strategy, tp: int, notes: List[str]):
-    notes.append("autotp_zero3 modelled as AutoTP over all ranks (ZeRO-3 data-parallel group of 1)")
-    return _autotp(model, tensors, s, tp, notes)
+    notes.append("autotp_zero3 modelled as ZeRO-3 partitioning over all ranks (parameters 1/tp, buffers whole); "
+                 "the module replacements are AutoTP's")
+    _, modules = _autotp(model, tensors, s, tp, [])
+    placements, _ = _zero3(model, tensors, s, tp, notes)
+    return placements, modules
 
 
 _HF_DIMS = (("embedding_colwise", 1), ("embedding_rowwise", 0), ("packed_colwise", 0), ("packed_rowwise", -1),
@@ -408,38 +423,66 @@ def _tokens(result: Dict[str, Any], s: Strategy) -> int:
     return n_prompt + int(gen.get("new_tokens") or 0)
 
 
-def start_overhead(result: Dict[str, Any]) -> Optional[int]:
-    """Device memory in use after `start` (CUDA context, communicator, whatever else holds the GPU), max over ranks."""
+def nonpytorch_overhead(result: Dict[str, Any]) -> Optional[int]:
+    """Device memory the floor adds to weights and KV cache, max over ranks: the process's memory outside
+    PyTorch's allocator at its largest over the phases (NVML process used - torch reserved: CUDA context, NCCL
+    communicator, cuBLAS workspaces, which mostly appear after `start`) plus what the device itself holds apart
+    from the process at `start` (NVML device used - process used). Runs without per-process NVML figures fall
+    back to the device memory in use after `start`."""
     vals = []
     for rk in result.get("ranks") or []:
-        gpu = ((rk or {}).get("phases", {}).get("start") or {}).get("gpu") or {}
-        used = gpu.get("nvml_device_used") or gpu.get("gpu_driver_used")
-        if used is not None:
-            vals.append(used)
+        phases = (rk or {}).get("phases") or {}
+        start = (phases.get("start") or {}).get("gpu") or {}
+        outside = [g["nvml_process_used"] - (g.get("gpu_reserved") or 0)
+                   for g in ((ph or {}).get("gpu") or {} for ph in phases.values()) if g.get("nvml_process_used")]
+        if outside and start.get("nvml_device_used") is not None and start.get("nvml_process_used") is not None:
+            vals.append(max(outside) + start["nvml_device_used"] - start["nvml_process_used"])
+        elif (start.get("nvml_device_used") or start.get("gpu_driver_used")) is not None:
+            vals.append(start.get("nvml_device_used") or start.get("gpu_driver_used"))
     return max(vals) if vals else None
 
 
 def _host(result: Dict[str, Any], s: Strategy, tp: int, weights: List[int], placements: List[Placement]) -> HostPrediction:
-    """Host bytes loading adds per rank (measured on CPU runs: the interpreter's own imports during load, ~100-200
-    MiB, come on top). Eager loads mmap the checkpoint (.bin too: transformers >= 5 loads it with mmap=True);
-    a dtype conversion materialises a private converted copy; on a CPU run the TP slices a rank keeps are copies."""
-    files = arch.checkpoint_files((result.get("runtime") or {}).get("model_dir"))
+    """Host bytes loading adds per rank at its peak (the interpreter's own imports during load, ~100-200 MiB,
+    come on top). Eager loads mmap the checkpoint (.bin too: transformers >= 5 loads it with mmap=True) and
+    touch the pages of what the rank takes: a whole tensor when it is replicated, partitioned by ZeRO or cut
+    along columns, only its rows when cut along dim 0. A dtype conversion materialises a private converted
+    copy; on a CPU run the TP slices a rank keeps are copies; offloaded ZeRO partitions live on the host."""
     model_run = sum(p.full for p in placements)
-    ckpt = sum(files.values()) or (result.get("runtime") or {}).get("checkpoint_bytes") or \
-        model_run * arch.DTYPE_BYTES[s.model_dtype] // arch.DTYPE_BYTES[s.dtype]
-    largest = max(files.values()) if files else ckpt
+    files = _checkpoint_files(result, s, placements)
+    ckpt = sum(files) or model_run * arch.DTYPE_BYTES[s.model_dtype] // arch.DTYPE_BYTES[s.dtype]
     on_host = s.device == "cpu"  # on a CPU run the device *is* the host
-    kept = [sum(p.local[r] for p in placements if p.how not in ("replicated", "offloaded")) if on_host else 0
-            for r in range(tp)]
+    offload = sum(math.ceil(p.full / tp) for p in placements if p.how == "offloaded")
+    kept = [(sum(p.local[r] for p in placements if p.how not in ("replicated", "offloaded")) if on_host else 0)
+            + offload for r in range(tp)]
     if s.load == "meta":
+        largest = max(files, default=ckpt)
         return HostPrediction([largest] * tp, [largest + k for k in kept], kept,
                               "every rank reads every checkpoint file in full, one file at a time")
     if s.load == "sharded":
-        return HostPrediction([0] * tp, list(weights), kept,
-                              "each rank reads only its own slice and the replicated tensors")
+        biggest = [max((p.local[r] for p in placements if not p.is_buffer), default=0) for r in range(tp)]
+        return HostPrediction(biggest, [(w if on_host else 0) + offload for w in weights], kept,
+                              "each rank reads only its own slice and the replicated tensors, one tensor at a time "
+                              "(the largest one mapped at once)")
     if s.conversion:
-        return HostPrediction([ckpt] * tp, [model_run] * tp, kept,
+        return HostPrediction([ckpt] * tp, [model_run + offload] * tp, kept,
                               f"the load converts ({s.conversion}): a private full copy per rank")
-    return HostPrediction([ckpt] * tp, kept, kept,
+    touched = [sum(p.local[r] if p.dim == 0 else p.full for p in placements if not p.is_buffer) for r in range(tp)]
+    return HostPrediction(touched, kept, kept,
                           f"{s.fmt} is memory-mapped without conversion: the checkpoint sits in the page cache, "
                           f"shared by the ranks; private memory ~ the slices each rank keeps")
+
+
+def _checkpoint_files(result: Dict[str, Any], s: Strategy, placements: List[Placement]) -> List[int]:
+    """Bytes of each checkpoint file: the folder's, else as the writer packs the parameters (model dtype, shard_mb)."""
+    files = arch.checkpoint_files((result.get("runtime") or {}).get("model_dir"))
+    if files:
+        return list(files.values())
+    from dsexp.models.writer import plan_shards
+
+    shard_mb = ((result.get("config") or {}).get("model") or {}).get("shard_mb")
+    if not shard_mb:
+        return []
+    scale = arch.DTYPE_BYTES[s.model_dtype] / arch.DTYPE_BYTES[s.dtype]
+    specs = [(p.name, (int(p.full * scale),)) for p in placements if not p.is_buffer]
+    return [sum(shape[0] for _, shape in shard) for shard in plan_shards(specs, 1, shard_mb)]

@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from dsexp.analysis import measured as m
 from dsexp.analysis import plots
-from dsexp.analysis.matrix import Extrapolated, Row, build_rows, extrapolate, recommend
+from dsexp.analysis.matrix import Extrapolated, Row, build_rows, extrapolate, main_model, recommend
 from dsexp.analysis.memory import predict
 from dsexp.analysis.sources import results_from_dir
 
@@ -132,27 +132,68 @@ def extrapolation_table(extra: List[Extrapolated], gpu: bool, rows: List[Row]) -
     return md_table(header, body, [False, True, False] + [True] * (len(header) - 3))
 
 
+FLOOR_MARGIN = 0.05  # a recommended peak within 5% of the memory model's floor leaves nothing big unexplained
+
+
 def recommendation(rows: List[Row], extra: List[Extrapolated]) -> List[str]:
-    best, best_host = recommend(rows)
+    picks = recommend(rows)
     gpu = any(m.on_gpu(r.result) for r in rows)
     what = "per-GPU peak" if gpu else "device-resident weights per rank (CPU run: no GPU, the rank's device is the host)"
+    best, plain = picks["per_device"], picks["per_device_no_offload"]
     if best is None:
         return ["No configuration passed the correctness check: nothing to recommend."]
-    v = best.values()
-    lines = [f"**Recommended (lowest {what} that passed correctness): `{best.strategy}` at tp={best.tp}**: "
-             f"{m.human(m.per_device_gib(best.result) * m.GIB)} per {'GPU' if gpu else 'rank'}, host peak "
-             f"{_num(v['host_peak_gib'])} GiB per rank, node {_num(v['node_host_peak_gib'])} GiB; logits rel. err "
-             f"{_num(v['logits_rel_err'], 4)}."]
-    ahead = [e for e in extra if e.strategy == best.strategy and not e.measured and e.per_device_gib is not None]
-    if ahead:
-        lines.append("Predicted for this configuration: " + "; ".join(
-            f"tp={e.tp}: {m.human(e.per_device_gib * m.GIB)} per {'GPU' if gpu else 'rank'}, "
-            f"host {_num(e.host_peak_gib)} GiB "
-            f"per rank, node {_num(e.node_host_peak_gib)} GiB" for e in ahead) + ".")
-    if best_host is not None:
-        lines.append(f"Lowest host peak per rank that passed correctness: `{best_host.strategy}` at tp={best_host.tp}: "
-                     f"{_num(best_host.values()['host_peak_gib'])} GiB.")
-    return lines
+    lines = [_pick_line(f"**Recommended (lowest {what} that passed correctness)", best, gpu, "**")]
+    others = sorted({r.config.get("model", {}).get("name") for r in rows} - {main_model(rows)})
+    if others:
+        lines.insert(0, f"Runs of `{main_model(rows)}` compared; other models are left out of the recommendation "
+                        f"({', '.join(f'`{o}`' for o in others)}).")
+    if plain is not None and plain.row is not best.row:
+        a, b = best.row.values(), plain.row.values()
+        lines.append(f"Its costs against the lowest {what} without offload (`{plain.row.label}`): host peak "
+                     f"{_num(a['host_peak_gib'])} vs {_num(b['host_peak_gib'])} GiB per rank, node "
+                     f"{_num(a['node_host_peak_gib'])} vs {_num(b['node_host_peak_gib'])} GiB, tokens/s "
+                     f"{_num(a['tokens_per_s'], 1)} vs {_num(b['tokens_per_s'], 1)}.")
+        lines.append(_pick_line(f"**Lowest {what} without offload (ties within 1% broken by host peak per rank)",
+                                plain, gpu, "**"))
+    for strategy in dict.fromkeys(pick.row.strategy for pick in (best, plain) if pick):
+        ahead = [e for e in extra if e.strategy == strategy and not e.measured and e.per_device_gib is not None]
+        if ahead:
+            lines.append(f"Predicted for `{strategy}`: " + "; ".join(
+                f"tp={e.tp}: {m.human(e.per_device_gib * m.GIB)} per {'GPU' if gpu else 'rank'}, "
+                f"host {_num(e.host_peak_gib)} GiB per rank, node {_num(e.node_host_peak_gib)} GiB" for e in ahead) + ".")
+    for key, title in (("host", "Lowest host peak per rank that passed correctness"),
+                       ("node", "Lowest node host peak that passed correctness")):
+        if picks[key] is not None:
+            lines.append(_pick_line(title, picks[key], gpu, ""))
+    recommended = dict.fromkeys(pick.row.label for pick in picks.values() if pick)
+    rows_by_label = {r.label: r for r in rows}
+    return lines + [line for label in recommended for line in _floor_check(rows_by_label[label])]
+
+
+def _pick_line(title: str, pick, gpu: bool, close: str) -> str:
+    """One recommendation with its figures and, when several runs tie within 1%, how the tie was broken."""
+    r, v = pick.row, pick.row.values()
+    line = (f"{title}: `{r.strategy}` at tp={r.tp}{close}: {m.human(m.per_device_gib(r.result) * m.GIB)} per "
+            f"{'GPU' if gpu else 'rank'}, host peak {_num(v['host_peak_gib'])} GiB per rank, node "
+            f"{_num(v['node_host_peak_gib'])} GiB, {_num(v['tokens_per_s'], 1)} tokens/s; logits rel. err "
+            f"{_num(v['logits_rel_err'], 4)}.")
+    if len(pick.tied) > 1:
+        line += (f" {len(pick.tied)} runs tie within 1%; the lowest host peak per rank wins: " +
+                 ", ".join(f"`{t.label}` {_num(t.values()['host_peak_gib'])} GiB" for t in pick.tied) + ".")
+    return line
+
+
+def _floor_check(row: Row) -> List[str]:
+    """The recommended run's per-GPU peak against the memory model's floor for its configuration."""
+    p, peak = row.prediction, m.headline(row.result, "gpu_peak_gib")
+    if p is None or p.overhead is None or peak is None or not m.on_gpu(row.result):
+        return []
+    floor = p.floor() / m.GIB
+    over = peak / floor - 1
+    return [f"`{row.label}`: per-GPU peak {peak:.2f} GiB vs the memory model's floor {floor:.2f} GiB (weights "
+            f"{m.human(p.weights_max)} + KV cache {m.human(max(p.kv_cache))} + {m.human(p.overhead)} measured outside "
+            f"PyTorch's allocator): {over:+.1%} over the floor, {'within' if over <= FLOOR_MARGIN else 'beyond'} "
+            f"{FLOOR_MARGIN:.0%}."]
 
 
 def sections(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path]) -> Dict[str, str]:
@@ -181,10 +222,16 @@ def sections(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path
             "- per-GPU peak: NVML device memory used at its peak (includes the CUDA context and communicators).",
             "- weights per GPU/rank: parameter + buffer bytes on the rank's compute device after init (census).",
             "- predicted: the memory model from the model's config alone (dsexp.analysis.memory); the floor adds "
-            "the KV cache for prompt + generated tokens and the device memory in use after the `start` phase.",
+            "the KV cache for prompt + generated tokens and the device memory the run measured outside PyTorch's "
+            "allocator (max over phases of NVML process used - torch reserved, plus the device's own reserve at "
+            "`start`: CUDA context, communicator, workspaces).",
             "- host peak / rank: RSS peak of one rank process; node host peak: total - available memory of the machine "
             "(left out, `-`, for jobs packed with other jobs: `launcher.pack=true`).",
-            "- tp values not run: the memory model at that tp, calibrated on the largest tp that was measured.", ""]}
+            "- tp values not run: the memory model at that tp (weights: sharded part / tp + replicated; KV cache), "
+            "anchored on the largest tp that completed: + its measured memory outside PyTorch and activations/cache "
+            "(peak - floor); host per rank = its peak RSS - the modelled load cost at its tp + the cost at the new "
+            "tp (checkpoint pages mapped at once + private bytes, by loading strategy); node = used before launch + "
+            "ranks x private bytes per rank (page cache is reclaimable, not counted). Failed runs anchor nothing.", ""]}
     return {name: "\n".join(lines) for name, lines in parts.items()}
 
 
@@ -267,8 +314,8 @@ def _safe(fn: Callable):
 
 
 def _timeline_run(rows: List[Row]) -> Optional[Row]:
-    best, _ = recommend(rows)
-    return best or next((r for r in sorted(rows, key=lambda r: -r.tp) if m.ranks(r.result)), None)
+    best = recommend(rows)["per_device"]
+    return best.row if best else next((r for r in sorted(rows, key=lambda r: -r.tp) if m.ranks(r.result)), None)
 
 
 # --- MLflow --------------------------------------------------------------------------------------
@@ -330,10 +377,12 @@ def log_to_mlflow(tracker, parent: Dict[str, Any], out: Path, rows: List[Row]) -
     for name in (SUMMARY_MD, SUMMARY_CSV):
         retry(lambda: client.log_artifact(rid, str(out / name), "report"))
     tracker.log_artifact_dir(rid, out / PLOTS, "report/plots")
-    best, best_host = recommend(rows)
+    picks = recommend(rows)
+    best = picks["per_device"].row if picks["per_device"] else None
     tags = {"dsexp.recommendation": best.label if best else "none passed correctness"}
-    if best_host:
-        tags["dsexp.recommendation_host"] = best_host.label
+    for key, tag in (("per_device_no_offload", "no_offload"), ("host", "host"), ("node", "node")):
+        if picks[key]:
+            tags[f"dsexp.recommendation_{tag}"] = picks[key].row.label
     for k, v in tags.items():
         retry(lambda: client.set_tag(rid, k, v))
     if best:

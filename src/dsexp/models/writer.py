@@ -65,13 +65,17 @@ def ensure_checkpoint(cache_dir: str, name: str, arch: str, dims: Dict[str, Any]
 
 
 def meta_model(arch: str, dims: Dict[str, Any], dtype: str):
-    """The model of this architecture built on the meta device (no memory), with its HF config."""
+    """The model of this architecture built on the meta device (no memory), with its HF config, its tensors in
+    `dtype` as from_pretrained(dtype=...) makes them (buffers the modeling code builds in fp32 stay fp32)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     cfg = ARCHS[arch].make_config(dims, dtype)
+    # Calling a model class directly builds in torch's default dtype (fp32) whatever the config says;
+    # _from_config (what AutoModel.from_config calls) applies the dtype, also for a remote-code class.
+    build = _model_class(arch, cfg)._from_config if ARCHS[arch].remote_code else AutoModelForCausalLM.from_config
     with torch.device("meta"):
-        model = _model_class(arch, cfg)(cfg) if ARCHS[arch].remote_code else AutoModelForCausalLM.from_config(cfg)
+        model = build(cfg, dtype=torch_dtype(dtype))
     return cfg, model
 
 
@@ -104,7 +108,7 @@ def write_checkpoint(folder: Path, arch: str, dims: Dict[str, Any], dtype: str, 
 
         write_remote_code(folder)
     cfg.save_pretrained(folder)
-    shards = list(_plan_shards(specs, torch_dtype(dtype).itemsize, shard_mb))
+    shards = list(plan_shards(specs, torch_dtype(dtype).itemsize, shard_mb))
     n = len(shards)
     t0 = time.perf_counter()
     weight_map, total, pending = {}, 0, []
@@ -127,7 +131,7 @@ def write_checkpoint(folder: Path, arch: str, dims: Dict[str, Any], dtype: str, 
     return total, time.perf_counter() - t0
 
 
-def _plan_shards(specs, itemsize: int, shard_mb: int) -> Iterator[list]:
+def plan_shards(specs, itemsize: int, shard_mb: int) -> Iterator[list]:
     limit = max(1, int(shard_mb * 2**20))
     cur, size = [], 0
     for name, shape in specs:
