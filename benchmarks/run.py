@@ -1,6 +1,7 @@
 """`make bench`: how fast dsexp itself is on this machine, and how much it disturbs what it measures.
 
-    python benchmarks/run.py [--machine NAME] [--only imports,writer,cache,overhead,sampler] [--big] [--pairs N]
+    python benchmarks/run.py [--machine NAME] [--only imports,writer,overhead,sampler] [--big] [--pairs N]
+                             [--sampler-model tiny|small] [--overhead-jobs N] [--out DIR] [--keep DIR]
 
 Writes results/<machine>/bench.json and bench.md (machine: `cpu`, or `h200` / `h200x2` from NVML's
 GPU name and count), both rewritten after every section. A run with --only updates those sections and
@@ -8,22 +9,22 @@ keeps the others. Not a test: timings on a shared machine are noisy, so nothing 
 figure is set against its target and a gap is stated as such. Sections run in this order; the jobs
 use the benchmark's own cache (empty at the start) and MLflow store in a temporary folder.
 
-- imports: a rank's start-up, as fresh interpreters importing what a rank imports, step by step.
+- imports: a rank's start-up: a fresh interpreter importing what a rank imports, step by step.
 - writer: the random-weight checkpoint writer (`python -m dsexp.models.writer`, as jobs run it) into an
   empty cache: GB/s of weights drawn and written (GB = 1e9 bytes), also counting the flush to disk
   (`sync`) after it; building the model skeleton on meta (imports included) is reported apart.
   Presets tiny and small, and internlm2_20b_shapes (~40 GB) on a GPU machine or with --big.
-- cache: two identical `load=sharded` jobs (tiny) on the empty cache: the first computes the
-  random-weight checkpoint, the tp=1 reference logits and the per-rank split, the second must find all
-  three (hits); the seconds the first spent on each, and each job's preparation time.
-- overhead: with the caches warm (a warm-up job, unless the cache section just ran), a 4-job sweep
-  (tp=1,2 x 2; 4 x tp=1 on one GPU) under Hydra's basic launcher; each job's wall time is split by
-  dsexp.analysis.overhead (the ranks' own work, and every step around it). The first job of a sweep
-  process pays one-time imports and is reported apart.
-- sampler: paired jobs (`model=small`, after a warm-up job), each pair run back to back with the peak
-  sampler at its default period and with it off (`probe.sample_ms=0`); per phase, the geometric mean of
-  the on/off wall-time ratios with a 95% interval, and the CPU share of the sampler thread (its `cpu_s`
-  over the rank's lifetime).
+- overhead: identical `load=sharded` jobs (tiny; tp=2, or 1 on a machine of one GPU) under Hydra's
+  basic launcher on the benchmark's empty cache. The first computes the random-weight checkpoint, the
+  tp=1 reference logits and the per-rank split, the others must find all three (cache hits, reported
+  with the seconds each miss took); each job's wall time is split by dsexp.analysis.overhead (the
+  ranks' own work, and every step around it). The first job also pays the sweep process's one-time
+  imports and is reported apart.
+- sampler: paired jobs (`--sampler-model`, small; after a warm-up job unless it is tiny, which the
+  overhead sweep left cached), each pair run back to back with the peak sampler at its default period
+  and with it off (`probe.sample_ms=0`), half of the pairs on first and half off first; per phase, the
+  geometric mean of the on/off wall-time ratios with a 95% interval, and the CPU share of the sampler
+  thread (its `cpu_s` over the rank's lifetime).
 """
 from __future__ import annotations
 
@@ -47,13 +48,16 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from dsexp.analysis.overhead import DESCRIPTIONS, NOT_DSEXP, SEGMENTS, breakdown  # noqa: E402
 
-SECTIONS = ("imports", "writer", "cache", "overhead", "sampler")  # run in this order
-SCHEMA = 2  # bench.json of another schema is not merged into
+SECTIONS = ("imports", "writer", "overhead", "sampler")  # run in this order
+SCHEMA = 3  # bench.json of another schema is not merged into
 TARGETS = {"overhead_s": 3.0, "sampler_core_pct": 1.0, "writer_gbps_gpu": 1.0}
 RESOLVED, RESOLVED_S = 0.05, 0.05  # "no measurable shift" needs pairs that would show a shift of 5% or 50 ms
-IMPORT_STEPS = (("interpreter", "pass"), ("dsexp.worker", "import dsexp.worker"),
-                ("+ torch", "import dsexp.worker, torch"), ("+ deepspeed", "import dsexp.worker, torch, deepspeed"),
-                ("+ transformers (imported in the load phase)", "import dsexp.worker, torch, deepspeed, transformers"))
+IMPORTS = (("dsexp.worker", "dsexp.worker"), ("torch", "+ torch"), ("deepspeed", "+ deepspeed"),
+           ("transformers", "+ transformers (imported in the load phase)"))
+# A fresh interpreter imports IMPORTS in turn and prints perf_counter after each (CLOCK_MONOTONIC: the same
+# clock as the parent's), so one process per repeat gives every step's cumulative time.
+IMPORT_PROBE = ("import json, sys, time\nt = [time.perf_counter()]\nfor m in sys.argv[1:]:\n"
+                "    __import__(m)\n    t.append(time.perf_counter())\nprint(json.dumps(t))")
 
 
 def machine_name() -> str:
@@ -111,16 +115,20 @@ def compose(model: str) -> Dict[str, Any]:
 
 def bench_imports(gpus: int, repeats: int = 3) -> Dict[str, Any]:
     env = {**os.environ, "DS_ACCELERATOR": "cuda" if gpus else "cpu"}
-    steps = []
-    for label, code in IMPORT_STEPS:
-        walls = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
-            walls.append(time.perf_counter() - t)
-        steps.append({"step": label, "code": code, "wall_s": statistics.median(walls), "runs": walls})
-        print(f"imports: {label}: {steps[-1]['wall_s']:.2f} s")
-    return {"steps": steps, "note": "fresh interpreter, wall time to exit (median of %d)" % repeats}
+    labels = ["interpreter"] + [label for _, label in IMPORTS] + ["exit"]
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = subprocess.run([sys.executable, "-c", IMPORT_PROBE, *(m for m, _ in IMPORTS)], env=env, check=True,
+                             capture_output=True, text=True).stdout
+        end = time.perf_counter()
+        runs.append([t - t0 for t in json.loads(out.strip().splitlines()[-1])] + [end - t0])
+    steps = [{"step": label, "wall_s": statistics.median(r[i] for r in runs), "runs": [r[i] for r in runs]}
+             for i, label in enumerate(labels)]
+    for st in steps:
+        print(f"imports: {st['step']}: {st['wall_s']:.2f} s")
+    return {"steps": steps, "note": f"one fresh interpreter importing them in turn, seconds since it was started "
+                                    f"(median of {repeats}); exit: until the process is gone"}
 
 
 def bench_writer(models: List[str]) -> Dict[str, Any]:
@@ -150,32 +158,45 @@ def _summary(values: List[float]) -> Dict[str, float]:
     return {"mean": statistics.mean(values), "min": min(values), "max": max(values)} if values else {}
 
 
-def bench_overhead(workdir: Path, tps: List[int], warm: bool, model: str = "tiny") -> Dict[str, Any]:
-    """warm: the cache section ran before (same model, cache and MLflow store), so no warm-up job is needed."""
-    if not warm:
-        dsexp(["-m", f"model={model}", "tp=1", "variant=warmup", "hydra.sweep.dir=multirun/warmup"], workdir,
-              workdir / "warmup.log")
-    variants = ",".join(f"o{i}" for i in range(1, 4 // len(tps) + 1))  # 4 jobs in all
-    tp = ",".join(map(str, tps))
+CACHED = ("checkpoint", "reference", "split")
+
+
+def bench_overhead(workdir: Path, tp: int, jobs: int, model: str = "tiny") -> Dict[str, Any]:
+    """A sweep of identical `load=sharded` jobs on the benchmark's empty cache: job 1 computes the checkpoint,
+    the tp=1 reference and the per-rank split (and pays the sweep process's one-time imports): it is reported
+    apart; the others must reuse all three, and their overhead is the steady per-job figure."""
+    variants = ",".join(f"o{i}" for i in range(1, jobs + 1))
     t0 = time.time()
-    dsexp(["-m", f"model={model}", f"tp={tp}", f"variant={variants}", "hydra.sweep.dir=multirun/overhead"], workdir,
-          workdir / "overhead.log")
+    dsexp(["-m", f"model={model}", "load=sharded", f"tp={tp}", f"variant={variants}",
+           "hydra.sweep.dir=multirun/overhead"], workdir, workdir / "overhead.log")
     t1 = time.time()
-    jobs = results(workdir / "multirun" / "overhead")
-    rows = []
-    for i, res in enumerate(jobs):
-        b = breakdown(res, jobs[i - 1] if i else None)
-        rows.append({"job": i, "tp": res["config"]["tp"], "cache": res["runtime"].get("cache"), **b})
+    done = results(workdir / "multirun" / "overhead")
+    rows = [{"job": i + 1, **breakdown(res, done[i - 1] if i else None)} for i, res in enumerate(done)]
     steady = rows[1:]
     return {
-        "setup": f"model={model}, sweep tp={tp} x variant={variants} ({len(jobs)} jobs), basic launcher, caches warm",
+        "setup": f"model={model} load=sharded tp={tp}, {len(done)} identical jobs (variant={variants}) under the basic "
+                 "launcher, on an empty cache",
         "jobs": rows,
-        "steady": {k: _summary([r[k] for r in steady if k in r]) for k in rows[-1] if k not in ("job", "tp", "cache")},
-        "first_job_extra_s": rows[0]["overhead_dsexp"] - statistics.mean(r["overhead_dsexp"] - r.get("hydra", 0)
-                                                                          for r in steady),
-        "sweep_start_s": jobs[0]["clock"]["task"] - t0, "sweep_end_s": t1 - jobs[-1]["clock"]["tracked"],
+        "steady": {k: _summary([r[k] for r in steady if k in r]) for k in rows[-1] if k != "job"},
+        "first_job_extra_s": (rows[0]["overhead_dsexp"] - rows[0]["prepare"])
+        - statistics.mean(r["overhead_dsexp"] - r.get("hydra", 0) - r["prepare"] for r in steady),
+        "sweep_start_s": done[0]["clock"]["task"] - t0, "sweep_end_s": t1 - done[-1]["clock"]["tracked"],
         "sweep_wall_s": t1 - t0,
+        "cache": cache_use(done, rows),
     }
+
+
+def cache_use(done: List[Dict[str, Any]], rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Per job: hit or miss for each cached artefact, the seconds a miss took, the job's preparation time."""
+    out = []
+    for res, row in zip(done, rows):
+        rt, split = res["runtime"], res["runtime"].get("split") or {}
+        out.append({"job": row["job"], **rt["cache"], "prepare_s": row["prepare"],
+                    "checkpoint_s": rt.get("checkpoint_write_s") if rt.get("checkpoint_written") else None,
+                    "reference_s": rt.get("reference_s"),
+                    "split_s": None if split.get("cache_hit") else split.get("seconds")})
+    expected = [{k: "miss" if i == 0 else "hit" for k in CACHED} for i in range(len(out))]
+    return {"jobs": out, "as_expected": [{k: r[k] for k in CACHED} for r in out] == expected}
 
 
 # two-sided 95% quantiles of Student's t for 1..10 degrees of freedom
@@ -196,10 +217,12 @@ def paired_ratio(ratios: List[float]) -> Dict[str, Any]:
     return {"ratio": math.exp(mean), "ci95": [lo, hi], "measurable": not lo <= 1 <= hi}
 
 
-def bench_sampler(workdir: Path, pairs: int, model: str = "small") -> Dict[str, Any]:
+def bench_sampler(workdir: Path, pairs: int, model: str, warm: bool) -> Dict[str, Any]:
+    """warm: the model's checkpoint and reference are cached already (the overhead sweep used it)."""
     period = compose(model)["probe"]["sample_ms"]
-    dsexp(["-m", f"model={model}", "tp=1", "variant=warmup", "hydra.sweep.dir=multirun/sampler_warmup"], workdir,
-          workdir / "sampler_warmup.log")
+    if not warm:
+        dsexp(["-m", f"model={model}", "tp=1", "variant=warmup", "hydra.sweep.dir=multirun/sampler_warmup"], workdir,
+              workdir / "sampler_warmup.log")
     # Half the pairs run with the sampler on first, half off first, so a drift in the machine's load cancels.
     first = (pairs + 1) // 2
     halves = {"on_first": (range(1, first + 1), f"{period:g},0"),
@@ -239,27 +262,6 @@ def bench_sampler(workdir: Path, pairs: int, model: str = "small") -> Dict[str, 
                      f"({first} with the sampler on first, {pairs - first} with it off first)",
             "period_ms": period, "core_pct": _summary(shares), "us_per_sample": _summary(per_sample),
             "samples_per_s": _summary(rate), "expected_samples_per_s": 1000 / period, "ratio_on_off": shift}
-
-
-CACHED = ("checkpoint", "reference", "split")
-
-
-def bench_cache(workdir: Path, tp: int, model: str = "tiny") -> Dict[str, Any]:
-    """Runs before any other job of the benchmark, so the benchmark's cache holds nothing for the model yet."""
-    dsexp(["-m", f"model={model}", "load=sharded", f"tp={tp}", "variant=c1,c2", "hydra.sweep.dir=multirun/cache"],
-          workdir, workdir / "cache.log")
-    rows = []
-    for i, res in enumerate(results(workdir / "multirun" / "cache")):
-        rt, split = res["runtime"], res["runtime"].get("split") or {}
-        rows.append({"job": i + 1, **rt["cache"], "prepare_s": (breakdown(res) or {}).get("prepare"),
-                     "checkpoint_s": rt.get("checkpoint_write_s") if rt.get("checkpoint_written") else None,
-                     "reference_s": rt.get("reference_s"),
-                     "split_s": None if split.get("cache_hit") else split.get("seconds")})
-        print(f"cache: job {i + 1}: " + ", ".join(f"{k} {rows[-1][k]}" for k in CACHED)
-              + f"; preparation {rows[-1]['prepare_s']:.2f} s")
-    expected = [{k: "miss" for k in CACHED}, {k: "hit" for k in CACHED}]
-    return {"setup": f"model={model} load=sharded tp={tp}, two identical jobs (variant=c1,c2) on an empty cache",
-            "jobs": rows, "as_expected": [{k: r[k] for k in CACHED} for r in rows] == expected}
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -316,8 +318,8 @@ def render(data: Dict[str, Any]) -> str:
     if ov:
         st = ov["steady"]
         own, total = st["overhead_dsexp"]["mean"], st["overhead"]["mean"]
-        out += ["## Per-job overhead", "", f"Setup: {ov['setup']}. Mean of jobs 2-4 (seconds); job 1 is in the "
-                "JSON. Segments follow one another, so they add up to the job's wall time.", ""]
+        out += ["## Per-job overhead", "", f"Setup: {ov['setup']}. Mean of jobs 2-{len(ov['jobs'])} (seconds); job 1 "
+                "is in the JSON. Segments follow one another, so they add up to the job's wall time.", ""]
         names = ["hydra"] + [n for n, *_ in SEGMENTS]
         desc = {"hydra": "Hydra between jobs: composing the next job's config, its folder and logging", **DESCRIPTIONS}
         out += _table(["segment", "s (mean)", "min", "max", "what"],
@@ -368,10 +370,10 @@ def render(data: Dict[str, Any]) -> str:
                 + (f"{'met' if gap <= 0 else f'NOT met (gap {gap:.2f} GB/s)'} ({big['model']}: {big['gbps']:.2f} GB/s)."
                    if gpu else f"applies to the GPU machine (here the weights are drawn on {data['host']['cpus']} "
                                f"CPU cores; {big['model']}: {big['gbps']:.2f} GB/s)."), ""]
-    ca = data.get("cache")
+    ca = (ov or {}).get("cache")
     if ca:
-        out += ["## Reuse across a sweep (caches)", "", f"Setup: {ca['setup']}. hit: found and reused; miss: "
-                "computed by this job (seconds it took).", ""]
+        out += ["## Reuse across a sweep (caches)", "", f"The per-job overhead sweep ({ov['setup']}). hit: found and "
+                "reused; miss: computed by this job (seconds it took).", ""]
 
         def cell(r, k):
             return r[k] + (f" ({r[k + '_s']:.1f} s)" if r.get(k + "_s") is not None else "")
@@ -396,6 +398,10 @@ def main() -> int:
     ap.add_argument("--big", action="store_true",
                     help="writer: also internlm2_20b_shapes (~40 GB) without a GPU (a GPU machine always does)")
     ap.add_argument("--pairs", type=int, default=3, help="sampler: on/off job pairs")
+    ap.add_argument("--sampler-model", default="small", help="sampler: the jobs' model preset (tiny: no warm-up job "
+                                                            "after the overhead section)")
+    ap.add_argument("--overhead-jobs", type=int, default=4,
+                    help="overhead: jobs in the sweep (>= 2; the first is reported apart)")
     ap.add_argument("--out", type=Path, default=ROOT / "results", help="results root")
     ap.add_argument("--keep", type=Path, help="copy the benchmark's sweep folders and logs here")
     args = ap.parse_args()
@@ -417,12 +423,12 @@ def main() -> int:
                 host={"cpus": len(os.sched_getaffinity(0)), "mem_gib": psutil.virtual_memory().total / 2**30,
                       "python": platform.python_version()})
     big = args.big or gpus > 0
-    tps = [1] if gpus == 1 else [1, 2]  # the overhead sweep's tp values: tp=2 needs 2 GPUs (or CPU ranks)
+    tp = 1 if gpus == 1 else 2  # the overhead sweep's: 2 ranks (CPU processes or GPUs) where the machine has them
+    warm = "overhead" in only and args.sampler_model == "tiny"
     sections = {"imports": lambda work: bench_imports(gpus),
                 "writer": lambda work: bench_writer(["tiny", "small"] + (["internlm2_20b_shapes"] if big else [])),
-                "overhead": lambda work: bench_overhead(work, tps, warm="cache" in only),
-                "sampler": lambda work: bench_sampler(work, args.pairs),
-                "cache": lambda work: bench_cache(work, max(tps))}
+                "overhead": lambda work: bench_overhead(work, tp, args.overhead_jobs),
+                "sampler": lambda work: bench_sampler(work, args.pairs, args.sampler_model, warm)}
     with tempfile.TemporaryDirectory(prefix="dsexp-bench-") as tmp:
         work = Path(tmp)
         try:
