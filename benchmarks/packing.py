@@ -1,15 +1,16 @@
 """Packed vs sequential: the same independent jobs run one by one and packed onto the machine's GPUs.
 
     python benchmarks/packing.py [--jobs 4] [--tp 1] [--model small] [--out DIR] [--keep DIR]
+    python benchmarks/packing.py --compare SEQUENTIAL_SWEEP PACKED_SWEEP [--out DIR]
 
 A warm-up job fills the caches (checkpoint, tp=1 reference, MLflow store); then `--jobs` jobs that
 differ only in their label (`variant=p1,p2,...`) run under Hydra's basic launcher (one at a time) and
 again with `hydra/launcher=dsexp_local launcher.pack=true` (all started at once, each on GPUs of its
-own). Reports the wall-time ratio packed / sequential and, per figure, the largest relative difference
-between the two runs of a job over all jobs and ranks: weights on the device after init, GPU peak
-(NVML and torch's allocator), the rank's host RSS peak; the target is within 2%. Phase times are shown,
-not compared: jobs packed on one host share its CPUs. Writes packing.json and packing.md into --out
-(default results/<machine>/). On CPU, DSEXP_FAKE_GPUS=2 gives the allocator two GPUs to hand out.
+own). Reports the wall-time ratio packed / sequential and, per per-rank memory figure, the largest
+relative difference between the two runs of a job (dsexp.analysis.packed; target within 2%). With
+--compare, only the comparison of two finished sweeps. Writes packing.json and packing.md into --out
+(default results/<machine>/); exits 1 if a figure is off by more than 2%. Needs at least 2 GPUs (jobs
+packed on one GPU would share it); on CPU, DSEXP_FAKE_GPUS=2 gives the allocator two GPUs to hand out.
 """
 from __future__ import annotations
 
@@ -21,48 +22,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from run import ROOT, dsexp, machine_name, results  # noqa: E402
 
-TOLERANCE = 0.02
-PHASES = ("start", "load", "init", "generate")
-
-
-def rank_figures(rank: Dict[str, Any]) -> Dict[str, Optional[float]]:
-    """Per-rank figures that must not depend on other jobs running beside this one."""
-    phases = rank["phases"]
-
-    def peak(section: str, key: str) -> Optional[float]:
-        vals = [(phases[p].get(section) or {}).get(key) for p in PHASES if p in phases]
-        vals = [v for v in vals if v is not None]
-        return max(vals) if vals else None
-
-    return {"weights_device": phases["init"]["weights_device"], "gpu_peak_nvml": peak("peaks", "nvml_device_used_peak"),
-            "gpu_alloc_peak": peak("gpu", "gpu_alloc_peak"), "host_rss_peak": peak("peaks", "host_rss_peak")}
-
-
-def compare(seq: List[Dict[str, Any]], packed: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
-    """Largest relative difference per figure over jobs (matched by variant) and ranks."""
-    by_variant = {r["config"]["variant"]: r for r in packed}
-    out: Dict[str, Dict[str, Any]] = {}
-    for s in seq:
-        p = by_variant[s["config"]["variant"]]
-        for rs, rp in zip(s["ranks"], p["ranks"]):
-            fs, fp = rank_figures(rs), rank_figures(rp)
-            for name, a in fs.items():
-                b = fp[name]
-                if a is None or b is None:
-                    continue
-                diff = abs(b - a) / a if a else float(b != a)
-                cur = out.setdefault(name, {"max_rel_diff": 0.0, "where": None})
-                if diff >= cur["max_rel_diff"]:
-                    cur.update(max_rel_diff=diff, where=f"{s['config']['variant']} rank {rs['rank']}", seq=a, packed=b)
-    for v in out.values():
-        v["within_tolerance"] = v["max_rel_diff"] <= TOLERANCE
-    return out
+from dsexp.analysis.packed import compare, render  # noqa: E402
+from dsexp.packing import gpu_pool  # noqa: E402
 
 
 def timed_sweep(args: List[str], workdir: Path, name: str) -> float:
@@ -71,24 +38,25 @@ def timed_sweep(args: List[str], workdir: Path, name: str) -> float:
     return time.perf_counter() - t
 
 
-def render(data: Dict[str, Any]) -> str:
-    out = [f"# Packed vs sequential on `{data['machine']}`", "", f"{data['time']} · {data['setup']}", "",
-           f"- wall time: sequential {data['sequential_s']:.1f} s, packed {data['packed_s']:.1f} s -> "
-           f"**ratio packed / sequential {data['ratio']:.2f}**",
-           f"- GPUs handed out: {data['gpus_by_job']}; jobs that overlapped: {data['overlaps']}", "",
-           "| figure (per rank) | max rel. diff | where | sequential | packed | within 2% |", "| --- | --- | --- | --- | --- | --- |"]
-    for name, v in data["figures"].items():
-        out.append(f"| {name} | {100 * v['max_rel_diff']:.3f}% | {v['where']} | {v['seq']:.4g} | {v['packed']:.4g} | "
-                   f"{'yes' if v['within_tolerance'] else 'NO'} |")
-    out += ["", "Phase times (mean over jobs, s; packed jobs share the host's CPUs):", "",
-            "| run | " + " | ".join(PHASES) + " |", "| --- |" + " --- |" * len(PHASES)]
-    for run, t in data["phase_s"].items():
-        out.append(f"| {run} | " + " | ".join(f"{t[p]:.2f}" for p in PHASES) + " |")
-    return "\n".join(out) + "\n"
-
-
-def mean_phases(jobs: List[Dict[str, Any]]) -> Dict[str, float]:
-    return {p: sum(max(rk["phases"][p]["wall_s"] for rk in r["ranks"]) for r in jobs) / len(jobs) for p in PHASES}
+def run_both(args: argparse.Namespace) -> Dict[str, Any]:
+    """Warm-up, then the sweep sequential and packed; the comparison with the two wall times."""
+    job = ["-m", f"model={args.model}", f"tp={args.tp}"]
+    variants = "variant=" + ",".join(f"p{i}" for i in range(1, args.jobs + 1))
+    with tempfile.TemporaryDirectory(prefix="dsexp-packing-") as tmp:
+        work = Path(tmp)
+        try:
+            timed_sweep([*job, "variant=warmup"], work, "warmup")
+            walls = {"sequential": timed_sweep([*job, variants], work, "sequential"),
+                     "packed": timed_sweep([*job, variants, "hydra/launcher=dsexp_local", "launcher.pack=true"],
+                                           work, "packed")}
+            data = compare(results(work / "multirun" / "sequential"), results(work / "multirun" / "packed"))
+        finally:
+            if args.keep:
+                shutil.copytree(work, args.keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.pt"))
+    data["wall_s"] = walls
+    data["setup"] = (f"{args.jobs} jobs model={args.model} tp={args.tp} on GPUs [{','.join(gpu_pool())}], caches "
+                     "warm; sequential: Hydra's basic launcher; packed: hydra/launcher=dsexp_local launcher.pack=true.")
+    return data
 
 
 def main() -> int:
@@ -96,36 +64,31 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--model", default="small")
+    ap.add_argument("--compare", nargs=2, type=Path, metavar=("SEQUENTIAL", "PACKED"),
+                    help="compare two finished sweep folders instead of running them")
     ap.add_argument("--out", type=Path, help="folder for packing.json/.md (default results/<machine>/)")
     ap.add_argument("--keep", type=Path, help="copy the sweeps and logs here")
     args = ap.parse_args()
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
     machine = machine_name()
-    job = ["-m", f"model={args.model}", f"tp={args.tp}"]
-    variants = "variant=" + ",".join(f"p{i}" for i in range(1, args.jobs + 1))
-    with tempfile.TemporaryDirectory(prefix="dsexp-packing-") as tmp:
-        work = Path(tmp)
-        timed_sweep([*job, "variant=warmup"], work, "warmup")
-        seq_s = timed_sweep([*job, variants], work, "sequential")
-        packed_s = timed_sweep([*job, variants, "hydra/launcher=dsexp_local", "launcher.pack=true"], work, "packed")
-        seq, packed = results(work / "multirun" / "sequential"), results(work / "multirun" / "packed")
-        names = {Path(r["job_dir"]).name: r["config"]["variant"] for r in packed}
-        if args.keep:
-            shutil.copytree(work, args.keep, dirs_exist_ok=True)
-    data = {"machine": machine, "time": time.strftime("%Y-%m-%d %H:%M"),
-            "setup": f"{args.jobs} jobs model={args.model} tp={args.tp}, caches warm; sequential: Hydra's basic "
-                     f"launcher; packed: hydra/launcher=dsexp_local launcher.pack=true",
-            "sequential_s": seq_s, "packed_s": packed_s, "ratio": packed_s / seq_s,
-            "gpus_by_job": {r["config"]["variant"]: r["packed"]["gpus"] for r in packed},
-            "overlaps": {r["config"]["variant"]: [names[j] for j in r["packed"]["overlapped_with"]] for r in packed},
-            "figures": compare(seq, packed),
-            "phase_s": {"sequential": mean_phases(seq), "packed": mean_phases(packed)}}
+    if args.compare:
+        data = compare(results(args.compare[0]), results(args.compare[1]))
+        data["setup"] = f"sweeps {args.compare[0]} (sequential) and {args.compare[1]} (packed)."
+    else:
+        pool = gpu_pool()
+        if len(pool) < 2 * args.tp:
+            print(f"packing needs at least {2 * args.tp} GPUs for two tp={args.tp} jobs at once; this machine has "
+                  f"{len(pool)} (on CPU set DSEXP_FAKE_GPUS=2)", file=sys.stderr)
+            return 2
+        data = run_both(args)
+    data.update(machine=machine, time=time.strftime("%Y-%m-%d %H:%M"))
     folder = args.out or ROOT / "results" / machine
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "packing.json").write_text(json.dumps(data, indent=1))
-    (folder / "packing.md").write_text(render(data))
-    print(render(data))
-    return 0 if all(v["within_tolerance"] for v in data["figures"].values()) else 1
+    text = render(data, f"Packed vs sequential on `{machine}`")
+    (folder / "packing.md").write_text(text)
+    print(text)
+    return 0 if data["all_within_tolerance"] else 1
 
 
 if __name__ == "__main__":

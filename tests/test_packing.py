@@ -1,5 +1,6 @@
 """launcher.pack=true: the sweep's GPU allocator (disjoint claims, waiting, overlap records, dead claims), the
-settings it refuses, and how packed results are shown; a packed CPU sweep end to end (slow)."""
+settings it refuses, how packed results are shown, the packed-vs-sequential comparison; a packed CPU sweep end
+to end against the sequential one (slow)."""
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ import pytest
 from conftest import CONF, compose, run_dsexp, sweep_results
 
 from dsexp import packing
-from dsexp.analysis import measured
+from dsexp.analysis import measured, packed as packed_cmp
 from dsexp.callbacks import format_table
 from dsexp.config import ConfigError, to_schema, validate
 
@@ -128,6 +129,46 @@ def test_shared_node_figures_are_left_out_of_the_analysis_and_marked_in_the_tabl
     assert measured.headline(alone, "node_host_peak_gib") == 3.5
 
 
+def _job(variant, rss, weights=1000, pack=False, gpus=None, overlapped=(), alloc=None, t=(0.0, 10.0), idx=0):
+    """A result of one tp=2 job: both ranks with these peaks (alloc: a GPU figure, absent on CPU)."""
+    def rank(r):
+        phase = {"wall_s": 1.0, "peaks": {"host_rss_peak": rss + r}, "gpu": {} if alloc is None else
+                 {"gpu_alloc_peak": alloc}}
+        return {"rank": r, "phases": {"start": phase, "load": {**phase, "weights_device": 0},
+                                      "init": {**phase, "weights_device": weights}, "generate": phase}}
+
+    res = {"job_dir": f"/s/{idx}", "status": "ok", "ranks": [rank(0), rank(1)],
+           "config": {"variant": variant, "tp": 2, "launcher": {"name": "torchrun", "pack": pack}},
+           "clock": {"task": t[0], "tracked": t[1]}}
+    if pack:
+        res["packed"] = {"gpus": gpus, "cpus": [0], "waited_s": 0.0, "overlapped_with": list(overlapped)}
+    return res
+
+
+def test_comparison_pairs_jobs_by_config_and_finds_the_largest_difference():
+    seq = [_job("a", 1000, t=(0, 10)), _job("b", 2000, alloc=500, t=(10, 20))]
+    packed = [_job("b", 2010, pack=True, gpus="0,1", alloc=500, t=(0, 11), overlapped=["1"], idx=0),  # order differs
+              _job("a", 1030, pack=True, gpus="2,3", t=(1, 10), overlapped=["0"], idx=1)]
+    data = packed_cmp.compare(seq, packed)
+    rss = data["figures"]["host_rss_peak"]
+    assert rss["where"] == "a rank 0" and rss["max_rel_diff"] == pytest.approx(0.03) and not rss["within_tolerance"]
+    assert data["figures"]["weights_device"]["max_rel_diff"] == 0
+    assert data["figures"]["gpu_alloc_peak"]["within_tolerance"]
+    assert "gpu_peak_nvml" not in data["figures"]  # recorded by neither run: not compared
+    assert not data["all_within_tolerance"] and data["ratio"] == pytest.approx(11 / 20)
+    assert data["placement"]["b"] == {"gpus": "0,1", "cpus": 1, "waited_s": 0.0, "overlapped_with": ["a"]}
+    text = packed_cmp.render(data)
+    assert "| host_rss_peak | 3.000% | a rank 0 |" in text and "| NO |" in text and "0.55" in text
+
+
+def test_comparison_refuses_sweeps_of_different_jobs():
+    with pytest.raises(ValueError, match="no counterpart"):
+        packed_cmp.compare([_job("a", 1000)], [_job("c", 1000, pack=True, gpus="0,1")])
+    with pytest.raises(ValueError, match="without a sequential counterpart"):
+        packed_cmp.compare([_job("a", 1000)], [_job("a", 1000, pack=True, gpus="0,1"),
+                                              _job("b", 1000, pack=True, gpus="2,3")])
+
+
 @pytest.mark.slow
 def test_packed_cpu_sweep_gives_disjoint_gpus_and_the_sequential_figures(tmp_path, cache_dir):
     """3 tp=1 jobs on 2 fake GPUs through the submitit launcher, against the same jobs run one by one."""
@@ -147,8 +188,10 @@ def test_packed_cpu_sweep_gives_disjoint_gpus_and_the_sequential_figures(tmp_pat
     assert len(set(masters)) == 3  # each job's own rendezvous port
     for s, p in zip(seq, packed):
         assert s["config"]["variant"] == p["config"]["variant"]
-        assert "packed" not in s
-        assert [rk["phases"][ph]["weights_device"] for rk in s["ranks"] for ph in ("load", "init")] == \
-               [rk["phases"][ph]["weights_device"] for rk in p["ranks"] for ph in ("load", "init")]
+        assert "packed" not in s and len(p["packed"]["cpus"]) == 1  # its GPU's half of the 2 CPUs
         assert s["ranks"][0]["generate"]["tokens"] == p["ranks"][0]["generate"]["tokens"]
         assert p["tracking"]["run_id"]  # every job logged despite the concurrent sqlite writers
+    cmp = packed_cmp.compare(seq, packed)
+    assert cmp["jobs"] == 3 and set(cmp["figures"]) == {"weights_device", "host_rss_peak", "host_anon_peak"}
+    assert cmp["figures"]["weights_device"]["max_rel_diff"] == 0
+    assert cmp["all_within_tolerance"], cmp["figures"]

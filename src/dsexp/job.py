@@ -100,6 +100,7 @@ def _ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path, p
     ref_spec = to_schema(OmegaConf.create(asdict(spec)))
     ref_spec.tp, ref_spec.fault, ref_spec.launcher.name = 1, None, "torchrun"
     ref_spec.launcher.nodes, ref_spec.launcher.hostfile = 1, None  # one rank, on this node
+    t0 = time.perf_counter()
     ref_dir = job_dir / "reference"
     ref_dir.mkdir(parents=True, exist_ok=True)
     _write_job_file(ref_dir, ref_spec, {**runtime, "role": "reference"})
@@ -112,7 +113,7 @@ def _ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path, p
     tmp = path.with_suffix(".tmp")
     torch.save({"first_logits": torch.load(logits), "tokens": rec["generate"]["tokens"]}, tmp)
     tmp.replace(path)
-    runtime["reference_cache_hit"] = False
+    runtime.update(reference_cache_hit=False, reference_s=time.perf_counter() - t0)
     return path
 
 
