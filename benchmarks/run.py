@@ -397,7 +397,7 @@ def main() -> int:
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
     ap.add_argument("--big", action="store_true",
                     help="writer: also internlm2_20b_shapes (~40 GB) without a GPU (a GPU machine always does)")
-    ap.add_argument("--pairs", type=int, default=3, help="sampler: on/off job pairs")
+    ap.add_argument("--pairs", type=int, default=6, help="sampler: on/off job pairs (even: each order as often)")
     ap.add_argument("--sampler-model", default="small", help="sampler: the jobs' model preset (tiny: no warm-up job "
                                                             "after the overhead section)")
     ap.add_argument("--overhead-jobs", type=int, default=4,
