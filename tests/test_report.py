@@ -186,7 +186,9 @@ def test_recommendation_states_offload_costs_ties_and_floor():
     from dsexp.analysis.report import recommendation
 
     text = "\n".join(recommendation(rows, []))
-    assert "Its costs against the lowest per-GPU peak without offload (`b/" in text
+    assert text.index("**Recommended (lowest per-GPU peak without offloading weights to the host") < \
+        text.index("`b/") < text.index("Lowest per-GPU peak of all (weights offloaded to host memory): `offload/")
+    assert "What the offload costs against the recommended configuration: host peak" in text
     assert "2 runs tie within 1%; the lowest host peak per rank wins" in text
     assert re.search(r"`b/\S+ tp=2`: per-GPU peak \d+\.\d\d GiB vs the memory model's floor \d+\.\d\d GiB .*over the "
                      r"floor, (within|beyond) 5%", text)
