@@ -31,12 +31,12 @@ def main() -> int:
            "nvml_device_used": per_call_us(nvml.used),
            "nvml_process_list": per_call_us(nvml.process_used, 500),
            "sampler_reading_mixed": per_call_us(sampler.sample)}
-    n0, c0 = sampler.samples, sampler.cpu_s
-    sampler.start()
-    time.sleep(5)
-    sampler.stop()
-    out["thread_5s_idle"] = {"samples": sampler.samples - n0, "cpu_s": sampler.cpu_s - c0,
-                             "core_pct": 100 * (sampler.cpu_s - c0) / 5.0}
+    for period in (0.01, 0.02):  # the thread as it runs in a rank: a reading, then a wait of `period`
+        s = PeakSampler(period, nvml=nvml).start()
+        time.sleep(5)
+        s.stop()
+        out[f"thread_{period * 1000:g}ms_5s"] = {"samples": s.samples, "cpu_s": s.cpu_s, "cpu_us_per_reading":
+                                                1e6 * s.cpu_s / s.samples, "core_pct": 100 * s.cpu_s / 5.0}
     del x
     json.dump(out, sys.stdout, indent=1)
     return 0
