@@ -221,6 +221,11 @@ def scaling_with_tp(f: RunFacts) -> List[Finding]:
     return out
 
 
+def floor_terms(p: Prediction) -> str:
+    """What the per-GPU floor adds up, for a sentence: weights + KV cache + memory outside PyTorch's allocator."""
+    return f"weights {m.human(p.weights_max)} + KV cache {m.human(max(p.kv_cache))} + {m.human(p.overhead)}"
+
+
 def gpu_overhead(f: RunFacts) -> List[Finding]:
     p = f.prediction
     peak = m.headline(f.result, "gpu_peak_gib")
@@ -228,9 +233,8 @@ def gpu_overhead(f: RunFacts) -> List[Finding]:
         return []
     floor = p.floor()
     return [Finding("gpu_floor", "info",
-                    f"per-GPU peak {peak:.2f} GiB vs floor {floor / m.GIB:.2f} GiB (weights {m.human(p.weights_max)} + "
-                    f"KV cache {m.human(max(p.kv_cache))} + {m.human(p.overhead)} outside PyTorch's allocator: CUDA "
-                    f"context, communicator, workspaces): {(peak * m.GIB - floor) / m.GIB:+.2f} GiB "
+                    f"per-GPU peak {peak:.2f} GiB vs floor {floor / m.GIB:.2f} GiB ({floor_terms(p)} outside PyTorch's "
+                    f"allocator: CUDA context, communicator, workspaces): {(peak * m.GIB - floor) / m.GIB:+.2f} GiB "
                     f"({peak * m.GIB / floor - 1:+.1%}) of activations and allocator cache")]
 
 

@@ -19,6 +19,12 @@ def human(nbytes: Optional[float]) -> str:
     return f"{nbytes / 1024:.1f} KiB" if abs(nbytes) >= 1024 else f"{nbytes:.0f} B"
 
 
+def display_unit(gib_values) -> tuple:
+    """("MiB", 1024) when every value (GiB) is below 1 GiB (tiny CPU models), else ("GiB", 1); None ignored."""
+    vals = [v for v in gib_values if v is not None]
+    return ("MiB", 1024.0) if vals and max(vals) < 1 else ("GiB", 1.0)
+
+
 def ranks(result: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [r for r in result.get("ranks") or [] if r]
 
@@ -71,11 +77,6 @@ def load_growth(result: Dict[str, Any], kind: str = "anon") -> List[int]:
         if before is not None and peaks:
             out.append(max(peaks) - before)
     return out
-
-
-def start_anon(result: Dict[str, Any]) -> List[int]:
-    return [phase(rk, "start").get("host", {}).get("host_anon") for rk in ranks(result)
-            if phase(rk, "start").get("host", {}).get("host_anon") is not None]
 
 
 def headline(result: Dict[str, Any], name: str) -> Optional[float]:

@@ -20,9 +20,7 @@ def _pyplot():
 
 
 def _unit(series: Series) -> Tuple[str, float]:
-    """MiB when every value is below 1 GiB (tiny CPU models), else GiB."""
-    vals = [v for s in series.values() for pts in s.values() for _, v in pts if v is not None]
-    return ("MiB", 1024.0) if vals and max(vals) < 1 else ("GiB", 1.0)
+    return m.display_unit(v for s in series.values() for pts in s.values() for _, v in pts)
 
 
 def _lines(ax, series: Series, scale: float, measured_key: str, predicted_key: str, predicted_label: str) -> None:

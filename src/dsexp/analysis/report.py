@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from dsexp.analysis import measured as m
 from dsexp.analysis import plots
 from dsexp.analysis.matrix import Extrapolated, Row, build_rows, extrapolate, main_model, recommend
+from dsexp.analysis.diagnosis import floor_terms
 from dsexp.analysis.memory import predict
 from dsexp.analysis.sources import results_from_dir
 
@@ -71,8 +72,7 @@ def _num(v: Optional[float], nd: int = 2, scale: float = 1.0) -> str:
 
 
 def _weights_unit(rows: List[Row]) -> tuple:
-    vals = [v for r in rows for v in (r.values()["gpu_weights_gib"], r.values()["pred_weights_gib"]) if v is not None]
-    return ("MiB", 1024.0) if vals and max(vals) < 1 else ("GiB", 1.0)
+    return m.display_unit(v for r in rows for v in (r.values()["gpu_weights_gib"], r.values()["pred_weights_gib"]))
 
 
 def _correct(v: Dict[str, Any]) -> str:
@@ -194,9 +194,8 @@ def _floor_check(row: Row) -> List[str]:
         return []
     floor = p.floor() / m.GIB
     over = peak / floor - 1
-    return [f"`{row.label}`: per-GPU peak {peak:.2f} GiB vs the memory model's floor {floor:.2f} GiB (weights "
-            f"{m.human(p.weights_max)} + KV cache {m.human(max(p.kv_cache))} + {m.human(p.overhead)} measured outside "
-            f"PyTorch's allocator): {over:+.1%} over the floor, {'within' if over <= FLOOR_MARGIN else 'beyond'} "
+    return [f"`{row.label}`: per-GPU peak {peak:.2f} GiB vs the memory model's floor {floor:.2f} GiB "
+            f"({floor_terms(p)} measured outside PyTorch's allocator): {over:+.1%} over the floor, {'within' if over <= FLOOR_MARGIN else 'beyond'} "
             f"{FLOOR_MARGIN:.0%}." + (" The floor counts the partition each GPU keeps; ZeRO-3 also gathers parameters "
                                       "onto the GPU for each layer it runs, a working set the memory model does not size."
                                       if p.strategy.zero_stage == 3 and over > FLOOR_MARGIN else "")]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -135,7 +136,7 @@ def plan_shards(specs, itemsize: int, shard_mb: int) -> Iterator[list]:
     limit = max(1, int(shard_mb * 2**20))
     cur, size = [], 0
     for name, shape in specs:
-        nbytes = itemsize * _numel(shape)
+        nbytes = itemsize * math.prod(shape)
         if cur and size + nbytes > limit:
             yield cur
             cur, size = [], 0
@@ -143,13 +144,6 @@ def plan_shards(specs, itemsize: int, shard_mb: int) -> Iterator[list]:
         size += nbytes
     if cur:
         yield cur
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _save(tensors, path: Path, fmt: str) -> None:

@@ -6,6 +6,7 @@ slice; transformers' TP uses DTensors (count `to_local()`); ZeRO-3 keeps an empt
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any, Dict, Tuple
 
@@ -37,7 +38,7 @@ def residency(full: Dict[str, Dict[str, Tuple[int, ...]]], module, device_type: 
     replicated: {name: bytes} of parameters and buffers held whole on the device (local shape == full
     shape), found by comparing shapes; parameters the engine renamed or introduced are not listed.
     """
-    full_params = sum(_numel(s) for s in full["params"].values()) * itemsize
+    full_params = sum(math.prod(s) for s in full["params"].values()) * itemsize
     local_params, replicated = 0, {}
     for kind, named in (("params", module.named_parameters()), ("buffers", module.named_buffers())):
         for name, t in named:
@@ -52,13 +53,6 @@ def residency(full: Dict[str, Dict[str, Tuple[int, ...]]], module, device_type: 
     return {"weight_fraction": local_params / full_params if full_params else None,
             "weight_bytes_local": local_params, "weight_bytes_full": full_params,
             "replicated": replicated, "replicated_bytes": sum(replicated.values())}
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def weight_census(module) -> Dict[str, Any]:
