@@ -11,12 +11,13 @@ Usage: .venv/bin/python scripts/make_findings.py   (rewrites docs/FINDINGS.md; `
 from __future__ import annotations
 
 import contextlib
-import io
+import functools
 import json
 import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import Dict
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "results" / "h200x2" / "sweeps"
@@ -27,16 +28,19 @@ GIB = 2**30
 SEED_REPORTED = [("seed issue, 2 GPUs", 92.87, 37.74), ("seed issue, 4 GPUs", 162.92, 37.74)]
 
 
-def report_section(sweeps: Path, section: str) -> str:
-    from dsexp.report import main as report_main
+@functools.lru_cache(maxsize=None)
+def report_sections(sweeps: Path) -> Dict[str, str]:
+    """Every section of the report on these sweeps, as `python -m dsexp.report SWEEPS --no-mlflow` writes it;
+    built once per sweeps folder (into a scratch folder: the committed summary stays as it is)."""
+    from dsexp.analysis.report import write_report
 
-    buf = io.StringIO()
-    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(buf):
-        report_main([str(sweeps), "--no-mlflow", "--out", out, "--print", section])
-    text = buf.getvalue()
-    # the CLI prints the section, then one line naming the written report: keep the section only
-    lines = [line for line in text.splitlines() if not line.startswith(("dsexp report:", "             MLflow"))]
+    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(sys.stderr):
+        return write_report(sweeps, parent=None, out_dir=Path(out), source=str(sweeps))
+
+
+def report_section(sweeps: Path, section: str) -> str:
     # the report's own "## Section" headings sit under FINDINGS' numbered sections: one level down
+    lines = report_sections(sweeps)[section].splitlines()
     return "\n".join("#" + line if re.match(r"#{2,5} ", line) else line for line in lines).strip()
 
 
