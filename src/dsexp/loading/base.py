@@ -18,6 +18,11 @@ class Loaded:
     info: Dict[str, Any] = field(default_factory=dict)
 
 
+def dtype_conversion(spec: JobConfig) -> Optional[str]:
+    """The checkpoint's dtype to the run's, e.g. "fp32->bf16"; None when they are the same."""
+    return None if spec.model.dtype == spec.dtype else f"{spec.model.dtype}->{spec.dtype}"
+
+
 class Loader(ABC):
     name: str = ""
 
@@ -27,7 +32,7 @@ class Loader(ABC):
 
     def conversion(self, spec: JobConfig) -> Optional[str]:
         """The dtype conversion the ranks do while loading, e.g. "fp32->bf16" (None: none)."""
-        return None if spec.model.dtype == spec.dtype else f"{spec.model.dtype}->{spec.dtype}"
+        return dtype_conversion(spec)
 
     @abstractmethod
     def load(self, ctx: RankContext, hf_kwargs: Dict[str, Any]) -> Loaded:

@@ -27,6 +27,7 @@ from filelock import FileLock
 
 from dsexp.config import JobConfig
 from dsexp.context import RankContext
+from dsexp.loading.base import dtype_conversion
 
 SPLIT_VERSION = 1
 CHUNK_BYTES = 1 << 30  # bounds host memory while a GPU rank copies its slice out for saving
@@ -60,7 +61,7 @@ def ensure_split(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Dic
     """The per-rank files for this job, split now (tp ranks, DeepSpeed AutoTP) if no complete copy is cached."""
     final = split_dir(spec, Path(runtime["model_dir"]))
     final.parent.mkdir(parents=True, exist_ok=True)
-    conversion = None if spec.model.dtype == spec.dtype else f"{spec.model.dtype}->{spec.dtype}"
+    conversion = dtype_conversion(spec)
     with FileLock(str(final) + ".lock"):
         if (final / DONE_MARK).is_file():
             return {"dir": str(final), "cache_hit": True, "conversion": conversion,
