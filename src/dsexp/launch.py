@@ -106,8 +106,9 @@ def run_ranks(spec: JobConfig, job_dir: Path, device: str, visible: Optional[str
     except subprocess.TimeoutExpired:
         exited = None
         timed_out = True
-        report["stacks_dumped"] = teardown.dump_stacks(token)
-        report["ports"] = teardown.listening_ports(teardown.job_processes(token))
+        procs = teardown.job_processes(token)  # one scan of the process table for both
+        report["stacks_dumped"] = teardown.dump_stacks(procs)
+        report["ports"] = teardown.listening_ports(procs)
     finally:
         # Also after a clean exit: a rank that daemonised or a stuck grandchild must not survive the job.
         kill_group(proc.pid, spec.launcher.grace_s, leader=proc)

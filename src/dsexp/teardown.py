@@ -42,12 +42,11 @@ def job_processes(token: str) -> List[psutil.Process]:
     return found
 
 
-def dump_stacks(token: str, wait_s: float = 1.0) -> int:
-    """Ask every rank of the job to write its Python stacks to its log (before it is killed for hanging).
-
-    Only ranks get the signal (launchers set LOCAL_RANK for them): SIGUSR1 would kill a launcher."""
+def dump_stacks(procs: List[psutil.Process], wait_s: float = 1.0) -> int:
+    """Ask every rank among the job's processes to write its Python stacks to its log (before it is killed
+    for hanging). Only ranks get the signal (launchers set LOCAL_RANK for them): SIGUSR1 would kill a launcher."""
     ranks = []
-    for p in job_processes(token):
+    for p in procs:
         try:
             if "LOCAL_RANK" in p.environ() and "dsexp.worker" in p.cmdline():
                 p.send_signal(STACK_SIGNAL)
@@ -69,14 +68,20 @@ def reap_stale(job_dir: Path, grace_s: float = 5.0) -> List[str]:
         if p.pid != os.getpid() and target in cmd and any("dsexp.worker" in part for part in cmd):
             stale.append(p)
     names = [f"{p.pid}:{p.info['cmdline'][0]}" for p in stale]
-    for p in stale:
+    _stop(stale, grace_s)
+    return names
+
+
+def _stop(procs: List[psutil.Process], grace_s: float) -> List[psutil.Process]:
+    """SIGTERM each, SIGKILL those still alive after grace_s; returns the ones that got SIGKILL."""
+    for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.terminate()
-    _, alive = psutil.wait_procs(stale, timeout=grace_s)
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
     for p in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-    return names
+    return alive
 
 
 def listening_ports(procs: List[psutil.Process]) -> List[int]:
@@ -106,18 +111,9 @@ def reap(token: str, grace_s: float, ports: Optional[List[int]] = None) -> Dict[
     ports = sorted(set(ports or []) | set(listening_ports(procs)))
     survivors = []
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             survivors.append(f"{p.pid}:{p.name()}")
-            p.terminate()
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(alive, timeout=5.0)
+    _, alive = psutil.wait_procs(_stop(procs, grace_s), timeout=5.0)
     return {"survivors": survivors, "killed": len(alive) == 0 and bool(survivors), "left": [p.pid for p in alive],
             "ports": {str(port): port_free(port) for port in ports}}
 
