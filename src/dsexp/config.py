@@ -193,7 +193,7 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
         raise ConfigError(f"tp={spec.tp}: tp must be >= 1")
     if spec.launcher.nodes < 1:
         raise ConfigError(f"launcher.nodes={spec.launcher.nodes}: must be >= 1")
-    from dsexp.multinode import validate_nodes  # here, not at the top: multinode imports this module
+    from dsexp.multinode import per_node, validate_nodes  # here, not at the top: multinode imports this module
 
     validate_nodes(spec)
     if not (0 < spec.probe.sample_ms <= 20 or spec.probe.sample_ms == 0):
@@ -207,9 +207,9 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
     device = resolve_device(spec, gpus)
     if device == "cuda" and gpus == 0:
         raise ConfigError("device=cuda but no GPU is visible (NVML found none)")
-    per_node = -(-spec.tp // spec.launcher.nodes)
-    if device == "cuda" and per_node > gpus:
-        raise ConfigError(f"tp={spec.tp} needs {per_node} GPUs per node but only {gpus} are visible; "
+    on_each = per_node(spec.tp, spec.launcher.nodes)
+    if device == "cuda" and on_each > gpus:
+        raise ConfigError(f"tp={spec.tp} needs {on_each} GPUs per node but only {gpus} are visible; "
                           f"allowed: tp <= {gpus * spec.launcher.nodes}")
     if spec.zero.offload != "none" and spec.zero.stage != 3:
         raise ConfigError(f"zero.offload={spec.zero.offload} needs zero.stage=3 (DeepSpeed offloads parameters only "

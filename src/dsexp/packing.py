@@ -59,8 +59,12 @@ def _state(sweep_dir: Path) -> Iterator[Dict[str, Any]]:
 def init_pool(sweep_dir: Path) -> List[str]:
     """Fix the sweep's pool (GPUs and CPUs) from this (the sweep) process; a resumed sweep keeps its history."""
     with _state(sweep_dir) as state:
-        state["pool"], state["cpus"] = gpu_pool(), sorted(os.sched_getaffinity(0))
+        _fix_pool(state)
         return state["pool"]
+
+
+def _fix_pool(state: Dict[str, Any]) -> None:
+    state["pool"], state["cpus"] = gpu_pool(), sorted(os.sched_getaffinity(0))
 
 
 def cpu_share(cpus: List[int], pool: List[str], gpus: List[str]) -> List[int]:
@@ -84,7 +88,7 @@ def _drop_dead(state: Dict[str, Any]) -> None:
 def _try_claim(sweep_dir: Path, job: str, n: int) -> Optional[Dict[str, Any]]:
     with _state(sweep_dir) as state:
         if state.get("pool") is None:  # not started through the sweep callback: this process decides
-            state["pool"], state["cpus"] = gpu_pool(), sorted(os.sched_getaffinity(0))
+            _fix_pool(state)
         pool = state["pool"]
         if pool and n > len(pool):
             raise RuntimeError(f"launcher.pack=true: the job needs {n} GPUs but the sweep's pool has {len(pool)} "

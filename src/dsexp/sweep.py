@@ -30,8 +30,9 @@ def validate_sweep(config: DictConfig) -> List[Tuple[List[str], str]]:
         try:
             job_cfg = compose(config_name=config.hydra.job.config_name, overrides=hydra_overrides + combo,
                               return_hydra_config=True)
-            spec = validate(to_schema(job_cfg), requested_gpus(job_cfg))
-            if spec.launcher.pack and requested_gpus(job_cfg) is not None:
+            gpus = requested_gpus(job_cfg)
+            spec = validate(to_schema(job_cfg), gpus)
+            if spec.launcher.pack and gpus is not None:
                 raise ConfigError("launcher.pack=true shares out the GPUs of this machine; with a SLURM launcher "
                                   "SLURM gives every job its own: set launcher.pack=false")
         except (ConfigError, HydraException) as e:
