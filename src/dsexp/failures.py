@@ -16,7 +16,7 @@ import signal
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from dsexp.records import GIB, PHASES
+from dsexp.records import PHASES, phase_quantities
 
 CAUSES = ("oom_gpu", "oom_host", "timeout", "rank_crashed", "config_rejected", "load_error", "engine_error",
           "kernel_build_error", "incorrect_output", "prepare_error", "launch_error", "invalid_config", "interrupted")
@@ -242,6 +242,9 @@ def _node_fill(rec: Optional[dict]) -> Optional[float]:
     return used / total if used else None
 
 
+REACHED = ("host_rss", "host_anon", "nvml_device_used", "gpu_reserved", "gpu_alloc")
+
+
 def memory_reached(ranks: List[Optional[dict]]) -> Dict[str, Dict[str, float]]:
     """Per rank, the highest host and device memory seen in any phase up to the failure (GiB)."""
     out = {}
@@ -250,10 +253,10 @@ def memory_reached(ranks: List[Optional[dict]]) -> Dict[str, Dict[str, float]]:
             continue
         peaks: Dict[str, float] = {}
         for ph in (rec.get("phases") or {}).values():
-            for k, v in {**(ph.get("host") or {}), **(ph.get("gpu") or {}), **(ph.get("peaks") or {})}.items():
-                name = k[:-5] if k.endswith("_peak") else k
-                if name in ("host_rss", "host_anon", "nvml_device_used", "gpu_reserved", "gpu_alloc") and \
-                        isinstance(v, (int, float)):
-                    peaks[f"{name}_gib"] = max(peaks.get(f"{name}_gib", 0.0), v / GIB)
+            q = phase_quantities(ph)
+            for name in REACHED:
+                for v in (q.get(f"{name}_gib"), q.get(f"{name}_peak_gib")):  # the snapshot and the sampler's peak
+                    if v is not None:
+                        peaks[f"{name}_gib"] = max(peaks.get(f"{name}_gib", 0.0), v)
         out[f"rank{rec['rank']}"] = peaks
     return out
