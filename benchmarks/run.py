@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from dsexp.analysis.overhead import DESCRIPTIONS, NOT_DSEXP, SEGMENTS, breakdown  # noqa: E402
+from dsexp.analysis.sources import results_from_dir  # noqa: E402
 
 SECTIONS = ("imports", "writer", "overhead", "sampler")  # run in this order
 SCHEMA = 3  # bench.json of another schema is not merged into
@@ -93,8 +94,8 @@ def dsexp(args: List[str], workdir: Path, log: Path) -> None:
 
 
 def results(sweep: Path) -> List[Dict[str, Any]]:
-    paths = sorted(sweep.glob("*/result.json"), key=lambda p: int(p.parent.name))
-    out = [json.loads(p.read_text()) for p in paths]
+    """The sweep's results in job order; a benchmark only counts when every job worked."""
+    out = results_from_dir(sweep)
     bad = [r["job_dir"] for r in out if r["status"] != "ok"]
     if bad:
         raise RuntimeError(f"jobs failed: {bad}")
