@@ -58,14 +58,13 @@ def prepare_model(spec: JobConfig) -> Dict[str, Any]:
     """Make sure the checkpoint exists (write it if it is a preset); return runtime facts about it."""
     if spec.model.path:
         return {"model_dir": str(Path(spec.model.path).expanduser().resolve()), "checkpoint_written": False}
-    from dsexp.models.writer import DONE_MARK, checkpoint_dir, checkpoint_key
+    from dsexp.models.writer import cached_checkpoint
 
     m = spec.model
     args = dict(cache_dir=spec.cache_dir, name=m.name, arch=m.arch, dims=dict(m.dims), dtype=m.dtype,
                 fmt=spec.load.format, seed=m.seed, shard_mb=m.shard_mb)
-    folder = checkpoint_dir(spec.cache_dir, m.name, checkpoint_key(m.arch, args["dims"], m.dtype, spec.load.format,
-                                                                   m.seed, m.shard_mb))
-    if (folder / DONE_MARK).is_file():
+    folder = cached_checkpoint(**args)  # a hit needs no writer process (it imports torch and transformers)
+    if folder is not None:
         return {"model_dir": str(folder), "checkpoint_written": False}
     proc = subprocess.run([sys.executable, "-m", "dsexp.models.writer", json.dumps(args)], capture_output=True,
                           text=True, check=False)

@@ -45,6 +45,13 @@ def checkpoint_dir(cache_dir: str, name: str, key: str) -> Path:
     return Path(cache_dir).expanduser() / "models" / f"{name}-{key}"
 
 
+def cached_checkpoint(cache_dir: str, name: str, arch: str, dims: Dict[str, Any], dtype: str,
+                      fmt: str = "safetensors", seed: int = 0, shard_mb: float = 100) -> Optional[Path]:
+    """The folder of this checkpoint when a complete copy is cached (a finished copy is final: no lock), else None."""
+    final = checkpoint_dir(cache_dir, name, checkpoint_key(arch, dict(dims), dtype, fmt, seed, shard_mb))
+    return final if (final / DONE_MARK).is_file() else None
+
+
 def ensure_checkpoint(cache_dir: str, name: str, arch: str, dims: Dict[str, Any], dtype: str,
                       fmt: str = "safetensors", seed: int = 0, shard_mb: float = 100) -> WriteStats:
     """Return the folder of this checkpoint, writing it first if no complete copy is cached."""
