@@ -117,14 +117,17 @@ def classify(timed_out: bool, returncode: Optional[int], ranks: List[Optional[di
         out = {"cause": "launch_error", "rank": None, "phase": None, "type": "launcher",
                "message": f"the launcher exited with rc={returncode}: {last[0][:500]}"}
     else:
-        rank = _culprit(ranks, exits)
-        rec = ranks[rank] if rank is not None else None
+        rank = _culprit(ranks, exits, at_stop)
+        rec = ranks[rank]
         err = (rec or {}).get("error")
         out = _from_error(err) if err else _from_silent_stop(rank, rec, exits.get(rank), returncode,
                                                                 tails.get(f"rank{rank}", ""), oom_killed)
         out = {"rank": rank, "phase": (err or {}).get("phase") or at_stop.get(rank), **out}
     out["ranks_at_stop"] = {f"rank{r}": p for r, p in at_stop.items()}
     return out
+
+
+_PHASE_ORDER = {p: i for i, p in enumerate(PHASES)}  # rank "furthest behind" = lowest
 
 
 def _phase_at_stop(rec: Optional[dict]) -> Optional[str]:
@@ -148,12 +151,11 @@ def _is_victim(rank: int, rec: Optional[dict], exits: Dict[int, int]) -> bool:
     return bool(err) and bool(_COLLATERAL.search(f"{err.get('message')}\n{err.get('traceback', '')}"))
 
 
-def _culprit(ranks: List[Optional[dict]], exits: Dict[int, int]) -> Optional[int]:
-    """The earliest-failing rank that was not collateral damage (else the earliest of all that failed).
-    Without times (no heartbeat, no error), the rank furthest behind."""
-    failed = [r for r, rec in enumerate(ranks) if not (rec and rec.get("status") == "ok")]
-    if not failed:
-        return None
+def _culprit(ranks: List[Optional[dict]], exits: Dict[int, int], at_stop: Dict[int, Optional[str]]) -> int:
+    """Among the ranks that did not finish (the keys of at_stop, never empty here): the earliest-failing one that
+    was not collateral damage (else the earliest of all). Without times (no heartbeat, no error), the rank
+    furthest behind."""
+    failed = list(at_stop)
     primary = [r for r in failed if not _is_victim(r, ranks[r], exits)] or failed
 
     def when(r: int) -> float:
@@ -161,8 +163,7 @@ def _culprit(ranks: List[Optional[dict]], exits: Dict[int, int]) -> Optional[int
         t = (rec.get("error") or {}).get("time") or rec.get("last_alive")
         return float(t) if t is not None else float("inf")
 
-    order = {p: i for i, p in enumerate(PHASES)}
-    return min(primary, key=lambda r: (when(r), order.get(_phase_at_stop(ranks[r]), len(PHASES)), r))
+    return min(primary, key=lambda r: (when(r), _PHASE_ORDER.get(at_stop[r], len(PHASES)), r))
 
 
 def _from_error(err: dict) -> Dict[str, Any]:
@@ -214,8 +215,7 @@ def _timeout(ranks: List[Optional[dict]], at_stop: Dict[int, Optional[str]],
     if not at_stop:
         return {"cause": "timeout", "rank": None, "phase": None, "type": "timeout",
                 "message": "the job ran past timeout_s after every rank had finished"}
-    order = {p: i for i, p in enumerate(PHASES)}
-    rank = min(at_stop, key=lambda r: (order.get(at_stop[r], len(PHASES)), bool((hangs.get(r) or (None, False))[1]), r))
+    rank = min(at_stop, key=lambda r: (_PHASE_ORDER.get(at_stop[r], len(PHASES)), bool((hangs.get(r) or (None, False))[1]), r))
     where = "; ".join(f"rank {r} in {at_stop[r]}" + (f" at {hangs[r][0]}" + (" (in a collective)" if hangs[r][1] else "")
                                                       if hangs.get(r) and hangs[r][0] else "")
                       for r in sorted(at_stop, key=lambda r: r != rank))
