@@ -7,7 +7,7 @@ reference to those originals at load time and put them back after the engine has
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional
 
 
 def non_persistent_buffers(model) -> Dict[str, Any]:
@@ -64,3 +64,15 @@ def restore(module, originals: Dict[str, Any], device: str) -> Dict[str, Any]:
             fixed[name] = state
     return {"restored": fixed, "not_found": gone,
             "bytes": sum(b.numel() * b.element_size() for b in originals.values())}
+
+
+def restoring(ctx, originals: Dict[str, Any], fix: Optional[Callable[[Any], Dict[str, Any]]] = None):
+    """A loader's `finalize`: its own fix-up `fix` (what it did, as a dict), then, with load.restore_buffers,
+    the buffers put back as `snapshot` saw them before the engine ran (under "buffers")."""
+    def finalize(module) -> Dict[str, Any]:
+        report = fix(module) if fix else {}
+        if ctx.spec.load.restore_buffers:
+            report["buffers"] = restore(module, originals, ctx.device)
+        return report
+
+    return finalize

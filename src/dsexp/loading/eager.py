@@ -24,5 +24,4 @@ class EagerLoader(Loader):
         model = from_pretrained(ctx, **hf_kwargs).eval()
         if not ctx.spec.load.restore_buffers:
             return Loaded(model)
-        originals = buffers.snapshot(model)
-        return Loaded(model, finalize=lambda m: {"buffers": buffers.restore(m, originals, ctx.device)})
+        return Loaded(model, finalize=buffers.restoring(ctx, buffers.snapshot(model)))

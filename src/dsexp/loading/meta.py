@@ -112,7 +112,8 @@ class MetaLoader(Loader):
         originals = buffers.snapshot(model)
         paths = files.checkpoint_files(ctx.model_dir, ctx.spec.load.format)
         if not deepspeed_fills(ctx):
-            return Loaded(model, finalize=lambda m: self._fill_after(m, ctx, paths, originals),
+            fill = buffers.restoring(ctx, originals, lambda m: {"filled_by": "dsexp", "fill": files.fill(m, paths)})
+            return Loaded(model, finalize=fill,
                           info={"filled_by": "dsexp", "why": "DeepSpeed ignores checkpoint= at tp=1 without "
                                 "kernel injection (no _apply_injection_policy)"})
         norms = unknown_norms(model)
@@ -120,7 +121,7 @@ class MetaLoader(Loader):
         if not ctx.spec.engine.kernel_inject:  # kernel injection loads through its containers instead
             self._precheck(model, paths, undo)
         return Loaded(model, checkpoint=ds_checkpoint(paths),
-                      finalize=lambda m: self._check_after(m, ctx, originals, undo),
+                      finalize=buffers.restoring(ctx, originals, lambda m: self._check_after(m, undo)),
                       info={"filled_by": "deepspeed", "files": len(paths), "registered_load_modules": sorted(norms)})
 
     @staticmethod
@@ -133,14 +134,7 @@ class MetaLoader(Loader):
                                f"(uninitialised, or failing to move): {listed}")
 
     @staticmethod
-    def _fill_after(module, ctx: RankContext, paths: List[Path], originals) -> Dict[str, Any]:
-        report = {"filled_by": "dsexp", "fill": files.fill(module, paths)}
-        if ctx.spec.load.restore_buffers:
-            report["buffers"] = buffers.restore(module, originals, ctx.device)
-        return report
-
-    @staticmethod
-    def _check_after(module, ctx: RankContext, originals, undo: Callable[[], None]) -> Dict[str, Any]:
+    def _check_after(module, undo: Callable[[], None]) -> Dict[str, Any]:
         undo()
         left = _meta_leftovers(module)
         if left:
@@ -148,7 +142,4 @@ class MetaLoader(Loader):
                                f"init_inference(checkpoint=...): DeepSpeed's AutoTP loader did not fill them "
                                f"(not loaded by auto_tp.Loading, or their names did not match the files): "
                                f"{', '.join(left[:8])}")
-        report: Dict[str, Any] = {"filled_by": "deepspeed"}
-        if ctx.spec.load.restore_buffers:
-            report["buffers"] = buffers.restore(module, originals, ctx.device)
-        return report
+        return {"filled_by": "deepspeed"}

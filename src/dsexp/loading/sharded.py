@@ -32,11 +32,5 @@ class ShardedLoader(Loader):
         model = build_on_meta(ctx)
         originals = buffers.snapshot(model)
         paths = rank_files(Path(ctx.runtime["split"]["dir"]), ctx.rank)
-
-        def finalize(module) -> Dict[str, Any]:
-            report: Dict[str, Any] = {"fill": files.fill(module, paths)}
-            if ctx.spec.load.restore_buffers:
-                report["buffers"] = buffers.restore(module, originals, ctx.device)
-            return report
-
-        return Loaded(model, finalize=finalize, info={"rank_files": [str(p) for p in paths]})
+        return Loaded(model, finalize=buffers.restoring(ctx, originals, lambda m: {"fill": files.fill(m, paths)}),
+                      info={"rank_files": [str(p) for p in paths]})
