@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 GIB = 2**30
 PHASES = ("start", "load", "init", "generate")
@@ -18,6 +19,25 @@ SCHEMA_VERSION = 1
 
 HEADLINE = ("gpu_peak_gib", "gpu_weights_gib", "host_peak_gib", "host_anon_peak_gib", "node_host_peak_gib",
             "load_s", "init_s", "generate_s", "tokens_per_s")
+
+
+def build_once(final: Path, mark: str, build: Callable[[Path], Dict[str, Any]]) -> Tuple[Dict[str, Any], bool]:
+    """A cached folder (checkpoint, per-rank split), built at most once across concurrent jobs: under a lock beside
+    `final`, `build(tmp)` creates and fills a fresh sibling folder and returns its record, which is written inside as
+    `mark`; then the folder is renamed into place. Returns (record, cache hit); a hit reads the record back."""
+    from filelock import FileLock
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(final) + ".lock"):
+        if (final / mark).is_file():
+            return json.loads((final / mark).read_text()), True
+        tmp = final.with_name(final.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        done = build(tmp)
+        (tmp / mark).write_text(json.dumps(done))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        return done, False
 
 
 def write_json_atomic(path: Path, data: Any, fsync: bool = True) -> None:

@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import time
 from dataclasses import asdict, replace
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Dict, List
 
-from filelock import FileLock
 
 from dsexp.config import JobConfig
 from dsexp.context import RankContext
 from dsexp.loading.base import dtype_conversion
+from dsexp.records import build_once
 
 SPLIT_VERSION = 1
 CHUNK_BYTES = 1 << 30  # bounds host memory while a GPU rank copies its slice out for saving
@@ -60,23 +58,16 @@ def rank_files(shard_dir: Path, rank: int) -> List[Path]:
 def ensure_split(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Dict[str, Any]:
     """The per-rank files for this job, split now (tp ranks, DeepSpeed AutoTP) if no complete copy is cached."""
     final = split_dir(spec, Path(runtime["model_dir"]))
-    final.parent.mkdir(parents=True, exist_ok=True)
-    conversion = dtype_conversion(spec)
-    with FileLock(str(final) + ".lock"):
-        if (final / DONE_MARK).is_file():
-            return {"dir": str(final), "cache_hit": True, "conversion": conversion,
-                    **json.loads((final / DONE_MARK).read_text())}
-        tmp = final.with_name(final.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def build(tmp: Path) -> Dict[str, Any]:
         tmp.mkdir()
         t0 = time.perf_counter()
         _run_split(spec, runtime, job_dir / "split", tmp)
-        done = {"seconds": time.perf_counter() - t0,
+        return {"seconds": time.perf_counter() - t0,
                 "rank_bytes": [json.loads((tmp / f"rank{r:03d}.json").read_text())["bytes"] for r in range(spec.tp)]}
-        (tmp / DONE_MARK).write_text(json.dumps(done))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        return {"dir": str(final), "cache_hit": False, "conversion": conversion, **done}
+
+    done, hit = build_once(final, DONE_MARK, build)
+    return {"dir": str(final), "cache_hit": hit, "conversion": dtype_conversion(spec), **done}
 
 
 def _run_split(spec: JobConfig, runtime: Dict[str, Any], run_dir: Path, out: Path) -> None:

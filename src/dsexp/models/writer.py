@@ -9,8 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from filelock import FileLock
 
 from dsexp.models.presets import ARCHS, torch_dtype
+from dsexp.records import build_once
 
 DONE_MARK = ".dsexp-complete.json"
 
@@ -57,19 +55,16 @@ def ensure_checkpoint(cache_dir: str, name: str, arch: str, dims: Dict[str, Any]
     """Return the folder of this checkpoint, writing it first if no complete copy is cached."""
     key = checkpoint_key(arch, dict(dims), dtype, fmt, seed, shard_mb)
     final = checkpoint_dir(cache_dir, name, key)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(final) + ".lock"):
-        if (final / DONE_MARK).is_file():
-            return WriteStats(final)
-        tmp = final.with_name(final.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def build(tmp: Path) -> Dict[str, Any]:
         t0 = time.perf_counter()
         nbytes, weights_s = write_checkpoint(tmp, arch, dict(dims), dtype, fmt, seed, shard_mb)
-        secs = time.perf_counter() - t0
-        (tmp / DONE_MARK).write_text(json.dumps({"bytes": nbytes, "seconds": secs, "weights_s": weights_s, "key": key}))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        return WriteStats(final, nbytes, secs, cache_hit=False, weights_s=weights_s)
+        return {"bytes": nbytes, "seconds": time.perf_counter() - t0, "weights_s": weights_s, "key": key}
+
+    done, hit = build_once(final, DONE_MARK, build)
+    if hit:
+        return WriteStats(final)
+    return WriteStats(final, done["bytes"], done["seconds"], cache_hit=False, weights_s=done["weights_s"])
 
 
 def meta_model(arch: str, dims: Dict[str, Any], dtype: str):
