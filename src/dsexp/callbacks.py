@@ -64,10 +64,11 @@ def open_parent_run(config: DictConfig, sweep_dir: Path) -> None:
     """Create the store and the sweep's parent run once, before any job (reused when a sweep is resumed)."""
     uri = resolve_uri(config.tracking.uri, Path(os.getcwd()))
     try:
-        state = ensure_parent(sweep_dir, uri, config.tracking.experiment,
+        tracker = Tracker(uri, config.tracking.experiment)
+        state = ensure_parent(sweep_dir, tracker, config.tracking.experiment,
                               {"dsexp.overrides": " ".join(config.hydra.overrides.task)[:4000]})
         if not state["created"]:
-            Tracker(uri, config.tracking.experiment).set_status(state["run_id"], "RUNNING")
+            tracker.set_status(state["run_id"], "RUNNING")
     except Exception as e:
         print(f"dsexp: MLflow store {uri} unavailable ({e}); results go to result.json files only. "
               f"Re-log them later with: python -m dsexp.sync {sweep_dir}", file=sys.stderr)

@@ -51,7 +51,8 @@ def sync_sweep(sweep_dir: Path, uri: Optional[str] = None, experiment: Optional[
         return out
     uri, experiment = _target(sweep_dir, missing, uri, experiment)
     try:
-        state = ensure_parent(sweep_dir, uri, experiment, {"dsexp.synced": "true"})
+        tracker = Tracker(uri, experiment)
+        state = ensure_parent(sweep_dir, tracker, experiment, {"dsexp.synced": "true"})
     except Exception as e:
         print(f"dsexp.sync: MLflow store {uri} unavailable: {type(e).__name__}: {e}", file=sys.stderr)
         out["failed"] = [str(j) for j, _ in missing]
@@ -60,7 +61,7 @@ def sync_sweep(sweep_dir: Path, uri: Optional[str] = None, experiment: Optional[
         track_job(res, job_dir, sweep_dir, uri, experiment)
         out["logged" if res["tracking"].get("run_id") else "failed"].append(str(job_dir))
     if state["created"] and not out["failed"]:
-        Tracker(uri, experiment).set_status(state["run_id"], "FINISHED")
+        tracker.set_status(state["run_id"], "FINISHED")
     return out
 
 

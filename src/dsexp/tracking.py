@@ -217,12 +217,12 @@ def read_sweep_state(sweep_dir: Optional[Path]) -> Optional[Dict[str, Any]]:
     return read_json(Path(sweep_dir) / SWEEP_STATE)
 
 
-def ensure_parent(sweep_dir: Path, uri: str, experiment: str, tags: Dict[str, str]) -> Dict[str, Any]:
-    """The sweep's parent run in this store: the recorded one (a resumed sweep reuses it), else a new one."""
+def ensure_parent(sweep_dir: Path, tracker: Tracker, experiment: str, tags: Dict[str, str]) -> Dict[str, Any]:
+    """The sweep's parent run in the tracker's store (made by building the Tracker): the recorded one (a resumed
+    sweep reuses it), else a new one."""
     from dsexp.records import write_json_atomic
 
-    state = read_sweep_state(sweep_dir)
-    tracker = Tracker(uri, experiment)
+    state, uri = read_sweep_state(sweep_dir), tracker.uri
     if state and state.get("uri") == uri and state.get("experiment") == experiment:
         return {**state, "created": False}
     run_id = tracker.start_parent(f"sweep {Path(sweep_dir).name}",
