@@ -9,7 +9,7 @@ BENCH   ?=
 SERVER_PORT ?= 5001
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: help install sweep test test-all ui server bench clean
+.PHONY: help install sweep test lint test-all ui server bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -27,8 +27,12 @@ $(STAMP): pyproject.toml
 sweep: install  ## the main job: a CPU sweep on the tiny model into multirun/ and ./mlflow.db (SWEEP="..." to change)
 	$(BIN)/python -m dsexp -m $(SWEEP)
 
-test: install  ## the test suite (CPU; slow and GPU tests are skipped)
+test: install lint  ## lint, then the test suite (CPU; slow and GPU tests are skipped)
 	$(BIN)/python -m pytest
+
+lint: install  ## ruff check + ruff format --check
+	$(BIN)/ruff check src tests scripts benchmarks
+	$(BIN)/ruff format --check src tests scripts benchmarks
 
 test-all: install  ## also the slow tests (headless Chromium UI check, fault matrix, cluster launcher)
 	$(BIN)/python -m pytest -m 'not gpu'

@@ -53,7 +53,7 @@ SECTIONS = ("imports", "writer", "overhead", "sampler")  # run in this order
 SCHEMA = 3  # bench.json of another schema is not merged into
 TARGETS = {"overhead_s": 3.0, "sampler_core_pct": 1.0, "writer_gbps_gpu": 1.0}
 RESOLVED, RESOLVED_S = 0.05, 0.05  # "no measurable shift" needs pairs that would show a shift of 5% or 50 ms
-IMPORTS = (("dsexp.worker", "dsexp.worker"), ("torch", "+ torch"), ("deepspeed", "+ deepspeed"),
+IMPORTS = (("dsexp.rank.worker", "dsexp.rank.worker"), ("torch", "+ torch"), ("deepspeed", "+ deepspeed"),
            ("transformers", "+ transformers (imported in the load phase)"))
 # A fresh interpreter imports IMPORTS in turn and prints perf_counter after each (CLOCK_MONOTONIC: the same
 # clock as the parent's), so one process per repeat gives every step's cumulative time.
@@ -78,7 +78,7 @@ def machine_name() -> str:
 
 
 def gpu_count() -> int:
-    from dsexp.config import visible_gpus
+    from dsexp.compose.validate import visible_gpus
 
     return visible_gpus()
 

@@ -35,7 +35,7 @@ def report_sections(sweeps: Path) -> Dict[str, str]:
     from dsexp.analysis.report import write_report
 
     with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(sys.stderr):
-        return write_report(sweeps, parent=None, out_dir=Path(out), source=str(sweeps))
+        return write_report(sweeps, out_dir=Path(out), source=str(sweeps))
 
 
 def report_section(sweeps: Path, section: str) -> str:

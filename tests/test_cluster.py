@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import pytest
-from cluster_helpers import fake_slurm_bin, mlflow_server
+from helpers.cluster import fake_slurm_bin, mlflow_server
 from conftest import compose
 
-from dsexp import multinode, records
-from dsexp.config import ConfigError, to_schema, validate
+from dsexp.job import multinode
+
+from dsexp.core import records
+from dsexp.compose.config import to_schema
+from dsexp.compose.validate import validate, validate_nodes
+from dsexp.core.schema import ConfigError
 
 SLURM = ["hydra/launcher=dsexp_slurm", "hydra.launcher.partition=gpu"]
 
 
 def launcher_params(*overrides):
-    from dsexp.cluster_launchers import launcher_params
+    from dsexp.job.cluster_launchers import launcher_params
 
     return launcher_params(compose(list(overrides), hydra=True))
 
@@ -101,7 +104,7 @@ def test_sweep_validation_counts_the_gpus_slurm_will_give():
     from hydra import initialize_config_dir
 
     from conftest import CONF
-    from dsexp.sweep import validate_sweep
+    from dsexp.compose.sweep import validate_sweep
 
     job = ["tp=2", "engine.kernel_inject=true", "dtype=fp16"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -148,7 +151,7 @@ def test_torchrun_multinode_command(allocation):
         "srun", "--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
         "--cpus-per-task=32", sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4",
         "--rdzv-backend=c10d", "--rdzv-endpoint=gpu-a1:29511", "--rdzv-id=dsexp-job-29511",
-        "-m", "dsexp.worker", str(job_dir)]
+        "-m", "dsexp.rank.worker", str(job_dir)]
 
 
 def test_deepspeed_multinode_command_from_the_allocation(allocation):
@@ -160,7 +163,7 @@ def test_deepspeed_multinode_command_from_the_allocation(allocation):
     cmd = multinode.rank_command(spec, job_dir, 29512, {"OMP_NUM_THREADS": "8", "DS_ACCELERATOR": "cuda"})
     assert cmd == [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(job_dir / "hostfile"),
                    "--num_nodes", "2", "--num_gpus", "4", "--master_addr", "gpu-a1", "--master_port", "29512",
-                   "--no_local_rank", "--module", "dsexp.worker", str(job_dir)]
+                   "--no_local_rank", "--module", "dsexp.rank.worker", str(job_dir)]
     assert (job_dir / "hostfile").read_text() == "gpu-a1 slots=4\ngpu-a2 slots=4\n"
     assert multinode.hostfile_hosts(job_dir / "hostfile") == {"gpu-a1": 4, "gpu-a2": 4}
     # the runner exports these to the other nodes (it reads .deepspeed_env from its cwd, the job folder)
@@ -174,7 +177,7 @@ def test_deepspeed_multinode_command_from_a_given_hostfile(tmp_path, monkeypatch
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     spec = spec_of("launcher=deepspeed", "tp=8", "launcher.nodes=2", f"launcher.hostfile={hostfile}")
-    multinode.validate_nodes(spec)
+    validate_nodes(spec)
     cmd = multinode.rank_command(spec, job_dir, 29513, {})
     assert cmd[cmd.index("--hostfile") + 1] == str(hostfile) and cmd[cmd.index("--master_addr") + 1] == "box7"
     assert cmd[cmd.index("--num_gpus") + 1] == "4" and not (job_dir / "hostfile").exists()
@@ -212,8 +215,8 @@ def test_per_node_metrics_next_to_the_per_rank_ones():
 
 
 def test_unreachable_tracking_server_fails_fast():
-    from dsexp.launch import free_port
-    from dsexp.tracking import Tracker
+    from dsexp.job.launch import free_port
+    from dsexp.tracking.runs import Tracker
 
     t0 = time.monotonic()
     with pytest.raises(ConnectionError, match="does not answer"):
@@ -231,7 +234,7 @@ def server(tmp_path_factory):
 def test_http_store_takes_job_runs_and_serves_their_artifacts(server, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from dsexp.tracking import Tracker
+    from dsexp.tracking.runs import Tracker
 
     uri, root = server
     job_dir = tmp_path / "job"

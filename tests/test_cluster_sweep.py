@@ -7,10 +7,10 @@ import socket
 from pathlib import Path
 
 import pytest
-from cluster_helpers import fake_slurm_bin, mlflow_server
+from helpers.cluster import fake_slurm_bin, mlflow_server
 from conftest import run_dsexp, sweep_results
 
-from dsexp.tracking import read_sweep_state
+from dsexp.tracking.runs import read_sweep_state
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,11 @@ import json
 import pytest
 from conftest import CONF, compose
 
-from dsexp.config import ConfigError, to_schema, validate
+from dsexp.compose.config import to_schema
+
+from dsexp.compose.validate import validate
+
+from dsexp.core.schema import ConfigError
 
 
 def spec_of(*overrides, gpus=0):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from analysis_cases import GIB, MEDIUM, MIB, config, result
+from helpers.analysis_cases import GIB, MEDIUM, MIB, config, result
 
 from dsexp.analysis.diagnosis import diagnose
 from dsexp.analysis.measured import human

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from analysis_cases import TINY
+from helpers.analysis_cases import TINY
 
 from dsexp.models.writer import ensure_checkpoint
 
-WORKER = Path(__file__).with_name("engine_census_worker.py")
+WORKER = Path(__file__).parent / "helpers" / "engine_census_worker.py"
 
 
 @pytest.mark.slow

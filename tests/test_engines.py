@@ -10,8 +10,12 @@ import traceback
 import pytest
 from conftest import compose, run_dsexp, sweep_results
 
-from dsexp.config import ConfigError, to_schema, validate
-from dsexp.failures import classify
+from dsexp.compose.config import to_schema
+
+from dsexp.compose.validate import validate
+
+from dsexp.core.schema import ConfigError
+from dsexp.job.failures import classify
 
 
 # The multirun fixtures run several jobs of 2 ranks each; on a busy 2-core machine their setup alone can pass
@@ -40,7 +44,7 @@ def test_kernel_inject_on_cpu_refused_only_where_deepspeed_has_a_kernel_policy()
 def test_kernel_policy_list_is_deepspeeds():
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    from dsexp.engines.kernel_policy import kernel_injected_layers, kernel_policy_classes
+    from dsexp.models.kernel_policy import kernel_injected_layers, kernel_policy_classes
     from dsexp.models.writer import meta_model
 
     assert LlamaDecoderLayer in kernel_policy_classes()

@@ -19,7 +19,7 @@ import psutil
 import pytest
 from conftest import ROOT, run_dsexp, sweep_results
 
-from dsexp import teardown
+from dsexp.job import teardown
 
 # (fault, expected cause, expected phase); rank 1 of 2 always.
 FAST = [(None, "ok", None),
@@ -137,7 +137,6 @@ def matrix_rows(run: Dict[str, object], faults) -> List[List[str]]:
     for res, after, (fault, cause, phase) in zip(first, again, faults):
         f = res.get("failure") or {}
         reached = (f.get("memory_reached") or {}).get("rank1", {})
-        reaped = (res.get("teardown") or {}).get("survivors") or []
         kind = "none" if fault is None else f"{fault['kind']}" + (f" ({fault['cap_mb']} MB cap)" if "cap_mb" in fault else "")
         message = re.sub(r"\s+", " ", str(f.get("message", "")))[:160].replace("|", "/")
         retry = "skipped (ok)" if after.get("earlier_attempts") == [] and fault is None else \

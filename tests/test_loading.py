@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -14,11 +15,15 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from conftest import compose  # noqa: E402
 
-from dsexp.config import ConfigError, to_schema, validate  # noqa: E402
-from dsexp.context import RankContext  # noqa: E402
-from dsexp.loading import buffers, files, meta  # noqa: E402
-from dsexp.loading import split as split_mod  # noqa: E402
-from dsexp.loading.eager import from_pretrained  # noqa: E402
+from dsexp.compose.config import to_schema  # noqa: E402
+
+from dsexp.compose.validate import validate
+
+from dsexp.core.schema import ConfigError
+from dsexp.rank.context import RankContext  # noqa: E402
+from dsexp.rank.loading import buffers, files, meta  # noqa: E402
+from dsexp.job import split as split_mod  # noqa: E402
+from dsexp.rank.loading.eager import from_pretrained  # noqa: E402
 from dsexp.models.writer import ensure_checkpoint  # noqa: E402
 
 
@@ -160,7 +165,7 @@ def test_tp1_deepspeed_ignores_checkpoint_so_meta_fills_itself(tiny, tmp_path, e
     import deepspeed
     import safetensors.torch
 
-    from dsexp.engines.init_inference import InitInference
+    from dsexp.rank.engines.init_inference import InitInference
 
     opened = []
     real = safetensors.torch.load_file
@@ -201,12 +206,14 @@ def test_split_is_cached_by_key(tmp_path, monkeypatch, tiny):
     spec = _spec(["load=sharded", "tp=2", f"cache_dir={tmp_path}"])
     runs = []
 
-    def fake_run(spec_, runtime, run_dir, out):
+    def fake_run(spec_, runtime, run_dir, role, what, extra, missing):
+        out = Path(extra["split_out"])
         runs.append(out)
         for r in range(spec_.tp):
             (out / f"rank{r:03d}.json").write_text(json.dumps({"files": [], "bytes": 10 + r}))
+        assert role == "split" and not any(missing(r) for r in range(spec_.tp))
 
-    monkeypatch.setattr(split_mod, "_run_split", fake_run)
+    monkeypatch.setattr(split_mod, "run_role", fake_run)
     runtime = {"model_dir": str(tiny), "device": "cpu"}
     first = split_mod.ensure_split(spec, runtime, tmp_path / "job")
     again = split_mod.ensure_split(spec, runtime, tmp_path / "job")
@@ -230,11 +237,13 @@ def test_validation_refuses_combinations_that_cannot_load(overrides, message):
         validate(_spec(overrides), gpus=1)
 
 
-def test_conversion_is_recorded_where_it_happens():
-    from dsexp.loading import get_loader
+def test_conversion_is_recorded_where_it_happens(tmp_path, monkeypatch):
+    from dsexp.job import run, split
 
     spec = _spec(["model.dtype=fp32", "dtype=bf16"])
-    assert get_loader("eager").conversion(spec) == "fp32->bf16"
-    assert get_loader("meta").conversion(spec) == "fp32->bf16"
-    assert get_loader("sharded").conversion(spec) is None  # done once, by the split
-    assert get_loader("eager").conversion(_spec()) is None
+    assert run.prepare_load(spec, {}, tmp_path)["conversion"] == "fp32->bf16"
+    assert run.prepare_load(_spec(["model.dtype=fp32", "dtype=bf16", "load=meta"]), {}, tmp_path)["conversion"] == "fp32->bf16"
+    monkeypatch.setattr(split, "ensure_split", lambda spec, runtime, job_dir: {"conversion": "fp32->bf16"})
+    sharded = run.prepare_load(_spec(["model.dtype=fp32", "dtype=bf16", "load=sharded", "tp=2"]), {}, tmp_path)
+    assert sharded["conversion"] is None and sharded["split"]["conversion"] == "fp32->bf16"  # done once, by the split
+    assert run.prepare_load(_spec(), {}, tmp_path)["conversion"] is None

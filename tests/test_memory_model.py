@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from analysis_cases import GIB, INTERNLM2_POLICY, MEDIUM, TINY, InternLM2ForCausalLM, config, result
+from helpers.analysis_cases import GIB, INTERNLM2_POLICY, MEDIUM, TINY, InternLM2ForCausalLM, config, result
 
 from dsexp.analysis.memory import Strategy, place, predict
 

@@ -12,10 +12,13 @@ import time
 import pytest
 from conftest import CONF, compose, run_dsexp, sweep_results
 
-from dsexp import packing
+from dsexp.core import records
+from dsexp.job import packing
 from dsexp.analysis import measured, packed as packed_cmp
-from dsexp.callbacks import format_table
-from dsexp.config import ConfigError, to_schema, validate
+from dsexp.compose.callbacks import format_table
+from dsexp.compose.config import to_schema
+from dsexp.compose.validate import validate
+from dsexp.core.schema import ConfigError
 
 
 @pytest.fixture
@@ -78,7 +81,7 @@ def test_release_names_the_jobs_that_ran_meanwhile(sweep):
     with packing.claim(sweep, sweep / "2", 2) as c:  # alone: both others are done
         pass
     assert b["overlapped_with"] == ["0"] and a["overlapped_with"] == ["1"] and c["overlapped_with"] == []
-    assert packing.node_shared({"packed": a}) and not packing.node_shared({"packed": c})
+    assert records.node_shared({"packed": a}) and not records.node_shared({"packed": c})
 
 
 def test_a_claim_whose_process_is_gone_is_dropped(sweep):
@@ -107,7 +110,7 @@ def test_packing_is_refused_across_nodes_and_under_slurm():
     from hydra import compose as hcompose
     from hydra import initialize_config_dir
 
-    from dsexp.sweep import validate_sweep
+    from dsexp.compose.sweep import validate_sweep
 
     with pytest.raises(ConfigError, match="launcher.pack=true"):
         validate(to_schema(compose(["launcher.pack=true", "launcher.nodes=2", "tp=2"])), gpus=0)

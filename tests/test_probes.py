@@ -6,11 +6,11 @@ import time
 
 import torch
 
-from dsexp.probes.host import ProcFiles, host_snapshot, node_used, status_rss
-from dsexp.probes.phases import PhaseRecorder
-from dsexp.probes.sampler import PeakSampler
-from dsexp.probes.see_memory import parse
-from dsexp.probes.weights import resident_bytes, weight_census
+from dsexp.rank.probes.host import ProcFiles, host_snapshot, node_used, status_rss
+from dsexp.rank.probes.phases import PhaseRecorder
+from dsexp.rank.probes.sampler import PeakSampler
+from dsexp.rank.probes.see_memory import parse
+from dsexp.rank.probes.weights import resident_bytes, weight_census
 
 
 def test_sampler_catches_a_transient_peak():
@@ -96,7 +96,7 @@ def test_weight_census_counts_params_buffers_and_meta():
 
 
 def test_sampler_reads_nvml_per_process_figure_sparingly_but_at_every_window_end():
-    from dsexp.probes.sampler import PROCESS_EVERY
+    from dsexp.rank.probes.sampler import PROCESS_EVERY
 
     class FakeNvml:
         process_reads = 0

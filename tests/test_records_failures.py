@@ -1,8 +1,8 @@
 """Aggregation over ranks and failure classification, on constructed rank records."""
 from __future__ import annotations
 
-from dsexp.failures import classify
-from dsexp.records import GIB, aggregate_metrics, headline
+from dsexp.job.failures import classify
+from dsexp.core.records import GIB, aggregate_metrics, headline
 
 
 def rank(r, load_rss, weights, gpu_peak=None, status="ok", error=None, phases=("start", "load", "init", "generate")):
@@ -21,7 +21,7 @@ def test_aggregates_max_sum_and_per_rank():
 
 
 def test_see_memory_usage_printout_becomes_rank0_metrics_next_to_ours():
-    from dsexp.probes.see_memory import parse
+    from dsexp.rank.probes.see_memory import parse
 
     r0, r1 = rank(0, 2 * GIB, GIB), rank(1, 4 * GIB, 3 * GIB)
     r0["phases"]["init"]["see_memory_usage"] = parse("dsexp: after init\nMA 37.74 GB         Max_MA 37.76 GB         "
@@ -58,7 +58,7 @@ def test_classify_ok_and_failures():
 
 
 def test_end_of_sweep_table_shows_failures_and_small_figures():
-    from dsexp.callbacks import format_table
+    from dsexp.compose.callbacks import format_table
 
     ok = {"job_dir": "/s/0", "status": "ok", "config": {"model": {"name": "tiny"}, "tp": 2},
           "headline": {"gpu_weights_gib": 0.00412, "host_peak_gib": 0.53}, "correctness": {"logits_rel_err": 0.0071}}

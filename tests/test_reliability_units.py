@@ -15,12 +15,17 @@ import psutil
 import pytest
 from conftest import compose
 
-from dsexp import teardown
-from dsexp.config import ConfigError, checkpoint_problem, to_schema, validate
-from dsexp.failures import classify, hang_site, launcher_exits
-from dsexp.job import archive_attempt, find_ok_result
-from dsexp.launch import kill_group
-from dsexp.records import GIB, read_json, with_partial_phase, write_json_atomic
+from dsexp.core.protocol import TOKEN_ENV
+from dsexp.job import teardown
+from dsexp.compose.config import to_schema
+from dsexp.compose.validate import validate
+from dsexp.core.checkpoint import checkpoint_problem
+from dsexp.core.schema import ConfigError
+from dsexp.job.failures import classify, hang_site, launcher_exits
+from dsexp.job.run import archive_attempt, find_ok_result
+from dsexp.job.launch import kill_group
+from dsexp.core.fs import read_json, write_json_atomic
+from dsexp.core.records import GIB, with_partial_phase
 
 
 def test_reap_finds_a_rank_that_left_the_launchers_process_group(tmp_path):
@@ -32,7 +37,7 @@ def test_reap_finds_a_rank_that_left_the_launchers_process_group(tmp_path):
             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True); "
             f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(300)")
     launcher = subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
-                                env={**os.environ, teardown.TOKEN_ENV: token})
+                                env={**os.environ, TOKEN_ENV: token})
     deadline = time.monotonic() + 30
     while not pidfile.exists() or not pidfile.read_text():
         assert time.monotonic() < deadline
@@ -50,7 +55,7 @@ def test_reap_finds_a_rank_that_left_the_launchers_process_group(tmp_path):
 def test_reap_reports_ports_released(tmp_path):
     token = teardown.new_token()
     code = "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); time.sleep(300)"
-    server = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, teardown.TOKEN_ENV: token})
+    server = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, TOKEN_ENV: token})
     try:
         deadline = time.monotonic() + 30
         while not teardown.listening_ports(teardown.job_processes(token)):
@@ -237,7 +242,7 @@ def test_stack_signal_is_not_fatal_to_a_rank_that_registered_it():
 
 
 def test_resume_skips_ok_jobs_unless_rerun_and_retries_keep_the_earlier_attempt(tmp_path, monkeypatch):
-    from dsexp import job as jobmod
+    from dsexp.job import run as jobmod
 
     executed = []
 
@@ -247,12 +252,12 @@ def test_resume_skips_ok_jobs_unless_rerun_and_retries_keep_the_earlier_attempt(
 
     monkeypatch.setattr(jobmod, "_execute", fake_execute)
     sweep = tmp_path / "sweep"
-    first = jobmod.run_job(compose(["check.correctness=false"]), sweep / "0", sweep)
+    first = jobmod.run_job(validate(to_schema(compose(["check.correctness=false"]))), sweep / "0", sweep)
     assert executed == [sweep / "0"] and first["attempt"] == 1
-    again = jobmod.run_job(compose(["check.correctness=false"]), sweep / "0", sweep)
+    again = jobmod.run_job(validate(to_schema(compose(["check.correctness=false"]))), sweep / "0", sweep)
     assert executed == [sweep / "0"] and again["resumed_from"] == str(sweep / "0")  # skipped, not executed
     assert again["attempt_id"] == first["attempt_id"] and not (sweep / "0" / ".dsexp" / "attempts").exists()
-    forced = jobmod.run_job(compose(["check.correctness=false", "rerun=true"]), sweep / "0", sweep)
+    forced = jobmod.run_job(validate(to_schema(compose(["check.correctness=false", "rerun=true"]))), sweep / "0", sweep)
     assert len(executed) == 2 and forced["attempt"] == 2
     assert forced["earlier_attempts"][0]["status"] == "ok"
     assert read_json(sweep / "0" / ".dsexp" / "attempts" / "1" / "result.json")["attempt_id"] == first["attempt_id"]
@@ -268,7 +273,7 @@ def test_a_rank_that_received_sigterm_is_a_victim_even_if_its_heartbeat_stopped_
 
 
 def test_worker_sigterm_leaves_its_stacks_and_still_dies(tmp_path):
-    code = ("import os, re; from pathlib import Path; from dsexp import worker; out = os.fdopen(os.dup(1), 'w'); "
+    code = ("import os, re; from pathlib import Path; from dsexp.rank import worker; out = os.fdopen(os.dup(1), 'w'); "
             f"worker._redirect_output(Path({str(tmp_path)!r}) / 'ranks' / 'rank0.log'); "
             "print('ready', file=out, flush=True); re.match(r'(a+)+$', 'a' * 40 + 'b')")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
@@ -302,8 +307,8 @@ def test_release_shm_removes_only_this_jobs_segments(tmp_path, monkeypatch):
 def test_retry_first_stops_ranks_an_earlier_attempt_left_running(tmp_path):
     """The job process of the earlier attempt was SIGKILLed, so its teardown never ran; the retry cleans up."""
     job = tmp_path / "sweep" / "3"
-    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "-m", "dsexp.worker", str(job)])
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "-m", "dsexp.worker",
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "-m", "dsexp.rank.worker", str(job)])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "-m", "dsexp.rank.worker",
                               str(tmp_path / "sweep" / "31")])
     try:
         time.sleep(0.5)
@@ -321,8 +326,9 @@ def test_a_launcher_that_never_started_a_rank_is_a_launch_error():
 
 
 def test_a_multirun_job_that_fails_validation_at_run_time_is_a_failed_result(tmp_path):
-    from dsexp.job import record_invalid
+    from dsexp.compose.config import plain
+    from dsexp.job.run import record_invalid
 
-    res = record_invalid(compose(["tp=2"]), tmp_path / "0", "device=cuda but no GPU is visible (NVML found none)")
+    res = record_invalid(plain(compose(["tp=2"])), tmp_path / "0", "device=cuda but no GPU is visible (NVML found none)")
     assert read_json(tmp_path / "0" / "result.json") == res
     assert (res["status"], res["failure"]["cause"], res["config"]["tp"]) == ("failed", "invalid_config", 2)

@@ -5,12 +5,12 @@ import json
 import re
 
 import pytest
-from analysis_cases import GIB, config, result
+from helpers.analysis_cases import GIB, config, result
 
 from dsexp.analysis.matrix import build_rows, extrapolate, recommend
 from dsexp.analysis.memory import predict
 from dsexp.analysis.report import write_report
-from dsexp.analysis.sources import _value
+from dsexp.tracking.sources import _value
 
 DIMS8 = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
              num_key_value_heads=8, vocab_size=1024, max_position_embeddings=512, rope_theta=10000.0)
@@ -99,7 +99,7 @@ def test_report_from_mlflow_parent_run(tmp_path):
     from mlflow.tracking import MlflowClient
 
     from dsexp.report import main
-    from dsexp.tracking import Tracker, flatten, job_metrics, run_name
+    from dsexp.tracking.runs import Tracker, flatten, job_metrics, run_name
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker(uri, "exp")
@@ -147,7 +147,7 @@ def test_cli_prints_one_section_for_docs(tmp_path, capsys):
 
 
 def _medium_gpu(tp, job, **kw):
-    from analysis_cases import MEDIUM
+    from helpers.analysis_cases import MEDIUM
 
     cfg = config(tp, MEDIUM, name="medium", device="cuda", **{k: v for k, v in kw.items() if k in (
         "load", "engine", "zero", "stage", "offload", "variant")})

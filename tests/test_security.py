@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 from conftest import CONF, ROOT, compose
 
-from dsexp.config import ConfigError, to_schema, validate
+from dsexp.compose.config import to_schema
+
+from dsexp.compose.validate import validate
+
+from dsexp.core.schema import ConfigError
 
 SOURCES = sorted((ROOT / "src").rglob("*.py")) + sorted((ROOT / "scripts").rglob("*.py"))
 SUBPROCESS = {"run", "Popen", "call", "check_call", "check_output"}

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from conftest import sweep_results
 
-from dsexp.records import HEADLINE, PHASES
+from dsexp.core.records import HEADLINE, PHASES
 
 
 @pytest.fixture(scope="module")

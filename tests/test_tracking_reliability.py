@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import compose, run_dsexp, sweep_results
 
-from dsexp.config import to_schema
-from dsexp.records import read_json, write_json_atomic
+from dsexp.compose.config import to_schema
+from dsexp.core.fs import read_json, write_json_atomic
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -66,8 +66,8 @@ def test_four_concurrent_writers_into_a_new_store_lose_no_run(tmp_path):
 def test_sync_logs_only_what_is_missing_and_never_twice(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from dsexp.sync import main, sync_sweep
-    from dsexp.tracking import Tracker
+    from dsexp.tracking.sync import main, sync_sweep
+    from dsexp.tracking.runs import Tracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sweep = tmp_path / "sweep"

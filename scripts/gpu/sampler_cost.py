@@ -9,9 +9,9 @@ import time
 
 import torch
 
-from dsexp.probes.gpu import NvmlDevice
-from dsexp.probes.host import ProcFiles
-from dsexp.probes.sampler import PeakSampler
+from dsexp.rank.probes.gpu import NvmlDevice
+from dsexp.rank.probes.host import ProcFiles
+from dsexp.rank.probes.sampler import PeakSampler
 
 
 def per_call_us(fn, n: int = 2000) -> dict:

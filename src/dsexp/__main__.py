@@ -23,10 +23,12 @@ def conf_dir() -> str:
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")
 def main(cfg: DictConfig):
     entered = time.time()  # the job's clock starts when Hydra hands over (composition is done)
-    from dsexp.config import ConfigError
-    from dsexp.job import record_invalid, run_job
-    from dsexp.multinode import is_first_task
-    from dsexp.tracking import resolve_uri, track_job
+    from dsexp.compose.config import plain, to_schema
+    from dsexp.compose.validate import validate
+    from dsexp.core.schema import ConfigError
+    from dsexp.job.multinode import is_first_task
+    from dsexp.job.run import record_invalid, run_job
+    from dsexp.tracking.runs import resolve_uri, track_job
 
     if not is_first_task():  # submitit's task on another node of a multi-node job: task 0 starts every rank
         return None
@@ -34,11 +36,13 @@ def main(cfg: DictConfig):
     job_dir = Path(hc.runtime.output_dir)
     sweep_dir = Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
     try:
-        result = run_job(cfg, job_dir, sweep_dir)
+        spec = validate(to_schema(cfg))
     except ConfigError as e:
         if sweep_dir is None:
             sys.exit(f"dsexp: bad config: {e}")
-        result = record_invalid(cfg, job_dir, str(e))  # a multirun goes on
+        result = record_invalid(plain(cfg), job_dir, str(e))  # a multirun goes on
+    else:
+        result = run_job(spec, job_dir, sweep_dir)
     if result.get("resumed_from"):
         print(f"dsexp: skipped, already ok in {result['resumed_from']} (rerun=true forces a rerun)")
         return result.get("headline")

@@ -39,24 +39,24 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def run(args: argparse.Namespace, out) -> int:
-    from dsexp.analysis.report import write_report
-    from dsexp.tracking import read_sweep_state, resolve_uri
+    from dsexp.tracking.runs import read_sweep_state, resolve_uri
+    from dsexp.tracking.upload import report_sweep
 
     if args.sweep_dir is not None:
         if not args.sweep_dir.is_dir():
             print(f"dsexp report: {args.sweep_dir} is not a folder", file=sys.stderr)
             return 2
         parent = None if args.no_mlflow else read_sweep_state(args.sweep_dir)
-        return show(write_report(args.sweep_dir, parent=parent, out_dir=args.out, source=str(args.sweep_dir)),
+        return show(report_sweep(args.sweep_dir, parent=parent, out_dir=args.out, source=str(args.sweep_dir)),
                     args.show, out)
-    from dsexp.analysis.sources import results_from_mlflow
+    from dsexp.tracking.sources import results_from_mlflow
 
     uri = resolve_uri(args.tracking_uri)
     results, parent = results_from_mlflow(uri, args.experiment, args.parent_run)
     name = args.experiment or args.parent_run
     folder = args.out or Path(f"report-{name}")
     source = f"--experiment {args.experiment}" if args.experiment else f"--parent-run {args.parent_run}"
-    return show(write_report(folder, parent=None if args.no_mlflow else parent, results=results, out_dir=folder,
+    return show(report_sweep(folder, parent=None if args.no_mlflow else parent, results=results, out_dir=folder,
                              source=source), args.show, out)
 
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from dsexp.analysis import measured as m
-from dsexp.records import config_label
+from dsexp.core.records import config_label
 from dsexp.analysis.diagnosis import UNSHARDED, WEIGHT_TOL, Finding, diagnose, text
-from dsexp.analysis.memory import TP_ENGINES, Prediction, predict
+from dsexp.analysis.memory import Prediction, predict, splits_weights
 
 EXTRAPOLATE_TP = (4, 8)
 TIE = 0.01  # configurations within 1% of the lowest figure count as tied; the lower host peak wins
@@ -185,7 +185,7 @@ def _at(base: Row, strategy: str, tp: int) -> Extrapolated:
     checkpoint's page cache is reclaimable and not counted."""
     r, bp = base.result, base.prediction
     kv = bp.dims.kv_heads
-    if bp.strategy.engine in TP_ENGINES and tp > kv:
+    if splits_weights(bp.strategy.engine) and tp > kv:
         return Extrapolated(strategy, tp, False, None, None, None, None, f"not possible: the model has {kv} KV heads")
     p = predict(r, tp)
     if p.error:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from dsexp.packing import node_shared
+from dsexp.core.records import node_shared
 
 MIB, GIB = 2**20, 2**30
 

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from dsexp.analysis import architecture as arch
+from dsexp.core.engines import ENGINES, effective_policy, traits
+from dsexp.models.kernel_policy import kernel_policy_classes
 
-DS_ENGINES = ("init_inference",)   # engines that cast the whole module, buffers too, to the engine dtype
-TP_ENGINES = ("init_inference", "autotp_zero3", "hf_tp")
 
 
 @dataclass
@@ -83,15 +83,9 @@ def _effective_policy(result: Dict[str, Any]) -> Optional[Dict[str, List[str]]]:
     report = result.get("engine") or {}
     if "injection_policy" in report:
         return report["injection_policy"] or None
-    from types import SimpleNamespace
-
-    from omegaconf import OmegaConf
-
-    from dsexp.engines.init_inference import effective_policy
-
-    cfg = OmegaConf.create({k: (result.get("config") or {}).get(k) or {} for k in ("engine", "model")})
-    pol = effective_policy(SimpleNamespace(spec=cfg))
-    return OmegaConf.to_container(pol) if pol is not None and not isinstance(pol, (dict, str)) else pol
+    eng, model = ((result.get("config") or {}).get(k) or {} for k in ("engine", "model"))
+    return effective_policy(eng.get("injection_policy", "auto"), bool(eng.get("kernel_inject")),
+                            model.get("injection_policy"))
 
 
 @dataclass
@@ -184,6 +178,11 @@ def place(model, strategy: Strategy, tp: int):
         return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}, notes, str(e) or "AssertionError"
 
 
+def splits_weights(engine: str) -> bool:
+    """Whether the engine gives each rank its own slice of the weights and of the KV heads (tensor parallelism)."""
+    return engine in ENGINES and traits(engine).splits_weights
+
+
 # --- tensors -------------------------------------------------------------------------------------
 
 @dataclass
@@ -200,7 +199,7 @@ def _tensors(model, strategy: Strategy) -> List[_Tensor]:
     """Every parameter and buffer once (tied weights counted once), in the dtype the engine holds it."""
     import torch
 
-    cast = strategy.engine in DS_ENGINES
+    cast = strategy.engine in ENGINES and traits(strategy.engine).casts_buffers
     run_itemsize = arch.DTYPE_BYTES[strategy.dtype]
     seen, out = set(), []
     for mname, mod in model.named_modules():
@@ -293,29 +292,8 @@ def _autotp_class(ds_name: str, allreduce: Tuple[str, ...], tp: int, fused) -> s
     return "fused_LinearLayer" if fused(ds_name, tp) else "LinearLayer"
 
 
-_KERNEL_CLASSES: Optional[set] = None
-
-
-def _kernel_policy_classes() -> set:
-    """Layer classes DeepSpeed has an injection policy (container) for, as replace_module finds them."""
-    global _KERNEL_CLASSES
-    if _KERNEL_CLASSES is None:
-        from deepspeed.module_inject.replace_policy import replace_policies
-
-        found = set()
-        for plcy in replace_policies:
-            try:
-                plcy(None)  # populates _orig_layer_class, as DeepSpeed does
-            except Exception:
-                continue
-            orig = plcy._orig_layer_class
-            found.update(c for c in (orig if isinstance(orig, list) else [orig]) if c is not None)
-        _KERNEL_CLASSES = found
-    return _KERNEL_CLASSES
-
-
 def _kernel_inject(model, tensors, tp: int, notes: List[str]):
-    classes = _kernel_policy_classes()
+    classes = set(kernel_policy_classes())
     layers = {n: type(m).__name__ for n, m in model.named_modules() if type(m) in classes}
     if not layers:
         names = sorted({type(m).__name__ for m in model.modules()
@@ -403,7 +381,7 @@ def _chunks(n: int, tp: int) -> List[int]:
 # --- KV cache, context, host ---------------------------------------------------------------------
 
 def _kv_heads(kv: int, tp: int, rank: int, s: Strategy) -> int:
-    if s.engine not in TP_ENGINES or tp == 1:
+    if not splits_weights(s.engine) or tp == 1:
         return kv
     return kv // tp + (1 if rank < kv % tp else 0)
 

@@ -1,6 +1,6 @@
 """The sweep report: summary.md (tables meant to be pasted into docs as they are), summary.csv, plots/,
-written into a folder and attached to the sweep's MLflow parent run (child runs get their prediction
-and diagnosis too, so the MLflow UI compares them side by side)."""
+written into a folder. Attaching it to the sweep's MLflow parent run is `dsexp.tracking.upload`'s job: it is
+handed in as `mlflow` (an object with `view(rows)` and `attach(out, rows)`), so analysis never imports MLflow."""
 from __future__ import annotations
 
 import sys
@@ -18,10 +18,10 @@ SUMMARY_MD, SUMMARY_CSV, PLOTS = "summary.md", "summary.csv", "plots"
 FILES = {"per_device": "per_device_vs_tp.png", "host": "host_vs_tp.png", "timeline": "timeline.png"}
 
 
-def write_report(sweep_dir: Path, parent: Optional[Dict[str, Any]] = None,
-                 results: Optional[Sequence[Dict[str, Any]]] = None, out_dir: Optional[Path] = None,
-                 source: Optional[str] = None) -> Optional[Dict[str, str]]:
-    """Report on a sweep folder's results (or the given ones) into out_dir (default: the sweep folder).
+def write_report(sweep_dir: Path, results: Optional[Sequence[Dict[str, Any]]] = None, out_dir: Optional[Path] = None,
+                 source: Optional[str] = None, mlflow=None) -> Optional[Dict[str, str]]:
+    """Report on a sweep folder's results (or the given ones) into out_dir (default: the sweep folder), and hand
+    it to `mlflow` if given (its `view(rows)` returns (parent run, UI route) for the summary's MLflow line).
     Returns the report's sections by name (markdown), None when there are no results."""
     results = list(results) if results is not None else results_from_dir(sweep_dir)
     if not results:
@@ -32,18 +32,12 @@ def write_report(sweep_dir: Path, parent: Optional[Dict[str, Any]] = None,
     (out / PLOTS).mkdir(parents=True, exist_ok=True)
     extra = extrapolate(rows)
     figures = write_plots(rows, extra, out / PLOTS)
-    tracker = _tracker(parent)
-    view = mlflow_view(tracker, parent, rows) if tracker else None
+    parent, view = mlflow.view(rows) if mlflow else (None, None)
     parts = sections(rows, extra, figures)
-    (out / SUMMARY_MD).write_text(render_markdown(rows, parts, source or str(sweep_dir), parent if tracker else None,
-                                                  view))
+    (out / SUMMARY_MD).write_text(render_markdown(rows, parts, source or str(sweep_dir), parent, view))
     frame(rows).to_csv(out / SUMMARY_CSV, index=False)
-    if tracker:
-        try:
-            log_to_mlflow(tracker, parent, out, rows)
-        except Exception as e:  # the files on disk are the report; MLflow is a copy
-            print(f"dsexp report: could not attach the report to MLflow run {parent.get('run_id')}: {e}",
-                  file=sys.stderr)
+    if mlflow:
+        mlflow.attach(out, rows)
     print(f"dsexp report: {out / SUMMARY_MD}" + (f"\n             MLflow comparison view: {view}" if view else ""),
           file=sys.stderr)
     return parts
@@ -324,83 +318,3 @@ def _safe(fn: Callable):
 def _timeline_run(rows: List[Row]) -> Optional[Row]:
     best = recommend(rows)["per_device"]
     return best.row if best else next((r for r in sorted(rows, key=lambda r: -r.tp) if m.ranks(r.result)), None)
-
-
-# --- MLflow --------------------------------------------------------------------------------------
-
-CHILD_METRICS = {"pred.weights_gib": "pred_weights_gib", "pred.weights_err_pct": "weights_err_pct",
-                 "pred.floor_gib": "pred_floor_gib", "pred.model_gib": "model_gib"}
-HEADLINE_COLUMNS = ("gpu_peak_gib", "gpu_weights_gib", "pred.weights_gib", "pred.weights_err_pct", "host_peak_gib",
-                    "host_anon_peak_gib", "node_host_peak_gib", "correct", "logits_rel_err", "load_s", "init_s",
-                    "generate_s", "tokens_per_s")
-PARAM_COLUMNS = ("model.name", "load.name", "engine.name", "engine.kernel_inject", "zero.name", "dtype", "tp")
-
-
-def _tracker(parent: Optional[Dict[str, Any]]):
-    if not parent:
-        return None
-    uri = parent.get("uri") or ""
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
-        print(f"dsexp report: the sweep's MLflow store {uri} is not on this machine; report written to disk only",
-              file=sys.stderr)
-        return None
-    try:
-        from dsexp.tracking import Tracker
-
-        return Tracker(parent["uri"], parent["experiment"])
-    except Exception as e:
-        print(f"dsexp report: MLflow store {parent.get('uri')} unavailable: {e}", file=sys.stderr)
-        return None
-
-
-def mlflow_view(tracker, parent: Dict[str, Any], rows: List[Row]) -> Optional[str]:
-    """A shared view of the sweep's job runs in the MLflow UI: the settings that vary and the headline metrics as
-    columns, sorted by the per-device figure. Stored the way the UI's own "Share" stores views (an experiment tag
-    `mlflow.sharedViewState.<key>` holding the view's JSON); returns the UI route that opens it."""
-    import json
-
-    from dsexp.tracking import retry
-
-    gpu = any(m.on_gpu(r.result) for r in rows)
-    key = f"dsexp-{parent['run_id']}"
-    state = {"searchFilter": f"tags.mlflow.parentRunId = '{parent['run_id']}'",
-             "orderByKey": "metrics.`" + ("gpu_peak_gib" if gpu else "gpu_weights_gib") + "`", "orderByAsc": True,
-             "selectedColumns": [f"params.`{p}`" for p in PARAM_COLUMNS]
-             + [f"metrics.`{k}`" for k in HEADLINE_COLUMNS if gpu or k != "gpu_peak_gib"] + ["tags.`dsexp.diagnosis`"]}
-    try:
-        retry(lambda: tracker.client.set_experiment_tag(tracker.experiment_id, f"mlflow.sharedViewState.{key}",
-                                                        json.dumps(state)))
-    except Exception as e:
-        print(f"dsexp report: could not save the MLflow view: {e}", file=sys.stderr)
-        return None
-    return f"#/experiments/{tracker.experiment_id}/runs?viewStateShareKey={key}"
-
-
-def log_to_mlflow(tracker, parent: Dict[str, Any], out: Path, rows: List[Row]) -> None:
-    """Report files as artifacts of the parent run (report/), the recommendation on it; prediction and
-    diagnosis on each child run logged in the same store."""
-    from dsexp.tracking import retry
-
-    client, rid = tracker.client, parent["run_id"]
-    for name in (SUMMARY_MD, SUMMARY_CSV):
-        retry(lambda: client.log_artifact(rid, str(out / name), "report"))
-    tracker.log_artifact_dir(rid, out / PLOTS, "report/plots")
-    picks = recommend(rows)
-    best = picks["per_device"].row if picks["per_device"] else None
-    tags = {"dsexp.recommendation": best.label if best else "none passed correctness"}
-    for key, tag in (("per_device_no_offload", "no_offload"), ("host", "host"), ("node", "node")):
-        if picks[key]:
-            tags[f"dsexp.recommendation_{tag}"] = picks[key].row.label
-    for k, v in tags.items():
-        retry(lambda: client.set_tag(rid, k, v))
-    if best:
-        tracker.log_metrics(rid, {"best_per_device_gib": m.per_device_gib(best.result) or float("nan"),
-                                  "best_host_peak_gib": m.headline(best.result, "host_peak_gib") or float("nan")})
-    for r in rows:
-        tracking = r.result.get("tracking") or {}
-        child = tracking.get("run_id")
-        if not child or tracking.get("uri") not in (None, parent["uri"]):
-            continue
-        v = r.values()
-        tracker.log_metrics(child, {name: v[k] for name, k in CHILD_METRICS.items() if v[k] is not None})
-        retry(lambda: client.set_tag(child, "dsexp.diagnosis", v["diagnosis"][:4900] or "-"))

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 
 from dsexp.models.presets import ARCHS, torch_dtype
-from dsexp.records import build_once
+from dsexp.core.fs import build_once
 
 DONE_MARK = ".dsexp-complete.json"
 

@@ -6,7 +6,7 @@ subclass hydra-submitit-launcher's; where that plugin is not installed (e.g. the
 the basic launcher) this module defines nothing, so Hydra's plugin scan stays quiet.
 """
 try:
-    from dsexp import cluster_launchers as _impl
+    from dsexp.job import cluster_launchers as _impl
 except ImportError:  # hydra-submitit-launcher missing: no cluster launchers
     _impl = None
 

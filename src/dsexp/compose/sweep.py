@@ -1,0 +1,55 @@
+"""Expand a multirun into its job configs and validate each one before any job is launched."""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+from omegaconf import DictConfig, OmegaConf
+
+from dsexp.compose.config import to_schema
+
+from dsexp.compose.validate import validate
+
+from dsexp.core.schema import ConfigError
+
+
+def sweep_combinations(config: DictConfig) -> List[List[str]]:
+    """The override lists Hydra's basic sweeper will run (sweeper params from presets + command line)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    args = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    parsed = OverridesParser.create().parse_overrides(args)
+    return [combo for batch in BasicSweeper.split_arguments(parsed, None) for combo in batch]
+
+
+def validate_sweep(config: DictConfig) -> List[Tuple[List[str], str]]:
+    """[(overrides, message)] for every combination that cannot run; empty if all are fine."""
+    from hydra import compose
+    from hydra.errors import HydraException, MissingConfigException
+
+    errors = []
+    hydra_overrides = list(config.hydra.overrides.hydra)  # e.g. the launcher, which decides the GPUs
+    for combo in sweep_combinations(config):
+        try:
+            job_cfg = compose(config_name=config.hydra.job.config_name, overrides=hydra_overrides + combo,
+                              return_hydra_config=True)
+            gpus = requested_gpus(job_cfg)
+            spec = validate(to_schema(job_cfg), gpus)
+            if spec.launcher.pack and gpus is not None:
+                raise ConfigError("launcher.pack=true shares out the GPUs of this machine; with a SLURM launcher "
+                                  "SLURM gives every job its own: set launcher.pack=false")
+        except (ConfigError, HydraException) as e:
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if isinstance(e, MissingConfigException) and e.options:
+                msg += f"; choose one of: {', '.join(sorted(e.options))}"
+            errors.append((combo, msg))
+    return errors
+
+
+def requested_gpus(job_cfg: DictConfig) -> Optional[int]:
+    """GPUs per node a SLURM launcher asks for this job (it runs elsewhere, not on the GPUs seen here); else None."""
+    launcher = OmegaConf.select(job_cfg, "hydra.launcher")
+    if launcher is None or not str(launcher.get("_target_", "")).endswith("SlurmLauncher"):
+        return None
+    return int(launcher.get("gpus_per_node") or 0)

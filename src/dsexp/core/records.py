@@ -1,0 +1,156 @@
+"""Record schema: what a rank writes (rank{N}.json), what a job writes (result.json), and aggregation.
+
+Rank records keep raw bytes and seconds; the job flattens them into `<phase>.<quantity>.<aggregate>`
+metrics in GiB (aggregate = max/min/mean/sum over ranks, or rankN) and a few headline figures.
+Everything later stages need (analysis, report, MLflow sync) is in result.json.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional
+
+from dsexp.core.fs import read_json
+from dsexp.core.protocol import live_file, rank_file
+
+GIB = 2**30
+PHASES = ("start", "load", "init", "generate")
+SCHEMA_VERSION = 1
+
+HEADLINE = ("gpu_peak_gib", "gpu_weights_gib", "host_peak_gib", "host_anon_peak_gib", "node_host_peak_gib",
+            "load_s", "init_s", "generate_s", "tokens_per_s")
+
+
+def read_rank_records(job_dir: Path, world_size: int) -> List[Optional[dict]]:
+    """Rank records; a rank that did not finish gets the phase it was in from its live file, marked partial."""
+    return [with_partial_phase(read_json(rank_file(job_dir, r)), read_json(live_file(job_dir, r)), r, world_size)
+            for r in range(world_size)]
+
+
+def with_partial_phase(rec: Optional[dict], live: Optional[dict], rank: int, world_size: int) -> Optional[dict]:
+    """Add `live` (the last heartbeat) to an unfinished rank record: `last_alive` and, if the phase it was in is
+    not recorded, that phase's measurement so far (`partial: true`). A rank that died before its first
+    record gets one built from the heartbeat."""
+    if live is None or (rec is not None and rec.get("status") == "ok"):
+        return rec
+    if rec is None:
+        rec = {"rank": rank, "world_size": world_size, "status": "running", "phases": {}, "timeline": [], "error": None}
+    rec["last_alive"] = live.get("time")
+    phase = live.get("phase")
+    if phase and phase not in rec["phases"]:
+        rec["phases"][phase] = {"wall_s": live.get("elapsed_s"), "peaks": live.get("peaks") or {},
+                                "host": live.get("host") or {}, "partial": True}
+    return rec
+
+
+def phase_quantities(phase: Dict[str, Any]) -> Dict[str, float]:
+    """One phase of one rank as flat {quantity: value}: bytes become *_gib, seconds stay."""
+    out: Dict[str, float] = {"wall_s": phase.get("wall_s")}
+    for section in ("host", "gpu", "peaks", "nvidia_smi"):
+        for k, v in (phase.get(section) or {}).items():
+            if isinstance(v, (int, float)) and v is not None:
+                out[f"{k}_gib"] = v / GIB
+    if phase.get("weights_device") is not None:
+        out["weights_device_gib"] = phase["weights_device"] / GIB
+    out.update(see_memory_quantities(phase.get("see_memory_usage") or {}))
+    return {k: v for k, v in out.items() if v is not None}
+
+
+# DeepSpeed's see_memory_usage prints "GB" but divides by 1024**3: its figures are GiB, like dsexp's.
+SEE_MEMORY_FIELDS = {"MA_GB": "see_memory_ma_gib", "Max_MA_GB": "see_memory_max_ma_gib", "CA_GB": "see_memory_ca_gib",
+                     "Max_CA_GB": "see_memory_max_ca_gib", "cpu_used_GB": "see_memory_cpu_used_gib"}
+
+
+def see_memory_quantities(printed: Dict[str, Any]) -> Dict[str, float]:
+    """What see_memory_usage printed in this phase (rank 0 only, by DeepSpeed's design), as metrics."""
+    return {name: printed[field] for field, name in SEE_MEMORY_FIELDS.items()
+            if isinstance(printed.get(field), (int, float))}
+
+
+def aggregate_metrics(ranks: Iterable[Optional[dict]]) -> Dict[str, float]:
+    """`<phase>.<quantity>.<agg>` over the ranks that reported that phase, plus the per-node figures."""
+    ranks = list(ranks)
+    per: Dict[str, Dict[int, float]] = {}
+    for rec in ranks:
+        if not rec:
+            continue
+        for pname, phase in (rec.get("phases") or {}).items():
+            for q, v in phase_quantities(phase).items():
+                per.setdefault(f"{pname}.{q}", {})[rec["rank"]] = v
+    out: Dict[str, float] = {}
+    for name, by_rank in per.items():
+        vals = list(by_rank.values())
+        out[f"{name}.max"] = max(vals)
+        out[f"{name}.min"] = min(vals)
+        out[f"{name}.mean"] = sum(vals) / len(vals)
+        out[f"{name}.sum"] = sum(vals)
+        for r, v in by_rank.items():
+            out[f"{name}.rank{r}"] = v
+    out.update(node_metrics(ranks))
+    return out
+
+
+NODE_QUANTITIES = ("node_used_gib", "node_used_peak_gib")
+
+
+def node_metrics(ranks: List[Optional[dict]]) -> Dict[str, float]:
+    """`<phase>.<node quantity>.node_<host>`: each node's used memory (max over its ranks; short hostname).
+
+    One entry on a single node; a multi-node job shows whether host memory grows on every node or one.
+    """
+    out: Dict[str, float] = {}
+    for rec in ranks:
+        if not rec:
+            continue
+        host = str(rec.get("hostname") or "unknown").split(".")[0]
+        for pname, phase in (rec.get("phases") or {}).items():
+            q = phase_quantities(phase)
+            for name in NODE_QUANTITIES:
+                if name in q:
+                    key = f"{pname}.{name}.node_{host}"
+                    out[key] = max(out.get(key, 0.0), q[name])
+    return out
+
+
+def _max_over(metrics: Dict[str, float], quantity: str, phases=PHASES) -> Optional[float]:
+    vals = [metrics[f"{p}.{quantity}.max"] for p in phases if f"{p}.{quantity}.max" in metrics]
+    return max(vals) if vals else None
+
+
+def headline(metrics: Dict[str, float], ranks: List[Optional[dict]], new_tokens: int) -> Dict[str, Optional[float]]:
+    """The figures a user compares first. Per-device figures are max over ranks; see README for definitions."""
+    gpu_peak = _max_over(metrics, "nvml_device_used_peak_gib") or _max_over(metrics, "gpu_driver_used_gib")
+    gen_s = metrics.get("generate.wall_s.max")
+    return {
+        "gpu_peak_gib": gpu_peak,
+        "gpu_weights_gib": metrics.get("init.weights_device_gib.max"),
+        "host_peak_gib": _max_over(metrics, "host_rss_peak_gib"),
+        "host_anon_peak_gib": _max_over(metrics, "host_anon_peak_gib"),
+        "node_host_peak_gib": _max_over(metrics, "node_used_peak_gib"),
+        "load_s": metrics.get("load.wall_s.max"),
+        "init_s": metrics.get("init.wall_s.max"),
+        "generate_s": gen_s,
+        "tokens_per_s": (new_tokens / gen_s) if gen_s else None,
+    }
+
+
+def config_label(config: Dict[str, Any]) -> str:
+    """A configuration's short name, everything but tp: variant/model/load/engine/zero/dtype (only what is set)."""
+    model, load, eng, zero = (config.get(k) or {} for k in ("model", "load", "engine", "zero"))
+    dtype, mdtype = config.get("dtype") or model.get("dtype"), model.get("dtype")
+    parts = [config.get("variant"), model.get("name"),
+             (load.get("name") or "eager") + ("-bin" if load.get("format") == "bin" else ""),
+             (eng.get("name") or "") + ("+inject" if eng.get("kernel_inject") else ""),
+             None if (zero.get("name") or "none") == "none" else f"zero-{zero.get('name')}",
+             f"{dtype}<-{mdtype}" if mdtype and dtype != mdtype else dtype]
+    return "/".join(str(p) for p in parts if p)
+
+
+def first_error(ranks: List[Optional[dict]]) -> Optional[dict]:
+    """The earliest failure among the ranks (by time), with its rank."""
+    errs = [dict(r["error"], rank=r["rank"]) for r in ranks if r and r.get("error")]
+    return min(errs, key=lambda e: e.get("time", 0.0)) if errs else None
+
+
+def node_shared(result: Dict[str, Any]) -> bool:
+    """True if other jobs of the sweep ran while this one did (launcher.pack): its node-wide figures are not its own."""
+    return bool((result.get("packed") or {}).get("overlapped_with"))

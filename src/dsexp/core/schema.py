@@ -1,0 +1,151 @@
+"""The job schema: one dataclass per config group, and `from_dict` to rebuild it from plain data.
+
+The YAML groups in `conf/` are merged onto these dataclasses by `dsexp.compose` (OmegaConf), so a wrong
+type or an unknown key is reported with its full dotted name. The ranks read the resolved config from
+`job.json` with `from_dict`, without OmegaConf. `"???"` is OmegaConf's mark for a required value.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+DTYPES = ("fp32", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda")
+LOADERS = ("eager", "meta", "sharded")
+LAUNCHERS = ("torchrun", "deepspeed")
+FORMATS = ("safetensors", "bin")
+OFFLOADS = ("none", "cpu")
+REQUIRED = "???"
+
+
+class ConfigError(ValueError):
+    """A bad setting, reported before anything is launched. The message names the key."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = REQUIRED
+    arch: Optional[str] = "llama"
+    path: Optional[str] = None
+    dtype: str = "bf16"
+    trust_remote_code: bool = False
+    shard_mb: float = 100
+    seed: int = 0
+    injection_policy: Optional[Dict[str, List[str]]] = None
+    dims: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LoadConfig:
+    name: str = "eager"
+    format: str = "safetensors"
+    shard_dir: Optional[str] = None   # sharded: where split checkpoints are cached (null: <cache_dir>/shards)
+    restore_buffers: bool = True      # put back non-persistent buffers (RoPE) the engine cast or left empty
+
+
+@dataclass
+class EngineConfig:
+    name: str = "init_inference"
+    kernel_inject: bool = False
+    injection_policy: Any = "auto"
+    max_out_tokens: int = 1024
+    replace_method: Optional[str] = None
+    keep_module_on_host: bool = False
+
+
+@dataclass
+class ZeroConfig:
+    name: str = "none"
+    stage: int = 0
+    offload: str = "none"
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LauncherConfig:
+    name: str = "torchrun"
+    grace_s: float = 10.0
+    pack: bool = False
+    nodes: int = 1
+    hostfile: Optional[str] = None
+
+
+@dataclass
+class GenerateConfig:
+    prompt: str = "what is deepspeed?"
+    new_tokens: int = 16
+
+
+@dataclass
+class ProbeConfig:
+    sample_ms: float = 10.0
+    see_memory_usage: bool = True
+    nvidia_smi: bool = False
+
+
+@dataclass
+class CheckConfig:
+    correctness: bool = True
+    rel_err_tol: Optional[float] = None
+
+
+@dataclass
+class TrackingConfig:
+    uri: Optional[str] = None
+    experiment: str = "dsexp"
+
+
+@dataclass
+class JobConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    load: LoadConfig = field(default_factory=LoadConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    check: CheckConfig = field(default_factory=CheckConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    tp: int = 1
+    dtype: str = "bf16"
+    device: str = "auto"
+    variant: Optional[str] = None
+    cache_dir: str = "~/.cache/dsexp"
+    timeout_s: float = 900.0
+    rerun: bool = False
+    fault: Optional[Dict[str, Any]] = None
+
+    @property
+    def ranks_per_node(self) -> int:
+        return per_node(self.tp, self.launcher.nodes)
+
+
+def per_node(tp: int, nodes: int) -> int:
+    """Ranks (GPUs) each node runs; rounded up so a config the validation will reject still composes."""
+    return -(-int(tp) // max(1, int(nodes)))
+
+
+def dtype_conversion(model_dtype: str, dtype: str) -> Optional[str]:
+    """The checkpoint's dtype to the run's, e.g. "fp32->bf16"; None when they are the same."""
+    return None if model_dtype == dtype else f"{model_dtype}->{dtype}"
+
+
+def from_dict(cls, data: Dict[str, Any], strict: bool = True, _path: str = ""):
+    """Build the dataclass `cls` from plain data (e.g. `asdict` read back from JSON), nested groups included.
+
+    strict: an unknown key is an error naming it; otherwise it is dropped (records written by older versions).
+    Missing keys take the dataclass defaults."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown and strict:
+        raise ConfigError(f"unknown config key(s): {', '.join(_path + k for k in unknown)}")
+    kwargs = {}
+    for name in names & set(data):
+        value, hint = data[name], hints[name]
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = from_dict(hint, value, strict, f"{_path}{name}.")
+        kwargs[name] = value
+    return cls(**kwargs)

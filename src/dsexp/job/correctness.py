@@ -1,0 +1,83 @@
+"""Correctness of every run: its first-step logits against a tp=1 eager reference of the same model and dtype.
+
+The reference is computed once per (checkpoint, dtype, prompt) by a one-rank run of the worker in
+`reference` role (`dsexp.job.roles`) and cached on disk; each job compares rank 0's logits with it. Greedy-token
+agreement is recorded but not gated on: random weights make near-ties that harmless rounding flips.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from dsexp.core.fs import file_lock
+from dsexp.core.protocol import logits_file
+from dsexp.core.schema import JobConfig
+from dsexp.job.roles import role_spec, run_role
+
+# Relative L2 error of the first-step logits a correct run may show. Measured on CPU (gloo), tp=2 vs the tp=1
+# reference, identical for load=eager/meta/sharded: fp32 3.9e-7 (tiny); bf16 0.0082 (tiny, 2 layers) and
+# 0.0134 (small, 8 layers). That bf16 error is AutoTP's: row-parallel partial sums are rounded to bf16 before
+# the all-reduce. It is as large as bf16's own error against fp32 at tp=1 (0.0063 tiny, 0.0124 small) and grows
+# with depth (~sqrt(layers): ~0.03 expected at 48 layers), so 1e-2 would fail correct runs. Loading faults are
+# far above: uninitialised RoPE buffers (sharded, restore_buffers=false) gave 0.37. fp16 has 3 more mantissa
+# bits than bf16 (errors ~8x smaller).
+TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 1e-2}
+
+
+def reference_path(cache_dir: str, model_dir: Path, dtype: str, prompt: str, new_tokens: int, device: str) -> Path:
+    tag = hashlib.sha1(f"{Path(model_dir).resolve()}|{dtype}|{prompt}|{new_tokens}|{device}".encode()).hexdigest()[:12]
+    return Path(cache_dir).expanduser() / "refs" / f"{Path(model_dir).name}-{dtype}-{tag}.pt"
+
+
+def compare(logits, ref: Dict[str, Any], tokens: List[int], dtype: str, tol: Optional[float]) -> Dict[str, Any]:
+    import torch
+
+    ref_logits = ref["first_logits"].float()
+    logits = logits.float()
+    if logits.shape != ref_logits.shape:
+        return {"logits_rel_err": None, "passed": False,
+                "message": f"logits shape {tuple(logits.shape)} != reference {tuple(ref_logits.shape)}"}
+    rel = (torch.linalg.vector_norm(logits - ref_logits) / torch.linalg.vector_norm(ref_logits)).item()
+    ref_tokens = ref.get("tokens") or []
+    n = min(len(tokens), len(ref_tokens))
+    agree = sum(a == b for a, b in zip(tokens[:n], ref_tokens[:n])) / n if n else None
+    first_diff = next((i for i in range(n) if tokens[i] != ref_tokens[i]), None)
+    tol = TOLERANCE[dtype] if tol is None else tol
+    rel = rel if rel == rel else float("inf")  # NaN logits are never correct
+    return {"logits_rel_err": rel, "tolerance": tol, "passed": rel <= tol, "token_agreement": agree,
+            "first_token_mismatch": first_diff, "ref_tokens": ref_tokens}
+
+
+def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Path:
+    """The cached tp=1 eager reference for this model and dtype, computed now if missing."""
+    path = reference_path(spec.cache_dir, Path(runtime["model_dir"]), spec.dtype, spec.generate.prompt,
+                          spec.generate.new_tokens, runtime["device"])
+    with file_lock(Path(str(path) + ".lock")):  # jobs running at once (submitit, a cluster) compute it once
+        if path.is_file():
+            runtime["reference_cache_hit"] = True
+            return path
+        import torch
+
+        t0 = time.perf_counter()
+        ref_dir = job_dir / "reference"
+        (rec,) = run_role(role_spec(spec, tp=1, launcher__nodes=1, launcher__hostfile=None), runtime, ref_dir,
+                          "reference", "the tp=1 reference run",
+                          missing=lambda r: None if logits_file(ref_dir).is_file() else "no logits were saved")
+        tmp = path.with_suffix(".tmp")
+        torch.save({"first_logits": torch.load(logits_file(ref_dir)), "tokens": rec["generate"]["tokens"]}, tmp)
+        tmp.replace(path)
+        runtime.update(reference_cache_hit=False, reference_s=time.perf_counter() - t0)
+        return path
+
+
+def check_output(spec: JobConfig, job_dir: Path, ranks: List[Optional[dict]], ref: Optional[Path]) -> Optional[dict]:
+    """rank 0's first-step logits against the reference (None when there is nothing to compare)."""
+    logits = logits_file(job_dir)
+    if ref is None or not logits.is_file() or not ranks or not ranks[0]:
+        return None
+    import torch
+
+    return compare(torch.load(logits), torch.load(ref), ranks[0]["generate"]["tokens"], spec.dtype,
+                   spec.check.rel_err_tol)

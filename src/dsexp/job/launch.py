@@ -1,0 +1,121 @@
+"""Spawn a job's ranks with torchrun or the DeepSpeed launcher, in their own process group, with a timeout.
+
+Ranks never run Hydra: the launcher runs `python -m dsexp.rank.worker <job_dir>`. Everything is started
+from an argument list (no shell). On timeout, failure or interruption the whole process group is
+killed, so no rank outlives its job holding memory.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from dsexp.core.protocol import TOKEN_ENV, WORKER_MODULE
+from dsexp.core.schema import JobConfig
+from dsexp.job import multinode, teardown
+
+
+@dataclass
+class LaunchOutcome:
+    cmd: List[str]
+    returncode: Optional[int]
+    timed_out: bool
+    wall_s: float
+    port: Optional[int] = None
+    env: Dict[str, str] = field(default_factory=dict)
+    teardown: Dict[str, object] = field(default_factory=dict)  # survivors reaped, ports released, stacks dumped
+    clock: Dict[str, float] = field(default_factory=dict)  # epoch seconds: popen, exited (launcher gone), done (torn down)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def free_port() -> int:
+    """A port the OS just handed out and released (for launchers that need one up front)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_command(spec: JobConfig, job_dir: Path, port: Optional[int]) -> List[str]:
+    target = ["-m", WORKER_MODULE, str(job_dir)]
+    if spec.launcher.name == "deepspeed":
+        gpus = ["--num_gpus", str(spec.tp)]
+        return [sys.executable, "-m", "deepspeed.launcher.runner", "--no_local_rank", "--master_port", str(port),
+                *gpus, "--module", WORKER_MODULE, str(job_dir)]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            f"--nproc-per-node={spec.tp}", *target]
+
+
+def rank_env(spec: JobConfig, device: str, visible: Optional[str] = None) -> Dict[str, str]:
+    """Environment the ranks need on top of ours (only these keys are recorded)."""
+    local = spec.ranks_per_node  # ranks on this node
+    threads = max(1, len(os.sched_getaffinity(0)) // local)  # the CPUs this job may use (a SLURM job: its share)
+    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), "NCCL_NVLS_ENABLE": "0",
+           "TOKENIZERS_PARALLELISM": "false"}
+    if device == "cpu":
+        # DeepSpeed's CPU accelerator; its shared-memory all-reduce needs LOCAL_SIZE under torchrun.
+        env.update(DS_ACCELERATOR="cpu", LOCAL_SIZE=str(local), CUDA_VISIBLE_DEVICES="")
+    else:
+        env["DS_ACCELERATOR"] = "cuda"
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+    return env
+
+
+def kill_group(pgid: int, grace_s: float, leader: Optional[subprocess.Popen] = None) -> None:
+    """SIGTERM the group, wait up to grace_s for it to go, then SIGKILL whatever is left.
+
+    `leader` (our child that leads the group) is reaped while waiting: as a zombie it would keep the group alive."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if leader is not None:
+                leader.poll()
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def run_ranks(spec: JobConfig, job_dir: Path, device: str, visible: Optional[str] = None) -> LaunchOutcome:
+    nodes = spec.launcher.nodes
+    port = free_port() if spec.launcher.name == "deepspeed" or nodes > 1 else None
+    extra = rank_env(spec, device, visible)
+    cmd = multinode.rank_command(spec, job_dir, port, extra) if nodes > 1 else rank_command(spec, job_dir, port)
+    token = teardown.new_token()
+    env = {**os.environ, **extra, TOKEN_ENV: token}
+    log = open(Path(job_dir) / "launcher.log", "ab")
+    t0, popen = time.perf_counter(), time.time()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                            cwd=str(job_dir))
+    timed_out, report = False, {"token": token}
+    try:
+        proc.wait(timeout=spec.timeout_s)
+        exited = time.time()
+    except subprocess.TimeoutExpired:
+        exited = None
+        timed_out = True
+        procs = teardown.job_processes(token)  # one scan of the process table for both
+        report["stacks_dumped"] = teardown.dump_stacks(procs)
+        report["ports"] = teardown.listening_ports(procs)
+    finally:
+        # Also after a clean exit: a rank that daemonised or a stuck grandchild must not survive the job.
+        kill_group(proc.pid, spec.launcher.grace_s, leader=proc)
+        proc.wait()
+        report.update(teardown.reap(token, spec.launcher.grace_s, report.get("ports", []) + ([port] if port else [])))
+        report["shm_removed"] = teardown.release_shm(job_dir)
+        log.close()
+    return LaunchOutcome(cmd, None if timed_out else proc.returncode, timed_out, time.perf_counter() - t0, port, extra,
+                         report, {"popen": popen, "exited": exited, "done": time.time()})

@@ -1,0 +1,259 @@
+"""One experiment, end to end, in the Hydra job process: prepare, launch ranks, aggregate, record, track.
+
+Whatever happens after validation, the job ends with a `result.json` (ok or failed with a cause)
+and returns normally, so a multirun goes on and its end-of-sweep summary still runs.
+
+Resume: in a multirun, a job whose configuration (its key) already has an ok result anywhere in the
+sweep folder is skipped (`rerun=true` forces it). Any other job runs again; what an earlier attempt
+left in the job folder (result.json, ranks/, logs) is moved to `.dsexp/attempts/<n>/` first, never overwritten
+(hidden, so tools that collect every result.json below a sweep do not count earlier attempts).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from dsexp.job import correctness, failures, teardown
+
+from dsexp.core import records
+from dsexp.core.fs import read_json, write_json_atomic
+from dsexp.core.checkpoint import checkpoint_problem
+from dsexp.core.protocol import RESULT, write_job_file
+from dsexp.core.schema import JobConfig, dtype_conversion
+from dsexp.job.launch import run_ranks
+
+ATTEMPTS = Path(".dsexp") / "attempts"
+_ATTEMPT_FILES = (RESULT, "job.json", "launcher.log", "ranks", "reference")
+
+
+def job_key(spec: JobConfig) -> str:
+    """Identity of a configuration (what is measured), for resume and cache lookups."""
+    d = asdict(spec)
+    for k in ("tracking", "rerun", "timeout_s"):
+        d.pop(k, None)
+    return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def find_ok_result(sweep_dir: Path, key: str) -> Optional[dict]:
+    """An ok result for this key already in the sweep, also among archived attempts (resume)."""
+    paths = sorted(Path(sweep_dir).glob(f"*/{RESULT}")) + sorted(Path(sweep_dir).glob(f"*/{ATTEMPTS}/*/{RESULT}"))
+    for path in paths:
+        res = read_json(path)
+        if res and res.get("key") == key and res.get("status") == "ok":
+            return res
+    return None
+
+
+def prepare_model(spec: JobConfig) -> Dict[str, Any]:
+    """Make sure the checkpoint exists (write it if it is a preset); return runtime facts about it."""
+    if spec.model.path:
+        return {"model_dir": str(Path(spec.model.path).expanduser().resolve()), "checkpoint_written": False}
+    from dsexp.models.writer import cached_checkpoint
+
+    m = spec.model
+    args = dict(cache_dir=spec.cache_dir, name=m.name, arch=m.arch, dims=dict(m.dims), dtype=m.dtype,
+                fmt=spec.load.format, seed=m.seed, shard_mb=m.shard_mb)
+    folder = cached_checkpoint(**args)  # a hit needs no writer process (it imports torch and transformers)
+    if folder is not None:
+        return {"model_dir": str(folder), "checkpoint_written": False}
+    proc = subprocess.run([sys.executable, "-m", "dsexp.models.writer", json.dumps(args)], capture_output=True,
+                          text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"writing the {m.name} checkpoint failed:\n{proc.stderr[-3000:]}")
+    st = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"model_dir": st["path"], "checkpoint_written": not st["cache_hit"], "checkpoint_write_s": st["seconds"],
+            "checkpoint_bytes": st["bytes"]}
+
+
+def baseline(device: str, gpus: Optional[List[int]] = None) -> Dict[str, Any]:
+    """Node and device memory (and the cgroup's OOM-kill count) before launch, to check the teardown against.
+
+    gpus: the NVML indices of a packed job's own GPUs (the others belong to other jobs)."""
+    from dsexp.rank.probes.host import node_used
+
+    out: Dict[str, Any] = {"node_used": node_used(), "oom_kills": failures.oom_kills()}
+    if device == "cuda":
+        out["gpu_used"] = teardown.gpu_used(gpus)
+    return out
+
+
+def archive_attempt(job_dir: Path) -> List[Dict[str, Any]]:
+    """Move what an earlier attempt left in job_dir to .dsexp/attempts/<n>/; return a summary of every earlier attempt."""
+    leftovers = [job_dir / name for name in _ATTEMPT_FILES if (job_dir / name).exists()]
+    if leftovers:
+        dest = job_dir / ATTEMPTS / str(len(list((job_dir / ATTEMPTS).glob("*"))) + 1)
+        dest.mkdir(parents=True)
+        for path in leftovers:
+            path.rename(dest / path.name)
+    summary = []
+    for folder in sorted((job_dir / ATTEMPTS).glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+        res = read_json(folder / RESULT) or {}
+        summary.append({"dir": str(folder), "status": res.get("status", "unfinished"),
+                        "cause": (res.get("failure") or {}).get("cause"), "key": res.get("key"),
+                        "run_id": (res.get("tracking") or {}).get("run_id")})
+    return summary
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint folder fails the integrity check (before launch): a load_error naming the file."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM to the job process (scancel, a supervisor) unwinds like Ctrl-C, so the ranks are torn down."""
+
+
+def _on_sigterm(signum, frame):
+    raise Interrupted(f"signal {signal.Signals(signum).name}")
+
+
+def run_job(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path] = None) -> Dict[str, Any]:
+    """Run a validated job and always return a result dict (also written to result.json)."""
+    key = job_key(spec)
+    job_dir = Path(job_dir)
+    if sweep_dir is not None and not spec.rerun:
+        prior = find_ok_result(sweep_dir, key)
+        if prior is not None:
+            return {**prior, "resumed_from": prior.get("job_dir")}
+    job_dir.mkdir(parents=True, exist_ok=True)
+    stale = teardown.reap_stale(job_dir)
+    earlier = archive_attempt(job_dir)  # a retried job starts clean and loses nothing
+    result: Dict[str, Any] = {"schema": records.SCHEMA_VERSION, "key": key, "job_dir": str(job_dir),
+                              "config": asdict(spec), "started": time.time(), "status": "running",
+                              "attempt": len(earlier) + 1, "attempt_id": uuid.uuid4().hex, "earlier_attempts": earlier,
+                              "stale_reaped": stale}
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    t0 = time.perf_counter()
+    try:
+        with _packing(spec, job_dir, sweep_dir) as packed:
+            result["packed"] = packed
+            _execute(spec, job_dir, result)
+    except Exception as e:  # preparation failed: still a result
+        cause = "load_error" if isinstance(e, CheckpointError) else "prepare_error"
+        result.update(status="failed", failure={"cause": cause, "type": type(e).__name__,
+                                                "message": str(e)[:2000], "traceback": traceback.format_exc()[-4000:]})
+    except KeyboardInterrupt as e:  # the ranks are already torn down (launch's finally); record, then stop
+        result.update(status="failed", failure={"cause": "interrupted", "type": type(e).__name__,
+                                                "message": f"the job was interrupted ({e or 'Ctrl-C'})"})
+        raise
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+        result["wall_s"] = time.perf_counter() - t0
+        result["clock"] = {"started": result["started"], "ended": time.time()}
+        if result.get("packed") is None:
+            result.pop("packed", None)
+        write_json_atomic(job_dir / RESULT, result)
+    return result
+
+
+def _packing(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path]):
+    """launcher.pack=true in a sweep: hold GPUs of the job's own for the whole job (see dsexp.packing)."""
+    if not spec.launcher.pack or sweep_dir is None:
+        return contextlib.nullcontext()
+    from dsexp.job import packing
+
+    return packing.claim(sweep_dir, job_dir, spec.ranks_per_node)
+
+
+def prepare_load(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Dict[str, Any]:
+    """Before launch: the dtype conversion the ranks will do while loading, and load=sharded's per-rank split
+    (which converts once, so its ranks convert nothing)."""
+    if spec.load.name != "sharded":
+        return {"conversion": dtype_conversion(spec.model.dtype, spec.dtype)}
+    from dsexp.job.split import ensure_split
+
+    return {"conversion": None, "split": ensure_split(spec, runtime, Path(job_dir))}
+
+
+def cache_use(spec: JobConfig, runtime: Dict[str, Any]) -> Dict[str, str]:
+    """What the job found cached: hit (reused), miss (computed now) or none (not needed), for the random-weight
+    checkpoint, the tp=1 reference logits and the per-rank split of load=sharded."""
+    def state(hit: Optional[bool]) -> str:
+        return "none" if hit is None else "hit" if hit else "miss"
+
+    return {"checkpoint": state(None if spec.model.path else not runtime.get("checkpoint_written")),
+            "reference": state(runtime.get("reference_cache_hit")),
+            "split": state((runtime.get("split") or {}).get("cache_hit"))}
+
+
+def after_teardown(device: str, base: Dict[str, Any], gpus: Optional[List[int]] = None) -> Dict[str, Any]:
+    """Memory once the ranks are gone; on a GPU machine, wait (bounded) for the devices to return to baseline."""
+    from dsexp.rank.probes.host import node_used
+
+    out: Dict[str, Any] = {"node_used_after": node_used(), "oom_kills": failures.oom_kills()}
+    if device == "cuda":
+        out.update(teardown.wait_gpu_baseline(base.get("gpu_used"), indices=gpus))
+    return out
+
+
+def record_invalid(config: Dict[str, Any], job_dir: Path, message: str) -> Dict[str, Any]:
+    """A multirun job whose settings fail validation at run time (the up-front check passed: e.g. a GPU went
+    away) is a failed result too, so the sweep goes on. `config`: the job's settings as plain data."""
+    job_dir = Path(job_dir)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    result = {"schema": records.SCHEMA_VERSION, "key": None, "job_dir": str(job_dir), "config": config,
+              "started": time.time(), "status": "failed", "attempt_id": uuid.uuid4().hex,
+              "earlier_attempts": archive_attempt(job_dir),
+              "failure": {"cause": "invalid_config", "rank": None, "phase": None, "type": "ConfigError",
+                          "message": message}}
+    write_json_atomic(job_dir / RESULT, result)
+    return result
+
+
+def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
+    from dsexp.job.packing import gpu_indices
+
+    packed = result.get("packed")  # this job's GPUs under launcher.pack=true
+    gpus = gpu_indices(packed)
+    runtime = {"device": spec.device, **prepare_model(spec)}
+    problem = checkpoint_problem(Path(runtime["model_dir"]))
+    if problem:
+        raise CheckpointError(f"checkpoint {runtime['model_dir']}: {problem}")
+    ref = correctness.ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
+    runtime.update(prepare_load(spec, runtime, job_dir))
+    runtime["cache"] = cache_use(spec, runtime)
+    write_job_file(job_dir, spec, runtime)
+    result["runtime"] = runtime
+    result["baseline"] = base = baseline(spec.device, gpus)
+    outcome = run_ranks(spec, job_dir, spec.device, visible=(packed or {}).get("gpus"))
+    result["launch"] = launch = outcome.to_dict()
+    result["teardown"] = {**launch.pop("teardown", {}), **after_teardown(spec.device, base, gpus)}
+    ranks = records.read_rank_records(job_dir, spec.tp)
+    tails = failures.log_tails(job_dir, spec.tp)
+    result["ranks"] = ranks
+    result["metrics"] = records.aggregate_metrics(ranks)
+    result["headline"] = records.headline(result["metrics"], ranks, spec.generate.new_tokens)
+    result["engine"] = (ranks[0] or {}).get("engine") if ranks else None
+    hangs = ({r: failures.hang_site(failures.tail(job_dir / "ranks" / f"rank{r}.log", 400)) for r in range(spec.tp)}
+             if outcome.timed_out else None)
+    failure = failures.classify(outcome.timed_out, outcome.returncode, ranks, tails,
+                                exits=failures.launcher_exits(job_dir), hangs=hangs,
+                                terminated=failures.terminated_ranks(job_dir, spec.tp),
+                                oom_killed=(result["teardown"].get("oom_kills") or 0) > (base.get("oom_kills") or 0))
+    if failure is None:
+        result["correctness"] = correctness.check_output(spec, job_dir, ranks, ref)
+        if result["correctness"] and not result["correctness"]["passed"]:
+            c = result["correctness"]
+            failure = {"cause": "incorrect_output", "rank": 0, "phase": "generate",
+                       "message": f"first-step logits differ from the tp=1 reference: rel. L2 error "
+                                  f"{c['logits_rel_err']:.3g} > tolerance {c['tolerance']:.3g}"}
+    if failure is not None and failure["cause"] == "load_error":
+        problem = checkpoint_problem(Path(runtime["model_dir"]))  # changed since the check before launch?
+        failure["message"] += f" ({problem})" if problem else ""
+    if failure is not None:
+        failure["memory_reached"] = failures.memory_reached(ranks)
+        failure["log_tails"] = tails
+    result["failure"] = failure
+    result["status"] = "ok" if failure is None else "failed"

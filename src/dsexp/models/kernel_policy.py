@@ -1,0 +1,54 @@
+"""Which of a model's layers DeepSpeed's kernel injection would replace, from DeepSpeed's own policy list.
+
+`init_inference(replace_with_kernel_inject=True)` swaps a layer only if its class is the
+`_orig_layer_class` of one of `deepspeed.module_inject.replace_policy.replace_policies` (matched by
+identity, as `replace_module` does). A model with no such layer is left untouched, silently, and needs
+no CUDA op; one with such a layer gets DeepSpeed's fused CUDA kernels.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import List, Tuple
+
+
+@lru_cache(maxsize=1)
+def kernel_policy_classes() -> Tuple[type, ...]:
+    """Layer classes DeepSpeed has kernel-injection policies for (instantiating each policy fills them in)."""
+    from deepspeed.module_inject.replace_policy import replace_policies
+
+    classes = []
+    for policy in replace_policies:
+        try:
+            policy(None)  # what replace_module does to populate _orig_layer_class
+        except Exception:  # a policy whose model library is not installed
+            continue
+        orig = policy._orig_layer_class
+        classes.extend(orig if isinstance(orig, list) else [orig] if orig is not None else [])
+    return tuple(classes)
+
+
+def kernel_injected_layers(model) -> List[str]:
+    """Names of the model's layer classes that kernel injection would replace (empty: it is a no-op)."""
+    policy = set(kernel_policy_classes())
+    return sorted({type(m).__name__ for m in model.modules() if type(m) in policy})
+
+
+@lru_cache(maxsize=32)
+def preset_kernel_injected_layers(arch: str, dims_json: str, dtype: str) -> Tuple[str, ...]:
+    import json
+
+    from dsexp.models.writer import meta_model
+
+    _, model = meta_model(arch, json.loads(dims_json), dtype)
+    return tuple(kernel_injected_layers(model))
+
+
+@lru_cache(maxsize=32)
+def folder_kernel_injected_layers(path: str, trust_remote_code: bool) -> Tuple[str, ...]:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
+    return tuple(kernel_injected_layers(model))

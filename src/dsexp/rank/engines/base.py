@@ -1,0 +1,47 @@
+"""Engines: wrap a loaded model for inference and report what they actually did to it."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from typing import Any, Dict, Optional, Tuple
+
+from dsexp.rank.context import RankContext
+
+
+class Engine(ABC):
+    name: str = ""
+
+    def before_load(self, ctx: RankContext) -> None:
+        """Set-up that must precede loading (e.g. ZeRO-3's HfDeepSpeedConfig)."""
+
+    def load_kwargs(self, ctx: RankContext) -> Dict[str, Any]:
+        """Extra from_pretrained arguments this engine needs (e.g. a TP plan)."""
+        return {}
+
+    def wrap(self, model, ctx: RankContext, checkpoint: Optional[Any] = None) -> Tuple[Any, Dict[str, Any]]:
+        """Return (module to generate with, report of what was done, with the module classes it replaced)."""
+        before = class_census(model)
+        module, report = self.apply(model, ctx, checkpoint)
+        report["modules"] = module_changes(before, class_census(module))
+        return module, report
+
+    @abstractmethod
+    def apply(self, model, ctx: RankContext, checkpoint: Optional[Any] = None) -> Tuple[Any, Dict[str, Any]]:
+        """Wrap the model for inference; return (module to generate with, report)."""
+
+    def generate_kwargs(self, ctx: RankContext) -> Dict[str, Any]:
+        return {}
+
+    def finish(self, report: Dict[str, Any]) -> Dict[str, Any]:
+        """Called after generate: add what can only be known then (e.g. config fields never read)."""
+        return report
+
+
+def class_census(module) -> Counter:
+    return Counter(type(m).__name__ for m in module.modules())
+
+
+def module_changes(before: Counter, after: Counter) -> Dict[str, Dict[str, int]]:
+    """Which module classes the engine removed (replaced) and which it introduced."""
+    return {"removed": {k: before[k] - after.get(k, 0) for k in before if before[k] > after.get(k, 0)},
+            "added": {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)}}

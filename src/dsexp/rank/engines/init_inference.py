@@ -1,0 +1,113 @@
+"""`deepspeed.init_inference`: kernel injection, or AutoTP with an injection policy.
+
+The engine reports what DeepSpeed did, not what it was asked: module classes removed and added,
+and which of the user's config fields DeepSpeed's code read during init and generate.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from dsexp.core.engines import effective_policy as core_effective_policy
+from dsexp.rank.context import RankContext
+from dsexp.rank.engines.base import Engine
+from dsexp.rank.engines.config_trace import FieldReadTracer
+
+
+def resolve_policy(policy: Optional[Dict[str, Any]], model) -> Optional[Dict[type, tuple]]:
+    """{"LayerClassName": [linear names]} -> {class: tuple}; classes are looked up in the model, never eval'd."""
+    if not policy:
+        return None
+    classes = {type(m).__name__: type(m) for m in model.modules()}
+    out = {}
+    for cls_name, names in policy.items():
+        if cls_name not in classes:
+            raise ValueError(f"injection_policy names class {cls_name!r}, which is not in the model "
+                             f"(layer classes: {', '.join(sorted(c for c in classes if 'Layer' in c))})")
+        out[classes[cls_name]] = tuple(names)
+    return out
+
+
+def effective_policy(ctx: RankContext) -> Optional[Dict[str, Any]]:
+    e = ctx.spec.engine
+    return core_effective_policy(e.injection_policy, e.kernel_inject, ctx.spec.model.injection_policy)
+
+
+def zero_block(ctx: RankContext):
+    """The `zero=` argument as the seed builds it (a DeepSpeedZeroConfig), or None without one."""
+    z = ctx.spec.zero
+    if z.stage == 0:
+        return None
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    fields = dict(z.extra)
+    if z.offload == "cpu":
+        fields["offload_param"] = {"device": "cpu"}
+    return DeepSpeedZeroConfig(stage=z.stage, **fields)
+
+
+def zero_field_names(ctx: RankContext) -> List[str]:
+    """The DeepSpeedZeroConfig fields the user's zero block sets (aliases such as stage3_* mapped to field names)."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    by_alias = {f.alias: name for name, f in DeepSpeedZeroConfig.model_fields.items() if f.alias}
+    keys = ["stage", *ctx.spec.zero.extra] + (["offload_param"] if ctx.spec.zero.offload == "cpu" else [])
+    return sorted({by_alias.get(k, k) for k in keys})
+
+
+class InitInference(Engine):
+    name = "init_inference"
+
+    def apply(self, model, ctx: RankContext, checkpoint: Optional[Any] = None) -> Tuple[Any, Dict[str, Any]]:
+        import deepspeed
+        from deepspeed.inference.config import DeepSpeedInferenceConfig, DeepSpeedTPConfig
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+        e = ctx.spec.engine
+        kwargs: Dict[str, Any] = dict(
+            tensor_parallel=DeepSpeedTPConfig(tp_size=ctx.world_size), dtype=ctx.torch_dtype,
+            replace_with_kernel_inject=e.kernel_inject, max_out_tokens=e.max_out_tokens)
+        policy = effective_policy(ctx)
+        if policy:
+            kwargs["injection_policy"] = resolve_policy(policy, model)
+        if e.replace_method is not None:
+            kwargs["replace_method"] = e.replace_method
+        if e.keep_module_on_host:
+            kwargs["keep_module_on_host"] = True
+        zero = zero_block(ctx)  # built here, as the seed does: DeepSpeed may reject it (a config_rejected result)
+        if zero is not None:
+            kwargs["zero"] = zero
+        if checkpoint is not None:
+            kwargs["checkpoint"] = checkpoint
+        report: Dict[str, Any] = {"call": {k: _printable(v) for k, v in kwargs.items()}, "injection_policy": policy}
+        if e.kernel_inject:
+            from dsexp.models.kernel_policy import kernel_injected_layers
+
+            report["kernel_policy_layers"] = kernel_injected_layers(model)  # empty: injection replaces nothing
+        self.tracer = FieldReadTracer([DeepSpeedInferenceConfig, DeepSpeedTPConfig, DeepSpeedZeroConfig]).start()
+        engine = deepspeed.init_inference(model, **kwargs)
+        self.user_fields = sorted(k for k in kwargs if k != "dtype") + ["dtype"]
+        self.zero_fields = zero_field_names(ctx) if zero is not None else []
+        return engine.module, report
+
+    def finish(self, report: Dict[str, Any]) -> Dict[str, Any]:
+        tracer = getattr(self, "tracer", None)
+        if tracer is None:
+            return report
+        tracer.stop()
+        unread = [f for f in self.user_fields if not tracer.used("DeepSpeedInferenceConfig", f)]
+        unread += [f"zero.{f}" for f in self.zero_fields if not tracer.used("DeepSpeedZeroConfig", f)]
+        report["unread_fields"] = unread
+        report["field_readers"] = {f: tracer.readers("DeepSpeedInferenceConfig", f) for f in self.user_fields}
+        return report
+
+
+def _printable(v: Any) -> Any:
+    if hasattr(v, "model_dump"):
+        return {k: _printable(x) for k, x in v.model_dump(exclude_unset=True).items()}
+    if isinstance(v, dict):
+        return {getattr(k, "__name__", str(k)): _printable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_printable(x) for x in v]
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    return str(v)

@@ -1,0 +1,153 @@
+"""Per-phase recording for one rank: wall time, end-of-phase snapshots, in-phase peaks.
+
+The rank file is rewritten after every phase, so a rank that is killed mid-run still leaves the
+memory it reached up to its last completed phase (plus the peaks the failing phase saw, when the
+failure is an exception). While a phase runs, a small live file (`rank{N}.live.json`) is rewritten
+about twice a second with the phase's peaks so far and a timestamp: after a hard death (SIGKILL,
+os._exit, the OOM killer) it holds the partial measurement of the phase the rank died in and
+when it was last alive.
+
+Timeline times are seconds after `clock.t0` (epoch seconds: the worker's first line ran then); `clock.created`
+is when the process was created and `clock.finished` when the record was complete, so the job can place a
+rank's start-up and exit on its own clock.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+import psutil
+
+from dsexp.rank.probes import gpu as gpu_probe
+from dsexp.rank.probes.host import host_snapshot
+from dsexp.rank.probes.sampler import PeakSampler
+from dsexp.core.fs import write_json_atomic
+from dsexp.core.protocol import live_file, rank_file
+
+
+class PhaseRecorder:
+    def __init__(self, job_dir: Path, rank: int, world_size: int, local_rank: int, t_process: float,
+                 sample_ms: float = 10.0, see_memory_usage: bool = True, nvidia_smi: bool = False):
+        self.path = rank_file(job_dir, rank)
+        self.live_path = live_file(job_dir, rank)
+        self.current: Optional[tuple] = None  # (phase name, its perf_counter start)
+        self.align: Optional[Callable[[], None]] = None  # once the process group is up: a barrier over all ranks
+        self._waited: Optional[float] = None
+        self.t_process = t_process
+        self.cuda_index: Optional[int] = None
+        self.nvml = None
+        self.opts = {"see_memory_usage": see_memory_usage, "nvidia_smi": nvidia_smi}
+        self.sampler = PeakSampler(sample_ms / 1000.0, beat=self._beat)
+        if sample_ms > 0:  # 0: no background thread (peaks are the phase-end readings)
+            self.sampler.start()
+        self.record: Dict[str, Any] = {
+            "rank": rank, "local_rank": local_rank, "world_size": world_size, "pid": os.getpid(),
+            "hostname": socket.gethostname(), "device": "cpu", "status": "running",
+            "phases": {}, "timeline": [], "error": None,
+            # the rendezvous endpoint names DeepSpeed's CPU shared-memory segments (the job removes them)
+            "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+            "clock": {"t0": time.time() - (time.perf_counter() - t_process), "created": psutil.Process().create_time()},
+        }
+        self.flush()
+
+    def attach_cuda(self, index: int) -> None:
+        """Once torch is imported on a GPU rank: watch this device through NVML too."""
+        self.cuda_index = index
+        self.nvml = gpu_probe.NvmlDevice(index)
+        self.sampler.nvml = self.nvml
+        self.record["device"] = f"cuda:{index}"
+        self.record["gpu_uuid"] = self.nvml.uuid
+
+    @contextlib.contextmanager
+    def phase(self, name: str, t0: Optional[float] = None):
+        """Measure one phase; an exception is recorded (type, message, traceback) and re-raised."""
+        if self.cuda_index is not None:
+            gpu_probe.reset_torch_peaks(self.cuda_index)
+        if t0 is None:
+            t0 = self._enter(name)
+        self.current = (name, t0)
+        self._beat(self.sampler.peek(), dict(self.sampler.last))  # a rank killed right away still shows the phase
+        try:
+            yield self
+        except BaseException as e:
+            self._end(name, t0, error=e)
+            raise
+        else:
+            self._end(name, t0)
+
+    def _enter(self, name: str) -> float:
+        """A phase's start: wait for every rank (`align`), close the gap's peak window; return the phase's t0.
+
+        Without the wait, a rank that finished the previous phase first would count, in its next phase, the time
+        the others still spent on theirs and on their probes (DeepSpeed's see_memory_usage runs gc.collect on
+        rank 0 only): its first collective waits for them."""
+        if self.align is not None:
+            self.current = (name, time.perf_counter())
+            t = time.perf_counter()
+            try:
+                self.align()
+            except BaseException as e:
+                self._end(name, t, error=e)
+                raise
+            self._waited = time.perf_counter() - t
+        self.sampler.take()  # discard the gap between phases
+        return time.perf_counter()
+
+    def _end(self, name: str, t0: float, error: Optional[BaseException] = None) -> None:
+        t1 = time.perf_counter()
+        phase: Dict[str, Any] = {"wall_s": t1 - t0, "peaks": self.sampler.take(), "host": host_snapshot()}
+        if self._waited is not None:
+            phase["wait_s"], self._waited = self._waited, None
+        if self.cuda_index is not None:
+            with contextlib.suppress(Exception):
+                phase["gpu"] = gpu_probe.torch_snapshot(self.cuda_index)
+                phase["gpu"]["nvml_device_used"] = self.nvml.used()
+                phase["gpu"]["nvml_process_used"] = self.nvml.process_used()
+            if self.opts["nvidia_smi"]:
+                phase["nvidia_smi"] = gpu_probe.nvidia_smi(self.nvml.uuid)
+        if self.opts["see_memory_usage"] and error is None:
+            with contextlib.suppress(Exception):
+                from dsexp.rank.probes.see_memory import capture
+
+                phase["see_memory_usage"] = capture(f"dsexp: after {name}")
+        self.record["phases"][name] = phase
+        self.record["timeline"].append({"phase": name, "t0": t0 - self.t_process, "t1": t1 - self.t_process})
+        if error is not None:
+            self.record["error"] = {
+                "phase": name, "type": type(error).__name__, "message": str(error)[:2000],
+                "traceback": traceback.format_exc()[-4000:], "time": time.time(),
+            }
+            self.record["status"] = "failed"
+        self.flush()
+
+    def _beat(self, peaks: Dict[str, int], last: Dict[str, int]) -> None:
+        """Called from the sampler thread: the running phase's peaks so far and the latest readings."""
+        name, t0 = self.current or (None, self.t_process)
+        write_json_atomic(self.live_path, {"phase": name, "elapsed_s": time.perf_counter() - t0, "time": time.time(),
+                                           "peaks": peaks, "host": last}, fsync=False)
+
+    def note(self, **fields: Any) -> None:
+        self.record.update(fields)
+        self.flush()
+
+    def annotate_phase(self, name: str, **fields: Any) -> None:
+        self.record["phases"].setdefault(name, {}).update(fields)
+        self.flush()
+
+    def finish(self, **fields: Any) -> None:
+        self.record.update(fields)
+        self.sampler.stop()
+        self.record["sampler"] = {"samples": self.sampler.samples, "cpu_s": self.sampler.cpu_s,
+                                  "period_s": self.sampler.period_s}
+        if self.record["status"] == "running":
+            self.record["status"] = "ok"
+        self.record["clock"]["finished"] = time.time()
+        self.flush()
+
+    def flush(self) -> None:
+        write_json_atomic(self.path, self.record)

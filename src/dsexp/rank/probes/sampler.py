@@ -1,0 +1,97 @@
+"""Background peak sampler: the highest host and NVML figures reached between two phase snapshots.
+
+A daemon thread reads /proc (and NVML when there is a GPU) every `period_s`; `take()` returns the
+peaks since the previous `take()` and starts a new window. A reading is two `pread`s of files held
+open, and the thread sleeps between readings, so it costs well under 1% of a core (`make bench`
+measures it). An optional `beat` callback gets the running window's peaks every `beat_s` (the
+rank's live file). NVML's per-process figure is read every PROCESS_EVERY readings and at every
+`take()` (its query lists every process on the device); the device figure every time. Without
+`start()` there is no thread: each window's peak is the reading `take()` makes at its end
+(`probe.sample_ms=0`, for measuring what the sampler itself costs).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Dict, Optional
+
+from dsexp.rank.probes.host import ProcFiles
+
+PROCESS_EVERY = 5  # readings per NVML per-process reading
+
+
+class PeakSampler:
+    def __init__(self, period_s: float = 0.01, nvml=None,
+                 beat: Optional[Callable[[Dict[str, int], Dict[str, int]], None]] = None, beat_s: float = 0.5):
+        self.period_s = period_s
+        self.nvml = nvml
+        self.beat, self.beat_s = beat, beat_s
+        self.last: Dict[str, int] = {}
+        self._peaks: Dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.samples = 0
+        self.cpu_s = 0.0
+        self._proc = ProcFiles()
+
+    def _read(self, full: bool) -> Dict[str, int]:
+        vals = self._proc.read()
+        if self.nvml is not None:
+            used = self.nvml.used()
+            if used is not None:
+                vals["nvml_device_used"] = used
+            # The process list is NVML's slowest query; the device figure (the headline peak) is read every time.
+            proc = self.nvml.process_used() if full or self.samples % PROCESS_EVERY == 0 else None
+            if proc is not None:
+                vals["nvml_process_used"] = proc
+        return vals
+
+    def sample(self, full: bool = False) -> None:
+        vals = self._read(full)
+        self.last = vals
+        with self._lock:
+            for k, v in vals.items():
+                if v > self._peaks.get(k, -1):
+                    self._peaks[k] = v
+            self.samples += 1
+
+    def _run(self) -> None:
+        next_beat = time.monotonic()
+        while not self._stop.is_set():
+            c0 = time.thread_time()
+            try:
+                self.sample()
+                if self.beat is not None and time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + self.beat_s
+                    self.beat(self.peek(), dict(self.last))
+            except Exception:  # a probe must never kill the rank it observes
+                pass
+            self.cpu_s += time.thread_time() - c0
+            self._stop.wait(self.period_s)
+
+    def start(self) -> "PeakSampler":
+        self._thread = threading.Thread(target=self._run, name="dsexp-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def peek(self) -> Dict[str, int]:
+        """Peaks of the window so far, without closing it."""
+        with self._lock:
+            return {f"{k}_peak": v for k, v in self._peaks.items()}
+
+    def take(self) -> Dict[str, int]:
+        """Peaks of the window just ended (including a final, full read now); opens a new window."""
+        self.sample(full=True)
+        with self._lock:
+            peaks, self._peaks = self._peaks, {}
+        return {f"{k}_peak": v for k, v in peaks.items()}
+
+    def stop(self) -> None:
+        """End the thread (no further `take()`)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+        if self._thread is None or not self._thread.is_alive():
+            self._proc.close()
+

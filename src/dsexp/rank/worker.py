@@ -1,0 +1,157 @@
+"""One rank: start -> load -> init -> generate, probing memory and time at every phase.
+
+Spawned by the job's launcher (torchrun or `deepspeed --no_local_rank`), never by Hydra: it reads the
+job's resolved config from `<job_dir>/job.json` (dsexp.core.protocol), writes `<job_dir>/ranks/rank{N}.json`
+after every phase and its output to `rank{N}.log`, and never talks to MLflow.
+"""
+from __future__ import annotations
+
+import time
+
+T_PROCESS = time.perf_counter()  # before the heavy imports: the start phase includes them
+
+import faulthandler  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from dsexp.core.protocol import STACK_SIGNAL, logits_file, rank_log, read_job_file  # noqa: E402
+from dsexp.rank.context import RankContext  # noqa: E402
+from dsexp.rank.faults import maybe_inject  # noqa: E402
+from dsexp.rank.isolation import hide_job_side_packages  # noqa: E402
+from dsexp.rank.probes.phases import PhaseRecorder  # noqa: E402
+from dsexp.rank.probes.software import software  # noqa: E402
+
+_TERMINATED = None  # kept open: faulthandler writes into it from its signal handler
+
+
+def _redirect_output(log: Path) -> None:
+    """Send this process's stdout/stderr (C level too: NCCL, faults) to the rank's own log."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    # The job sends SIGUSR1 before killing a hung job: every thread's stack lands in this log.
+    faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
+    # A launcher SIGTERMs the other ranks when one fails: the stacks go to rank{N}.terminated, then the default
+    # action. Done in C, so it works while the rank spins in a collective holding the GIL; the job reads the
+    # file to tell ranks that were stopped from the rank that failed.
+    global _TERMINATED
+    _TERMINATED = open(log.with_suffix(".terminated"), "w")
+    faulthandler.register(signal.SIGTERM, file=_TERMINATED, all_threads=True, chain=True)
+
+
+def _start_distributed(ctx: RankContext, rec: PhaseRecorder) -> dict:
+    """Import torch and DeepSpeed, take the device, join the process group; return how long each part took."""
+    import deepspeed
+    import torch
+
+    t1 = time.perf_counter()
+    if ctx.runtime.get("device") == "cuda":
+        torch.cuda.set_device(ctx.local_rank)
+        ctx.device = f"cuda:{ctx.local_rank}"
+        rec.attach_cuda(ctx.local_rank)
+    t2 = time.perf_counter()
+    deepspeed.init_distributed(dist_backend="nccl" if ctx.on_gpu else "gloo", verbose=False)
+    if ctx.world_size > 1:
+        rec.align = torch.distributed.barrier  # every later phase starts on all ranks together
+    return {"imports_s": t1 - T_PROCESS, "device_s": t2 - t1, "rendezvous_s": time.perf_counter() - t2}
+
+
+def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
+    from dsexp.rank.engines import get_engine
+    from dsexp.rank.generation import run_generate
+    from dsexp.rank.loading import get_loader
+    from dsexp.rank.probes.weights import resident_bytes, residency, tensor_layout, weight_census
+
+    spec, role = ctx.spec, ctx.runtime.get("role")  # None: measured run; "reference"; "split" (load=sharded)
+    reference = role == "reference"
+    engine = None if reference else get_engine(spec.engine.name)
+    device_type = "cuda" if ctx.on_gpu else "cpu"
+
+    with rec.phase("load"):
+        maybe_inject(spec.fault, ctx.rank, "load", ctx.job_dir)
+        if engine:
+            engine.before_load(ctx)
+        loaded = get_loader("eager" if role else spec.load.name).load(ctx, engine.load_kwargs(ctx) if engine else {})
+    census = weight_census(loaded.model)
+    rec.annotate_phase("load", weights_device=resident_bytes(census, device_type), weights=census, loader=loaded.info)
+
+    with rec.phase("init"):
+        maybe_inject(spec.fault, ctx.rank, "init", ctx.job_dir)
+        if engine:
+            full = tensor_layout(loaded.model)
+            module, report = engine.wrap(loaded.model, ctx, checkpoint=loaded.checkpoint)
+        else:
+            module, report = loaded.model.to(ctx.device), {"reference": True}
+        if loaded.finalize:
+            report["finalize"] = loaded.finalize(module)
+    del loaded
+    census = weight_census(module)
+    rec.annotate_phase("init", weights_device=resident_bytes(census, device_type), weights=census)
+    if engine:
+        report.update(residency(full, module, device_type, ctx.torch_dtype.itemsize))
+    if census["on_meta"]:
+        raise RuntimeError(f"{len(census['on_meta'])} tensors are still on the meta device after init: "
+                           f"{', '.join(census['on_meta'][:8])}")
+    if role == "split":
+        from dsexp.rank.loading.slices import save_rank_slice
+
+        with rec.phase("save"):
+            rec.note(split=save_rank_slice(module, ctx))
+        return
+
+    with rec.phase("generate"):
+        maybe_inject(spec.fault, ctx.rank, "generate", ctx.job_dir)
+        out = run_generate(module, ctx, engine.generate_kwargs(ctx) if engine else {})
+    if engine:
+        report = engine.finish(report)
+    if ctx.rank == 0:
+        import torch
+
+        torch.save(out["first_logits"], logits_file(ctx.job_dir))
+    rec.note(engine=report, generate={"prompt_ids": out["prompt_ids"], "tokens": out["tokens"],
+                                      "new_tokens": len(out["tokens"])})
+
+
+def main(argv=None) -> int:
+    hide_job_side_packages()  # before torch, DeepSpeed and transformers are imported
+    argv = sys.argv[1:] if argv is None else argv
+    job_dir = Path(argv[0])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    _redirect_output(rank_log(job_dir, rank))
+    spec, runtime = read_job_file(job_dir)
+    rec = PhaseRecorder(job_dir, rank, world, local_rank, T_PROCESS, spec.probe.sample_ms,
+                        spec.probe.see_memory_usage, spec.probe.nvidia_smi)
+    ctx = RankContext(spec, rank, local_rank, world, job_dir, Path(runtime["model_dir"]), runtime)
+    try:
+        with rec.phase("start", t0=T_PROCESS):
+            maybe_inject(spec.fault, rank, "start", job_dir)
+            startup = _start_distributed(ctx, rec)
+        rec.annotate_phase("start", **startup)
+        run_rank(ctx, rec)
+    except BaseException as e:  # recorded by the phase; the job classifies it
+        if rec.record["error"] is None:
+            rec.note(error={"phase": "after", "type": type(e).__name__, "message": str(e)[:2000],
+                            "time": time.time()}, status="failed")
+        import traceback
+
+        traceback.print_exc()
+        rec.finish(software=software())
+        return 1
+    rec.finish(software=software())
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is written (rank file, logits, log): skip the interpreter's finalisation, which takes about
+    # a second with torch and DeepSpeed loaded and would add that much to every job (`make bench`).
+    os._exit(code)

@@ -1,0 +1,263 @@
+"""MLflow: one parent run per sweep, one child run per job. Only the Hydra job process writes here.
+
+Each job's run holds the flattened config as params, `<phase>.<quantity>.<aggregate>` metrics, the
+headline metrics, tags `dsexp.status`/`dsexp.cause`/`dsexp.error`, and the job folder (rank JSON and
+logs) as artifacts. A sqlite store is used by absolute path, so jobs and sweeps agree on one store.
+
+Several sweeps may share a store: its creation is serialised by a file lock beside the database,
+writes retry on lock contention, and a job attempt is logged at most once (runs carry the attempt's
+id, so a retried log or `dsexp.sync` finds the run instead of adding a second one). A job retried by
+a resumed sweep gets a new child run under the same parent; the earlier attempt's run is tagged
+`dsexp.superseded_by=<new run id>`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, TypeVar
+
+from dsexp.core.records import node_shared
+
+T = TypeVar("T")
+_READY_STORES: set = set()
+
+MAX_PARAM_LEN = 6000
+METRIC_BATCH = 900
+
+
+def resolve_uri(uri: Optional[str], launch_dir: Optional[Path] = None) -> str:
+    """Config value, else $MLFLOW_TRACKING_URI, else sqlite:///<launch dir>/mlflow.db (absolute)."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        return f"sqlite:///{(Path(launch_dir or os.getcwd()) / 'mlflow.db').resolve()}"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
+    return uri
+
+
+def artifact_root(uri: str) -> Optional[str]:
+    """For a sqlite store, artifacts live beside the database (absolute), not relative to some cwd."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+    return None
+
+
+def retry(fn: Callable[[], T], attempts: int = 8) -> T:
+    """Retry sqlite lock contention and creation races (several sweeps may share one store)."""
+    for i in range(attempts):
+        try:
+            return fn()
+        except Exception as e:  # mlflow wraps sqlite errors in several types
+            text = str(e).lower()
+            transient = any(s in text for s in ("database is locked", "already exists", "unique constraint",
+                                                "duplicate column", "connection", "timed out", "busy"))
+            if not transient or i == attempts - 1:
+                raise
+            time.sleep(0.2 * (2**i) * (0.5 + random.random()))
+    raise AssertionError("unreachable")
+
+
+def check_server(uri: str, timeout_s: float = 10.0) -> None:
+    """Fail fast if a tracking server does not answer at all (MLflow's own HTTP retries take minutes a call)."""
+    import requests
+
+    try:
+        requests.get(f"{uri.rstrip('/')}/health", timeout=timeout_s)
+    except requests.exceptions.SSLError:
+        return  # it answers; TLS settings are MLflow's (MLFLOW_TRACKING_INSECURE_TLS, ..._SERVER_CERT_PATH)
+    except (requests.ConnectionError, requests.Timeout) as e:
+        raise ConnectionError(f"MLflow server {uri} does not answer: {type(e).__name__}") from None
+
+
+def flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def ensure_store(uri: str) -> None:
+    """Create (or migrate) a sqlite store under a file lock, once per process: concurrent sweeps that
+    create the same new database would otherwise race on its schema."""
+    if not uri.startswith("sqlite:///") or uri in _READY_STORES:
+        return
+    from filelock import FileLock
+    from mlflow.tracking import MlflowClient
+
+    db = Path(uri[len("sqlite:///"):])
+    with FileLock(str(db) + ".lock", timeout=300):
+        retry(lambda: MlflowClient(tracking_uri=uri).search_experiments(max_results=1))
+    _READY_STORES.add(uri)
+
+
+class Tracker:
+    def __init__(self, uri: str, experiment: str):
+        from mlflow.tracking import MlflowClient
+
+        ensure_store(uri)
+        self.uri = uri
+        if uri.startswith(("http://", "https://")):
+            check_server(uri)
+        self.client = MlflowClient(tracking_uri=uri)
+        self.experiment_id = retry(lambda: self._experiment(experiment))
+
+    def _experiment(self, name: str) -> str:
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        return self.client.create_experiment(name, artifact_location=_experiment_artifacts(self.uri, name))
+
+    def start_parent(self, name: str, tags: Dict[str, str]) -> str:
+        run = retry(lambda: self.client.create_run(self.experiment_id, run_name=name,
+                                                   tags={"dsexp.kind": "sweep", **tags}))
+        return run.info.run_id
+
+    def set_status(self, run_id: str, status: str) -> None:
+        retry(lambda: self.client.update_run(run_id, status=status))
+
+    def find_attempt(self, attempt_id: str):
+        """The run already logged for this job attempt, if any."""
+        runs = retry(lambda: self.client.search_runs([self.experiment_id],
+                                                     f"tags.`dsexp.attempt_id` = '{attempt_id}'", max_results=5))
+        return runs[0] if runs else None
+
+    def log_job(self, result: Dict[str, Any], job_dir: Path, parent_id: Optional[str] = None,
+                run_name: Optional[str] = None) -> str:
+        """Log one job attempt as a run; idempotent per attempt (a complete earlier log is returned as is,
+        a partial one is replaced)."""
+        attempt_id = result.get("attempt_id")
+        if attempt_id:
+            prior = self.find_attempt(attempt_id)
+            if prior is not None and prior.info.status in ("FINISHED", "FAILED"):
+                return prior.info.run_id
+            if prior is not None:
+                retry(lambda: self.client.delete_run(prior.info.run_id))
+        tags = {"dsexp.kind": "job", "dsexp.status": result.get("status", "?"), "dsexp.key": result.get("key", ""),
+                "dsexp.attempt": str(result.get("attempt", 1)), "dsexp.attempt_id": attempt_id or ""}
+        failure = result.get("failure") or {}
+        if failure:
+            tags["dsexp.cause"] = str(failure.get("cause"))
+            tags["dsexp.error"] = str(failure.get("message"))[:4000]
+        if parent_id:
+            tags["mlflow.parentRunId"] = parent_id
+        if node_shared(result):  # packed with other jobs: node-wide figures are theirs too
+            tags["dsexp.node_shared"] = "true"
+        run = retry(lambda: self.client.create_run(self.experiment_id, run_name=run_name, tags=tags))
+        rid = run.info.run_id
+        self.log_params(rid, flatten(result.get("config", {})))
+        self.log_metrics(rid, job_metrics(result))
+        retry(lambda: self.client.log_artifacts(rid, str(job_dir)))
+        retry(lambda: self.client.set_terminated(rid, "FINISHED" if result.get("status") == "ok" else "FAILED"))
+        return rid
+
+    def log_params(self, run_id: str, params: Dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in sorted(params.items())]
+        for chunk in _chunks(items, 90):
+            retry(lambda: self.client.log_batch(run_id, params=chunk))
+
+    def log_metrics(self, run_id: str, metrics: Dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, 0) for k, v in sorted(metrics.items()) if _finite(v)]
+        for chunk in _chunks(items, METRIC_BATCH):
+            retry(lambda: self.client.log_batch(run_id, metrics=chunk))
+
+    def log_artifact_dir(self, run_id: str, path: Path, artifact_path: Optional[str] = None) -> None:
+        retry(lambda: self.client.log_artifacts(run_id, str(path), artifact_path))
+
+
+def job_metrics(result: Dict[str, Any]) -> Dict[str, float]:
+    """Everything numeric a job run carries: headline, per-phase aggregates, correctness."""
+    out = {k: v for k, v in (result.get("headline") or {}).items() if v is not None}
+    out.update(result.get("metrics") or {})
+    corr = result.get("correctness") or {}
+    for k in ("logits_rel_err", "token_agreement"):
+        if corr.get(k) is not None:
+            out[k] = corr[k]
+    if corr:
+        out["correct"] = float(bool(corr.get("passed")))
+    out["ok"] = float(result.get("status") == "ok")
+    return out
+
+
+def _experiment_artifacts(uri: str, name: str) -> Optional[str]:
+    root = artifact_root(uri)
+    return f"{root}/{name}" if root else None
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and v == v and v not in (float("inf"), float("-inf"))
+
+
+def _chunks(items: List[Any], n: int) -> Iterable[List[Any]]:
+    for i in range(0, len(items), n):
+        yield items[i:i + n]
+
+
+# --- sweep state and job logging (used by the Hydra job, the callbacks and dsexp.sync) ---
+
+SWEEP_STATE = Path(".dsexp") / "parent.json"
+
+
+def read_sweep_state(sweep_dir: Optional[Path]) -> Optional[Dict[str, Any]]:
+    if sweep_dir is None:
+        return None
+    from dsexp.core.fs import read_json
+
+    return read_json(Path(sweep_dir) / SWEEP_STATE)
+
+
+def ensure_parent(sweep_dir: Path, tracker: Tracker, experiment: str, tags: Dict[str, str]) -> Dict[str, Any]:
+    """The sweep's parent run in the tracker's store (made by building the Tracker): the recorded one (a resumed
+    sweep reuses it), else a new one."""
+    from dsexp.core.fs import write_json_atomic
+
+    state, uri = read_sweep_state(sweep_dir), tracker.uri
+    if state and state.get("uri") == uri and state.get("experiment") == experiment:
+        return {**state, "created": False}
+    run_id = tracker.start_parent(f"sweep {Path(sweep_dir).name}",
+                                  {"dsexp.sweep_dir": str(Path(sweep_dir).resolve()), **tags})
+    state = {"uri": uri, "experiment": experiment, "run_id": run_id}
+    write_json_atomic(Path(sweep_dir) / SWEEP_STATE, state)
+    return {**state, "created": True}
+
+
+def run_name(config: Dict[str, Any]) -> str:
+    from dsexp.core.records import config_label
+
+    return f"{config_label(config)}/tp{config['tp']}"
+
+
+def track_job(result: Dict[str, Any], job_dir: Path, sweep_dir: Optional[Path], uri: str, experiment: str) -> None:
+    """Log one job's result as an MLflow run (child of the sweep's parent run); never raises.
+
+    The outcome (run id, or the error if the store was unreachable) is written back into result.json,
+    so `python -m dsexp.sync` can re-log exactly the jobs that are missing.
+    """
+    from dsexp.core.fs import write_json_atomic
+
+    state = read_sweep_state(sweep_dir)
+    if state:
+        uri, experiment = state["uri"], state["experiment"]
+    try:
+        tracker = Tracker(uri, experiment)
+        rid = tracker.log_job(result, job_dir, state and state.get("run_id"), run_name(result["config"]))
+        result["tracking"] = {"uri": uri, "experiment": experiment, "run_id": rid}
+        for earlier in result.get("earlier_attempts") or []:
+            if earlier.get("run_id"):
+                with contextlib.suppress(Exception):  # the earlier run may live in another store
+                    tracker.client.set_tag(earlier["run_id"], "dsexp.superseded_by", rid)
+    except Exception as e:
+        result["tracking"] = {"uri": uri, "experiment": experiment, "error": f"{type(e).__name__}: {e}"[:2000]}
+    result.setdefault("clock", {})["tracked"] = time.time()
+    write_json_atomic(Path(job_dir) / "result.json", result)
