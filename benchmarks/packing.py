@@ -12,6 +12,7 @@ relative difference between the two runs of a job (dsexp.analysis.packed; target
 (default results/<machine>/); exits 1 if a figure is off by more than 2%. Needs at least 2 GPUs (jobs
 packed on one GPU would share it); on CPU, DSEXP_FAKE_GPUS=2 gives the allocator two GPUs to hand out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,16 +47,21 @@ def run_both(args: argparse.Namespace) -> Dict[str, Any]:
         work = Path(tmp)
         try:
             timed_sweep([*job, "variant=warmup"], work, "warmup")
-            walls = {"sequential": timed_sweep([*job, variants], work, "sequential"),
-                     "packed": timed_sweep([*job, variants, "hydra/launcher=dsexp_local", "launcher.pack=true"],
-                                           work, "packed")}
+            walls = {
+                "sequential": timed_sweep([*job, variants], work, "sequential"),
+                "packed": timed_sweep(
+                    [*job, variants, "hydra/launcher=dsexp_local", "launcher.pack=true"], work, "packed"
+                ),
+            }
             data = compare(results(work / "multirun" / "sequential"), results(work / "multirun" / "packed"))
         finally:
             if args.keep:
                 shutil.copytree(work, args.keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.pt"))
     data["wall_s"] = walls
-    data["setup"] = (f"{args.jobs} jobs model={args.model} tp={args.tp} on GPUs [{','.join(gpu_pool())}], caches "
-                     "warm; sequential: Hydra's basic launcher; packed: hydra/launcher=dsexp_local launcher.pack=true.")
+    data["setup"] = (
+        f"{args.jobs} jobs model={args.model} tp={args.tp} on GPUs [{','.join(gpu_pool())}], caches "
+        "warm; sequential: Hydra's basic launcher; packed: hydra/launcher=dsexp_local launcher.pack=true."
+    )
     return data
 
 
@@ -64,8 +70,13 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--model", default="small")
-    ap.add_argument("--compare", nargs=2, type=Path, metavar=("SEQUENTIAL", "PACKED"),
-                    help="compare two finished sweep folders instead of running them")
+    ap.add_argument(
+        "--compare",
+        nargs=2,
+        type=Path,
+        metavar=("SEQUENTIAL", "PACKED"),
+        help="compare two finished sweep folders instead of running them",
+    )
     ap.add_argument("--out", type=Path, help="folder for packing.json/.md (default results/<machine>/)")
     ap.add_argument("--keep", type=Path, help="copy the sweeps and logs here")
     args = ap.parse_args()
@@ -77,8 +88,11 @@ def main() -> int:
     else:
         pool = gpu_pool()
         if len(pool) < 2 * args.tp:
-            print(f"packing needs at least {2 * args.tp} GPUs for two tp={args.tp} jobs at once; this machine has "
-                  f"{len(pool)} (on CPU set DSEXP_FAKE_GPUS=2)", file=sys.stderr)
+            print(
+                f"packing needs at least {2 * args.tp} GPUs for two tp={args.tp} jobs at once; this machine has "
+                f"{len(pool)} (on CPU set DSEXP_FAKE_GPUS=2)",
+                file=sys.stderr,
+            )
             return 2
         data = run_both(args)
     data.update(machine=machine, time=time.strftime("%Y-%m-%d %H:%M"))

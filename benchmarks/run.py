@@ -26,6 +26,7 @@ use the benchmark's own cache (empty at the start) and MLflow store in a tempora
   geometric mean of the on/off wall-time ratios with a 95% interval, and the CPU share of the sampler
   thread (its `cpu_s` over the rank's lifetime).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,12 +54,18 @@ SECTIONS = ("imports", "writer", "overhead", "sampler")  # run in this order
 SCHEMA = 3  # bench.json of another schema is not merged into
 TARGETS = {"overhead_s": 3.0, "sampler_core_pct": 1.0, "writer_gbps_gpu": 1.0}
 RESOLVED, RESOLVED_S = 0.05, 0.05  # "no measurable shift" needs pairs that would show a shift of 5% or 50 ms
-IMPORTS = (("dsexp.rank.worker", "dsexp.rank.worker"), ("torch", "+ torch"), ("deepspeed", "+ deepspeed"),
-           ("transformers", "+ transformers (imported in the load phase)"))
+IMPORTS = (
+    ("dsexp.rank.worker", "dsexp.rank.worker"),
+    ("torch", "+ torch"),
+    ("deepspeed", "+ deepspeed"),
+    ("transformers", "+ transformers (imported in the load phase)"),
+)
 # A fresh interpreter imports IMPORTS in turn and prints perf_counter after each (CLOCK_MONOTONIC: the same
 # clock as the parent's), so one process per repeat gives every step's cumulative time.
-IMPORT_PROBE = ("import json, sys, time\nt = [time.perf_counter()]\nfor m in sys.argv[1:]:\n"
-                "    __import__(m)\n    t.append(time.perf_counter())\nprint(json.dumps(t))")
+IMPORT_PROBE = (
+    "import json, sys, time\nt = [time.perf_counter()]\nfor m in sys.argv[1:]:\n"
+    "    __import__(m)\n    t.append(time.perf_counter())\nprint(json.dumps(t))"
+)
 
 
 def machine_name() -> str:
@@ -87,8 +94,12 @@ def dsexp(args: List[str], workdir: Path, log: Path) -> None:
     """`python -m dsexp ARGS` in workdir with the benchmark's own cache (workdir/cache, empty at first); output
     to log; raise with its tail on failure."""
     with open(log, "w") as f:
-        proc = subprocess.run([sys.executable, "-m", "dsexp", *args, f"cache_dir={workdir / 'cache'}"], cwd=workdir,
-                              stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.run(
+            [sys.executable, "-m", "dsexp", *args, f"cache_dir={workdir / 'cache'}"],
+            cwd=workdir,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
     if proc.returncode:
         raise RuntimeError(f"dsexp {' '.join(args)} failed ({proc.returncode}):\n{log.read_text()[-3000:]}")
 
@@ -114,22 +125,33 @@ def compose(model: str) -> Dict[str, Any]:
 
 # --- sections ---------------------------------------------------------------------------------------
 
+
 def bench_imports(gpus: int, repeats: int = 3) -> Dict[str, Any]:
     env = {**os.environ, "DS_ACCELERATOR": "cuda" if gpus else "cpu"}
     labels = ["interpreter"] + [label for _, label in IMPORTS] + ["exit"]
     runs = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", IMPORT_PROBE, *(m for m, _ in IMPORTS)], env=env, check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", IMPORT_PROBE, *(m for m, _ in IMPORTS)],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         end = time.perf_counter()
         runs.append([t - t0 for t in json.loads(out.strip().splitlines()[-1])] + [end - t0])
-    steps = [{"step": label, "wall_s": statistics.median(r[i] for r in runs), "runs": [r[i] for r in runs]}
-             for i, label in enumerate(labels)]
+    steps = [
+        {"step": label, "wall_s": statistics.median(r[i] for r in runs), "runs": [r[i] for r in runs]}
+        for i, label in enumerate(labels)
+    ]
     for st in steps:
         print(f"imports: {st['step']}: {st['wall_s']:.2f} s")
-    return {"steps": steps, "note": f"one fresh interpreter importing them in turn, seconds since it was started "
-                                    f"(median of {repeats}); exit: until the process is gone"}
+    return {
+        "steps": steps,
+        "note": f"one fresh interpreter importing them in turn, seconds since it was started "
+        f"(median of {repeats}); exit: until the process is gone",
+    }
 
 
 def bench_writer(models: List[str]) -> Dict[str, Any]:
@@ -137,21 +159,44 @@ def bench_writer(models: List[str]) -> Dict[str, Any]:
     for name in models:
         m = compose(name)["model"]
         with tempfile.TemporaryDirectory(prefix="dsexp-writer-") as cache:
-            args = dict(cache_dir=cache, name=m["name"], arch=m["arch"], dims=m["dims"], dtype=m["dtype"],
-                        fmt="safetensors", seed=m["seed"], shard_mb=m["shard_mb"])
+            args = dict(
+                cache_dir=cache,
+                name=m["name"],
+                arch=m["arch"],
+                dims=m["dims"],
+                dtype=m["dtype"],
+                fmt="safetensors",
+                seed=m["seed"],
+                shard_mb=m["shard_mb"],
+            )
             t = time.perf_counter()
-            out = subprocess.run([sys.executable, "-m", "dsexp.models.writer", json.dumps(args)], check=True,
-                                 capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [sys.executable, "-m", "dsexp.models.writer", json.dumps(args)],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             process_s = time.perf_counter() - t
             t = time.perf_counter()
             os.sync()
             sync_s = time.perf_counter() - t
         st = json.loads(out.strip().splitlines()[-1])
-        rows.append({"model": name, "bytes": st["bytes"], "write_s": st["seconds"], "weights_s": st["weights_s"],
-                     "sync_s": sync_s, "process_s": process_s, "gbps": st["bytes"] / 1e9 / st["weights_s"],
-                     "gbps_with_sync": st["bytes"] / 1e9 / (st["weights_s"] + sync_s)})
-        print(f"writer: {name}: {st['bytes'] / 1e9:.3f} GB of weights in {st['weights_s']:.2f} s = "
-              f"{rows[-1]['gbps']:.2f} GB/s (+ sync {sync_s:.2f} s)")
+        rows.append(
+            {
+                "model": name,
+                "bytes": st["bytes"],
+                "write_s": st["seconds"],
+                "weights_s": st["weights_s"],
+                "sync_s": sync_s,
+                "process_s": process_s,
+                "gbps": st["bytes"] / 1e9 / st["weights_s"],
+                "gbps_with_sync": st["bytes"] / 1e9 / (st["weights_s"] + sync_s),
+            }
+        )
+        print(
+            f"writer: {name}: {st['bytes'] / 1e9:.3f} GB of weights in {st['weights_s']:.2f} s = "
+            f"{rows[-1]['gbps']:.2f} GB/s (+ sync {sync_s:.2f} s)"
+        )
     return {"rows": rows}
 
 
@@ -168,20 +213,31 @@ def bench_overhead(workdir: Path, tp: int, jobs: int, model: str = "tiny") -> Di
     apart; the others must reuse all three, and their overhead is the steady per-job figure."""
     variants = ",".join(f"o{i}" for i in range(1, jobs + 1))
     t0 = time.time()
-    dsexp(["-m", f"model={model}", "load=sharded", f"tp={tp}", f"variant={variants}",
-           "hydra.sweep.dir=multirun/overhead"], workdir, workdir / "overhead.log")
+    dsexp(
+        [
+            "-m",
+            f"model={model}",
+            "load=sharded",
+            f"tp={tp}",
+            f"variant={variants}",
+            "hydra.sweep.dir=multirun/overhead",
+        ],
+        workdir,
+        workdir / "overhead.log",
+    )
     t1 = time.time()
     done = results(workdir / "multirun" / "overhead")
     rows = [{"job": i + 1, **breakdown(res, done[i - 1] if i else None)} for i, res in enumerate(done)]
     steady = rows[1:]
     return {
         "setup": f"model={model} load=sharded tp={tp}, {len(done)} identical jobs (variant={variants}) under the basic "
-                 "launcher, on an empty cache",
+        "launcher, on an empty cache",
         "jobs": rows,
         "steady": {k: _summary([r[k] for r in steady if k in r]) for k in rows[-1] if k != "job"},
         "first_job_extra_s": (rows[0]["overhead_dsexp"] - rows[0]["prepare"])
         - statistics.mean(r["overhead_dsexp"] - r.get("hydra", 0) - r["prepare"] for r in steady),
-        "sweep_start_s": done[0]["clock"]["task"] - t0, "sweep_end_s": t1 - done[-1]["clock"]["tracked"],
+        "sweep_start_s": done[0]["clock"]["task"] - t0,
+        "sweep_end_s": t1 - done[-1]["clock"]["tracked"],
         "sweep_wall_s": t1 - t0,
         "cache": cache_use(done, rows),
     }
@@ -192,10 +248,16 @@ def cache_use(done: List[Dict[str, Any]], rows: List[Dict[str, Any]]) -> Dict[st
     out = []
     for res, row in zip(done, rows):
         rt, split = res["runtime"], res["runtime"].get("split") or {}
-        out.append({"job": row["job"], **rt["cache"], "prepare_s": row["prepare"],
-                    "checkpoint_s": rt.get("checkpoint_write_s") if rt.get("checkpoint_written") else None,
-                    "reference_s": rt.get("reference_s"),
-                    "split_s": None if split.get("cache_hit") else split.get("seconds")})
+        out.append(
+            {
+                "job": row["job"],
+                **rt["cache"],
+                "prepare_s": row["prepare"],
+                "checkpoint_s": rt.get("checkpoint_write_s") if rt.get("checkpoint_written") else None,
+                "reference_s": rt.get("reference_s"),
+                "split_s": None if split.get("cache_hit") else split.get("seconds"),
+            }
+        )
     expected = [{k: "miss" if i == 0 else "hit" for k in CACHED} for i in range(len(out))]
     return {"jobs": out, "as_expected": [{k: r[k] for k in CACHED} for r in out] == expected}
 
@@ -222,30 +284,47 @@ def bench_sampler(workdir: Path, pairs: int, model: str, warm: bool) -> Dict[str
     """warm: the model's checkpoint and reference are cached already (the overhead sweep used it)."""
     period = compose(model)["probe"]["sample_ms"]
     if not warm:
-        dsexp(["-m", f"model={model}", "tp=1", "variant=warmup", "hydra.sweep.dir=multirun/sampler_warmup"], workdir,
-              workdir / "sampler_warmup.log")
+        dsexp(
+            ["-m", f"model={model}", "tp=1", "variant=warmup", "hydra.sweep.dir=multirun/sampler_warmup"],
+            workdir,
+            workdir / "sampler_warmup.log",
+        )
     # Half the pairs run with the sampler on first, half off first, so a drift in the machine's load cancels.
     first = (pairs + 1) // 2
-    halves = {"on_first": (range(1, first + 1), f"{period:g},0"),
-              "off_first": (range(first + 1, pairs + 1), f"0,{period:g}")}
+    halves = {
+        "on_first": (range(1, first + 1), f"{period:g},0"),
+        "off_first": (range(first + 1, pairs + 1), f"0,{period:g}"),
+    }
     pairs_run = []
     for name, (numbers, order) in halves.items():
         if not numbers:
             continue
-        dsexp(["-m", f"model={model}", "tp=1", "variant=" + ",".join(f"s{i}" for i in numbers),
-               f"probe.sample_ms={order}", f"hydra.sweep.dir=multirun/sampler_{name}"], workdir,
-              workdir / f"sampler_{name}.log")
+        dsexp(
+            [
+                "-m",
+                f"model={model}",
+                "tp=1",
+                "variant=" + ",".join(f"s{i}" for i in numbers),
+                f"probe.sample_ms={order}",
+                f"hydra.sweep.dir=multirun/sampler_{name}",
+            ],
+            workdir,
+            workdir / f"sampler_{name}.log",
+        )
         jobs = results(workdir / "multirun" / f"sampler_{name}")
-        pairs_run += [sorted(pair, key=lambda r: -r["config"]["probe"]["sample_ms"])  # (on, off)
-                      for pair in zip(jobs[0::2], jobs[1::2])]
+        pairs_run += [
+            sorted(pair, key=lambda r: -r["config"]["probe"]["sample_ms"])  # (on, off)
+            for pair in zip(jobs[0::2], jobs[1::2])
+        ]
     ratios: Dict[str, List[float]] = {p: [] for p in ("load", "init", "generate", "work")}
     off_s: Dict[str, List[float]] = {p: [] for p in ratios}
     shares, per_sample, rate = [], [], []
     for on, off in pairs_run:
         assert on["config"]["probe"]["sample_ms"] > 0 == off["config"]["probe"]["sample_ms"]
         assert on["config"]["variant"] == off["config"]["variant"]
-        w_on, w_off = ({p: r["ranks"][0]["phases"][p]["wall_s"] for p in ("load", "init", "generate")}
-                       for r in (on, off))
+        w_on, w_off = (
+            {p: r["ranks"][0]["phases"][p]["wall_s"] for p in ("load", "init", "generate")} for r in (on, off)
+        )
         for w in (w_on, w_off):
             w["work"] = sum(w.values())
         for p in ratios:
@@ -257,15 +336,23 @@ def bench_sampler(workdir: Path, pairs: int, model: str, warm: bool) -> Dict[str
             shares.append(100 * s["cpu_s"] / life)
             per_sample.append(1e6 * s["cpu_s"] / s["samples"])
             rate.append(s["samples"] / life)
-    shift = {p: {**_summary(v), **paired_ratio(v), "pairs": v, "off_s": statistics.mean(off_s[p])}
-             for p, v in ratios.items()}
-    return {"setup": f"model={model} tp=1, {pairs} pairs, probe.sample_ms={period:g} vs 0, back to back "
-                     f"({first} with the sampler on first, {pairs - first} with it off first)",
-            "period_ms": period, "core_pct": _summary(shares), "us_per_sample": _summary(per_sample),
-            "samples_per_s": _summary(rate), "expected_samples_per_s": 1000 / period, "ratio_on_off": shift}
+    shift = {
+        p: {**_summary(v), **paired_ratio(v), "pairs": v, "off_s": statistics.mean(off_s[p])} for p, v in ratios.items()
+    }
+    return {
+        "setup": f"model={model} tp=1, {pairs} pairs, probe.sample_ms={period:g} vs 0, back to back "
+        f"({first} with the sampler on first, {pairs - first} with it off first)",
+        "period_ms": period,
+        "core_pct": _summary(shares),
+        "us_per_sample": _summary(per_sample),
+        "samples_per_s": _summary(rate),
+        "expected_samples_per_s": 1000 / period,
+        "ratio_on_off": shift,
+    }
 
 
 # --- report --------------------------------------------------------------------------------------
+
 
 def _row(cells) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
@@ -296,11 +383,16 @@ def _shift_verdict(phases: Dict[str, Dict[str, Any]]) -> str:
     shifted = [p for p, r in judged.items() if r["measurable"]]
     if shifted:
         return f"NOT met ({', '.join(shifted)})."
-    blurred = [f"{p} {100 * _resolution(r):.0f}%" for p, r in judged.items()
-               if _resolution(r) > RESOLVED and _resolution(r) * r["off_s"] > RESOLVED_S]
+    blurred = [
+        f"{p} {100 * _resolution(r):.0f}%"
+        for p, r in judged.items()
+        if _resolution(r) > RESOLVED and _resolution(r) * r["off_s"] > RESOLVED_S
+    ]
     if blurred:
-        return (f"not decided: no shift measurable, but run-to-run noise here lets these pairs resolve only shifts "
-                f"beyond {', '.join(blurred)} (more pairs or a quieter machine).")
+        return (
+            f"not decided: no shift measurable, but run-to-run noise here lets these pairs resolve only shifts "
+            f"beyond {', '.join(blurred)} (more pairs or a quieter machine)."
+        )
     return f"met (every 95% interval holds 1 and would show a shift of {100 * RESOLVED:g}% or {RESOLVED_S:g} s)."
 
 
@@ -311,84 +403,157 @@ def met(value: float, limit: float, unit: str) -> str:
 
 def render(data: Dict[str, Any]) -> str:
     gpu = bool(data.get("gpus"))
-    out = [f"# dsexp's own speed on `{data['machine']}`", "",
-           f"{data['time']} · {data['host']['cpus']} CPUs · {data['host']['mem_gib']:.0f} GiB · "
-           f"Python {data['host']['python']} · generated by `make bench` (benchmarks/run.py); numbers from one "
-           "run on a possibly shared machine, so expect noise of several percent.", ""]
+    out = [
+        f"# dsexp's own speed on `{data['machine']}`",
+        "",
+        f"{data['time']} · {data['host']['cpus']} CPUs · {data['host']['mem_gib']:.0f} GiB · "
+        f"Python {data['host']['python']} · generated by `make bench` (benchmarks/run.py); numbers from one "
+        "run on a possibly shared machine, so expect noise of several percent.",
+        "",
+    ]
     ov = data.get("overhead")
     if ov:
         st = ov["steady"]
         own, total = st["overhead_dsexp"]["mean"], st["overhead"]["mean"]
-        out += ["## Per-job overhead", "", f"Setup: {ov['setup']}. Mean of jobs 2-{len(ov['jobs'])} (seconds); job 1 "
-                "is in the JSON. Segments follow one another, so they add up to the job's wall time.", ""]
+        out += [
+            "## Per-job overhead",
+            "",
+            f"Setup: {ov['setup']}. Mean of jobs 2-{len(ov['jobs'])} (seconds); job 1 "
+            "is in the JSON. Segments follow one another, so they add up to the job's wall time.",
+            "",
+        ]
         names = ["hydra"] + [n for n, *_ in SEGMENTS]
         desc = {"hydra": "Hydra between jobs: composing the next job's config, its folder and logging", **DESCRIPTIONS}
-        out += _table(["segment", "s (mean)", "min", "max", "what"],
-                      [[n + (" (ranks' own work)" if n == "rank_work" else ""), f"{st[n]['mean']:.2f}",
-                        f"{st[n]['min']:.2f}", f"{st[n]['max']:.2f}", desc[n]] for n in names if st.get(n)])
+        out += _table(
+            ["segment", "s (mean)", "min", "max", "what"],
+            [
+                [
+                    n + (" (ranks' own work)" if n == "rank_work" else ""),
+                    f"{st[n]['mean']:.2f}",
+                    f"{st[n]['min']:.2f}",
+                    f"{st[n]['max']:.2f}",
+                    desc[n],
+                ]
+                for n in names
+                if st.get(n)
+            ],
+        )
         verdict = met(own, TARGETS["overhead_s"], "s")
-        out += [f"- wall time per job {st['total']['mean']:.2f} s, of which the ranks' own work "
-                f"{st['rank_work']['mean']:.2f} s: overhead **{total:.2f} s**.",
-                f"- overhead dsexp adds (all but {', '.join(NOT_DSEXP)}, which any torchrun + DeepSpeed job pays): "
-                f"**{own:.2f} s** -> target <= {TARGETS['overhead_s']:.0f} s a job: {verdict}.",
-                f"- the whole overhead incl. rank start-up against the same target: "
-                f"{met(total, TARGETS['overhead_s'], 's')}; "
-                f"rank start-up (a fresh interpreter importing torch and DeepSpeed) alone is "
-                f"{st['rank_startup']['mean']:.2f} s, see Imports.",
-                f"- once per sweep: start {ov['sweep_start_s']:.1f} s (interpreter, Hydra, validating every job, "
-                f"MLflow parent run), end {ov['sweep_end_s']:.1f} s (table, report and plots); the first job of a "
-                f"sweep process, cache work aside, took {ov['first_job_extra_s']:+.1f} s against the others (one-time "
-                "imports of torch and MLflow in the Hydra process).",
-                ""]
+        out += [
+            f"- wall time per job {st['total']['mean']:.2f} s, of which the ranks' own work "
+            f"{st['rank_work']['mean']:.2f} s: overhead **{total:.2f} s**.",
+            f"- overhead dsexp adds (all but {', '.join(NOT_DSEXP)}, which any torchrun + DeepSpeed job pays): "
+            f"**{own:.2f} s** -> target <= {TARGETS['overhead_s']:.0f} s a job: {verdict}.",
+            f"- the whole overhead incl. rank start-up against the same target: "
+            f"{met(total, TARGETS['overhead_s'], 's')}; "
+            f"rank start-up (a fresh interpreter importing torch and DeepSpeed) alone is "
+            f"{st['rank_startup']['mean']:.2f} s, see Imports.",
+            f"- once per sweep: start {ov['sweep_start_s']:.1f} s (interpreter, Hydra, validating every job, "
+            f"MLflow parent run), end {ov['sweep_end_s']:.1f} s (table, report and plots); the first job of a "
+            f"sweep process, cache work aside, took {ov['first_job_extra_s']:+.1f} s against the others (one-time "
+            "imports of torch and MLflow in the Hydra process).",
+            "",
+        ]
     sp = data.get("sampler")
     if sp:
         cpu = sp["core_pct"]
-        out += ["## Peak sampler", "", f"Setup: {sp['setup']}.", "",
-                f"- CPU of the sampler thread: **{cpu['mean']:.2f}% of one core** (min {cpu['min']:.2f}, max "
-                f"{cpu['max']:.2f}) at {sp['period_ms']:g} ms; {sp['us_per_sample']['mean']:.0f} us a reading; "
-                f"{sp['samples_per_s']['mean']:.0f} readings/s (period allows {sp['expected_samples_per_s']:.0f}). "
-                f"Target <= {TARGETS['sampler_core_pct']:g}%: "
-                f"{met(cpu['max'], TARGETS['sampler_core_pct'], 'points')} (largest of the jobs).", ""]
-        out += _table(["phase", "s (sampler off)", "on/off (geometric mean)", "95% CI", "pairs", "shift"],
-                      [[p, f"{r['off_s']:.3f}", f"{r['ratio']:.3f}",
-                        "-" if not r["ci95"] else f"{r['ci95'][0]:.3f} - {r['ci95'][1]:.3f}",
-                        ", ".join(f"{x:.3f}" for x in r["pairs"]), _shift_word(r)]
-                       for p, r in sp["ratio_on_off"].items()])
+        out += [
+            "## Peak sampler",
+            "",
+            f"Setup: {sp['setup']}.",
+            "",
+            f"- CPU of the sampler thread: **{cpu['mean']:.2f}% of one core** (min {cpu['min']:.2f}, max "
+            f"{cpu['max']:.2f}) at {sp['period_ms']:g} ms; {sp['us_per_sample']['mean']:.0f} us a reading; "
+            f"{sp['samples_per_s']['mean']:.0f} readings/s (period allows {sp['expected_samples_per_s']:.0f}). "
+            f"Target <= {TARGETS['sampler_core_pct']:g}%: "
+            f"{met(cpu['max'], TARGETS['sampler_core_pct'], 'points')} (largest of the jobs).",
+            "",
+        ]
+        out += _table(
+            ["phase", "s (sampler off)", "on/off (geometric mean)", "95% CI", "pairs", "shift"],
+            [
+                [
+                    p,
+                    f"{r['off_s']:.3f}",
+                    f"{r['ratio']:.3f}",
+                    "-" if not r["ci95"] else f"{r['ci95'][0]:.3f} - {r['ci95'][1]:.3f}",
+                    ", ".join(f"{x:.3f}" for x in r["pairs"]),
+                    _shift_word(r),
+                ]
+                for p, r in sp["ratio_on_off"].items()
+            ],
+        )
         out += ["Target: no measurable shift of phase times: " + _shift_verdict(sp["ratio_on_off"]), ""]
     wr = data.get("writer")
     if wr:
-        out += ["## Checkpoint writer", "", "`python -m dsexp.models.writer` into an empty cache, as a job runs it. "
-                "weights s: drawing and writing the weight shards (GB/s = 1e9 bytes of weights / that); skeleton s: "
-                "building the model on meta first (imports included); `+ sync`: also waiting for the page cache to "
-                "reach the disk; process s: the writer process from start to exit.", ""]
-        out += _table(["model", "GB", "weights s", "GB/s", "sync s", "GB/s + sync", "skeleton s", "process s"],
-                      [[r["model"], f"{r['bytes'] / 1e9:.3f}", f"{r['weights_s']:.2f}", f"{r['gbps']:.2f}",
-                        f"{r['sync_s']:.2f}", f"{r['gbps_with_sync']:.2f}", f"{r['write_s'] - r['weights_s']:.2f}",
-                        f"{r['process_s']:.1f}"] for r in wr["rows"]])
+        out += [
+            "## Checkpoint writer",
+            "",
+            "`python -m dsexp.models.writer` into an empty cache, as a job runs it. "
+            "weights s: drawing and writing the weight shards (GB/s = 1e9 bytes of weights / that); skeleton s: "
+            "building the model on meta first (imports included); `+ sync`: also waiting for the page cache to "
+            "reach the disk; process s: the writer process from start to exit.",
+            "",
+        ]
+        out += _table(
+            ["model", "GB", "weights s", "GB/s", "sync s", "GB/s + sync", "skeleton s", "process s"],
+            [
+                [
+                    r["model"],
+                    f"{r['bytes'] / 1e9:.3f}",
+                    f"{r['weights_s']:.2f}",
+                    f"{r['gbps']:.2f}",
+                    f"{r['sync_s']:.2f}",
+                    f"{r['gbps_with_sync']:.2f}",
+                    f"{r['write_s'] - r['weights_s']:.2f}",
+                    f"{r['process_s']:.1f}",
+                ]
+                for r in wr["rows"]
+            ],
+        )
         big = max(wr["rows"], key=lambda r: r["bytes"])
         gap = TARGETS["writer_gbps_gpu"] - big["gbps"]
-        out += [f"Target >= {TARGETS['writer_gbps_gpu']:g} GB/s on the GPU machine: "
-                + (f"{'met' if gap <= 0 else f'NOT met (gap {gap:.2f} GB/s)'} ({big['model']}: {big['gbps']:.2f} GB/s)."
-                   if gpu else f"applies to the GPU machine (here the weights are drawn on {data['host']['cpus']} "
-                               f"CPU cores; {big['model']}: {big['gbps']:.2f} GB/s)."), ""]
+        out += [
+            f"Target >= {TARGETS['writer_gbps_gpu']:g} GB/s on the GPU machine: "
+            + (
+                f"{'met' if gap <= 0 else f'NOT met (gap {gap:.2f} GB/s)'} ({big['model']}: {big['gbps']:.2f} GB/s)."
+                if gpu
+                else f"applies to the GPU machine (here the weights are drawn on {data['host']['cpus']} "
+                f"CPU cores; {big['model']}: {big['gbps']:.2f} GB/s)."
+            ),
+            "",
+        ]
     ca = (ov or {}).get("cache")
     if ca:
-        out += ["## Reuse across a sweep (caches)", "", f"The per-job overhead sweep ({ov['setup']}). hit: found and "
-                "reused; miss: computed by this job (seconds it took).", ""]
+        out += [
+            "## Reuse across a sweep (caches)",
+            "",
+            f"The per-job overhead sweep ({ov['setup']}). hit: found and "
+            "reused; miss: computed by this job (seconds it took).",
+            "",
+        ]
 
         def cell(r, k):
             return r[k] + (f" ({r[k + '_s']:.1f} s)" if r.get(k + "_s") is not None else "")
 
-        out += _table(["job", "random-weight checkpoint", "tp=1 reference logits", "per-rank split", "preparation s"],
-                      [[r["job"], cell(r, "checkpoint"), cell(r, "reference"), cell(r, "split"),
-                        f"{r['prepare_s']:.2f}"] for r in ca["jobs"]])
+        out += _table(
+            ["job", "random-weight checkpoint", "tp=1 reference logits", "per-rank split", "preparation s"],
+            [
+                [r["job"], cell(r, "checkpoint"), cell(r, "reference"), cell(r, "split"), f"{r['prepare_s']:.2f}"]
+                for r in ca["jobs"]
+            ],
+        )
         out += [f"Computed once, then reused: {'yes' if ca['as_expected'] else 'NO (see the table)'}.", ""]
     im = data.get("imports")
     if im:
         out += ["## Imports (a rank's start-up)", "", im["note"] + ".", ""]
-        out += _table(["step", "s", "added"], [[s["step"], f"{s['wall_s']:.2f}",
-                                                f"{s['wall_s'] - (im['steps'][i - 1]['wall_s'] if i else 0):+.2f}"]
-                                               for i, s in enumerate(im["steps"])])
+        out += _table(
+            ["step", "s", "added"],
+            [
+                [s["step"], f"{s['wall_s']:.2f}", f"{s['wall_s'] - (im['steps'][i - 1]['wall_s'] if i else 0):+.2f}"]
+                for i, s in enumerate(im["steps"])
+            ],
+        )
     return "\n".join(out)
 
 
@@ -396,13 +561,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--machine", help="results/<machine>/ (default: cpu, or e.g. h200x2 from NVML)")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
-    ap.add_argument("--big", action="store_true",
-                    help="writer: also internlm2_20b_shapes (~40 GB) without a GPU (a GPU machine always does)")
+    ap.add_argument(
+        "--big",
+        action="store_true",
+        help="writer: also internlm2_20b_shapes (~40 GB) without a GPU (a GPU machine always does)",
+    )
     ap.add_argument("--pairs", type=int, default=6, help="sampler: on/off job pairs (even: each order as often)")
-    ap.add_argument("--sampler-model", default="small", help="sampler: the jobs' model preset (tiny: no warm-up job "
-                                                            "after the overhead section)")
-    ap.add_argument("--overhead-jobs", type=int, default=4,
-                    help="overhead: jobs in the sweep (>= 2; the first is reported apart)")
+    ap.add_argument(
+        "--sampler-model",
+        default="small",
+        help="sampler: the jobs' model preset (tiny: no warm-up job after the overhead section)",
+    )
+    ap.add_argument(
+        "--overhead-jobs", type=int, default=4, help="overhead: jobs in the sweep (>= 2; the first is reported apart)"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "results", help="results root")
     ap.add_argument("--keep", type=Path, help="copy the benchmark's sweep folders and logs here")
     args = ap.parse_args()
@@ -420,16 +592,25 @@ def main() -> int:
     import psutil
 
     gpus = gpu_count()
-    data.update(machine=machine, gpus=gpus, time=time.strftime("%Y-%m-%d %H:%M"),
-                host={"cpus": len(os.sched_getaffinity(0)), "mem_gib": psutil.virtual_memory().total / 2**30,
-                      "python": platform.python_version()})
+    data.update(
+        machine=machine,
+        gpus=gpus,
+        time=time.strftime("%Y-%m-%d %H:%M"),
+        host={
+            "cpus": len(os.sched_getaffinity(0)),
+            "mem_gib": psutil.virtual_memory().total / 2**30,
+            "python": platform.python_version(),
+        },
+    )
     big = args.big or gpus > 0
     tp = 1 if gpus == 1 else 2  # the overhead sweep's: 2 ranks (CPU processes or GPUs) where the machine has them
     warm = "overhead" in only and args.sampler_model == "tiny"
-    sections = {"imports": lambda work: bench_imports(gpus),
-                "writer": lambda work: bench_writer(["tiny", "small"] + (["internlm2_20b_shapes"] if big else [])),
-                "overhead": lambda work: bench_overhead(work, tp, args.overhead_jobs),
-                "sampler": lambda work: bench_sampler(work, args.pairs, args.sampler_model, warm)}
+    sections = {
+        "imports": lambda work: bench_imports(gpus),
+        "writer": lambda work: bench_writer(["tiny", "small"] + (["internlm2_20b_shapes"] if big else [])),
+        "overhead": lambda work: bench_overhead(work, tp, args.overhead_jobs),
+        "sampler": lambda work: bench_sampler(work, args.pairs, args.sampler_model, warm),
+    }
     with tempfile.TemporaryDirectory(prefix="dsexp-bench-") as tmp:
         work = Path(tmp)
         try:
@@ -440,8 +621,9 @@ def main() -> int:
                 (folder / "bench.md").write_text(render(data) + "\n")
         finally:
             if args.keep:
-                shutil.copytree(work, args.keep, dirs_exist_ok=True,
-                                ignore=shutil.ignore_patterns("*.pt", "*.safetensors"))
+                shutil.copytree(
+                    work, args.keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.pt", "*.safetensors")
+                )
     print(render(data))
     print(f"\nwrote {folder / 'bench.json'} and bench.md")
     return 0

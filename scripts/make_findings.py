@@ -4,10 +4,12 @@ Placeholders in the template:
   {{report:SECTION}}      a section of `python -m dsexp.report results/h200x2/sweeps --print SECTION`
   {{cpu:SECTION}}         the same for the CPU tp=1,2,4 sweep (results/cpu/tp_scaling/sweep)
   {{seed_table}}          the seed's reported figures next to dsexp's for the same call (see_memory_usage + per rank)
-  {{cpu_holdout}}         the memory model checked out of sample: CPU tp=4 predicted from the tp=1,2 runs only vs measured
+  {{cpu_holdout}}         the memory model checked out of sample: CPU tp=4 predicted from the tp=1,2 runs only,
+                          against tp=4 measured
 
 Usage: .venv/bin/python scripts/make_findings.py   (rewrites docs/FINDINGS.md; `--check` fails if it is stale)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,34 +51,50 @@ def _phase(rank: dict, name: str) -> dict:
 
 
 def seed_table() -> str:
-    """The seed's see_memory_usage figures beside ours, for the seed's call (accepted form) and the private-copy load."""
-    rows = ["| run | GPUs (tp) | see_memory_usage on rank 0 after init: MA / Max_CA (GB) | its 'CPU Virtual Memory used' after load / after init (GB) "
-            "| dsexp: weights on each GPU (GiB) | dsexp: per-GPU peak, NVML (GiB) | dsexp: private host memory per rank, peak (GiB) "
-            "| dsexp: node used, peak (GiB) |", "|---|---:|---|---:|---|---:|---|---:|"]
+    """The seed's see_memory_usage figures beside ours, for the seed's call (accepted form) and the private-copy
+    load."""
+    rows = [
+        "| run | GPUs (tp) | see_memory_usage on rank 0 after init: MA / Max_CA (GB) "
+        "| its 'CPU Virtual Memory used' after load / after init (GB) "
+        "| dsexp: weights on each GPU (GiB) | dsexp: per-GPU peak, NVML (GiB) "
+        "| dsexp: private host memory per rank, peak (GiB) "
+        "| dsexp: node used, peak (GiB) |",
+        "|---|---:|---|---:|---|---:|---|---:|",
+    ]
     for label, cpu, ma in SEED_REPORTED:
-        rows.append(f"| {label} (transformers 4.42, DeepSpeed 0.14.4) | {label.split(', ')[1].split()[0]} | {ma} / - "
-                    f"| {cpu} (which call: not stated) | - | - | - | - |")
-    runs = [("seed call (accepted form), kernel injection", "seed_issue_accepted"),
-            ("same model, AutoTP + policy, eager with bf16->fp16 conversion", "autotp_eager_meta")]
+        rows.append(
+            f"| {label} (transformers 4.42, DeepSpeed 0.14.4) | {label.split(', ')[1].split()[0]} | {ma} / - "
+            f"| {cpu} (which call: not stated) | - | - | - | - |"
+        )
+    runs = [
+        ("seed call (accepted form), kernel injection", "seed_issue_accepted"),
+        ("same model, AutoTP + policy, eager with bf16->fp16 conversion", "autotp_eager_meta"),
+    ]
     for label, sweep in runs:
         for path in sorted((GPU / sweep).glob("*/result.json")):
             res = json.loads(path.read_text())
             cfg = res["config"]
-            if sweep == "autotp_eager_meta" and not (cfg["load"]["name"] == "eager" and cfg["dtype"] != cfg["model"]["dtype"]):
+            if sweep == "autotp_eager_meta" and not (
+                cfg["load"]["name"] == "eager" and cfg["dtype"] != cfg["model"]["dtype"]
+            ):
                 continue
             ranks = [r for r in res["ranks"] if r]
             smu = _phase(ranks[0], "init").get("see_memory_usage") or {}
             smu_load = _phase(ranks[0], "load").get("see_memory_usage") or {}
             weights = " / ".join(f"{_phase(r, 'init').get('weights_device', 0) / GIB:.2f}" for r in ranks)
             h = res["headline"]
-            rows.append(f"| dsexp: {label} | {cfg['tp']} | {smu.get('MA_GB', '-')} / {smu.get('Max_CA_GB', '-')} "
-                        f"| {smu_load.get('cpu_used_GB', '-')} / {smu.get('cpu_used_GB', '-')} | {weights} | {h['gpu_peak_gib']:.2f} | {h['host_anon_peak_gib']:.2f} "
-                        f"| {h['node_host_peak_gib']:.2f} |")
+            rows.append(
+                f"| dsexp: {label} | {cfg['tp']} | {smu.get('MA_GB', '-')} / {smu.get('Max_CA_GB', '-')} "
+                f"| {smu_load.get('cpu_used_GB', '-')} / {smu.get('cpu_used_GB', '-')} | {weights} "
+                f"| {h['gpu_peak_gib']:.2f} | {h['host_anon_peak_gib']:.2f} "
+                f"| {h['node_host_peak_gib']:.2f} |"
+            )
     return "\n".join(rows)
 
 
 def cpu_holdout() -> str:
-    """Predict tp=4 from the CPU sweep's tp<=2 runs alone (as a user with 2 GPUs would) and set it against tp=4 measured.
+    """Predict tp=4 from the CPU sweep's tp<=2 runs alone (as a user with 2 GPUs would) and set it against tp=4
+    measured.
 
     Node figures are compared as growth during the job (peak used - used before launch): the machine's
     baseline differs from run to run (other processes), and the prediction carries the tp=2 run's."""
@@ -86,10 +104,15 @@ def cpu_holdout() -> str:
     results = [json.loads(p.read_text()) for p in sorted(CPU.glob("*/result.json"))]
     at4 = {r.strategy: r for r in build_rows([x for x in results if x["config"]["tp"] == 4])}
     base = {r.strategy: r for r in build_rows([x for x in results if x["config"]["tp"] == 2])}
-    predicted = [e for e in extrapolate(build_rows([x for x in results if x["config"]["tp"] <= 2]), (4,))
-                 if not e.measured]
-    rows = ["| configuration | weights per rank, predicted / measured (MiB) | host peak per rank, predicted / measured (GiB) "
-            "| node growth during the job, predicted / measured (GiB) |", "|---|---|---|---|"]
+    predicted = [
+        e for e in extrapolate(build_rows([x for x in results if x["config"]["tp"] <= 2]), (4,)) if not e.measured
+    ]
+    rows = [
+        "| configuration | weights per rank, predicted / measured (MiB) "
+        "| host peak per rank, predicted / measured (GiB) "
+        "| node growth during the job, predicted / measured (GiB) |",
+        "|---|---|---|---|",
+    ]
 
     def pair(pred, meas, scale=1.0, nd=2) -> str:
         if pred is None or meas is None:
@@ -100,12 +123,17 @@ def cpu_holdout() -> str:
         if e.strategy not in at4:
             continue
         v, r4 = at4[e.strategy].values(), at4[e.strategy].result
-        growth_pred = None if e.node_host_peak_gib is None else \
-            e.node_host_peak_gib - base[e.strategy].result["baseline"]["node_used"] / GIB
+        growth_pred = (
+            None
+            if e.node_host_peak_gib is None
+            else e.node_host_peak_gib - base[e.strategy].result["baseline"]["node_used"] / GIB
+        )
         growth = node_growth(r4)
-        rows.append(f"| {e.strategy} | {pair(e.weights_gib, v['gpu_weights_gib'], 1024, 1)} "
-                    f"| {pair(e.host_peak_gib, v['host_peak_gib'])} "
-                    f"| {pair(growth_pred, None if growth is None else growth / GIB)} |")
+        rows.append(
+            f"| {e.strategy} | {pair(e.weights_gib, v['gpu_weights_gib'], 1024, 1)} "
+            f"| {pair(e.host_peak_gib, v['host_peak_gib'])} "
+            f"| {pair(growth_pred, None if growth is None else growth / GIB)} |"
+        )
     return "\n".join(rows)
 
 

@@ -1,4 +1,5 @@
 """Shared fixtures: composed configs (as the app composes them) and real CPU runs of `python -m dsexp`."""
+
 from __future__ import annotations
 
 import json
@@ -29,14 +30,18 @@ def cache_dir(tmp_path_factory) -> Path:
     return Path(env) if env else tmp_path_factory.mktemp("dsexp-cache")
 
 
-def run_dsexp(args: List[str], cwd: Path, cache: Path, timeout: float = 900, check: bool = True,
-              extra_env: dict = None) -> subprocess.CompletedProcess:
+def run_dsexp(
+    args: List[str], cwd: Path, cache: Path, timeout: float = 900, check: bool = True, extra_env: dict = None
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "DSEXP_CACHE": str(cache), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.run([sys.executable, "-m", "dsexp", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dsexp", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"dsexp {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        raise AssertionError(
+            f"dsexp {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
     return proc
 
 
@@ -50,4 +55,3 @@ def tiny_sweep(tmp_path_factory, cache_dir):
     cwd = tmp_path_factory.mktemp("sweep")
     proc = run_dsexp(["-m", "tp=1,2", "load=eager", "model=tiny", "hydra.sweep.dir=multirun/s"], cwd, cache_dir)
     return cwd, cwd / "multirun" / "s", proc
-

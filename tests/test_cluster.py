@@ -1,20 +1,21 @@
 """Cluster path without a cluster: the SLURM/local launcher presets, the sbatch script submitit would
 write, the multi-node rank commands, per-node metrics, and tracking into a real `mlflow server`."""
+
 from __future__ import annotations
 
 import os
 import time
 
 import pytest
-from helpers.cluster import fake_slurm_bin, mlflow_server
-from conftest import compose
 
-from dsexp.job import multinode
-
-from dsexp.core import records
 from dsexp.compose.config import to_schema
 from dsexp.compose.validate import validate, validate_nodes
+from dsexp.core import records
 from dsexp.core.schema import ConfigError
+from dsexp.job import multinode
+
+from conftest import compose
+from helpers.cluster import fake_slurm_bin, mlflow_server
 
 SLURM = ["hydra/launcher=dsexp_slurm", "hydra.launcher.partition=gpu"]
 
@@ -39,7 +40,7 @@ def sbatch_script(params, monkeypatch, map_count=None) -> str:
 
 
 def sbatch_flags(script: str) -> dict:
-    flags = [line[len("#SBATCH --"):] for line in script.splitlines() if line.startswith("#SBATCH --")]
+    flags = [line[len("#SBATCH --") :] for line in script.splitlines() if line.startswith("#SBATCH --")]
     return dict(f.split("=", 1) if "=" in f else (f, True) for f in flags)
 
 
@@ -60,8 +61,14 @@ def test_slurm_preset_defaults_leave_partition_and_account_to_the_cluster(tmp_pa
 
 @pytest.mark.parametrize("tp,nodes", [(4, 1), (8, 2)])
 def test_sbatch_script_has_the_job_resources(tp, nodes, tmp_path, monkeypatch):
-    params = launcher_params(*SLURM, f"tp={tp}", f"launcher.nodes={nodes}", "hydra.launcher.timeout_min=45",
-                             "hydra.launcher.account=proj1", f"hydra.sweep.dir={tmp_path}")
+    params = launcher_params(
+        *SLURM,
+        f"tp={tp}",
+        f"launcher.nodes={nodes}",
+        "hydra.launcher.timeout_min=45",
+        "hydra.launcher.account=proj1",
+        f"hydra.sweep.dir={tmp_path}",
+    )
     script = sbatch_script(params, monkeypatch)
     flags = sbatch_flags(script)
     assert flags["gpus-per-node"] == str(tp // nodes) and flags["nodes"] == str(nodes)
@@ -73,8 +80,14 @@ def test_sbatch_script_has_the_job_resources(tp, nodes, tmp_path, monkeypatch):
 
 
 def test_sbatch_script_array_setup_and_extra_options(tmp_path, monkeypatch):
-    params = launcher_params(*SLURM, "tp=2", "hydra.launcher.mem_gb=64", "+hydra.launcher.additional_parameters.exclusive=true",
-                             "hydra.launcher.setup=[source .venv/bin/activate]", f"hydra.sweep.dir={tmp_path}")
+    params = launcher_params(
+        *SLURM,
+        "tp=2",
+        "hydra.launcher.mem_gb=64",
+        "+hydra.launcher.additional_parameters.exclusive=true",
+        "hydra.launcher.setup=[source .venv/bin/activate]",
+        f"hydra.sweep.dir={tmp_path}",
+    )
     script = sbatch_script(params, monkeypatch, map_count=3)
     flags = sbatch_flags(script)
     assert flags["array"] == "0-2%3" and flags["exclusive"] is True and flags["mem"] == "64GB"
@@ -103,15 +116,17 @@ def test_sweep_validation_counts_the_gpus_slurm_will_give():
     from hydra import compose as hcompose
     from hydra import initialize_config_dir
 
-    from conftest import CONF
     from dsexp.compose.sweep import validate_sweep
+
+    from conftest import CONF
 
     job = ["tp=2", "engine.kernel_inject=true", "dtype=fp16"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         on_slurm = validate_sweep(hcompose("config", overrides=SLURM + job, return_hydra_config=True))
         here = validate_sweep(hcompose("config", overrides=job, return_hydra_config=True))
-        uneven = validate_sweep(hcompose("config", overrides=SLURM + ["tp=3", "launcher.nodes=2"],
-                                         return_hydra_config=True))
+        uneven = validate_sweep(
+            hcompose("config", overrides=SLURM + ["tp=3", "launcher.nodes=2"], return_hydra_config=True)
+        )
     assert on_slurm == []
     assert len(here) == 1 and "on device=cpu" in here[0][1]  # fp16 or kernel injection, whichever is checked first
     assert len(uneven) == 1 and "launcher.nodes=2" in uneven[0][1]
@@ -121,11 +136,14 @@ def spec_of(*overrides):
     return to_schema(compose(list(overrides)))
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    (["tp=3", "launcher.nodes=2"], "does not split evenly"),
-    (["launcher.hostfile=/etc/hostname"], "DeepSpeed launcher only"),
-    (["launcher=deepspeed", "launcher.hostfile=/nonexistent/hostfile"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["tp=3", "launcher.nodes=2"], "does not split evenly"),
+        (["launcher.hostfile=/etc/hostname"], "DeepSpeed launcher only"),
+        (["launcher=deepspeed", "launcher.hostfile=/nonexistent/hostfile"], "does not exist"),
+    ],
+)
 def test_multinode_settings_are_checked(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
         validate(spec_of(*overrides), gpus=0)
@@ -148,10 +166,25 @@ def test_torchrun_multinode_command(allocation):
     spec = spec_of("tp=8", "launcher.nodes=2")
     assert multinode.slurm_hosts() == ["gpu-a1", "gpu-a2"]
     assert multinode.rank_command(spec, job_dir, 29511, {"OMP_NUM_THREADS": "8"}) == [
-        "srun", "--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-        "--cpus-per-task=32", sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4",
-        "--rdzv-backend=c10d", "--rdzv-endpoint=gpu-a1:29511", "--rdzv-id=dsexp-job-29511",
-        "-m", "dsexp.rank.worker", str(job_dir)]
+        "srun",
+        "--overlap",
+        "--nodes=2",
+        "--ntasks=2",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        "--cpus-per-task=32",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=4",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=gpu-a1:29511",
+        "--rdzv-id=dsexp-job-29511",
+        "-m",
+        "dsexp.rank.worker",
+        str(job_dir),
+    ]
 
 
 def test_deepspeed_multinode_command_from_the_allocation(allocation):
@@ -161,9 +194,25 @@ def test_deepspeed_multinode_command_from_the_allocation(allocation):
     job_dir.mkdir()
     spec = spec_of("launcher=deepspeed", "tp=8", "launcher.nodes=2")
     cmd = multinode.rank_command(spec, job_dir, 29512, {"OMP_NUM_THREADS": "8", "DS_ACCELERATOR": "cuda"})
-    assert cmd == [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(job_dir / "hostfile"),
-                   "--num_nodes", "2", "--num_gpus", "4", "--master_addr", "gpu-a1", "--master_port", "29512",
-                   "--no_local_rank", "--module", "dsexp.rank.worker", str(job_dir)]
+    assert cmd == [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--hostfile",
+        str(job_dir / "hostfile"),
+        "--num_nodes",
+        "2",
+        "--num_gpus",
+        "4",
+        "--master_addr",
+        "gpu-a1",
+        "--master_port",
+        "29512",
+        "--no_local_rank",
+        "--module",
+        "dsexp.rank.worker",
+        str(job_dir),
+    ]
     assert (job_dir / "hostfile").read_text() == "gpu-a1 slots=4\ngpu-a2 slots=4\n"
     assert multinode.hostfile_hosts(job_dir / "hostfile") == {"gpu-a1": 4, "gpu-a2": 4}
     # the runner exports these to the other nodes (it reads .deepspeed_env from its cwd, the job folder)
@@ -201,7 +250,11 @@ def test_only_the_first_submitit_task_runs_the_job(monkeypatch):
 
 def rank_record(rank, host, used_gib):
     g = 2**30
-    phase = {"wall_s": 1.0, "host": {"host_rss": g, "node_used": used_gib * g}, "peaks": {"node_used_peak": (used_gib + 1) * g}}
+    phase = {
+        "wall_s": 1.0,
+        "host": {"host_rss": g, "node_used": used_gib * g},
+        "peaks": {"node_used_peak": (used_gib + 1) * g},
+    }
     return {"rank": rank, "hostname": host, "phases": {"load": phase}}
 
 
@@ -240,8 +293,13 @@ def test_http_store_takes_job_runs_and_serves_their_artifacts(server, tmp_path):
     job_dir = tmp_path / "job"
     (job_dir / "ranks").mkdir(parents=True)
     (job_dir / "ranks" / "rank0.json").write_text('{"rank": 0}')
-    result = {"status": "ok", "key": "k1", "config": {"tp": 2, "model": {"name": "tiny"}},
-              "headline": {"load_s": 1.5}, "metrics": {"load.node_used_gib.node_gpu-a1": 3.0}}
+    result = {
+        "status": "ok",
+        "key": "k1",
+        "config": {"tp": 2, "model": {"name": "tiny"}},
+        "headline": {"load_s": 1.5},
+        "metrics": {"load.node_used_gib.node_gpu-a1": 3.0},
+    }
     tracker = Tracker(uri, "dsexp-http")
     parent = tracker.start_parent("sweep s", {})
     rid = tracker.log_job(result, job_dir, parent, "tiny/tp2")

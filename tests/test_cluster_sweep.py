@@ -1,5 +1,6 @@
 """End to end on CPU through the cluster path: a sweep in submitit processes logging into a real
 `mlflow server` gives the same results as the basic launcher; multi-node jobs on fake nodes."""
+
 from __future__ import annotations
 
 import os
@@ -7,10 +8,11 @@ import socket
 from pathlib import Path
 
 import pytest
-from helpers.cluster import fake_slurm_bin, mlflow_server
-from conftest import run_dsexp, sweep_results
 
 from dsexp.tracking.runs import read_sweep_state
+
+from conftest import run_dsexp, sweep_results
+from helpers.cluster import fake_slurm_bin, mlflow_server
 
 pytestmark = pytest.mark.slow
 
@@ -20,8 +22,10 @@ SWEEP = ["-m", "tp=1,2", "model=tiny"]
 def comparable(res):
     """What must not depend on the launcher: the config (less tracking) and the weights each rank holds."""
     config = {k: v for k, v in res["config"].items() if k != "tracking"}
-    weights = [(rk["rank"], rk["phases"]["load"]["weights_device"], rk["phases"]["init"]["weights_device"])
-               for rk in res["ranks"]]
+    weights = [
+        (rk["rank"], rk["phases"]["load"]["weights_device"], rk["phases"]["init"]["weights_device"])
+        for rk in res["ranks"]
+    ]
     return res["key"], config, weights, res["ranks"][0]["generate"]["tokens"]
 
 
@@ -31,8 +35,11 @@ def test_submitit_local_sweep_into_an_mlflow_server_matches_the_basic_launcher(t
     cwd = tmp_path_factory.mktemp("cluster-sweep")
     run_dsexp([*SWEEP, "hydra.sweep.dir=multirun/basic"], cwd, cache_dir)
     with mlflow_server(cwd / "mlserver") as uri:
-        proc = run_dsexp([*SWEEP, "hydra/launcher=dsexp_local", f"tracking.uri={uri}", "hydra.sweep.dir=multirun/sub"],
-                         cwd, cache_dir)
+        proc = run_dsexp(
+            [*SWEEP, "hydra/launcher=dsexp_local", f"tracking.uri={uri}", "hydra.sweep.dir=multirun/sub"],
+            cwd,
+            cache_dir,
+        )
         basic, sub = sweep_results(cwd / "multirun" / "basic"), sweep_results(cwd / "multirun" / "sub")
         assert [r["status"] for r in sub] == ["ok", "ok"], [r.get("failure") for r in sub]
         assert sorted(map(comparable, sub), key=str) == sorted(map(comparable, basic), key=str)
@@ -69,8 +76,12 @@ def fake_nodes_env(tmp_path: Path, hosts):
 
 def test_two_node_torchrun_job_on_fake_nodes(tmp_path, cache_dir):
     """srun starts one torchrun per (fake) node; the c10d rendezvous joins them into one tp=2 job."""
-    run_dsexp(["tp=2", "launcher.nodes=2", "model=tiny", "hydra.run.dir=job"], tmp_path, cache_dir,
-              extra_env=fake_nodes_env(tmp_path, ["localhost", "localhost"]))
+    run_dsexp(
+        ["tp=2", "launcher.nodes=2", "model=tiny", "hydra.run.dir=job"],
+        tmp_path,
+        cache_dir,
+        extra_env=fake_nodes_env(tmp_path, ["localhost", "localhost"]),
+    )
     res = sweep_results(tmp_path)[0]
     assert res["status"] == "ok", res.get("failure")
     cmd = res["launch"]["cmd"]
@@ -88,8 +99,12 @@ def test_two_node_deepspeed_job_on_fake_nodes(tmp_path, cache_dir):
     ranks share one host (deepspeed.launcher.launch sets LOCAL_SIZE per node) and crashes across
     nodes. On GPUs NCCL does that all-reduce, so this is a CPU-only limit of DeepSpeed.
     """
-    run_dsexp(["tp=2", "launcher=deepspeed", "launcher.nodes=2", "model=tiny", "hydra.run.dir=job"], tmp_path,
-              cache_dir, extra_env=fake_nodes_env(tmp_path, ["localhost", "127.0.0.1"]))
+    run_dsexp(
+        ["tp=2", "launcher=deepspeed", "launcher.nodes=2", "model=tiny", "hydra.run.dir=job"],
+        tmp_path,
+        cache_dir,
+        extra_env=fake_nodes_env(tmp_path, ["localhost", "127.0.0.1"]),
+    )
     res = sweep_results(tmp_path)[0]
     assert res["launch"]["cmd"][1:3] == ["-m", "deepspeed.launcher.runner"]
     assert (tmp_path / "job" / "hostfile").read_text() == "localhost slots=1\n127.0.0.1 slots=1\n"

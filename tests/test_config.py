@@ -1,16 +1,16 @@
 """Config composition and validation: every bad setting is refused with a message naming the key."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-from conftest import CONF, compose
 
 from dsexp.compose.config import to_schema
-
 from dsexp.compose.validate import validate
-
 from dsexp.core.schema import ConfigError
+
+from conftest import CONF, compose
 
 
 def spec_of(*overrides, gpus=0):
@@ -19,7 +19,13 @@ def spec_of(*overrides, gpus=0):
 
 def test_default_composes_to_cpu_tiny_eager():
     spec = spec_of()
-    assert (spec.model.name, spec.load.name, spec.engine.name, spec.tp, spec.device) == ("tiny", "eager", "init_inference", 1, "cpu")
+    assert (spec.model.name, spec.load.name, spec.engine.name, spec.tp, spec.device) == (
+        "tiny",
+        "eager",
+        "init_inference",
+        1,
+        "cpu",
+    )
     assert spec.dtype == spec.model.dtype == "bf16"
 
 
@@ -41,19 +47,22 @@ def test_tp_is_a_plain_int():
     assert spec_of("tp=2").tp == 2
 
 
-@pytest.mark.parametrize("overrides,gpus,needle", [
-    (["tp=0"], 0, "tp=0"),
-    (["tp=4"], 2, "tp=4 needs 4 GPUs"),
-    (["tp=8"], 0, "tp=8 leaves some ranks with no attention heads"),  # tiny has 4 KV heads
-    (["engine.kernel_inject=true"], 0, "engine.kernel_inject"),
-    (["dtype=fp16"], 0, "dtype=fp16"),
-    (["dtype=int8"], 0, "dtype='int8'"),
-    (["device=cuda"], 0, "device=cuda"),
-    (["load.format=gguf"], 0, "load.format"),
-    (["probe.sample_ms=50"], 0, "probe.sample_ms"),
-    (["probe.sample_ms=-1"], 0, "or 0 to turn the background sampler off"),
-    (["model=local", "model.path=/does/not/exist"], 0, "model.path='/does/not/exist' does not exist"),
-])
+@pytest.mark.parametrize(
+    "overrides,gpus,needle",
+    [
+        (["tp=0"], 0, "tp=0"),
+        (["tp=4"], 2, "tp=4 needs 4 GPUs"),
+        (["tp=8"], 0, "tp=8 leaves some ranks with no attention heads"),  # tiny has 4 KV heads
+        (["engine.kernel_inject=true"], 0, "engine.kernel_inject"),
+        (["dtype=fp16"], 0, "dtype=fp16"),
+        (["dtype=int8"], 0, "dtype='int8'"),
+        (["device=cuda"], 0, "device=cuda"),
+        (["load.format=gguf"], 0, "load.format"),
+        (["probe.sample_ms=50"], 0, "probe.sample_ms"),
+        (["probe.sample_ms=-1"], 0, "or 0 to turn the background sampler off"),
+        (["model=local", "model.path=/does/not/exist"], 0, "model.path='/does/not/exist' does not exist"),
+    ],
+)
 def test_bad_settings_name_the_key(overrides, gpus, needle):
     with pytest.raises(ConfigError, match=None) as e:
         spec_of(*overrides, gpus=gpus)
@@ -81,8 +90,8 @@ def test_local_folder_checks(tmp_path):
         spec_of("model=local", f"model.path={tmp_path}")
     with pytest.raises(ConfigError, match="model.safetensors is truncated or empty"):
         spec_of("model=local", f"model.path={tmp_path}", "model.trust_remote_code=true")
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     save_file({"w": torch.zeros(4)}, str(tmp_path / "model.safetensors"))
     assert spec_of("model=local", f"model.path={tmp_path}", "model.trust_remote_code=true").model.path == str(tmp_path)

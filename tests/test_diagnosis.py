@@ -1,12 +1,14 @@
 """Every diagnosis rule on a constructed case: the sentence names the cause and carries the numbers."""
+
 from __future__ import annotations
 
 import pytest
-from helpers.analysis_cases import GIB, MEDIUM, MIB, config, result
 
 from dsexp.analysis.diagnosis import diagnose
 from dsexp.analysis.measured import human
 from dsexp.analysis.memory import predict
+
+from helpers.analysis_cases import GIB, MEDIUM, MIB, config, result
 
 
 def findings(res, siblings=()):
@@ -41,8 +43,11 @@ def test_weights_as_predicted_names_replicated_parts(full):
 def test_weights_differ_lists_module_differences(full):
     _, per_rank = full
     mods = {"removed": {"Linear": 14}, "added": {"LinearLayer": 10, "LinearAllreduce": 4}}  # lm_head left whole
-    by, _ = findings(result(config(2), [int(per_rank * 1.15)] * 2, modules=mods,
-                            engine_extra={"replicated": {"lm_head.weight": 524288}}))
+    by, _ = findings(
+        result(
+            config(2), [int(per_rank * 1.15)] * 2, modules=mods, engine_extra={"replicated": {"lm_head.weight": 524288}}
+        )
+    )
     f = by["weights_differ"]
     assert f.severity == "problem" and "+15.0%" in f.text
     assert "0 LmHeadLinearAllreduce modules instead of 1" in f.text
@@ -57,8 +62,10 @@ def test_host_private_copy_from_dtype_conversion():
     f = by["host_private_copy"]
     assert "host memory grew by one model per rank" in f.text
     assert "each rank made a private copy while loading (dtype conversion bf16->fp32)" in f.text
-    assert f"({human(p.model_bytes + 150 * MIB)} private per rank beyond its own slices, the model is " \
-           f"{human(p.model_bytes)})" in f.text
+    assert (
+        f"({human(p.model_bytes + 150 * MIB)} private per rank beyond its own slices, the model is "
+        f"{human(p.model_bytes)})" in f.text
+    )
 
 
 def test_host_shared_when_mmapped_and_small_models_are_not_judged():
@@ -72,20 +79,38 @@ def test_host_shared_when_mmapped_and_small_models_are_not_judged():
 
 def test_zero_settings_unread(full):
     _, per_rank = full
-    by, _ = findings(result(config(2, zero="seed", stage=3), [per_rank] * 2,
-                            unread=["max_out_tokens", "zero.stage", "zero.mics_shard_size"]))
-    assert by["zero_unread"].text == ("ZeRO settings were passed to init_inference and never read "
-                                      "(zero.stage, zero.mics_shard_size): they had no effect")
+    by, _ = findings(
+        result(
+            config(2, zero="seed", stage=3),
+            [per_rank] * 2,
+            unread=["max_out_tokens", "zero.stage", "zero.mics_shard_size"],
+        )
+    )
+    assert by["zero_unread"].text == (
+        "ZeRO settings were passed to init_inference and never read "
+        "(zero.stage, zero.mics_shard_size): they had no effect"
+    )
     assert by["fields_unread"].text.endswith("max_out_tokens")
 
 
 def test_incorrect_output_with_buffer_cast_evidence(full):
     _, per_rank = full
-    by, found = findings(result(config(2), [per_rank] * 2, status="failed", passed=False, rel_err=0.0134,
-                                buffers=(256, 128), failure={"cause": "incorrect_output"}))
+    by, found = findings(
+        result(
+            config(2),
+            [per_rank] * 2,
+            status="failed",
+            passed=False,
+            rel_err=0.0134,
+            buffers=(256, 128),
+            failure={"cause": "incorrect_output"},
+        )
+    )
     f = by["incorrect_output"]
     assert found[0].severity == "problem" and "failed" not in by
-    assert "outputs differ from tp=1 beyond tolerance: first-step logits rel. L2 error 0.0134 > tolerance 0.01" in f.text
+    assert (
+        "outputs differ from tp=1 beyond tolerance: first-step logits rel. L2 error 0.0134 > tolerance 0.01" in f.text
+    )
     assert "buffers shrank from 256 B to 128 B at init" in f.text
 
 
@@ -97,8 +122,13 @@ def test_parameters_left_on_meta(full):
 
 
 def test_failed_run_names_cause_rank_and_phase():
-    res = result(config(2), [], status="failed", passed=None,
-                 failure={"cause": "oom", "rank": 1, "phase": "init", "message": "CUDA out of memory.\nmore"})
+    res = result(
+        config(2),
+        [],
+        status="failed",
+        passed=None,
+        failure={"cause": "oom", "rank": 1, "phase": "init", "message": "CUDA out of memory.\nmore"},
+    )
     by, _ = findings(res)
     assert by["failed"].text == "the run failed (oom) on rank 1 in the init phase: CUDA out of memory."
 
@@ -107,8 +137,9 @@ def test_per_device_memory_flat_with_tp_and_host_growing_per_rank():
     cfg1, cfg2 = config(1, MEDIUM, name="medium", device="cuda"), config(2, MEDIUM, name="medium", device="cuda")
     whole = predict(result(cfg1, [0]), 1).model_bytes
     tp1 = result(cfg1, [whole], gpu_start=GIB, gpu_peak=whole + 2 * GIB, node=(4 * GIB, 4 * GIB + whole))
-    tp2 = result(cfg2, [whole] * 2, gpu_start=GIB, gpu_peak=whole + 2 * GIB, node=(4 * GIB, 4 * GIB + 2 * whole),
-                 job="1")
+    tp2 = result(
+        cfg2, [whole] * 2, gpu_start=GIB, gpu_peak=whole + 2 * GIB, node=(4 * GIB, 4 * GIB + 2 * whole), job="1"
+    )
     by, _ = findings(tp2, [tp1])
     assert by["flat_with_tp"].text.startswith("per-GPU peak did not fall from tp=1 to tp=2")
     assert "about 1.0 model(s) per added rank" in by["host_grows_per_rank"].text
@@ -139,19 +170,23 @@ def test_engine_weight_fraction_stands_in_for_a_missing_census(full):
     assert "nothing was sharded" in by["nothing_sharded"].text
 
 
-
 def test_init_transient_names_the_whole_model_on_the_gpu_before_partitioning():
     cfg = config(2, MEDIUM, name="medium", engine="autotp_zero3", zero="stage3", stage=3, device="cuda")
     p = predict(result(cfg, [0, 0]), 2)
     res = result(cfg, p.weights, gpu_start=GIB, gpu_peak=p.model_bytes + 3 * GIB)
     for rk in res["ranks"]:
-        rk["phases"]["init"]["gpu"] = {"gpu_alloc_peak": p.model_bytes - 10 * MIB, "gpu_reserved_peak": p.model_bytes,
-                                       "gpu_reserved": p.model_bytes}
+        rk["phases"]["init"]["gpu"] = {
+            "gpu_alloc_peak": p.model_bytes - 10 * MIB,
+            "gpu_reserved_peak": p.model_bytes,
+            "gpu_reserved": p.model_bytes,
+        }
     f = findings(res)[0]["init_transient"]
     assert f.severity == "problem"
-    assert f.text.startswith(f"init phase peak = {human(p.model_bytes - 10 * MIB)} allocated ({human(p.model_bytes)} "
-                             f"reserved) against {human(p.weights_max)} of weights kept: the whole model "
-                             f"({human(p.model_bytes)}) was on the GPU before being partitioned")
+    assert f.text.startswith(
+        f"init phase peak = {human(p.model_bytes - 10 * MIB)} allocated ({human(p.model_bytes)} "
+        f"reserved) against {human(p.weights_max)} of weights kept: the whole model "
+        f"({human(p.model_bytes)}) was on the GPU before being partitioned"
+    )
     assert "PyTorch kept" in f.text and f"per-GPU peak is {(p.model_bytes + 3 * GIB) / GIB:.2f} GiB" in f.text
     # no transient without a load/init allocation far above the weights kept
     for rk in res["ranks"]:
@@ -164,15 +199,25 @@ def test_failed_run_gets_no_floor_or_scaling_comparison():
     whole = predict(result(cfg1, [0]), 1).model_bytes
     tp1 = result(cfg1, [whole], gpu_start=GIB, gpu_peak=whole + 2 * GIB)
     failure = {"cause": "config_rejected", "rank": 0, "phase": "init", "message": "ValidationError: bad zero"}
-    tp2 = result(cfg2, [0, 0], status="failed", passed=None, failure=failure, gpu_start=GIB, gpu_peak=GIB, job="1",
-                 anon_growth=100 * MIB)
+    tp2 = result(
+        cfg2,
+        [0, 0],
+        status="failed",
+        passed=None,
+        failure=failure,
+        gpu_start=GIB,
+        gpu_peak=GIB,
+        job="1",
+        anon_growth=100 * MIB,
+    )
     for rk in tp2["ranks"]:  # it loaded, then failed in init: no census, no generate
         del rk["phases"]["init"]["weights_device"], rk["phases"]["generate"]
     by, found = findings(tp2, [tp1])
     assert set(by) == {"failed", "host_shared"}  # no gpu_floor, flat_with_tp, weights comparison
     assert by["host_shared"].text.endswith("(up to the failure)")
     # and a completed run is not compared with a failed sibling at a smaller tp
-    tp4 = result(config(4, MEDIUM, name="medium", device="cuda"), [whole] * 4, gpu_start=GIB, gpu_peak=whole + 2 * GIB,
-                 job="2")
+    tp4 = result(
+        config(4, MEDIUM, name="medium", device="cuda"), [whole] * 4, gpu_start=GIB, gpu_peak=whole + 2 * GIB, job="2"
+    )
     assert "flat_with_tp" not in findings(tp4, [tp2])[0]
     assert "flat_with_tp" in findings(tp4, [tp2, tp1])[0]

@@ -1,6 +1,7 @@
 """The memory model's placement rules against real engines on CPU (tp=2, gloo): transformers TP, ZeRO-3 and
 DeepSpeed AutoTP on an InternLM2-layout module with its injection policy. Each rank's measured census must match
 the prediction within 2% (init_inference AutoTP on Llama is checked by the sweep in test_report_cpu.py)."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.analysis_cases import TINY
 
 from dsexp.models.writer import ensure_checkpoint
+
+from helpers.analysis_cases import TINY
 
 WORKER = Path(__file__).parent / "helpers" / "engine_census_worker.py"
 
@@ -22,9 +24,23 @@ WORKER = Path(__file__).parent / "helpers" / "engine_census_worker.py"
 def test_placement_matches_the_engine(mode, tmp_path, cache_dir):
     model_dir = ensure_checkpoint(str(cache_dir), "tiny", "llama", TINY, "bf16").path
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "LOCAL_SIZE": "2", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(WORKER), mode, str(model_dir), str(tmp_path)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(WORKER),
+            mode,
+            str(model_dir),
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for rank in (0, 1):
         rec = json.loads((tmp_path / f"rank{rank}.json").read_text())

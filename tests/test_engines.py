@@ -3,20 +3,19 @@
 End to end through `python -m dsexp`: what each engine did (module classes replaced, weight fraction
 per rank, what stayed replicated, config fields never read) is read back from result.json.
 """
+
 from __future__ import annotations
 
 import traceback
 
 import pytest
-from conftest import compose, run_dsexp, sweep_results
 
 from dsexp.compose.config import to_schema
-
 from dsexp.compose.validate import validate
-
 from dsexp.core.schema import ConfigError
 from dsexp.job.failures import classify
 
+from conftest import compose, run_dsexp, sweep_results
 
 # The multirun fixtures run several jobs of 2 ranks each; on a busy 2-core machine their setup alone can pass
 # the default per-test timeout.
@@ -55,10 +54,17 @@ def test_kernel_policy_list_is_deepspeeds():
 def test_seed_preset_is_the_seeds_call():
     s = spec_of("experiment=seed_issue", "tp=2")
     assert (s.model.arch, s.model.trust_remote_code, s.load.name, s.dtype) == ("internlm2", True, "eager", "bf16")
-    assert (s.engine.name, s.engine.kernel_inject, s.engine.replace_method, s.engine.max_out_tokens) == \
-        ("init_inference", True, "auto", 1024)
-    assert s.zero.stage == 3 and s.zero.extra == {"model_persistence_threshold": 0, "max_live_parameters": 0,
-                                                  "mics_shard_size": 2}
+    assert (s.engine.name, s.engine.kernel_inject, s.engine.replace_method, s.engine.max_out_tokens) == (
+        "init_inference",
+        True,
+        "auto",
+        1024,
+    )
+    assert s.zero.stage == 3 and s.zero.extra == {
+        "model_persistence_threshold": 0,
+        "max_live_parameters": 0,
+        "mics_shard_size": 2,
+    }
     assert "mics_shard_size" not in spec_of("experiment=seed_issue_accepted", "tp=2").zero.extra
     assert spec_of("experiment=seed_issue", "model=internlm2_20b_shapes").model.dims["hidden_size"] == 6144
 
@@ -74,8 +80,13 @@ def test_zero3_engines_need_a_stage3_block():
 
 
 def _failed(phase, exc):
-    err = {"phase": phase, "type": type(exc).__name__, "message": str(exc),
-           "traceback": "".join(traceback.format_exception(exc)), "time": 1.0}
+    err = {
+        "phase": phase,
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+        "time": 1.0,
+    }
     return classify(False, 1, [{"rank": 0, "status": "failed", "error": err, "phases": {}}], {})
 
 
@@ -94,8 +105,11 @@ def test_deepspeed_rejections_and_kernel_builds_are_classified():
 
     seed_block = _raised(lambda: DeepSpeedZeroConfig(stage=3, mics_shard_size=2))  # pydantic: extra input
     assert _failed("init", seed_block)["cause"] == "config_rejected"
-    removed = _raised(lambda: DeepSpeedConfig({"train_micro_batch_size_per_gpu": 1,
-                                               "zero_optimization": {"stage": 3, "mics_shard_size": 2}}))
+    removed = _raised(
+        lambda: DeepSpeedConfig(
+            {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "mics_shard_size": 2}}
+        )
+    )
     assert "MiCS" in str(removed) and _failed("load", removed)["cause"] == "config_rejected"  # zero.Init parses at load
     # kernel injection's op on an accelerator without it (here: CPU) fails when the op is loaded
     no_op = _raised(lambda: get_accelerator().create_op_builder("InferenceBuilder").load())
@@ -116,14 +130,18 @@ def _sweep(tmp_path_factory, cache_dir, args):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, cache_dir):
     """One multirun: the seed as written, its accepted form, and the engines that cut per-rank weights, at tp=2."""
-    results = _sweep(tmp_path_factory, cache_dir, ["experiment=seed_issue,seed_issue_accepted,autotp,hf_tp,zero3", "tp=2"])
+    results = _sweep(
+        tmp_path_factory, cache_dir, ["experiment=seed_issue,seed_issue_accepted,autotp,hf_tp,zero3", "tp=2"]
+    )
     return by_name(results, lambda r: r["config"]["variant"])
 
 
 @pytest.fixture(scope="module")
 def slow_runs(tmp_path_factory, cache_dir):
-    return by_name(_sweep(tmp_path_factory, cache_dir, ["experiment=autotp_zero3,zero3_offload", "tp=2"]),
-                   lambda r: r["config"]["variant"])
+    return by_name(
+        _sweep(tmp_path_factory, cache_dir, ["experiment=autotp_zero3,zero3_offload", "tp=2"]),
+        lambda r: r["config"]["variant"],
+    )
 
 
 def _ok(res):
@@ -148,8 +166,14 @@ def test_seed_accepted_form_shards_nothing(runs):
     res = _ok(runs["seed_issue_accepted"])
     eng = res["engine"]
     assert eng["kernel_policy_layers"] == [] and eng["modules"] == {"removed": {}, "added": {}}
-    assert {"zero", "zero.stage", "zero.max_live_parameters", "zero.model_persistence_threshold",
-            "max_out_tokens", "replace_method"} <= set(eng["unread_fields"])
+    assert {
+        "zero",
+        "zero.stage",
+        "zero.max_live_parameters",
+        "zero.model_persistence_threshold",
+        "max_out_tokens",
+        "replace_method",
+    } <= set(eng["unread_fields"])
     for rk in res["ranks"]:  # every rank holds the whole model at tp=2
         assert rk["engine"]["weight_fraction"] == 1.0
         assert rk["phases"]["init"]["weights_device"] >= rk["phases"]["load"]["weights_device"] * 0.99
@@ -164,7 +188,11 @@ def test_autotp_with_the_preset_policy_shards_and_matches_tp1(runs):
     for rk in res["ranks"]:
         assert 0.5 < rk["engine"]["weight_fraction"] < 0.75  # layers halved, embeddings and output whole
     replicated = _replicated(res)
-    assert {"model.tok_embeddings.weight", "output.weight", "model.layers.0.attention.rotary_emb.cos_cached"} <= replicated
+    assert {
+        "model.tok_embeddings.weight",
+        "output.weight",
+        "model.layers.0.attention.rotary_emb.cos_cached",
+    } <= replicated
     assert "model.layers.0.attention.wqkv.weight" not in replicated
     assert eng["unread_fields"] == ["max_out_tokens"]  # only the kernels read it
 

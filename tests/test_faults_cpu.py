@@ -9,6 +9,7 @@ The default test runs a subset (no fault, sigkill; a raising rank is in test_tra
 end-to-end test). The slow test runs every fault kind and
 writes the table in results/cpu/fault_matrix.md and the README's reliability section.
 """
+
 from __future__ import annotations
 
 import re
@@ -17,19 +18,21 @@ from typing import Dict, List, Optional
 
 import psutil
 import pytest
-from conftest import ROOT, run_dsexp, sweep_results
 
 from dsexp.job import teardown
 
+from conftest import ROOT, run_dsexp, sweep_results
+
 # (fault, expected cause, expected phase); rank 1 of 2 always.
-FAST = [(None, "ok", None),
-        ({"phase": "init", "kind": "sigkill"}, "rank_crashed", "init")]
-FULL = [(None, "ok", None),
-        ({"phase": "load", "kind": "raise"}, "load_error", "load"),
-        ({"phase": "init", "kind": "exit"}, "rank_crashed", "init"),
-        ({"phase": "load", "kind": "sigkill"}, "rank_crashed", "load"),
-        ({"phase": "generate", "kind": "sleep"}, "timeout", "generate"),
-        ({"phase": "load", "kind": "alloc_host", "cap_mb": 256}, "oom_host", "load")]
+FAST = [(None, "ok", None), ({"phase": "init", "kind": "sigkill"}, "rank_crashed", "init")]
+FULL = [
+    (None, "ok", None),
+    ({"phase": "load", "kind": "raise"}, "load_error", "load"),
+    ({"phase": "init", "kind": "exit"}, "rank_crashed", "init"),
+    ({"phase": "load", "kind": "sigkill"}, "rank_crashed", "load"),
+    ({"phase": "generate", "kind": "sleep"}, "timeout", "generate"),
+    ({"phase": "load", "kind": "alloc_host", "cap_mb": 256}, "oom_host", "load"),
+]
 MATRIX = ROOT / "results" / "cpu" / "fault_matrix.md"
 pytestmark = pytest.mark.timeout(2400)  # whole sweeps, run twice; a busy 2-core machine is slow
 README_BEGIN, README_END = "<!-- fault-matrix:begin -->", "<!-- fault-matrix:end -->"
@@ -56,8 +59,14 @@ def sweep_processes(sweep_dir: Path, results: List[dict]) -> List[str]:
 def run_twice(tmp_path: Path, cache_dir: Path, faults, timeout_s: float) -> Dict[str, object]:
     """The fault sweep, then the same command again (resume)."""
     sweep_dir = tmp_path / "multirun" / "faults"
-    args = ["-m", "tp=2", "check.correctness=false", f"timeout_s={timeout_s}", "hydra.sweep.dir=multirun/faults",
-            "fault=" + ",".join(fault_arg(f) for f, _, _ in faults)]
+    args = [
+        "-m",
+        "tp=2",
+        "check.correctness=false",
+        f"timeout_s={timeout_s}",
+        "hydra.sweep.dir=multirun/faults",
+        "fault=" + ",".join(fault_arg(f) for f, _, _ in faults),
+    ]
     out: Dict[str, object] = {"sweep_dir": sweep_dir}
     for tag in ("first", "rerun"):
         proc = run_dsexp(args, tmp_path, cache_dir, timeout=3000)
@@ -137,27 +146,55 @@ def matrix_rows(run: Dict[str, object], faults) -> List[List[str]]:
     for res, after, (fault, cause, phase) in zip(first, again, faults):
         f = res.get("failure") or {}
         reached = (f.get("memory_reached") or {}).get("rank1", {})
-        kind = "none" if fault is None else f"{fault['kind']}" + (f" ({fault['cap_mb']} MB cap)" if "cap_mb" in fault else "")
+        kind = (
+            "none"
+            if fault is None
+            else f"{fault['kind']}" + (f" ({fault['cap_mb']} MB cap)" if "cap_mb" in fault else "")
+        )
         message = re.sub(r"\s+", " ", str(f.get("message", "")))[:160].replace("|", "/")
-        retry = "skipped (ok)" if after.get("earlier_attempts") == [] and fault is None else \
-            f"retried: {after['status']} (attempt {after.get('attempt')})"
-        rows.append([kind, phase or "-", cause, f.get("cause", res["status"]) if f else "ok",
-                     "-" if not f else f"rank {f.get('rank')} / {f.get('phase')}", message or "-",
-                     f"{reached['host_rss_gib']:.2f}" if reached.get("host_rss_gib") else "-",
-                     f"{res['wall_s']:.0f}", teardown_cell(res, run["first"]["left"]), retry])
+        retry = (
+            "skipped (ok)"
+            if after.get("earlier_attempts") == [] and fault is None
+            else f"retried: {after['status']} (attempt {after.get('attempt')})"
+        )
+        rows.append(
+            [
+                kind,
+                phase or "-",
+                cause,
+                f.get("cause", res["status"]) if f else "ok",
+                "-" if not f else f"rank {f.get('rank')} / {f.get('phase')}",
+                message or "-",
+                f"{reached['host_rss_gib']:.2f}" if reached.get("host_rss_gib") else "-",
+                f"{res['wall_s']:.0f}",
+                teardown_cell(res, run["first"]["left"]),
+                retry,
+            ]
+        )
     return rows
 
 
 def teardown_cell(res: dict, left: List[str]) -> str:
     td = res.get("teardown") or {}
     ports = td.get("ports") or {}
-    cell = f"{len(td.get('survivors') or [])} reaped, {len(left)} left, {len(td.get('shm_removed') or [])} shm segments removed"
+    shm = len(td.get("shm_removed") or [])
+    cell = f"{len(td.get('survivors') or [])} reaped, {len(left)} left, {shm} shm segments removed"
     return cell + (f", {sum(ports.values())}/{len(ports)} ports free" if ports else "")
 
 
 def write_matrix(rows: List[List[str]]) -> str:
-    head = ["fault on rank 1", "phase", "expected", "recorded cause", "blamed rank / phase", "message",
-            "rank 1 host RSS reached (GiB)", "job wall (s)", "teardown", "same command again"]
+    head = [
+        "fault on rank 1",
+        "phase",
+        "expected",
+        "recorded cause",
+        "blamed rank / phase",
+        "message",
+        "rank 1 host RSS reached (GiB)",
+        "job wall (s)",
+        "teardown",
+        "same command again",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     table = "\n".join(lines) + "\n"
@@ -192,9 +229,23 @@ def test_sigterm_to_the_sweep_tears_its_ranks_down(tmp_path, cache_dir):
     import time
 
     env = {**os.environ, "DSEXP_CACHE": str(cache_dir)}
-    proc = subprocess.Popen([sys.executable, "-m", "dsexp", "tp=2", "check.correctness=false", "timeout_s=600",
-                             "fault={rank:1,phase:load,kind:sleep}", "hydra.run.dir=out"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dsexp",
+            "tp=2",
+            "check.correctness=false",
+            "timeout_s=600",
+            "fault={rank:1,phase:load,kind:sleep}",
+            "hydra.run.dir=out",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     live = tmp_path / "out" / "ranks" / "rank1.live.json"
     deadline = time.monotonic() + 600
     try:  # wait until rank 1 hangs in load

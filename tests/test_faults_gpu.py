@@ -1,16 +1,21 @@
 """On a GPU machine: a CUDA OOM and a SIGKILLed rank are classified, and every job leaves the devices'
 memory (NVML) back at its pre-job baseline before the next job starts."""
+
 from __future__ import annotations
 
 import pytest
+
 from conftest import run_dsexp, sweep_results
 
 
 @pytest.mark.gpu
 def test_gpu_faults_leave_device_memory_at_baseline(tmp_path, cache_dir):
     faults = "null,{rank:0,phase:init,kind:alloc_gpu,gib:100000},{rank:0,phase:generate,kind:sigkill}"
-    run_dsexp(["-m", "tp=1", "device=cuda", "check.correctness=false", f"fault={faults}",
-               "hydra.sweep.dir=multirun/g"], tmp_path, cache_dir)
+    run_dsexp(
+        ["-m", "tp=1", "device=cuda", "check.correctness=false", f"fault={faults}", "hydra.sweep.dir=multirun/g"],
+        tmp_path,
+        cache_dir,
+    )
     ok, oom, killed = sweep_results(tmp_path / "multirun" / "g")
     assert ok["status"] == "ok", ok.get("failure")
     assert (oom["failure"]["cause"], oom["failure"]["rank"], oom["failure"]["phase"]) == ("oom_gpu", 0, "init")

@@ -1,5 +1,6 @@
 """The InternLM2-layout model: loads through trust_remote_code from its folder, generates with a KV cache,
 computes what a Llama-layout GQA transformer with the same weights computes, and has InternLM2-20B's size."""
+
 from __future__ import annotations
 
 import json
@@ -10,10 +11,26 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from dsexp.models.writer import ensure_checkpoint, meta_model
 
-DIMS = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=256, max_position_embeddings=64, rope_theta=10000.0)
-DIMS_20B = dict(hidden_size=6144, intermediate_size=16384, num_hidden_layers=48, num_attention_heads=48,
-                num_key_value_heads=8, vocab_size=92544, max_position_embeddings=32768, rope_theta=1e6)
+DIMS = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    max_position_embeddings=64,
+    rope_theta=10000.0,
+)
+DIMS_20B = dict(
+    hidden_size=6144,
+    intermediate_size=16384,
+    num_hidden_layers=48,
+    num_attention_heads=48,
+    num_key_value_heads=8,
+    vocab_size=92544,
+    max_position_embeddings=32768,
+    rope_theta=1e6,
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +41,10 @@ def folder(tmp_path_factory):
 def test_folder_ships_remote_code_and_auto_map(folder):
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["model_type"] == "internlm2"
-    assert cfg["auto_map"] == {"AutoConfig": "configuration_internlm2.InternLM2Config",
-                               "AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM"}
+    assert cfg["auto_map"] == {
+        "AutoConfig": "configuration_internlm2.InternLM2Config",
+        "AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM",
+    }
     assert (folder / "modeling_internlm2.py").is_file() and (folder / "configuration_internlm2.py").is_file()
 
 
@@ -34,10 +53,17 @@ def test_loads_via_trust_remote_code_and_generates(folder):
     assert type(m).__module__.startswith("transformers_modules.")  # the folder's code, not dsexp's
     names = dict(m.named_parameters())
     assert names["model.layers.1.attention.wqkv.weight"].shape == ((4 + 2 * 2) * 32, 128)
-    assert {"model.tok_embeddings.weight", "model.layers.0.attention.wo.weight", "model.layers.0.feed_forward.w1.weight",
-            "model.layers.0.feed_forward.w2.weight", "model.layers.0.feed_forward.w3.weight",
-            "model.layers.0.attention_norm.weight", "model.layers.0.ffn_norm.weight", "model.norm.weight",
-            "output.weight"} <= set(names)
+    assert {
+        "model.tok_embeddings.weight",
+        "model.layers.0.attention.wo.weight",
+        "model.layers.0.feed_forward.w1.weight",
+        "model.layers.0.feed_forward.w2.weight",
+        "model.layers.0.feed_forward.w3.weight",
+        "model.layers.0.attention_norm.weight",
+        "model.layers.0.ffn_norm.weight",
+        "model.norm.weight",
+        "output.weight",
+    } <= set(names)
     assert type(m.model.norm).__name__ == "InternLM2RMSNorm"
     assert type(m.model.layers[0]).__name__ == "InternLM2DecoderLayer"
     # rotary tables are non-persistent buffers: loading allocates them empty, _init_weights must recompute them
@@ -47,8 +73,16 @@ def test_loads_via_trust_remote_code_and_generates(folder):
     assert torch.allclose(rot.cos_cached.float(), cos, atol=1e-2) and torch.equal(rot.inv_freq, rot.compute_inv_freq())
 
     ids = torch.tensor([[5, 17, 200, 42, 9]])
-    out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, min_new_tokens=6, do_sample=False,
-                     pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    out = m.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=6,
+        min_new_tokens=6,
+        do_sample=False,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     assert out.sequences.shape == (1, 11)
     with torch.no_grad():  # the KV-cached steps equal one full forward pass over the generated sequence
         full = m(out.sequences[:, :-1], use_cache=False).logits[0, 4:]
@@ -59,26 +93,47 @@ def test_loads_via_trust_remote_code_and_generates(folder):
 def _as_llama(m):
     """A Llama model with the same weights: wqkv's per-KV-head groups [q x g, k, v] split into q/k/v."""
     c = m.config
-    d, g, kv = c.hidden_size // c.num_attention_heads, c.num_attention_heads // c.num_key_value_heads, c.num_key_value_heads
-    llama = LlamaForCausalLM(LlamaConfig(
-        hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_hidden_layers=c.num_hidden_layers,
-        num_attention_heads=c.num_attention_heads, num_key_value_heads=kv, vocab_size=c.vocab_size,
-        max_position_embeddings=c.max_position_embeddings, rope_theta=c.rope_theta, rms_norm_eps=c.rms_norm_eps,
-        tie_word_embeddings=False, attention_bias=False)).eval()
-    sd = {"model.embed_tokens.weight": m.model.tok_embeddings.weight, "lm_head.weight": m.output.weight,
-          "model.norm.weight": m.model.norm.weight}
+    d, g, kv = (
+        c.hidden_size // c.num_attention_heads,
+        c.num_attention_heads // c.num_key_value_heads,
+        c.num_key_value_heads,
+    )
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_hidden_layers=c.num_hidden_layers,
+            num_attention_heads=c.num_attention_heads,
+            num_key_value_heads=kv,
+            vocab_size=c.vocab_size,
+            max_position_embeddings=c.max_position_embeddings,
+            rope_theta=c.rope_theta,
+            rms_norm_eps=c.rms_norm_eps,
+            tie_word_embeddings=False,
+            attention_bias=False,
+        )
+    ).eval()
+    sd = {
+        "model.embed_tokens.weight": m.model.tok_embeddings.weight,
+        "lm_head.weight": m.output.weight,
+        "model.norm.weight": m.model.norm.weight,
+    }
     for i, layer in enumerate(m.model.layers):
         w = layer.attention.wqkv.weight.view(kv, g + 2, d, c.hidden_size)
         p = f"model.layers.{i}."
-        sd.update({p + "self_attn.q_proj.weight": w[:, :g].reshape(-1, c.hidden_size),
-                   p + "self_attn.k_proj.weight": w[:, g].reshape(-1, c.hidden_size),
-                   p + "self_attn.v_proj.weight": w[:, g + 1].reshape(-1, c.hidden_size),
-                   p + "self_attn.o_proj.weight": layer.attention.wo.weight,
-                   p + "mlp.gate_proj.weight": layer.feed_forward.w1.weight,
-                   p + "mlp.up_proj.weight": layer.feed_forward.w3.weight,
-                   p + "mlp.down_proj.weight": layer.feed_forward.w2.weight,
-                   p + "input_layernorm.weight": layer.attention_norm.weight,
-                   p + "post_attention_layernorm.weight": layer.ffn_norm.weight})
+        sd.update(
+            {
+                p + "self_attn.q_proj.weight": w[:, :g].reshape(-1, c.hidden_size),
+                p + "self_attn.k_proj.weight": w[:, g].reshape(-1, c.hidden_size),
+                p + "self_attn.v_proj.weight": w[:, g + 1].reshape(-1, c.hidden_size),
+                p + "self_attn.o_proj.weight": layer.attention.wo.weight,
+                p + "mlp.gate_proj.weight": layer.feed_forward.w1.weight,
+                p + "mlp.up_proj.weight": layer.feed_forward.w3.weight,
+                p + "mlp.down_proj.weight": layer.feed_forward.w2.weight,
+                p + "input_layernorm.weight": layer.attention_norm.weight,
+                p + "post_attention_layernorm.weight": layer.ffn_norm.weight,
+            }
+        )
     llama.load_state_dict(sd, strict=False)
     return llama
 

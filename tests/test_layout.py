@@ -1,5 +1,6 @@
 """The layout shows the pipeline: imports run one way (no cycles), the ranks need nothing of the job side,
 and every engine is named the same in the traits table, the configs, the ranks and the memory model."""
+
 from __future__ import annotations
 
 import ast
@@ -7,12 +8,17 @@ from pathlib import Path
 from typing import Dict, Set
 
 import pytest
+
 from conftest import CONF, ROOT
 
 SRC = ROOT / "src" / "dsexp"
 # What each package may import from dsexp (itself included): the stages only ever look back.
-ALLOWED = {"core": {"core"}, "models": {"core", "models"}, "rank": {"core", "models", "rank"},
-           "analysis": {"core", "models", "analysis"}}
+ALLOWED = {
+    "core": {"core"},
+    "models": {"core", "models"},
+    "rank": {"core", "models", "rank"},
+    "analysis": {"core", "models", "analysis"},
+}
 JOB_SIDE_ONLY = ("hydra", "omegaconf", "mlflow", "pandas", "matplotlib")
 
 
@@ -48,7 +54,7 @@ def find_cycle(graph: Dict[str, Set[str]]):
         stack.append(node)
         for dep in sorted(graph[node]):
             if state.get(dep) == 1:
-                return stack[stack.index(dep):] + [dep]
+                return stack[stack.index(dep) :] + [dep]
             if dep not in state:
                 found = visit(dep)
                 if found:
@@ -76,8 +82,13 @@ def test_find_cycle_sees_one():
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_stages_only_look_back(package):
-    bad = sorted(f"{mod} -> {dep}" for mod, deps in import_graph().items() if mod.startswith(f"dsexp.{package}")
-                 for dep in deps if dep.split(".")[1] not in ALLOWED[package] | {"__init__"} and dep != "dsexp")
+    bad = sorted(
+        f"{mod} -> {dep}"
+        for mod, deps in import_graph().items()
+        if mod.startswith(f"dsexp.{package}")
+        for dep in deps
+        if dep.split(".")[1] not in ALLOWED[package] | {"__init__"} and dep != "dsexp"
+    )
     assert not bad, f"dsexp.{package} imports outside {sorted(ALLOWED[package])}: {bad}"
 
 
@@ -88,8 +99,13 @@ def test_only_compose_imports_hydra_and_omegaconf():
         if mod.startswith(("dsexp.compose", "dsexp.job.cluster_launchers")) or mod == "dsexp.__main__":
             continue  # the Hydra app, its callbacks and its launcher plugins
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
-                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            names = (
+                [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
             offenders += [f"{mod}: {n}" for n in names if n.split(".")[0] in ("hydra", "omegaconf")]
     assert not offenders
 

@@ -3,6 +3,7 @@
 DeepSpeed's own code is exercised where it decides (Loading, replace_module, init_inference at tp=1);
 tp>1 needs ranks and is covered by test_loading_sweep.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,18 +14,17 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from conftest import compose  # noqa: E402
 
 from dsexp.compose.config import to_schema  # noqa: E402
-
 from dsexp.compose.validate import validate
-
 from dsexp.core.schema import ConfigError
+from dsexp.job import split as split_mod  # noqa: E402
+from dsexp.models.writer import ensure_checkpoint  # noqa: E402
 from dsexp.rank.context import RankContext  # noqa: E402
 from dsexp.rank.loading import buffers, files, meta  # noqa: E402
-from dsexp.job import split as split_mod  # noqa: E402
 from dsexp.rank.loading.eager import from_pretrained  # noqa: E402
-from dsexp.models.writer import ensure_checkpoint  # noqa: E402
+
+from conftest import compose  # noqa: E402
 
 
 def _spec(overrides=()):
@@ -220,18 +220,23 @@ def test_split_is_cached_by_key(tmp_path, monkeypatch, tiny):
     assert (first["cache_hit"], again["cache_hit"], len(runs)) == (False, True, 1)
     assert again["rank_bytes"] == [10, 11] and again["dir"] == first["dir"]
     assert str(tmp_path / "shards") in first["dir"]
-    other = [_spec(["load=sharded", *o]) for o in (["tp=4"], ["tp=2", "dtype=fp32"],
-                                                   ["tp=2", "engine.keep_module_on_host=true"])]
+    other = [
+        _spec(["load=sharded", *o])
+        for o in (["tp=4"], ["tp=2", "dtype=fp32"], ["tp=2", "engine.keep_module_on_host=true"])
+    ]
     keys = {split_mod.split_key(s, tiny) for s in [spec, *other]}
     assert len(keys) == 4
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["load=sharded", "engine.kernel_inject=true"], "load=sharded slices with AutoTP"),
-    (["load=meta", "engine.kernel_inject=true"], "reads files with torch.load only"),
-    (["load=sharded", "engine.name=zero_inference"], "load=sharded needs engine=init_inference"),
-    (["load=meta", "engine.name=hf_tp"], "load=meta needs engine=init_inference"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["load=sharded", "engine.kernel_inject=true"], "load=sharded slices with AutoTP"),
+        (["load=meta", "engine.kernel_inject=true"], "reads files with torch.load only"),
+        (["load=sharded", "engine.name=zero_inference"], "load=sharded needs engine=init_inference"),
+        (["load=meta", "engine.name=hf_tp"], "load=meta needs engine=init_inference"),
+    ],
+)
 def test_validation_refuses_combinations_that_cannot_load(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate(_spec(overrides), gpus=1)
@@ -242,7 +247,10 @@ def test_conversion_is_recorded_where_it_happens(tmp_path, monkeypatch):
 
     spec = _spec(["model.dtype=fp32", "dtype=bf16"])
     assert run.prepare_load(spec, {}, tmp_path)["conversion"] == "fp32->bf16"
-    assert run.prepare_load(_spec(["model.dtype=fp32", "dtype=bf16", "load=meta"]), {}, tmp_path)["conversion"] == "fp32->bf16"
+    assert (
+        run.prepare_load(_spec(["model.dtype=fp32", "dtype=bf16", "load=meta"]), {}, tmp_path)["conversion"]
+        == "fp32->bf16"
+    )
     monkeypatch.setattr(split, "ensure_split", lambda spec, runtime, job_dir: {"conversion": "fp32->bf16"})
     sharded = run.prepare_load(_spec(["model.dtype=fp32", "dtype=bf16", "load=sharded", "tp=2"]), {}, tmp_path)
     assert sharded["conversion"] is None and sharded["split"]["conversion"] == "fp32->bf16"  # done once, by the split

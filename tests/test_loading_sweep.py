@@ -1,7 +1,9 @@
 """Loading strategies end to end on CPU: real ranks, DeepSpeed AutoTP at tp=2, correctness against the reference."""
+
 from __future__ import annotations
 
 import pytest
+
 from conftest import run_dsexp, sweep_results
 
 
@@ -43,8 +45,9 @@ def test_meta_and_sharded_at_tp2(tmp_path, cache_dir):
 
 @pytest.mark.slow  # six jobs plus two splits: ~4 min on 2 shared cores
 def test_every_strategy_at_tp1_and_tp2(tmp_path, cache_dir):
-    run_dsexp(["-m", "tp=1,2", "load=eager,meta,sharded", "model=tiny", "hydra.sweep.dir=multirun/s"],
-              tmp_path, cache_dir)
+    run_dsexp(
+        ["-m", "tp=1,2", "load=eager,meta,sharded", "model=tiny", "hydra.sweep.dir=multirun/s"], tmp_path, cache_dir
+    )
     runs = _by_load(sweep_results(tmp_path / "multirun" / "s"))
     assert sorted(runs) == [(load, tp) for load in ("eager", "meta", "sharded") for tp in (1, 2)]
     for res in runs.values():

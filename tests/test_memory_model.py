@@ -1,18 +1,29 @@
 """The memory model against sizes derived independently from the architecture numbers, and against
 DeepSpeed's own split rules (KV-head units, 64-grain MLP, lm_head on the hidden dim, `output` replicated)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-from helpers.analysis_cases import GIB, INTERNLM2_POLICY, MEDIUM, TINY, InternLM2ForCausalLM, config, result
 
 from dsexp.analysis.memory import Strategy, place, predict
+
+from helpers.analysis_cases import GIB, INTERNLM2_POLICY, MEDIUM, TINY, InternLM2ForCausalLM, config, result
 
 
 def llama_bytes(d, tp, itemsize=2, embed_split=1, head_split=None, buffers_itemsize=2):
     """Per-rank bytes of a Llama under AutoTP, from the architecture numbers alone."""
-    h, i, L, nh, kv, V = (d[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                         "num_attention_heads", "num_key_value_heads", "vocab_size"))
+    h, i, L, nh, kv, V = (
+        d[k]
+        for k in (
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "vocab_size",
+        )
+    )
     hd = h // nh
     layer_matrices = (nh * hd * h) * 2 + (kv * hd * h) * 2 + 3 * i * h  # q, o, k, v, gate/up/down
     head_split = tp if head_split is None else head_split
@@ -28,9 +39,10 @@ def test_autotp_llama_matches_architecture_numbers(tp):
     assert p.model_bytes == llama_bytes(TINY, 1)
     if tp == 2:
         layers = TINY["num_hidden_layers"]
-        assert p.modules == {"removed": {"Linear": 7 * layers + 1},
-                             "added": {"LinearLayer": 5 * layers, "LinearAllreduce": 2 * layers,
-                                       "LmHeadLinearAllreduce": 1}}
+        assert p.modules == {
+            "removed": {"Linear": 7 * layers + 1},
+            "added": {"LinearLayer": 5 * layers, "LinearAllreduce": 2 * layers, "LmHeadLinearAllreduce": 1},
+        }
         rep = p.replicated()
         assert rep["model.embed_tokens.weight"] == TINY["vocab_size"] * TINY["hidden_size"] * 2
         assert "lm_head.weight" not in rep and "model.rotary_emb.inv_freq" in rep
@@ -43,7 +55,8 @@ def test_uneven_tp_splits_follow_deepspeed_kv_heads_and_grain():
     p = predict(result(config(3, dims), [0] * 3), 3)
     by = {pl.name: pl for pl in p.placements}
     hd, h = 256 // 8, 256
-    # 8 KV heads on 3 ranks -> 3/3/2 heads; 11 grains of 64 -> 4/4/3 grains; lm_head (hidden dim 256 = 4 grains) -> 2/1/1
+    # 8 KV heads on 3 ranks -> 3/3/2 heads; 11 grains of 64 -> 4/4/3 grains;
+    # lm_head (hidden dim 256 = 4 grains) -> 2/1/1
     assert by["model.layers.0.self_attn.q_proj.weight"].local == tuple(n * hd * h * 2 for n in (3, 3, 2))
     assert by["model.layers.0.mlp.up_proj.weight"].local == tuple(n * 64 * h * 2 for n in (4, 4, 3))
     assert by["model.layers.0.mlp.down_proj.weight"].local == tuple(h * n * 64 * 2 for n in (4, 4, 3))
@@ -52,8 +65,20 @@ def test_uneven_tp_splits_follow_deepspeed_kv_heads_and_grain():
 
 
 def _strategy(**kw):
-    base = dict(engine="init_inference", kernel_inject=False, policy=None, zero_stage=0, offload="none", dtype="bf16",
-                model_dtype="bf16", load="eager", fmt="safetensors", device="cpu", max_out_tokens=1024, conversion=None)
+    base = dict(
+        engine="init_inference",
+        kernel_inject=False,
+        policy=None,
+        zero_stage=0,
+        offload="none",
+        dtype="bf16",
+        model_dtype="bf16",
+        load="eager",
+        fmt="safetensors",
+        device="cpu",
+        max_out_tokens=1024,
+        conversion=None,
+    )
     return Strategy(**{**base, **kw})
 
 
@@ -112,8 +137,14 @@ def test_kv_cache_floor_and_start_overhead_on_gpu():
     p = predict(res, 2)
     d = TINY
     tokens = 18 + 16  # prompt ids recorded by the rank + new tokens
-    kv = 2 * d["num_hidden_layers"] * (d["num_key_value_heads"] // 2) * (d["hidden_size"] // d["num_attention_heads"]) \
-        * tokens * 2
+    kv = (
+        2
+        * d["num_hidden_layers"]
+        * (d["num_key_value_heads"] // 2)
+        * (d["hidden_size"] // d["num_attention_heads"])
+        * tokens
+        * 2
+    )
     assert p.kv_cache == [kv, kv] and p.overhead == 600 * 2**20
     assert p.floor() == p.weights_max + kv + 600 * 2**20
 
@@ -146,9 +177,18 @@ def internlm2_bytes(d, itemsize=2):
     """(parameter bytes, buffer bytes) of the InternLM2 layout from the architecture numbers alone: fused wqkv,
     wo, w1/w3/w2, two norms per layer, embeddings, `output`, final norm; per layer bf16 cos/sin tables of
     max_position x head_dim and an fp32 inv_freq of head_dim / 2."""
-    h, i, L, nh, kv, V, P = (d[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                            "num_attention_heads", "num_key_value_heads", "vocab_size",
-                                            "max_position_embeddings"))
+    h, i, L, nh, kv, V, P = (
+        d[k]
+        for k in (
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "vocab_size",
+            "max_position_embeddings",
+        )
+    )
     hd = h // nh
     params = L * ((nh + 2 * kv) * hd * h + nh * hd * h + 3 * i * h + 2 * h) + 2 * V * h + h
     return params * itemsize, L * (2 * P * hd * itemsize + hd // 2 * 4)
@@ -163,9 +203,11 @@ def test_remote_code_model_is_sized_in_the_run_dtype_for_engines_that_do_not_cas
     assert p.model_bytes == params + buffers
     h, V, L = TINY["hidden_size"], TINY["vocab_size"], TINY["num_hidden_layers"]
     whole = (V * h + (2 * L + 1) * h) * 2  # not in the model's TP plan: tok_embeddings and the norms
-    expect = {("zero_inference", "none"): params // 2 + buffers,      # params 1/tp, buffers whole
-              ("zero_inference", "cpu"): buffers,                     # partitions on the host
-              ("hf_tp", "none"): (params - whole) // 2 + whole + buffers}[(engine, offload)]
+    expect = {
+        ("zero_inference", "none"): params // 2 + buffers,  # params 1/tp, buffers whole
+        ("zero_inference", "cpu"): buffers,  # partitions on the host
+        ("hf_tp", "none"): (params - whole) // 2 + whole + buffers,
+    }[(engine, offload)]
     assert p.weights == [expect, expect]
 
 
@@ -182,11 +224,19 @@ def test_floor_overhead_is_the_memory_outside_pytorch_over_the_run():
     `start`) + the device's own reserve at start (device used - process used)."""
     res = result(config(2, device="cuda"), [GIB, GIB], gpu_start=GIB, gpu_peak=3 * GIB)
     mib = 2**20
-    gpu = {"start": (1500, 900, 0), "load": (1500, 900, 0), "init": (22000, 20500, 20480), "generate": (23500, 22900, 20600)}
+    gpu = {
+        "start": (1500, 900, 0),
+        "load": (1500, 900, 0),
+        "init": (22000, 20500, 20480),
+        "generate": (23500, 22900, 20600),
+    }
     for rk in res["ranks"]:
         for ph, (dev, proc, reserved) in gpu.items():
-            rk["phases"][ph]["gpu"] = {"nvml_device_used": dev * mib, "nvml_process_used": proc * mib,
-                                       "gpu_reserved": reserved * mib}
+            rk["phases"][ph]["gpu"] = {
+                "nvml_device_used": dev * mib,
+                "nvml_process_used": proc * mib,
+                "gpu_reserved": reserved * mib,
+            }
     p = predict(res, 2)
     assert p.overhead == (22900 - 20600 + 1500 - 900) * mib  # generate: 2300 MiB outside PyTorch + 600 MiB reserve
     assert p.floor() == p.weights_max + max(p.kv_cache) + p.overhead
@@ -205,7 +255,11 @@ def test_host_model_for_gpu_runs_by_loading_strategy():
     assert [s.host.file[0] for s in sharded] == [embed, embed] and sharded[1].host.anon == [0] * 4
     meta = predict(result(config(2, MEDIUM, load="meta", device="cuda"), [0, 0]), 2)
     assert meta.host.file[0] <= 2 * 2**20 + embed and meta.host.file[0] < meta.model_bytes  # shard_mb=2: no whole model
-    off = predict(result(config(4, MEDIUM, engine="zero_inference", zero="stage3", stage=3, offload="cpu",
-                                device="cuda"), [0] * 4), 4)
+    off = predict(
+        result(
+            config(4, MEDIUM, engine="zero_inference", zero="stage3", stage=3, offload="cpu", device="cuda"), [0] * 4
+        ),
+        4,
+    )
     params = sum(pl.full for pl in off.placements if pl.how == "offloaded")
     assert off.host.kept[0] == pytest.approx(params / 4, abs=4096)  # offloaded partitions live on the host

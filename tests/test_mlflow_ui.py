@@ -1,6 +1,7 @@
 """The MLflow UI as a person sees it: a real CPU sweep, `mlflow ui` on 127.0.0.1, the sweep's comparison view opened
 in headless Chromium; the sweep's runs and a headline metric with its value must be on the rendered page.
 The screenshot is kept in the test's tmp dir, and copied to results/ui/ when DSEXP_UI_ARTIFACTS=1."""
+
 from __future__ import annotations
 
 import html
@@ -16,11 +17,20 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from conftest import ROOT, run_dsexp
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=2400,1200",
-                  "--virtual-time-budget=30000"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=2400,1200",
+    "--virtual-time-budget=30000",
+]
 
 
 def free_port() -> int:
@@ -42,8 +52,9 @@ def wait_http(url: str, timeout: float = 240) -> None:
 
 
 def chromium(binary: str, profile: Path, *args: str) -> str:
-    proc = subprocess.run([binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run(
+        [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=240
+    )
     return proc.stdout
 
 
@@ -61,15 +72,30 @@ def test_sweep_comparison_view_in_the_mlflow_ui(tmp_path, cache_dir):
     if binary is None:
         pytest.skip("needs Debian's chromium package (apt-get install chromium)")
     run_dsexp(["-m", "tp=1,2", "model=tiny", "hydra.sweep.dir=multirun/s"], tmp_path, cache_dir)
-    route = re.search(r"side-by-side view of the runs: `(#/experiments/[^`]+)`",
-                      (tmp_path / "multirun" / "s" / "summary.md").read_text()).group(1)
+    route = re.search(
+        r"side-by-side view of the runs: `(#/experiments/[^`]+)`",
+        (tmp_path / "multirun" / "s" / "summary.md").read_text(),
+    ).group(1)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     jobs = client.search_runs([client.get_experiment_by_name("dsexp").experiment_id], "tags.dsexp.kind = 'job'")
     port = free_port()
-    server = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "ui", "--backend-store-uri", uri,
-                               "--host", "127.0.0.1", "--port", str(port)], cwd=tmp_path, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("mlflow")),
+            "ui",
+            "--backend-store-uri",
+            uri,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        cwd=tmp_path,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/health")

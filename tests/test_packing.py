@@ -1,6 +1,7 @@
 """launcher.pack=true: the sweep's GPU allocator (disjoint claims, waiting, overlap records, dead claims), the
 settings it refuses, how packed results are shown, the packed-vs-sequential comparison; a packed CPU sweep end
 to end against the sequential one (slow)."""
+
 from __future__ import annotations
 
 import os
@@ -10,15 +11,17 @@ import threading
 import time
 
 import pytest
-from conftest import CONF, compose, run_dsexp, sweep_results
 
-from dsexp.core import records
-from dsexp.job import packing
-from dsexp.analysis import measured, packed as packed_cmp
+from dsexp.analysis import measured
+from dsexp.analysis import packed as packed_cmp
 from dsexp.compose.callbacks import format_table
 from dsexp.compose.config import to_schema
 from dsexp.compose.validate import validate
+from dsexp.core import records
 from dsexp.core.schema import ConfigError
+from dsexp.job import packing
+
+from conftest import CONF, compose, run_dsexp, sweep_results
 
 
 @pytest.fixture
@@ -88,8 +91,12 @@ def test_a_claim_whose_process_is_gone_is_dropped(sweep):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     with packing._state(sweep) as state:
-        state["claims"]["dead"] = {"gpus": ["0", "1"], "pid": gone.pid, "host": os.uname().nodename,
-                                   "since": time.time()}
+        state["claims"]["dead"] = {
+            "gpus": ["0", "1"],
+            "pid": gone.pid,
+            "host": os.uname().nodename,
+            "since": time.time(),
+        }
     assert packing._try_claim(sweep, "3", 2)["gpus"] == ["0", "1"]
 
 
@@ -115,15 +122,21 @@ def test_packing_is_refused_across_nodes_and_under_slurm():
     with pytest.raises(ConfigError, match="launcher.pack=true"):
         validate(to_schema(compose(["launcher.pack=true", "launcher.nodes=2", "tp=2"])), gpus=0)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        errors = validate_sweep(hcompose("config", overrides=["hydra/launcher=dsexp_slurm", "launcher.pack=true"],
-                                         return_hydra_config=True))
+        errors = validate_sweep(
+            hcompose("config", overrides=["hydra/launcher=dsexp_slurm", "launcher.pack=true"], return_hydra_config=True)
+        )
     assert len(errors) == 1 and "with a SLURM launcher" in errors[0][1]
 
 
 def test_shared_node_figures_are_left_out_of_the_analysis_and_marked_in_the_table():
-    res = {"job_dir": "/s/0", "status": "ok", "config": {"tp": 1, "model": {"name": "tiny"}},
-           "headline": {"node_host_peak_gib": 3.5, "host_peak_gib": 1.0}, "baseline": {"node_used": 2**30},
-           "packed": {"gpus": "0", "overlapped_with": ["1"]}}
+    res = {
+        "job_dir": "/s/0",
+        "status": "ok",
+        "config": {"tp": 1, "model": {"name": "tiny"}},
+        "headline": {"node_host_peak_gib": 3.5, "host_peak_gib": 1.0},
+        "baseline": {"node_used": 2**30},
+        "packed": {"gpus": "0", "overlapped_with": ["1"]},
+    }
     assert measured.headline(res, "node_host_peak_gib") is None and measured.node_growth(res) is None
     assert measured.headline(res, "host_peak_gib") == 1.0
     row = format_table([res]).splitlines()[1].split()
@@ -134,15 +147,30 @@ def test_shared_node_figures_are_left_out_of_the_analysis_and_marked_in_the_tabl
 
 def _job(variant, rss, weights=1000, pack=False, gpus=None, overlapped=(), alloc=None, t=(0.0, 10.0), idx=0):
     """A result of one tp=2 job: both ranks with these peaks (alloc: a GPU figure, absent on CPU)."""
-    def rank(r):
-        phase = {"wall_s": 1.0, "peaks": {"host_rss_peak": rss + r}, "gpu": {} if alloc is None else
-                 {"gpu_alloc_peak": alloc}}
-        return {"rank": r, "phases": {"start": phase, "load": {**phase, "weights_device": 0},
-                                      "init": {**phase, "weights_device": weights}, "generate": phase}}
 
-    res = {"job_dir": f"/s/{idx}", "status": "ok", "ranks": [rank(0), rank(1)],
-           "config": {"variant": variant, "tp": 2, "launcher": {"name": "torchrun", "pack": pack}},
-           "clock": {"task": t[0], "tracked": t[1]}}
+    def rank(r):
+        phase = {
+            "wall_s": 1.0,
+            "peaks": {"host_rss_peak": rss + r},
+            "gpu": {} if alloc is None else {"gpu_alloc_peak": alloc},
+        }
+        return {
+            "rank": r,
+            "phases": {
+                "start": phase,
+                "load": {**phase, "weights_device": 0},
+                "init": {**phase, "weights_device": weights},
+                "generate": phase,
+            },
+        }
+
+    res = {
+        "job_dir": f"/s/{idx}",
+        "status": "ok",
+        "ranks": [rank(0), rank(1)],
+        "config": {"variant": variant, "tp": 2, "launcher": {"name": "torchrun", "pack": pack}},
+        "clock": {"task": t[0], "tracked": t[1]},
+    }
     if pack:
         res["packed"] = {"gpus": gpus, "cpus": [0], "waited_s": 0.0, "overlapped_with": list(overlapped)}
     return res
@@ -150,8 +178,10 @@ def _job(variant, rss, weights=1000, pack=False, gpus=None, overlapped=(), alloc
 
 def test_comparison_pairs_jobs_by_config_and_finds_the_largest_difference():
     seq = [_job("a", 1000, t=(0, 10)), _job("b", 2000, alloc=500, t=(10, 20))]
-    packed = [_job("b", 2010, pack=True, gpus="0,1", alloc=500, t=(0, 11), overlapped=["1"], idx=0),  # order differs
-              _job("a", 1030, pack=True, gpus="2,3", t=(1, 10), overlapped=["0"], idx=1)]
+    packed = [
+        _job("b", 2010, pack=True, gpus="0,1", alloc=500, t=(0, 11), overlapped=["1"], idx=0),  # order differs
+        _job("a", 1030, pack=True, gpus="2,3", t=(1, 10), overlapped=["0"], idx=1),
+    ]
     data = packed_cmp.compare(seq, packed)
     rss = data["figures"]["host_rss_peak"]
     assert rss["where"] == "a rank 0" and rss["max_rel_diff"] == pytest.approx(0.03) and not rss["within_tolerance"]
@@ -168,8 +198,9 @@ def test_comparison_refuses_sweeps_of_different_jobs():
     with pytest.raises(ValueError, match="no counterpart"):
         packed_cmp.compare([_job("a", 1000)], [_job("c", 1000, pack=True, gpus="0,1")])
     with pytest.raises(ValueError, match="without a sequential counterpart"):
-        packed_cmp.compare([_job("a", 1000)], [_job("a", 1000, pack=True, gpus="0,1"),
-                                              _job("b", 1000, pack=True, gpus="2,3")])
+        packed_cmp.compare(
+            [_job("a", 1000)], [_job("a", 1000, pack=True, gpus="0,1"), _job("b", 1000, pack=True, gpus="2,3")]
+        )
 
 
 @pytest.mark.slow
@@ -177,8 +208,12 @@ def test_packed_cpu_sweep_gives_disjoint_gpus_and_the_sequential_figures(tmp_pat
     """3 tp=1 jobs on 2 fake GPUs through the submitit launcher, against the same jobs run one by one."""
     jobs = ["-m", "model=tiny", "tp=1", "variant=a,b,c"]
     run_dsexp([*jobs, "hydra.sweep.dir=multirun/seq"], tmp_path, cache_dir)
-    proc = run_dsexp([*jobs, "hydra/launcher=dsexp_local", "launcher.pack=true", "hydra.sweep.dir=multirun/pack"],
-                     tmp_path, cache_dir, extra_env={packing.FAKE_ENV: "2"})
+    proc = run_dsexp(
+        [*jobs, "hydra/launcher=dsexp_local", "launcher.pack=true", "hydra.sweep.dir=multirun/pack"],
+        tmp_path,
+        cache_dir,
+        extra_env={packing.FAKE_ENV: "2"},
+    )
     seq, packed = sweep_results(tmp_path / "multirun" / "seq"), sweep_results(tmp_path / "multirun" / "pack")
     assert [r["status"] for r in packed] == ["ok"] * 3, [r.get("failure") for r in packed]
     spans = {r["job_dir"].rsplit("/", 1)[1]: r["packed"] for r in packed}

@@ -1,4 +1,5 @@
 """Probes: the sampler sees peaks between snapshots, RSS splits anon/file, DeepSpeed's printout parses."""
+
 from __future__ import annotations
 
 import mmap
@@ -76,8 +77,10 @@ def test_host_snapshot_has_uss_pss_and_node():
 
 
 def test_see_memory_usage_printout_parses():
-    text = ("After load model\nMA 37.74 GB         Max_MA 37.74 GB         CA 37.75 GB         Max_CA 38 GB \n"
-            "CPU Virtual Memory:  used = 92.87 GB, percent = 18.4%")
+    text = (
+        "After load model\nMA 37.74 GB         Max_MA 37.74 GB         CA 37.75 GB         Max_CA 38 GB \n"
+        "CPU Virtual Memory:  used = 92.87 GB, percent = 18.4%"
+    )
     got = parse(text)
     assert got["printed"] and got["MA_GB"] == 37.74 and got["Max_CA_GB"] == 38 and got["cpu_used_GB"] == 92.87
     assert not parse("")["printed"]

@@ -1,12 +1,16 @@
 """Aggregation over ranks and failure classification, on constructed rank records."""
+
 from __future__ import annotations
 
-from dsexp.job.failures import classify
 from dsexp.core.records import GIB, aggregate_metrics, headline
+from dsexp.job.failures import classify
 
 
 def rank(r, load_rss, weights, gpu_peak=None, status="ok", error=None, phases=("start", "load", "init", "generate")):
-    ph = {p: {"wall_s": 1.0 + r, "host": {"host_rss": load_rss}, "peaks": {"host_rss_peak": load_rss + GIB}} for p in phases}
+    ph = {
+        p: {"wall_s": 1.0 + r, "host": {"host_rss": load_rss}, "peaks": {"host_rss_peak": load_rss + GIB}}
+        for p in phases
+    }
     if "init" in ph:
         ph["init"]["weights_device"] = weights
     if gpu_peak is not None and "generate" in ph:
@@ -24,9 +28,11 @@ def test_see_memory_usage_printout_becomes_rank0_metrics_next_to_ours():
     from dsexp.rank.probes.see_memory import parse
 
     r0, r1 = rank(0, 2 * GIB, GIB), rank(1, 4 * GIB, 3 * GIB)
-    r0["phases"]["init"]["see_memory_usage"] = parse("dsexp: after init\nMA 37.74 GB         Max_MA 37.76 GB         "
-                                                     "CA 37.96 GB         Max_CA 38 GB \n"
-                                                     "CPU Virtual Memory:  used = 5.27 GB, percent = 2.1%")
+    r0["phases"]["init"]["see_memory_usage"] = parse(
+        "dsexp: after init\nMA 37.74 GB         Max_MA 37.76 GB         "
+        "CA 37.96 GB         Max_CA 38 GB \n"
+        "CPU Virtual Memory:  used = 5.27 GB, percent = 2.1%"
+    )
     r1["phases"]["init"]["see_memory_usage"] = parse("")  # DeepSpeed prints on rank 0 only
     m = aggregate_metrics([r0, r1])
     assert m["init.see_memory_ma_gib.rank0"] == 37.74 and m["init.see_memory_cpu_used_gib.rank0"] == 5.27
@@ -46,12 +52,20 @@ def test_classify_ok_and_failures():
     err = {"phase": "generate", "type": "OutOfMemoryError", "message": "CUDA out of memory", "time": 2.0}
     got = classify(False, 1, [rank(0, 1, 1), rank(1, 1, 1, status="failed", error=err)], {})
     assert (got["cause"], got["rank"], got["phase"]) == ("oom_gpu", 1, "generate")
-    err = {"phase": "init", "type": "ValidationError", "message": "1 validation error for DeepSpeedInferenceConfig", "time": 1}
+    err = {
+        "phase": "init",
+        "type": "ValidationError",
+        "message": "1 validation error for DeepSpeedInferenceConfig",
+        "time": 1,
+    }
     assert classify(False, 1, [rank(0, 1, 1, status="failed", error=err)], {})["cause"] == "config_rejected"
     err = {"phase": "load", "type": "SafetensorError", "message": "incomplete metadata", "time": 1}
     assert classify(False, 1, [rank(0, 1, 1, status="failed", error=err)], {})["cause"] == "load_error"
     # rank 1 vanished during load (SIGKILL): no Python error anywhere
-    dead = [rank(0, 1, 1, status="running", phases=("start", "load")), rank(1, 1, 1, status="running", phases=("start",))]
+    dead = [
+        rank(0, 1, 1, status="running", phases=("start", "load")),
+        rank(1, 1, 1, status="running", phases=("start",)),
+    ]
     got = classify(False, -9, dead, {"rank1": ""})
     assert (got["cause"], got["rank"], got["phase"]) == ("rank_crashed", 1, "load")
     assert classify(True, None, dead, {})["cause"] == "timeout"
@@ -60,8 +74,13 @@ def test_classify_ok_and_failures():
 def test_end_of_sweep_table_shows_failures_and_small_figures():
     from dsexp.compose.callbacks import format_table
 
-    ok = {"job_dir": "/s/0", "status": "ok", "config": {"model": {"name": "tiny"}, "tp": 2},
-          "headline": {"gpu_weights_gib": 0.00412, "host_peak_gib": 0.53}, "correctness": {"logits_rel_err": 0.0071}}
+    ok = {
+        "job_dir": "/s/0",
+        "status": "ok",
+        "config": {"model": {"name": "tiny"}, "tp": 2},
+        "headline": {"gpu_weights_gib": 0.00412, "host_peak_gib": 0.53},
+        "correctness": {"logits_rel_err": 0.0071},
+    }
     bad = {"job_dir": "/s/1", "status": "failed", "failure": {"cause": "oom_host"}, "config": {"tp": 4}}
     header, row0, row1 = format_table([ok, bad]).splitlines()
     assert row0.split()[:6] == ["0", "tiny/tp2", "ok", "-", "0.00412", "0.53"] and row0.split()[-1] == "0.0071"

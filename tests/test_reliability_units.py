@@ -1,5 +1,6 @@
 """Reliability building blocks without launching ranks: orphan reaping, failure evidence, partial phases,
 checkpoint integrity, resume archive, the sweep's error message."""
+
 from __future__ import annotations
 
 import json
@@ -13,19 +14,20 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import compose
 
-from dsexp.core.protocol import TOKEN_ENV
-from dsexp.job import teardown
 from dsexp.compose.config import to_schema
 from dsexp.compose.validate import validate
 from dsexp.core.checkpoint import checkpoint_problem
-from dsexp.core.schema import ConfigError
-from dsexp.job.failures import classify, hang_site, launcher_exits
-from dsexp.job.run import archive_attempt, find_ok_result
-from dsexp.job.launch import kill_group
 from dsexp.core.fs import read_json, write_json_atomic
+from dsexp.core.protocol import TOKEN_ENV
 from dsexp.core.records import GIB, with_partial_phase
+from dsexp.core.schema import ConfigError
+from dsexp.job import teardown
+from dsexp.job.failures import classify, hang_site, launcher_exits
+from dsexp.job.launch import kill_group
+from dsexp.job.run import archive_attempt, find_ok_result
+
+from conftest import compose
 
 
 def test_reap_finds_a_rank_that_left_the_launchers_process_group(tmp_path):
@@ -33,11 +35,14 @@ def test_reap_finds_a_rank_that_left_the_launchers_process_group(tmp_path):
     token = teardown.new_token()
     pidfile = tmp_path / "orphan.pid"
     # The "launcher" starts a "worker" in a new session, records its pid, then waits.
-    code = ("import subprocess, sys, time; "
-            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True); "
-            f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(300)")
-    launcher = subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
-                                env={**os.environ, TOKEN_ENV: token})
+    code = (
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True); "
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(300)"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code], start_new_session=True, env={**os.environ, TOKEN_ENV: token}
+    )
     deadline = time.monotonic() + 30
     while not pidfile.exists() or not pidfile.read_text():
         assert time.monotonic() < deadline
@@ -90,23 +95,35 @@ def test_victims_of_the_launcher_are_not_blamed():
 
 
 def test_a_peer_went_away_error_is_collateral():
-    err_peer = {"phase": "generate", "type": "RuntimeError", "time": 50.0,
-                "message": "[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234"}
-    ranks = [_rank(0, ("start", "load", "init"), error=err_peer, status="failed"),
-             _rank(1, ("start", "load", "init"), last_alive=51.0)]
+    err_peer = {
+        "phase": "generate",
+        "type": "RuntimeError",
+        "time": 50.0,
+        "message": "[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234",
+    }
+    ranks = [
+        _rank(0, ("start", "load", "init"), error=err_peer, status="failed"),
+        _rank(1, ("start", "load", "init"), last_alive=51.0),
+    ]
     got = classify(False, 1, ranks, {})
     assert (got["cause"], got["rank"], got["phase"]) == ("rank_crashed", 1, "generate")
 
 
 def test_sigkill_with_a_full_node_is_host_oom():
     full = _rank(1, ("start",))
-    full["phases"]["load"] = {"wall_s": 2.0, "partial": True, "peaks": {"node_used_peak": 98 * GIB},
-                              "host": {"node_total": 100 * GIB}}
+    full["phases"]["load"] = {
+        "wall_s": 2.0,
+        "partial": True,
+        "peaks": {"node_used_peak": 98 * GIB},
+        "host": {"node_total": 100 * GIB},
+    }
     got = classify(False, 1, [_rank(0, ("start",)), full], {}, exits={0: -15, 1: -9})
     assert (got["cause"], got["rank"], got["phase"]) == ("oom_host", 1, "load")
     got = classify(False, 1, [_rank(0, ("start",)), _rank(1, ("start",))], {}, exits={0: -15, 1: -9}, oom_killed=True)
     assert got["cause"] == "oom_host" and "cgroup" in got["message"]
-    got = classify(False, 1, [_rank(0, ("start",)), _rank(1, ("start",))], {"rank1": "std::bad_alloc"}, exits={0: -15, 1: -6})
+    got = classify(
+        False, 1, [_rank(0, ("start",)), _rank(1, ("start",))], {"rank1": "std::bad_alloc"}, exits={0: -15, 1: -6}
+    )
     assert got["cause"] == "oom_host" and "SIGABRT" in got["message"]
     got = classify(False, 1, [_rank(0, ("start",)), _rank(1, ("start",))], {}, exits={0: -15, 1: -9})
     assert got["cause"] == "rank_crashed"  # a SIGKILL on a node with room is not taken for an OOM kill
@@ -151,10 +168,20 @@ Root Cause (first observed failure):
 
 def test_partial_phase_from_the_heartbeat():
     rec = {"rank": 1, "status": "running", "error": None, "phases": {"start": {"wall_s": 1.0}}}
-    live = {"phase": "load", "elapsed_s": 2.5, "time": 123.0, "peaks": {"host_rss_peak": GIB}, "host": {"host_rss": GIB}}
+    live = {
+        "phase": "load",
+        "elapsed_s": 2.5,
+        "time": 123.0,
+        "peaks": {"host_rss_peak": GIB},
+        "host": {"host_rss": GIB},
+    }
     got = with_partial_phase(rec, live, 1, 2)
-    assert got["phases"]["load"] == {"wall_s": 2.5, "peaks": {"host_rss_peak": GIB}, "host": {"host_rss": GIB},
-                                     "partial": True}
+    assert got["phases"]["load"] == {
+        "wall_s": 2.5,
+        "peaks": {"host_rss_peak": GIB},
+        "host": {"host_rss": GIB},
+        "partial": True,
+    }
     assert got["last_alive"] == 123.0
     # a rank that died before its first record still gets one; a finished rank is left alone
     assert list(with_partial_phase(None, live, 0, 2)["phases"]) == ["load"]
@@ -165,7 +192,7 @@ def test_partial_phase_from_the_heartbeat():
 def _safetensors(path, n_bytes=16, cut=0):
     header = json.dumps({"w": {"dtype": "F32", "shape": [n_bytes // 4], "data_offsets": [0, n_bytes]}}).encode()
     data = struct.pack("<Q", len(header)) + header + b"\0" * n_bytes
-    path.write_bytes(data[:len(data) - cut])
+    path.write_bytes(data[: len(data) - cut])
 
 
 def test_checkpoint_problems_name_the_file(tmp_path):
@@ -175,13 +202,16 @@ def test_checkpoint_problems_name_the_file(tmp_path):
     assert checkpoint_problem(tmp_path) is None
     full = (tmp_path / "model-00002-of-00002.safetensors").stat().st_size
     _safetensors(tmp_path / "model-00002-of-00002.safetensors", cut=5)
-    assert checkpoint_problem(tmp_path) == \
-        f"model-00002-of-00002.safetensors is truncated ({full - 5} bytes, its header describes {full})"
+    assert (
+        checkpoint_problem(tmp_path)
+        == f"model-00002-of-00002.safetensors is truncated ({full - 5} bytes, its header describes {full})"
+    )
     (tmp_path / "model-00002-of-00002.safetensors").write_bytes(struct.pack("<Q", 10) + b"not json!!")
     assert "model-00002-of-00002.safetensors has a corrupt safetensors header" in checkpoint_problem(tmp_path)
     (tmp_path / "model-00002-of-00002.safetensors").unlink()
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
-        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}})
+    )
     assert "missing: model-00002-of-00002.safetensors" in checkpoint_problem(tmp_path)
     with pytest.raises(ConfigError, match=r"model.path=.*missing: model-00002-of-00002.safetensors"):
         validate(to_schema(compose(["model=local", f"model.path={tmp_path}"])), gpus=0)
@@ -193,7 +223,7 @@ def test_truncated_zip_bin_is_named(tmp_path):
     torch.save({"w": torch.zeros(1000)}, tmp_path / "pytorch_model.bin")
     assert checkpoint_problem(tmp_path) is None
     data = (tmp_path / "pytorch_model.bin").read_bytes()
-    (tmp_path / "pytorch_model.bin").write_bytes(data[:len(data) // 2])
+    (tmp_path / "pytorch_model.bin").write_bytes(data[: len(data) // 2])
     assert checkpoint_problem(tmp_path).startswith("pytorch_model.bin is truncated")
 
 
@@ -205,8 +235,10 @@ def test_offload_without_stage3_is_contradictory():
 def test_retry_archives_the_earlier_attempt_and_resume_finds_ok_ones(tmp_path):
     sweep = tmp_path / "sweep"
     job = sweep / "1"
-    write_json_atomic(job / "result.json", {"key": "k1", "status": "failed", "failure": {"cause": "timeout"},
-                                            "tracking": {"run_id": "r1"}})
+    write_json_atomic(
+        job / "result.json",
+        {"key": "k1", "status": "failed", "failure": {"cause": "timeout"}, "tracking": {"run_id": "r1"}},
+    )
     (job / "ranks").mkdir()
     (job / "ranks" / "rank0.log").write_text("first attempt")
     (job / ".hydra").mkdir()
@@ -215,7 +247,9 @@ def test_retry_archives_the_earlier_attempt_and_resume_finds_ok_ones(tmp_path):
     assert (job / ".dsexp" / "attempts" / "1" / "ranks" / "rank0.log").read_text() == "first attempt"
     assert not (job / "result.json").exists() and (job / ".hydra").is_dir()
     # an ok result that was later moved aside still counts for resume
-    write_json_atomic(job / ".dsexp" / "attempts" / "1" / "result.json", {"key": "k1", "status": "ok", "job_dir": str(job)})
+    write_json_atomic(
+        job / ".dsexp" / "attempts" / "1" / "result.json", {"key": "k1", "status": "ok", "job_dir": str(job)}
+    )
     assert find_ok_result(sweep, "k1")["status"] == "ok" and find_ok_result(sweep, "k2") is None
 
 
@@ -232,8 +266,10 @@ def test_multirun_names_the_allowed_options_of_an_unknown_group_option(tmp_path,
 
 
 def test_stack_signal_is_not_fatal_to_a_rank_that_registered_it():
-    code = ("import faulthandler, signal, sys, time; faulthandler.register(signal.SIGUSR1, all_threads=True); "
-            "print('ready', flush=True); time.sleep(2); print('alive', flush=True)")
+    code = (
+        "import faulthandler, signal, sys, time; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+        "print('ready', flush=True); time.sleep(2); print('alive', flush=True)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGUSR1)
@@ -273,9 +309,11 @@ def test_a_rank_that_received_sigterm_is_a_victim_even_if_its_heartbeat_stopped_
 
 
 def test_worker_sigterm_leaves_its_stacks_and_still_dies(tmp_path):
-    code = ("import os, re; from pathlib import Path; from dsexp.rank import worker; out = os.fdopen(os.dup(1), 'w'); "
-            f"worker._redirect_output(Path({str(tmp_path)!r}) / 'ranks' / 'rank0.log'); "
-            "print('ready', file=out, flush=True); re.match(r'(a+)+$', 'a' * 40 + 'b')")
+    code = (
+        "import os, re; from pathlib import Path; from dsexp.rank import worker; out = os.fdopen(os.dup(1), 'w'); "
+        f"worker._redirect_output(Path({str(tmp_path)!r}) / 'ranks' / 'rank0.log'); "
+        "print('ready', file=out, flush=True); re.match(r'(a+)+$', 'a' * 40 + 'b')"
+    )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
     try:
@@ -307,9 +345,19 @@ def test_release_shm_removes_only_this_jobs_segments(tmp_path, monkeypatch):
 def test_retry_first_stops_ranks_an_earlier_attempt_left_running(tmp_path):
     """The job process of the earlier attempt was SIGKILLed, so its teardown never ran; the retry cleans up."""
     job = tmp_path / "sweep" / "3"
-    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "-m", "dsexp.rank.worker", str(job)])
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "-m", "dsexp.rank.worker",
-                              str(tmp_path / "sweep" / "31")])
+    orphan = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)", "-m", "dsexp.rank.worker", str(job)]
+    )
+    other = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(300)",
+            "-m",
+            "dsexp.rank.worker",
+            str(tmp_path / "sweep" / "31"),
+        ]
+    )
     try:
         time.sleep(0.5)
         assert teardown.reap_stale(job, grace_s=2.0) == [f"{orphan.pid}:{sys.executable}"]
@@ -329,6 +377,8 @@ def test_a_multirun_job_that_fails_validation_at_run_time_is_a_failed_result(tmp
     from dsexp.compose.config import plain
     from dsexp.job.run import record_invalid
 
-    res = record_invalid(plain(compose(["tp=2"])), tmp_path / "0", "device=cuda but no GPU is visible (NVML found none)")
+    res = record_invalid(
+        plain(compose(["tp=2"])), tmp_path / "0", "device=cuda but no GPU is visible (NVML found none)"
+    )
     assert read_json(tmp_path / "0" / "result.json") == res
     assert (res["status"], res["failure"]["cause"], res["config"]["tp"]) == ("failed", "invalid_config", 2)

@@ -1,19 +1,29 @@
 """The report on constructed sweeps: recommendation, tables, predictions at tp not run, plots, MLflow round trip."""
+
 from __future__ import annotations
 
 import json
 import re
 
 import pytest
-from helpers.analysis_cases import GIB, config, result
 
 from dsexp.analysis.matrix import build_rows, extrapolate, recommend
 from dsexp.analysis.memory import predict
 from dsexp.analysis.report import write_report
 from dsexp.tracking.sources import _value
 
-DIMS8 = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
-             num_key_value_heads=8, vocab_size=1024, max_position_embeddings=512, rope_theta=10000.0)
+from helpers.analysis_cases import GIB, config, result
+
+DIMS8 = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=8,
+    vocab_size=1024,
+    max_position_embeddings=512,
+    rope_theta=10000.0,
+)
 
 
 def gpu_sweep():
@@ -26,10 +36,20 @@ def gpu_sweep():
             p = predict(result(cfg, [0] * tp), tp)
             w = [p.model_bytes] * tp if inject else p.weights
             peak = max(w) + GIB // 2 + 2**20 * (3 if variant == "broken" else 5)
-            out.append(result(cfg, w, gpu_start=GIB // 2, gpu_peak=peak, passed=ok, rel_err=5e-3 if ok else 0.2,
-                              status="ok" if ok else "failed", job=str(job),
-                              failure=None if ok else {"cause": "incorrect_output"},
-                              modules={"removed": {}, "added": {}} if inject else p.modules))
+            out.append(
+                result(
+                    cfg,
+                    w,
+                    gpu_start=GIB // 2,
+                    gpu_peak=peak,
+                    passed=ok,
+                    rel_err=5e-3 if ok else 0.2,
+                    status="ok" if ok else "failed",
+                    job=str(job),
+                    failure=None if ok else {"cause": "incorrect_output"},
+                    modules={"removed": {}, "added": {}} if inject else p.modules,
+                )
+            )
             job += 1
     return out
 
@@ -48,8 +68,10 @@ def test_recommendation_skips_incorrect_and_unsharded(report):
     best = recommend(rows)["per_device"].row
     assert (best.strategy, best.tp) == ("autotp/m8/eager/init_inference/bf16", 2)  # "broken" is lower but incorrect
     md = (out / "summary.md").read_text()
-    assert "**Recommended (lowest per-GPU peak that passed correctness): `autotp/m8/eager/init_inference/bf16` at " \
-           "tp=2**" in md
+    assert (
+        "**Recommended (lowest per-GPU peak that passed correctness): `autotp/m8/eager/init_inference/bf16` at "
+        "tp=2**" in md
+    )
 
 
 def test_every_run_has_a_diagnosis_and_tables_are_well_formed(report):
@@ -57,7 +79,10 @@ def test_every_run_has_a_diagnosis_and_tables_are_well_formed(report):
     md = (out / "summary.md").read_text()
     sections = re.findall(r"### `([^`]+)`\n\n((?:- .*\n)+)", md)
     assert len(sections) == len(results)
-    assert "nothing was sharded (no module was replaced)" in dict(sections)["seed/m8/eager/init_inference+inject/bf16 tp=2"]
+    assert (
+        "nothing was sharded (no module was replaced)"
+        in dict(sections)["seed/m8/eager/init_inference+inject/bf16 tp=2"]
+    )
     for block in re.findall(r"((?:^\|.*\|\n)+)", md, flags=re.M):
         widths = {len(re.split(r"(?<!\\)\|", line)) for line in block.strip().splitlines()}
         assert len(widths) == 1, block  # every row has as many cells as the header
@@ -75,7 +100,9 @@ def test_predictions_at_tp_4_and_8_come_from_the_model(report):
         e, p = extra[(base.strategy, tp)], predict(base.result, tp)
         assert not e.measured and e.weights_gib == pytest.approx(p.weights_max / GIB)
         # calibrated: the measured peak at tp=2 minus its floor, plus the floor at this tp
-        assert e.per_device_gib == pytest.approx(base.values()["gpu_peak_gib"] + (p.floor() - base.prediction.floor()) / GIB)
+        assert e.per_device_gib == pytest.approx(
+            base.values()["gpu_peak_gib"] + (p.floor() - base.prediction.floor()) / GIB
+        )
     assert extra[(base.strategy, 8)].per_device_gib < extra[(base.strategy, 4)].per_device_gib
     md = (out / "summary.md").read_text()
     assert "| autotp/m8/eager/init_inference/bf16 | 8 | model at tp=8 anchored on tp=2: weights as modelled; " in md
@@ -90,8 +117,15 @@ def test_plots_are_pngs_with_the_floor_drawn(report):
 
 
 def test_params_read_back_from_mlflow_strings():
-    assert [_value(v) for v in ("2", "2.5", "True", "None", "bf16", "{'A': ['x', 'y']}", "[]")] == \
-        [2, 2.5, True, None, "bf16", {"A": ["x", "y"]}, []]
+    assert [_value(v) for v in ("2", "2.5", "True", "None", "bf16", "{'A': ['x', 'y']}", "[]")] == [
+        2,
+        2.5,
+        True,
+        None,
+        "bf16",
+        {"A": ["x", "y"]},
+        [],
+    ]
 
 
 def test_report_from_mlflow_parent_run(tmp_path):
@@ -112,9 +146,11 @@ def test_report_from_mlflow_parent_run(tmp_path):
             (job / "result.json").write_text(json.dumps(res))
             tracker.log_job(res, job, parent, run_name(res["config"]))
         else:  # no artifacts: rebuilt from params and metrics
-            rid = tracker.client.create_run(tracker.experiment_id, run_name=run_name(res["config"]),
-                                            tags={"dsexp.kind": "job", "mlflow.parentRunId": parent,
-                                                  "dsexp.status": "ok"}).info.run_id
+            rid = tracker.client.create_run(
+                tracker.experiment_id,
+                run_name=run_name(res["config"]),
+                tags={"dsexp.kind": "job", "mlflow.parentRunId": parent, "dsexp.status": "ok"},
+            ).info.run_id
             tracker.log_params(rid, flatten(res["config"]))
             tracker.log_metrics(rid, job_metrics(res))
     assert main(["--parent-run", parent, "--tracking-uri", uri, "--out", str(tmp_path / "rep")]) == 0
@@ -139,21 +175,32 @@ def test_cli_prints_one_section_for_docs(tmp_path, capsys):
         (tmp_path / str(i) / "result.json").write_text(json.dumps(res))
     assert main([str(tmp_path), "--no-mlflow", "--print", "matrix"]) == 0
     printed = capsys.readouterr().out  # (in a fresh process library logs go to stderr; here pytest holds them)
-    section = printed[printed.index("## Matrix"):].strip()
+    section = printed[printed.index("## Matrix") :].strip()
     assert section.startswith("## Matrix\n\n| configuration | tp |")
     assert section.count("\n| ") == 1 + 6  # header + six runs
     assert section in (tmp_path / "summary.md").read_text()
 
 
-
 def _medium_gpu(tp, job, **kw):
     from helpers.analysis_cases import MEDIUM
 
-    cfg = config(tp, MEDIUM, name="medium", device="cuda", **{k: v for k, v in kw.items() if k in (
-        "load", "engine", "zero", "stage", "offload", "variant")})
+    cfg = config(
+        tp,
+        MEDIUM,
+        name="medium",
+        device="cuda",
+        **{k: v for k, v in kw.items() if k in ("load", "engine", "zero", "stage", "offload", "variant")},
+    )
     p = predict(result(cfg, [0] * tp), tp)
-    return result(cfg, kw.get("weights", p.weights), gpu_start=GIB, gpu_peak=max(kw.get("weights", p.weights)) + 2 * GIB,
-                  job=job, anon_growth=kw.get("anon", 200 * 2**20), node=(3 * GIB, 3 * GIB + tp * GIB)), p
+    return result(
+        cfg,
+        kw.get("weights", p.weights),
+        gpu_start=GIB,
+        gpu_peak=max(kw.get("weights", p.weights)) + 2 * GIB,
+        job=job,
+        anon_growth=kw.get("anon", 200 * 2**20),
+        node=(3 * GIB, 3 * GIB + tp * GIB),
+    ), p
 
 
 def test_predictions_at_larger_tp_follow_the_model_and_never_go_negative():
@@ -173,8 +220,9 @@ def test_predictions_at_larger_tp_follow_the_model_and_never_go_negative():
 
 
 def test_recommendation_states_offload_costs_ties_and_floor():
-    off, _ = _medium_gpu(2, "0", engine="zero_inference", zero="stage3", stage=3, offload="cpu", variant="offload",
-                         anon=3 * GIB)
+    off, _ = _medium_gpu(
+        2, "0", engine="zero_inference", zero="stage3", stage=3, offload="cpu", variant="offload", anon=3 * GIB
+    )
     a, _ = _medium_gpu(2, "1", variant="a", anon=2 * GIB)
     b, _ = _medium_gpu(2, "2", variant="b", load="sharded", anon=100 * 2**20)
     b["headline"]["gpu_peak_gib"] *= 1.005  # within 1% of a: tied, b has the lower host peak
@@ -186,9 +234,15 @@ def test_recommendation_states_offload_costs_ties_and_floor():
     from dsexp.analysis.report import recommendation
 
     text = "\n".join(recommendation(rows, []))
-    assert text.index("**Recommended (lowest per-GPU peak without offloading weights to the host") < \
-        text.index("`b/") < text.index("Lowest per-GPU peak of all (weights offloaded to host memory): `offload/")
+    assert (
+        text.index("**Recommended (lowest per-GPU peak without offloading weights to the host")
+        < text.index("`b/")
+        < text.index("Lowest per-GPU peak of all (weights offloaded to host memory): `offload/")
+    )
     assert "What the offload costs against the recommended configuration: host peak" in text
     assert "2 runs tie within 1%; the lowest host peak per rank wins" in text
-    assert re.search(r"`b/\S+ tp=2`: per-GPU peak \d+\.\d\d GiB vs the memory model's floor \d+\.\d\d GiB .*over the "
-                     r"floor, (within|beyond) 5%", text)
+    assert re.search(
+        r"`b/\S+ tp=2`: per-GPU peak \d+\.\d\d GiB vs the memory model's floor \d+\.\d\d GiB .*over the "
+        r"floor, (within|beyond) 5%",
+        text,
+    )

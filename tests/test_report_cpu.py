@@ -1,16 +1,18 @@
 """A real CPU sweep (tiny model, tp=1,2): the end-of-sweep report names a recommendation, diagnoses every run,
 and the memory model's per-rank weights match the census within 2% wherever the weights were placed as predicted."""
+
 from __future__ import annotations
 
 import csv
 
 import pytest
-from conftest import sweep_results
 
 from dsexp.analysis.diagnosis import UNSHARDED
 from dsexp.analysis.measured import weights_per_rank
 from dsexp.analysis.memory import predict
 from dsexp.report import main
+
+from conftest import sweep_results
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +61,15 @@ def test_parent_run_carries_the_report_and_the_cli_reads_mlflow_back(sweep, tmp_
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("dsexp")
     parent = client.search_runs([exp.experiment_id], "tags.dsexp.kind = 'sweep'")[0]
-    assert {"report/summary.md", "report/summary.csv", "report/plots"} <= \
-        {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/summary.md", "report/summary.csv", "report/plots"} <= {
+        a.path for a in client.list_artifacts(parent.info.run_id, "report")
+    }
     assert parent.data.tags["dsexp.recommendation"] == "tiny/eager/init_inference/bf16 tp=2"
     children = client.search_runs([exp.experiment_id], "tags.dsexp.kind = 'job'")
-    assert sorted(r.info.run_name for r in children) == ["tiny/eager/init_inference/bf16/tp1",
-                                                        "tiny/eager/init_inference/bf16/tp2"]
+    assert sorted(r.info.run_name for r in children) == [
+        "tiny/eager/init_inference/bf16/tp1",
+        "tiny/eager/init_inference/bf16/tp2",
+    ]
     assert all(abs(r.data.metrics["pred.weights_err_pct"]) <= 2 for r in children)
     out = tmp_path / "from-mlflow"
     assert main(["--experiment", "dsexp", "--tracking-uri", uri, "--out", str(out), "--no-mlflow"]) == 0

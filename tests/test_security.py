@@ -1,5 +1,6 @@
 """Security properties a reading of the source can show: no shell strings, no eval of config values, remote
 code only on request, the UI on localhost only."""
+
 from __future__ import annotations
 
 import ast
@@ -7,13 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import CONF, ROOT, compose
 
 from dsexp.compose.config import to_schema
-
 from dsexp.compose.validate import validate
-
 from dsexp.core.schema import ConfigError
+
+from conftest import CONF, ROOT, compose
 
 SOURCES = sorted((ROOT / "src").rglob("*.py")) + sorted((ROOT / "scripts").rglob("*.py"))
 SUBPROCESS = {"run", "Popen", "call", "check_call", "check_output"}
@@ -44,9 +44,13 @@ def test_no_shell_strings_and_no_eval(path):
         where = f"{path.relative_to(ROOT)}:{call.lineno}"
         assert name not in ("eval", "exec", "compile", "os.system", "os.popen", "__import__"), where
         for kw in call.keywords:
-            assert not (kw.arg == "shell" and not (isinstance(kw.value, ast.Constant) and kw.value.value is False)), where
+            assert not (kw.arg == "shell" and not (isinstance(kw.value, ast.Constant) and kw.value.value is False)), (
+                where
+            )
             assert not (kw.arg == "trust_remote_code" and isinstance(kw.value, ast.Constant) and kw.value.value), where
-            assert not (kw.arg == "weights_only" and isinstance(kw.value, ast.Constant) and kw.value.value is False), where
+            assert not (kw.arg == "weights_only" and isinstance(kw.value, ast.Constant) and kw.value.value is False), (
+                where
+            )
         if name.split(".")[-1] in SUBPROCESS and name.split(".")[0] in ("subprocess", "sp") and call.args:
             assert not isinstance(call.args[0], (ast.Constant, ast.JoinedStr, ast.BinOp)), f"{where}: a command string"
 
@@ -54,8 +58,12 @@ def test_no_shell_strings_and_no_eval(path):
 def test_resolvers_are_plain_functions_and_job_configs_are_not_instantiated():
     """A config can only call the resolvers registered here: each must be a function of this repository (it
     cannot be eval/exec, whose arguments would come from the config). Job configs are never instantiated."""
-    defined = {node.name for path in SOURCES for node in ast.walk(ast.parse(path.read_text()))
-               if isinstance(node, ast.FunctionDef)}
+    defined = {
+        node.name
+        for path in SOURCES
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef)
+    }
     for path in SOURCES:
         for call in calls(path):
             if name_of(call.func).endswith("register_new_resolver"):

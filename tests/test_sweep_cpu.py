@@ -1,12 +1,14 @@
 """End to end on CPU: `python -m dsexp -m tp=1,2 load=eager model=tiny` -> two finished MLflow child runs."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from conftest import sweep_results
 
 from dsexp.core.records import HEADLINE, PHASES
+
+from conftest import sweep_results
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +26,11 @@ def test_every_rank_has_every_phase(sweep):
         for rk in res["ranks"]:
             assert list(rk["phases"]) == list(PHASES)
             for ph in rk["phases"].values():
-                assert ph["wall_s"] > 0 and ph["host"]["host_rss"] > 0 and ph["peaks"]["host_rss_peak"] >= ph["host"]["host_rss"] * 0.5
+                assert (
+                    ph["wall_s"] > 0
+                    and ph["host"]["host_rss"] > 0
+                    and ph["peaks"]["host_rss_peak"] >= ph["host"]["host_rss"] * 0.5
+                )
             assert rk["sampler"]["samples"] > 0
         assert res["correctness"]["passed"], res["correctness"]
     assert "tiny/eager/init_inference/tp2" in proc.stdout  # the end-of-sweep table
@@ -75,8 +81,9 @@ def test_result_json_is_self_contained(sweep):
 def test_cache_use_is_recorded_per_job_and_counted_at_the_end(sweep):
     _, sweep_dir, proc = sweep
     uses = [res["runtime"]["cache"] for res in sweep_results(sweep_dir)]
-    assert all(u["checkpoint"] in ("hit", "miss") and u["reference"] in ("hit", "miss") and u["split"] == "none"
-               for u in uses)
+    assert all(
+        u["checkpoint"] in ("hit", "miss") and u["reference"] in ("hit", "miss") and u["split"] == "none" for u in uses
+    )
     assert uses[1] == {"checkpoint": "hit", "reference": "hit", "split": "none"}  # computed once, by job 0 at most
     hits = sum(u["reference"] == "hit" for u in uses)
     assert f"reference {hits} hit{'s' * (hits != 1)} / {2 - hits} computed" in proc.stdout
@@ -97,5 +104,9 @@ def test_job_and_rank_clocks_split_the_wall_time(sweep):
     b = breakdown(second, previous=first)
     parts = [b[name] for name, *_ in SEGMENTS] + [b["hydra"]]
     assert all(p > -0.05 for p in parts), b  # consecutive marks: no segment runs backwards
-    assert sum(parts) == pytest.approx(b["total"]) and b["total"] == pytest.approx(c["tracked"] - first["clock"]["tracked"])
-    assert b["rank_work"] == pytest.approx(sum(rk["phases"][p]["wall_s"] for p in ("load", "init", "generate")), rel=0.2)
+    assert sum(parts) == pytest.approx(b["total"]) and b["total"] == pytest.approx(
+        c["tracked"] - first["clock"]["tracked"]
+    )
+    assert b["rank_work"] == pytest.approx(
+        sum(rk["phases"][p]["wall_s"] for p in ("load", "init", "generate")), rel=0.2
+    )

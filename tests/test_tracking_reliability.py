@@ -1,5 +1,6 @@
 """MLflow safety: concurrent writers into one new sqlite store lose no run; `dsexp.sync` logs what the store
 missed, exactly once."""
+
 from __future__ import annotations
 
 import os
@@ -9,10 +10,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from conftest import compose, run_dsexp, sweep_results
 
 from dsexp.compose.config import to_schema
 from dsexp.core.fs import read_json, write_json_atomic
+
+from conftest import compose, run_dsexp, sweep_results
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -24,10 +26,23 @@ def fake_sweep(sweep_dir: Path, n: int, tag: str) -> None:
         job = sweep_dir / str(i)
         (job / "ranks").mkdir(parents=True)
         (job / "ranks" / "rank0.log").write_text(f"job {i}\n")
-        write_json_atomic(job / "result.json", {
-            "key": f"{tag}-{i}", "attempt_id": f"{tag}-{i}-a1", "attempt": 1, "status": "ok", "config": config,
-            "headline": {"load_s": 1.0 + i}, "metrics": {"load.wall_s.max": 1.0 + i},
-            "tracking": {"uri": "sqlite:////unreachable/mlflow.db", "experiment": "dsexp", "error": "OperationalError"}})
+        write_json_atomic(
+            job / "result.json",
+            {
+                "key": f"{tag}-{i}",
+                "attempt_id": f"{tag}-{i}-a1",
+                "attempt": 1,
+                "status": "ok",
+                "config": config,
+                "headline": {"load_s": 1.0 + i},
+                "metrics": {"load.wall_s.max": 1.0 + i},
+                "tracking": {
+                    "uri": "sqlite:////unreachable/mlflow.db",
+                    "experiment": "dsexp",
+                    "error": "OperationalError",
+                },
+            },
+        )
 
 
 def runs_of(uri: str):
@@ -40,8 +55,13 @@ def runs_of(uri: str):
 
 def sync(sweep_dir: Path, uri: str, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    return subprocess.Popen([sys.executable, "-m", "dsexp.sync", str(sweep_dir), "--uri", uri, *extra],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dsexp.sync", str(sweep_dir), "--uri", uri, *extra],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_four_concurrent_writers_into_a_new_store_lose_no_run(tmp_path):
@@ -66,8 +86,8 @@ def test_four_concurrent_writers_into_a_new_store_lose_no_run(tmp_path):
 def test_sync_logs_only_what_is_missing_and_never_twice(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from dsexp.tracking.sync import main, sync_sweep
     from dsexp.tracking.runs import Tracker
+    from dsexp.tracking.sync import main, sync_sweep
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sweep = tmp_path / "sweep"
@@ -75,8 +95,11 @@ def test_sync_logs_only_what_is_missing_and_never_twice(tmp_path):
     # job 2's first log attempt died half-way: its run exists but was never terminated
     tracker = Tracker(uri, "conc")
     half = tracker.client.create_run(tracker.experiment_id, tags={"dsexp.attempt_id": "j-2-a1", "dsexp.kind": "job"})
-    assert sync_sweep(sweep, uri, "conc") == {"logged": [str(sweep / "0"), str(sweep / "1"), str(sweep / "2")],
-                                             "already": [], "failed": []}
+    assert sync_sweep(sweep, uri, "conc") == {
+        "logged": [str(sweep / "0"), str(sweep / "1"), str(sweep / "2")],
+        "already": [],
+        "failed": [],
+    }
     assert main([str(sweep), "--uri", uri, "--experiment", "conc"]) == 0  # second run: nothing to do
     runs = runs_of(uri)
     jobs = [r for r in runs if r.data.tags.get("dsexp.kind") == "job"]
@@ -97,8 +120,18 @@ def test_sweep_with_unreachable_store_completes_and_sync_logs_it_later(tmp_path,
     blocker = tmp_path / "store"
     blocker.write_text("not a folder")
     uri = f"sqlite:///{blocker / 'mlflow.db'}"
-    proc = run_dsexp(["-m", "tp=1", "check.correctness=false", "fault={rank:0,phase:start,kind:raise}",
-                      f"tracking.uri={uri}", "hydra.sweep.dir=multirun/s"], tmp_path, cache_dir)
+    proc = run_dsexp(
+        [
+            "-m",
+            "tp=1",
+            "check.correctness=false",
+            "fault={rank:0,phase:start,kind:raise}",
+            f"tracking.uri={uri}",
+            "hydra.sweep.dir=multirun/s",
+        ],
+        tmp_path,
+        cache_dir,
+    )
     sweep = tmp_path / "multirun" / "s"
     (res,) = sweep_results(sweep)
     assert res["status"] == "failed" and res["failure"]["cause"] == "engine_error"
@@ -128,10 +161,27 @@ def test_four_concurrent_sweeps_into_one_store(tmp_path, cache_dir):
     env = {**os.environ, "DSEXP_CACHE": str(cache_dir), "PYTHONPATH": str(SRC)}
     env.pop("MLFLOW_TRACKING_URI", None)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    procs = [subprocess.Popen([sys.executable, "-m", "dsexp", "-m", "generate.new_tokens=4,8", "check.correctness=false",
-                               f"tracking.uri={uri}", "tracking.experiment=conc", f"hydra.sweep.dir=multirun/s{k}"],
-                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for k in range(4)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dsexp",
+                "-m",
+                "generate.new_tokens=4,8",
+                "check.correctness=false",
+                f"tracking.uri={uri}",
+                "tracking.experiment=conc",
+                f"hydra.sweep.dir=multirun/s{k}",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(4)
+    ]
     outs = [p.communicate(timeout=1200) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [o[1][-2000:] for o in outs]
     runs = runs_of(uri)

@@ -1,4 +1,5 @@
 """The random-weight checkpoint writer: exact shapes, cached by key, both formats, loadable by transformers."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,15 @@ from transformers import AutoModelForCausalLM
 
 from dsexp.models.writer import ensure_checkpoint
 
-DIMS = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+DIMS = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    max_position_embeddings=64,
+)
 
 
 def test_writes_once_then_hits_cache(tmp_path):

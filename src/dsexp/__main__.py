@@ -1,4 +1,5 @@
 """`python -m dsexp [-m] key=value ...`: one Hydra job per experiment; each job spawns its own ranks."""
+
 from __future__ import annotations
 
 import sys
@@ -49,8 +50,11 @@ def main(cfg: DictConfig):
     result.setdefault("clock", {})["task"] = entered
     track_job(result, job_dir, sweep_dir, resolve_uri(cfg.tracking.uri, Path(hc.runtime.cwd)), cfg.tracking.experiment)
     failure = result.get("failure") or {}
-    print(f"dsexp: {result['status']}" + (f" ({failure.get('cause')}: {failure.get('message')})" if failure else "")
-          + f" -> {job_dir / 'result.json'}")
+    print(
+        f"dsexp: {result['status']}"
+        + (f" ({failure.get('cause')}: {failure.get('message')})" if failure else "")
+        + f" -> {job_dir / 'result.json'}"
+    )
     return result.get("headline")
 
 

@@ -4,6 +4,7 @@ From a folder: every result.json below it; the report goes into the folder and, 
 sweep with an MLflow parent run, to that run too. From MLflow: the job runs of an experiment or of one
 sweep's parent run; the report goes into --out and to the parent run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,6 @@ import contextlib
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
-
 
 SECTIONS = ("recommendation", "matrix", "weights", "predicted", "diagnosis", "plots", "definitions")
 
@@ -23,11 +23,19 @@ def parse(argv: Optional[List[str]]) -> argparse.Namespace:
     src.add_argument("--experiment", help="MLflow experiment name: report on all its job runs")
     src.add_argument("--parent-run", help="MLflow run id of a sweep's parent run")
     ap.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
-    ap.add_argument("--out", type=Path, help="where to write the report (default: the sweep folder, or "
-                                             "./report-<experiment or run id> for MLflow sources)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        help="where to write the report (default: the sweep folder, or "
+        "./report-<experiment or run id> for MLflow sources)",
+    )
     ap.add_argument("--no-mlflow", action="store_true", help="do not attach the report to an MLflow parent run")
-    ap.add_argument("--print", dest="show", choices=SECTIONS, help="also print one section of summary.md to stdout "
-                                                                    "(e.g. to generate docs from committed results)")
+    ap.add_argument(
+        "--print",
+        dest="show",
+        choices=SECTIONS,
+        help="also print one section of summary.md to stdout (e.g. to generate docs from committed results)",
+    )
     return ap.parse_args(argv)
 
 
@@ -47,8 +55,9 @@ def run(args: argparse.Namespace, out) -> int:
             print(f"dsexp report: {args.sweep_dir} is not a folder", file=sys.stderr)
             return 2
         parent = None if args.no_mlflow else read_sweep_state(args.sweep_dir)
-        return show(report_sweep(args.sweep_dir, parent=parent, out_dir=args.out, source=str(args.sweep_dir)),
-                    args.show, out)
+        return show(
+            report_sweep(args.sweep_dir, parent=parent, out_dir=args.out, source=str(args.sweep_dir)), args.show, out
+        )
     from dsexp.tracking.sources import results_from_mlflow
 
     uri = resolve_uri(args.tracking_uri)
@@ -56,8 +65,11 @@ def run(args: argparse.Namespace, out) -> int:
     name = args.experiment or args.parent_run
     folder = args.out or Path(f"report-{name}")
     source = f"--experiment {args.experiment}" if args.experiment else f"--parent-run {args.parent_run}"
-    return show(report_sweep(folder, parent=None if args.no_mlflow else parent, results=results, out_dir=folder,
-                             source=source), args.show, out)
+    return show(
+        report_sweep(folder, parent=None if args.no_mlflow else parent, results=results, out_dir=folder, source=source),
+        args.show,
+        out,
+    )
 
 
 def show(parts: Optional[Dict[str, str]], section: Optional[str], out) -> int:

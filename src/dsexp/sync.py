@@ -1,5 +1,6 @@
 """`python -m dsexp.sync SWEEP_DIR [--uri URI] [--experiment NAME]`: log a sweep's results into MLflow
 (the command; the logic is dsexp.tracking.sync)."""
+
 import sys
 
 from dsexp.tracking.sync import main

@@ -4,6 +4,7 @@ The fake `srun` and `pdsh` run their command once per node, all on this machine;
 expands any node list to the hosts given; the fake `ssh` runs locally. Together they let a multi-node
 job go through the real launch path (srun + torchrun rendezvous, or DeepSpeed's runner) on one box.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -53,8 +54,12 @@ printf '%s\\n' {hosts}
 def fake_slurm_bin(folder: Path, hosts: List[str]) -> Path:
     """A bin/ folder with fake `srun`, `scontrol`, `pdsh` and `ssh` (put it first on PATH)."""
     folder.mkdir(parents=True, exist_ok=True)
-    scripts = {"srun": FAKE_SRUN, "scontrol": FAKE_SCONTROL.replace("{hosts}", " ".join(hosts)),
-               "pdsh": FAKE_PDSH, "ssh": FAKE_SSH}
+    scripts = {
+        "srun": FAKE_SRUN,
+        "scontrol": FAKE_SCONTROL.replace("{hosts}", " ".join(hosts)),
+        "pdsh": FAKE_PDSH,
+        "ssh": FAKE_SSH,
+    }
     for name, text in scripts.items():
         (folder / name).write_text(text)
         (folder / name).chmod(0o755)
@@ -67,9 +72,21 @@ def mlflow_server(root: Path, timeout_s: float = 120) -> Iterator[str]:
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     mlflow_bin = Path(sys.executable).parent / "mlflow"
-    cmd = [str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-           "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts",
-           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    cmd = [
+        str(mlflow_bin),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(root / "artifacts"),
+        "--serve-artifacts",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     root.mkdir(parents=True, exist_ok=True)
     log = open(root / "server.log", "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -77,7 +94,9 @@ def mlflow_server(root: Path, timeout_s: float = 120) -> Iterator[str]:
         deadline = time.monotonic() + timeout_s
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited ({proc.returncode}): {(root / 'server.log').read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"mlflow server exited ({proc.returncode}): {(root / 'server.log').read_text()[-2000:]}"
+                )
             with contextlib.suppress(requests.RequestException):
                 if requests.get(f"{uri}/health", timeout=2).status_code == 200:
                     break

@@ -2,6 +2,7 @@
 the memory model's prediction for this rank. Usage: engine_census_worker.py MODE MODEL_DIR OUT_DIR
 MODE: hf_tp (transformers TP plan), zero3 (ZeRO-3 via HfDeepSpeedConfig + deepspeed.initialize),
 internlm2_policy (init_inference AutoTP with the InternLM2 injection policy on an InternLM2-layout module)."""
+
 from __future__ import annotations
 
 import json
@@ -12,31 +13,50 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/
-from helpers.analysis_cases import INTERNLM2_POLICY, TINY, InternLM2ForCausalLM, config, result  # noqa: E402
-
 from dsexp.analysis.memory import Strategy, place, predict  # noqa: E402
 from dsexp.rank.probes.weights import resident_bytes, weight_census  # noqa: E402
+
+from helpers.analysis_cases import INTERNLM2_POLICY, TINY, InternLM2ForCausalLM, config, result  # noqa: E402
 
 
 def main(mode: str, model_dir: str, out: Path) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     # predicted first: a live HfDeepSpeedConfig would make even the meta build partition itself
     if mode == "internlm2_policy":
-        strategy = Strategy(engine="init_inference", kernel_inject=False, policy=INTERNLM2_POLICY, zero_stage=0,
-                            offload="none", dtype="bf16", model_dtype="bf16", load="eager", fmt="safetensors",
-                            device="cpu", max_out_tokens=0, conversion=None)
+        strategy = Strategy(
+            engine="init_inference",
+            kernel_inject=False,
+            policy=INTERNLM2_POLICY,
+            zero_stage=0,
+            offload="none",
+            dtype="bf16",
+            model_dtype="bf16",
+            load="eager",
+            fmt="safetensors",
+            device="cpu",
+            max_out_tokens=0,
+            conversion=None,
+        )
         with torch.device("meta"):
             meta = InternLM2ForCausalLM().to(torch.bfloat16)
         placements = place(meta, strategy, world)[0]
         predicted = sum(p.local[rank] for p in placements)
     else:
-        cfg = config(world, TINY, engine="hf_tp" if mode == "hf_tp" else "zero_inference",
-                     zero="stage3" if mode == "zero3" else "none", stage=3 if mode == "zero3" else 0)
+        cfg = config(
+            world,
+            TINY,
+            engine="hf_tp" if mode == "hf_tp" else "zero_inference",
+            zero="stage3" if mode == "zero3" else "none",
+            stage=3 if mode == "zero3" else 0,
+        )
         predicted = predict(result(cfg, [0] * world), world).weights[rank]
     model = build(mode, model_dir, world)
     census = weight_census(model)
-    (out / f"rank{rank}.json").write_text(json.dumps({"predicted": predicted, "measured": resident_bytes(census, "cpu"),
-                                                      "classes": census["module_classes"]}))
+    (out / f"rank{rank}.json").write_text(
+        json.dumps(
+            {"predicted": predicted, "measured": resident_bytes(census, "cpu"), "classes": census["module_classes"]}
+        )
+    )
 
 
 def build(mode: str, model_dir: str, world: int):
@@ -46,8 +66,9 @@ def build(mode: str, model_dir: str, world: int):
     if mode == "hf_tp":
         from transformers.distributed import DistributedConfig
 
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16,
-                                                    distributed_config=DistributedConfig(tp_size=world))
+        return AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.bfloat16, distributed_config=DistributedConfig(tp_size=world)
+        )
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     if mode == "zero3":
         from transformers.integrations import HfDeepSpeedConfig
@@ -60,9 +81,13 @@ def build(mode: str, model_dir: str, world: int):
 
     model = InternLM2ForCausalLM().to(torch.bfloat16)
     layer = type(model.model.layers[0])
-    engine = deepspeed.init_inference(model, tensor_parallel=DeepSpeedTPConfig(tp_size=world), dtype=torch.bfloat16,
-                                      replace_with_kernel_inject=False,
-                                      injection_policy={layer: tuple(INTERNLM2_POLICY[layer.__name__])})
+    engine = deepspeed.init_inference(
+        model,
+        tensor_parallel=DeepSpeedTPConfig(tp_size=world),
+        dtype=torch.bfloat16,
+        replace_with_kernel_inject=False,
+        injection_policy={layer: tuple(INTERNLM2_POLICY[layer.__name__])},
+    )
     return engine.module
 
 

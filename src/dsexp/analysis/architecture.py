@@ -6,6 +6,7 @@ build; per-model constants or hand-written shape formulas would silently drift f
 The run's own folder (`runtime.model_dir`, holding config.json) is preferred; when it is not on this
 machine (a report read back from MLflow elsewhere), the preset's architecture and dims rebuild it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -20,6 +21,7 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 @dataclass(frozen=True)
 class Dims:
     """The architecture numbers the KV cache depends on."""
+
     layers: int
     kv_heads: int
     head_dim: int
@@ -73,5 +75,8 @@ def checkpoint_files(folder: Optional[str]) -> Dict[str, int]:
     """{file name: bytes} of the weight files in a model folder (empty if the folder is not here)."""
     if not folder or not Path(folder).is_dir():
         return {}
-    return {p.name: p.stat().st_size for p in sorted(Path(folder).iterdir())
-            if p.suffix in (".safetensors", ".bin") and p.is_file()}
+    return {
+        p.name: p.stat().st_size
+        for p in sorted(Path(folder).iterdir())
+        if p.suffix in (".safetensors", ".bin") and p.is_file()
+    }

@@ -6,6 +6,7 @@ only conclude when the model is large enough to stand out of the interpreter's o
 failed before finishing gets its failure and the host findings valid up to the failure, nothing that
 compares its partial figures with a floor or with other runs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,12 +15,12 @@ from typing import Any, Callable, Dict, List, Optional
 from dsexp.analysis import measured as m
 from dsexp.analysis.memory import Prediction
 
-WEIGHT_TOL = 0.02        # predicted vs measured weights: "as predicted" within 2%
-UNSHARDED = 0.98         # a rank holding >= 98% of the model holds all of it
+WEIGHT_TOL = 0.02  # predicted vs measured weights: "as predicted" within 2%
+UNSHARDED = 0.98  # a rank holding >= 98% of the model holds all of it
 SIGNIFICANT = 256 * 2**20  # host rules need a model this large: imports during load add ~100-200 MiB per rank
-FLAT = 0.95              # per-device memory "did not fall" when tp=N keeps >= 95% of the smaller tp
-TRANSIENT = 0.25         # a load/init allocation this far (fraction of the model) above the weights kept
-WHOLE = 0.9              # ... reaching this fraction of the model: the whole model was on the GPU
+FLAT = 0.95  # per-device memory "did not fall" when tp=N keeps >= 95% of the smaller tp
+TRANSIENT = 0.25  # a load/init allocation this far (fraction of the model) above the weights kept
+WHOLE = 0.9  # ... reaching this fraction of the model: the whole model was on the GPU
 
 
 @dataclass
@@ -39,14 +40,16 @@ class RunFacts:
 Rule = Callable[[RunFacts], List[Finding]]
 
 
-def diagnose(result: Dict[str, Any], prediction: Optional[Prediction],
-             siblings: Optional[List[Dict[str, Any]]] = None) -> List[Finding]:
+def diagnose(
+    result: Dict[str, Any], prediction: Optional[Prediction], siblings: Optional[List[Dict[str, Any]]] = None
+) -> List[Finding]:
     facts = RunFacts(result, prediction, [s for s in siblings or [] if m.completed(s)])
     if m.completed(result):
         found = [f for rule in RULES for f in rule(facts)]
     else:
-        found = failed(facts) + [Finding(f.code, f.severity, f"{f.text} (up to the failure)")
-                                 for f in host_copies(facts)]
+        found = failed(facts) + [
+            Finding(f.code, f.severity, f"{f.text} (up to the failure)") for f in host_copies(facts)
+        ]
     return sorted(found, key=lambda f: f.severity != "problem")
 
 
@@ -56,15 +59,27 @@ def text(findings: List[Finding]) -> str:
 
 # --- rules ---------------------------------------------------------------------------------------
 
+
 def failed(f: RunFacts) -> List[Finding]:
     fail = f.result.get("failure") or {}
     if f.result.get("status") == "ok" or not fail or fail.get("cause") == "incorrect_output":
         return []
-    where = " ".join(x for x in (f"on rank {fail['rank']}" if fail.get("rank") is not None else "",
-                                 f"in the {fail['phase']} phase" if fail.get("phase") else "") if x)
+    where = " ".join(
+        x
+        for x in (
+            f"on rank {fail['rank']}" if fail.get("rank") is not None else "",
+            f"in the {fail['phase']} phase" if fail.get("phase") else "",
+        )
+        if x
+    )
     msg = str(fail.get("message") or "").strip().splitlines()
-    return [Finding("failed", "problem", f"the run failed ({fail.get('cause')}) {where}: "
-                                         f"{(msg[0] if msg else '')[:240]}".replace("  ", " "))]
+    return [
+        Finding(
+            "failed",
+            "problem",
+            f"the run failed ({fail.get('cause')}) {where}: {(msg[0] if msg else '')[:240]}".replace("  ", " "),
+        )
+    ]
 
 
 def incorrect_output(f: RunFacts) -> List[Finding]:
@@ -72,17 +87,24 @@ def incorrect_output(f: RunFacts) -> List[Finding]:
     if not c or c.get("passed"):
         return []
     err, tol = c.get("logits_rel_err"), c.get("tolerance")
-    detail = (f"first-step logits rel. L2 error {err:.3g} > tolerance {tol:.3g}" if err is not None and tol
-              else c.get("message") or "no comparable logits")
+    detail = (
+        f"first-step logits rel. L2 error {err:.3g} > tolerance {tol:.3g}"
+        if err is not None and tol
+        else c.get("message") or "no comparable logits"
+    )
     agree = c.get("token_agreement")
     tokens = f"; greedy tokens agree {agree:.0%}" if agree is not None else ""
     before, after = m.buffer_bytes(f.result, "load"), m.buffer_bytes(f.result, "init")
     cast = ""
     if before and after is not None and after < before:
         dtype = (f.result.get("config") or {}).get("dtype")
-        cast = (f"; the model's buffers shrank from {m.human(before)} to {m.human(after)} at init: the engine cast "
-                f"them (rotary inv_freq included) to {dtype}, which the tp=1 reference does not")
-    return [Finding("incorrect_output", "problem", f"outputs differ from tp=1 beyond tolerance: {detail}{tokens}{cast}")]
+        cast = (
+            f"; the model's buffers shrank from {m.human(before)} to {m.human(after)} at init: the engine cast "
+            f"them (rotary inv_freq included) to {dtype}, which the tp=1 reference does not"
+        )
+    return [
+        Finding("incorrect_output", "problem", f"outputs differ from tp=1 beyond tolerance: {detail}{tokens}{cast}")
+    ]
 
 
 def left_on_meta(f: RunFacts) -> List[Finding]:
@@ -109,13 +131,23 @@ def weights_vs_model(f: RunFacts) -> List[Finding]:
         tail = ""
         if tp > 1 and rep:
             tail = "; replicated on every rank: " + ", ".join(f"{n} {m.human(b)}" for n, b in list(rep.items())[:4])
-        return [Finding("weights_as_predicted", "info",
-                        f"weights on each {dev} = {m.human(meas)} = {frac:.0%} of the model at tp={tp}, as predicted "
-                        f"({m.human(pred)}, {(meas - pred) / pred:+.1%}){tail}")]
-    return [Finding("weights_differ", "problem",
-                    f"weights on each {dev} = {m.human(meas)} ({frac:.0%} of the model) at tp={tp}, but the memory "
-                    f"model predicts {m.human(pred)} ({pred / full:.0%}), {(meas - pred) / pred:+.1%}"
-                    + _differences(f.result, p))]
+        return [
+            Finding(
+                "weights_as_predicted",
+                "info",
+                f"weights on each {dev} = {m.human(meas)} = {frac:.0%} of the model at tp={tp}, as predicted "
+                f"({m.human(pred)}, {(meas - pred) / pred:+.1%}){tail}",
+            )
+        ]
+    return [
+        Finding(
+            "weights_differ",
+            "problem",
+            f"weights on each {dev} = {m.human(meas)} ({frac:.0%} of the model) at tp={tp}, but the memory "
+            f"model predicts {m.human(pred)} ({pred / full:.0%}), {(meas - pred) / pred:+.1%}"
+            + _differences(f.result, p),
+        )
+    ]
 
 
 def _fractions(value: Any) -> List[float]:
@@ -133,9 +165,12 @@ def _nothing_sharded(f: RunFacts, p: Prediction, meas: int, frac: float, dev: st
         expect = f"; the memory model expected {m.human(p.weights_max)} ({p.fraction:.0%})" + _differences(f.result, p)
     else:
         expect = "; as the memory model predicts" + (f": {p.notes[0]}" if p.notes else "")
-    return Finding("nothing_sharded", "problem",
-                   f"weights on each {dev} = {frac:.0%} of the model ({m.human(meas)}) at tp={p.tp}: "
-                   f"nothing was sharded{why}{expect}")
+    return Finding(
+        "nothing_sharded",
+        "problem",
+        f"weights on each {dev} = {frac:.0%} of the model ({m.human(meas)}) at tp={p.tp}: "
+        f"nothing was sharded{why}{expect}",
+    )
 
 
 def _differences(result: Dict[str, Any], p: Prediction) -> str:
@@ -163,8 +198,13 @@ def unread_fields(f: RunFacts) -> List[Finding]:
     engine = ((f.result.get("config") or {}).get("engine") or {}).get("name", "the engine")
     out = []
     if zero:
-        out.append(Finding("zero_unread", "problem", f"ZeRO settings were passed to {engine} and never read "
-                                                     f"({', '.join(zero)}): they had no effect"))
+        out.append(
+            Finding(
+                "zero_unread",
+                "problem",
+                f"ZeRO settings were passed to {engine} and never read ({', '.join(zero)}): they had no effect",
+            )
+        )
     if other:
         out.append(Finding("fields_unread", "info", f"accepted but never read by DeepSpeed: {', '.join(other)}"))
     return out
@@ -178,19 +218,40 @@ def host_copies(f: RunFacts) -> List[Finding]:
     full, per_rank = p.model_bytes, max(0, sorted(growth)[len(growth) // 2] - max(p.host.kept))
     s = p.strategy
     if per_rank >= 0.8 * full:
-        reason = (f"dtype conversion {s.conversion}" if s.conversion else
-                  ".bin checkpoint" if s.fmt == "bin" else "no conversion was configured")
+        reason = (
+            f"dtype conversion {s.conversion}"
+            if s.conversion
+            else ".bin checkpoint"
+            if s.fmt == "bin"
+            else "no conversion was configured"
+        )
         node = m.node_growth(f.result)
-        node_txt = (f"; the machine's used memory rose by {m.human(node)} during the run ({node / full:.1f} models, "
-                    f"other processes included)") if node else ""
-        return [Finding("host_private_copy", "problem",
-                        f"host memory grew by one model per rank ({m.human(per_rank)} private per rank beyond its "
-                        f"own slices, the model is "
-                        f"{m.human(full)}): each rank made a private copy while loading ({reason}){node_txt}")]
+        node_txt = (
+            (
+                f"; the machine's used memory rose by {m.human(node)} during the run ({node / full:.1f} models, "
+                f"other processes included)"
+            )
+            if node
+            else ""
+        )
+        return [
+            Finding(
+                "host_private_copy",
+                "problem",
+                f"host memory grew by one model per rank ({m.human(per_rank)} private per rank beyond its "
+                f"own slices, the model is "
+                f"{m.human(full)}): each rank made a private copy while loading ({reason}){node_txt}",
+            )
+        ]
     if per_rank <= 0.3 * full:
-        return [Finding("host_shared", "info",
-                        f"private host memory per rank grew by only {m.human(per_rank)} while loading "
-                        f"({per_rank / full:.0%} of the model): {p.host.how}")]
+        return [
+            Finding(
+                "host_shared",
+                "info",
+                f"private host memory per rank grew by only {m.human(per_rank)} while loading "
+                f"({per_rank / full:.0%} of the model): {p.host.how}",
+            )
+        ]
     return []
 
 
@@ -207,17 +268,26 @@ def scaling_with_tp(f: RunFacts) -> List[Finding]:
     if a and b is not None:
         ha, hb = m.human(a * m.GIB), m.human(b * m.GIB)
         if b >= FLAT * a:
-            out.append(Finding("flat_with_tp", "problem", f"{what} did not fall from tp={ptp} to tp={tp} ({ha} -> {hb})"))
+            out.append(
+                Finding("flat_with_tp", "problem", f"{what} did not fall from tp={ptp} to tp={tp} ({ha} -> {hb})")
+            )
         else:
-            out.append(Finding("falls_with_tp", "info", f"{what} fell from {ha} at tp={ptp} to {hb} ({b / a - 1:+.0%})"))
+            out.append(
+                Finding("falls_with_tp", "info", f"{what} fell from {ha} at tp={ptp} to {hb} ({b / a - 1:+.0%})")
+            )
     na, nb = m.headline(prev, "node_host_peak_gib"), m.headline(f.result, "node_host_peak_gib")
     full = f.prediction.model_bytes if f.prediction else 0
     if na is not None and nb is not None and full >= SIGNIFICANT:
         per_added = (nb - na) * m.GIB / (tp - ptp)
         if per_added >= 0.8 * full:
-            out.append(Finding("host_grows_per_rank", "problem",
-                               f"node host memory grew by {(nb - na):.3g} GiB from tp={ptp} to tp={tp}: about "
-                               f"{per_added / full:.1f} model(s) per added rank"))
+            out.append(
+                Finding(
+                    "host_grows_per_rank",
+                    "problem",
+                    f"node host memory grew by {(nb - na):.3g} GiB from tp={ptp} to tp={tp}: about "
+                    f"{per_added / full:.1f} model(s) per added rank",
+                )
+            )
     return out
 
 
@@ -232,10 +302,15 @@ def gpu_overhead(f: RunFacts) -> List[Finding]:
     if p is None or p.overhead is None or peak is None:
         return []
     floor = p.floor()
-    return [Finding("gpu_floor", "info",
-                    f"per-GPU peak {peak:.2f} GiB vs floor {floor / m.GIB:.2f} GiB ({floor_terms(p)} outside PyTorch's "
-                    f"allocator: CUDA context, communicator, workspaces): {(peak * m.GIB - floor) / m.GIB:+.2f} GiB "
-                    f"({peak * m.GIB / floor - 1:+.1%}) of activations and allocator cache")]
+    return [
+        Finding(
+            "gpu_floor",
+            "info",
+            f"per-GPU peak {peak:.2f} GiB vs floor {floor / m.GIB:.2f} GiB ({floor_terms(p)} outside PyTorch's "
+            f"allocator: CUDA context, communicator, workspaces): {(peak * m.GIB - floor) / m.GIB:+.2f} GiB "
+            f"({peak * m.GIB / floor - 1:+.1%}) of activations and allocator cache",
+        )
+    ]
 
 
 def init_transient(f: RunFacts) -> List[Finding]:
@@ -249,14 +324,25 @@ def init_transient(f: RunFacts) -> List[Finding]:
     if peak - kept < TRANSIENT * full:
         return []
     reserved, cached = m.gpu_max(f.result, phase, "gpu_reserved_peak"), m.gpu_max(f.result, phase, "gpu_reserved")
-    what = (f"the whole model ({m.human(full)}) was on the GPU" if peak >= WHOLE * full else
-            f"{peak / full:.0%} of the model ({m.human(full)}) was on the GPU at once")
-    kept_cache = (f"; PyTorch kept {m.human(cached)} reserved after it (cached, not returned to the device), so the "
-                  f"per-GPU peak is {m.headline(f.result, 'gpu_peak_gib'):.2f} GiB"
-                  if cached and reserved and cached >= WHOLE * reserved and m.headline(f.result, "gpu_peak_gib") else "")
-    return [Finding("init_transient", "problem",
-                    f"{phase} phase peak = {m.human(peak)} allocated ({m.human(reserved)} reserved) against "
-                    f"{m.human(kept)} of weights kept: {what} before being partitioned{kept_cache}")]
+    what = (
+        f"the whole model ({m.human(full)}) was on the GPU"
+        if peak >= WHOLE * full
+        else f"{peak / full:.0%} of the model ({m.human(full)}) was on the GPU at once"
+    )
+    kept_cache = (
+        f"; PyTorch kept {m.human(cached)} reserved after it (cached, not returned to the device), so the "
+        f"per-GPU peak is {m.headline(f.result, 'gpu_peak_gib'):.2f} GiB"
+        if cached and reserved and cached >= WHOLE * reserved and m.headline(f.result, "gpu_peak_gib")
+        else ""
+    )
+    return [
+        Finding(
+            "init_transient",
+            "problem",
+            f"{phase} phase peak = {m.human(peak)} allocated ({m.human(reserved)} reserved) against "
+            f"{m.human(kept)} of weights kept: {what} before being partitioned{kept_cache}",
+        )
+    ]
 
 
 def predicted_error(f: RunFacts) -> List[Finding]:
@@ -266,5 +352,15 @@ def predicted_error(f: RunFacts) -> List[Finding]:
     return [Finding("predicted_refusal", "info", f"the memory model expects the engine to refuse this: {p.error}")]
 
 
-RULES: List[Rule] = [failed, incorrect_output, left_on_meta, weights_vs_model, unread_fields, host_copies,
-                     scaling_with_tp, init_transient, gpu_overhead, predicted_error]
+RULES: List[Rule] = [
+    failed,
+    incorrect_output,
+    left_on_meta,
+    weights_vs_model,
+    unread_fields,
+    host_copies,
+    scaling_with_tp,
+    init_transient,
+    gpu_overhead,
+    predicted_error,
+]

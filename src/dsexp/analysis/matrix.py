@@ -1,5 +1,6 @@
 """The sweep matrix: one row per configuration and tp, with prediction, measurement and diagnosis;
 the recommendation; and the memory model's figures at tp values the sweep did not run."""
+
 from __future__ import annotations
 
 import traceback
@@ -8,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from dsexp.analysis import measured as m
-from dsexp.core.records import config_label
 from dsexp.analysis.diagnosis import UNSHARDED, WEIGHT_TOL, Finding, diagnose, text
 from dsexp.analysis.memory import Prediction, predict, splits_weights
+from dsexp.core.records import config_label
 
 EXTRAPOLATE_TP = (4, 8)
 TIE = 0.01  # configurations within 1% of the lowest figure count as tied; the lower host peak wins
@@ -45,20 +46,28 @@ class Row:
         w = m.weights_per_rank(r)
         pred_w = p.weights_max if p else None
         return {
-            "config": self.strategy, "tp": self.tp, "status": _status(r),
-            "correct": None if not corr else bool(corr.get("passed")), "logits_rel_err": corr.get("logits_rel_err"),
-            "gpu_peak_gib": m.headline(r, "gpu_peak_gib"), "gpu_weights_gib": m.headline(r, "gpu_weights_gib"),
+            "config": self.strategy,
+            "tp": self.tp,
+            "status": _status(r),
+            "correct": None if not corr else bool(corr.get("passed")),
+            "logits_rel_err": corr.get("logits_rel_err"),
+            "gpu_peak_gib": m.headline(r, "gpu_peak_gib"),
+            "gpu_weights_gib": m.headline(r, "gpu_weights_gib"),
             "pred_weights_gib": _gib(pred_w),
             "weights_err_pct": 100 * (max(w) - pred_w) / pred_w if w and pred_w and m.completed(r) else None,
             "pred_floor_gib": _gib(p.floor()) if p and p.overhead is not None else None,
             "model_gib": _gib(p.model_bytes) if p else None,
-            "host_peak_gib": m.headline(r, "host_peak_gib"), "host_anon_peak_gib": m.headline(r, "host_anon_peak_gib"),
+            "host_peak_gib": m.headline(r, "host_peak_gib"),
+            "host_anon_peak_gib": m.headline(r, "host_anon_peak_gib"),
             "node_host_peak_gib": m.headline(r, "node_host_peak_gib"),
-            "load_s": m.headline(r, "load_s"), "init_s": m.headline(r, "init_s"),
-            "generate_s": m.headline(r, "generate_s"), "tokens_per_s": m.headline(r, "tokens_per_s"),
+            "load_s": m.headline(r, "load_s"),
+            "init_s": m.headline(r, "init_s"),
+            "generate_s": m.headline(r, "generate_s"),
+            "tokens_per_s": m.headline(r, "tokens_per_s"),
             "device": (r.get("runtime") or {}).get("device") or self.config.get("device"),
             "diagnosis": text(self.findings) or (f"no memory model: {self.model_error}" if self.model_error else ""),
-            "job": r.get("job_dir"), "run_id": (r.get("tracking") or {}).get("run_id"),
+            "job": r.get("job_dir"),
+            "run_id": (r.get("tracking") or {}).get("run_id"),
         }
 
 
@@ -101,6 +110,7 @@ def build_rows(results: Sequence[Dict[str, Any]]) -> List[Row]:
 @dataclass
 class Pick:
     """The recommended row for one criterion and the rows tied with it (within TIE of the lowest figure)."""
+
     row: Row
     tied: List[Row]
 
@@ -117,8 +127,11 @@ def _best(rows: List[Row], metric, keep=lambda r: True) -> Optional[Pick]:
 
 
 def offloads(row: Row) -> bool:
-    return any(pl.how == "offloaded" for pl in row.prediction.placements) if row.prediction else \
-        (row.config.get("zero") or {}).get("offload", "none") != "none"
+    return (
+        any(pl.how == "offloaded" for pl in row.prediction.placements)
+        if row.prediction
+        else (row.config.get("zero") or {}).get("offload", "none") != "none"
+    )
 
 
 RECOMMENDATIONS = ("per_device", "per_device_no_offload", "host", "node")
@@ -135,10 +148,12 @@ def recommend(rows: List[Row]) -> Dict[str, Optional[Pick]]:
     offload, the lowest host peak per rank and the lowest node host peak (keys: RECOMMENDATIONS)."""
     model = main_model(rows)
     rows = [r for r in rows if (r.config.get("model") or {}).get("name") == model]
-    return {"per_device": _best(rows, m.per_device_gib),
-            "per_device_no_offload": _best(rows, m.per_device_gib, keep=lambda r: not offloads(r)),
-            "host": _best(rows, lambda r: m.headline(r, "host_peak_gib")),
-            "node": _best(rows, lambda r: m.headline(r, "node_host_peak_gib"))}
+    return {
+        "per_device": _best(rows, m.per_device_gib),
+        "per_device_no_offload": _best(rows, m.per_device_gib, keep=lambda r: not offloads(r)),
+        "host": _best(rows, lambda r: m.headline(r, "host_peak_gib")),
+        "node": _best(rows, lambda r: m.headline(r, "node_host_peak_gib")),
+    }
 
 
 @dataclass
@@ -146,7 +161,7 @@ class Extrapolated:
     strategy: str
     tp: int
     measured: bool
-    per_device_gib: Optional[float]     # GPU: calibrated peak; CPU: device-resident weights
+    per_device_gib: Optional[float]  # GPU: calibrated peak; CPU: device-resident weights
     weights_gib: Optional[float]
     host_peak_gib: Optional[float]
     node_host_peak_gib: Optional[float]
@@ -161,15 +176,31 @@ def extrapolate(rows: List[Row], tps: Sequence[int] = EXTRAPOLATE_TP) -> List[Ex
         mine = [r for r in rows if r.strategy == strategy]
         for r in mine:
             v = r.values()
-            out.append(Extrapolated(strategy, r.tp, True, m.per_device_gib(r.result), v["gpu_weights_gib"],
-                                    v["host_peak_gib"], v["node_host_peak_gib"], v["status"]))
-        base = max((r for r in mine if m.completed(r.result) and m.weights_per_rank(r.result) and r.prediction),
-                   key=lambda r: r.tp, default=None)
+            out.append(
+                Extrapolated(
+                    strategy,
+                    r.tp,
+                    True,
+                    m.per_device_gib(r.result),
+                    v["gpu_weights_gib"],
+                    v["host_peak_gib"],
+                    v["node_host_peak_gib"],
+                    v["status"],
+                )
+            )
+        base = max(
+            (r for r in mine if m.completed(r.result) and m.weights_per_rank(r.result) and r.prediction),
+            key=lambda r: r.tp,
+            default=None,
+        )
         for tp in tps:
             if any(r.tp == tp for r in mine):
                 continue
-            out.append(_at(base, strategy, tp) if base else
-                       Extrapolated(strategy, tp, False, None, None, None, None, "no completed run to start from"))
+            out.append(
+                _at(base, strategy, tp)
+                if base
+                else Extrapolated(strategy, tp, False, None, None, None, None, "no completed run to start from")
+            )
     return out
 
 
@@ -196,7 +227,10 @@ def _at(base: Row, strategy: str, tp: int) -> Extrapolated:
         extra = max(0, gpu * m.GIB - bp.floor())
         per_dev = weights + max(p.kv_cache) + p.overhead + extra
         if any(f.code == "init_transient" for f in base.findings):
-            per_dev, note = max(per_dev, gpu * m.GIB), note + "; peak kept: the whole model passes through the GPU at init"
+            per_dev, note = (
+                max(per_dev, gpu * m.GIB),
+                note + "; peak kept: the whole model passes through the GPU at init",
+            )
         else:
             note += f"; + measured {extra / m.GIB:.2f} GiB activations/cache"
     host = m.headline(r, "host_peak_gib")
@@ -207,8 +241,16 @@ def _at(base: Row, strategy: str, tp: int) -> Extrapolated:
     if growth is not None:
         private = max(0, growth / bp.tp + max(p.host.anon) - max(bp.host.anon))
         node_pred = ((r.get("baseline") or {})["node_used"] + tp * private) / m.GIB
-    return Extrapolated(strategy, tp, False, per_dev / m.GIB, weights / m.GIB, host_pred, node_pred,
-                        f"model at tp={tp} anchored on tp={bp.tp}: {note}")
+    return Extrapolated(
+        strategy,
+        tp,
+        False,
+        per_dev / m.GIB,
+        weights / m.GIB,
+        host_pred,
+        node_pred,
+        f"model at tp={tp} anchored on tp={bp.tp}: {note}",
+    )
 
 
 def _weights_at(base: Row, p: Prediction) -> Tuple[float, str]:
@@ -221,8 +263,10 @@ def _weights_at(base: Row, p: Prediction) -> Tuple[float, str]:
     if base.tp > 1 and meas >= UNSHARDED * bp.model_bytes:
         return meas, f"nothing was sharded at tp={base.tp}: kept unsharded"
     ratio = meas / bp.weights_max
-    return max(p.unshardable, p.weights_max * ratio), (f"weights modelled x {ratio:.2f} (measured/predicted at "
-                                                        f"tp={base.tp}), not below the {m.human(p.unshardable)} no tp splits")
+    return max(p.unshardable, p.weights_max * ratio), (
+        f"weights modelled x {ratio:.2f} (measured/predicted at "
+        f"tp={base.tp}), not below the {m.human(p.unshardable)} no tp splits"
+    )
 
 
 def _cost(p: Prediction) -> int:

@@ -1,5 +1,6 @@
 """What a run measured, read from its result dict; every accessor tolerates missing fields (failed runs,
 results of older or newer schema, runs rebuilt from MLflow params without rank records)."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional

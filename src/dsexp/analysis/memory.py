@@ -23,6 +23,7 @@ KV cache: 2 x layers x kv_heads(rank) x head_dim x tokens x bytes. Device memory
 allocator (CUDA context, NCCL communicator, cuBLAS workspaces, most created after `start`): measured by the
 run itself, see `nonpytorch_overhead`. Host: what loading costs each rank, by loading strategy (`_host`).
 """
+
 from __future__ import annotations
 
 import math
@@ -36,13 +37,12 @@ from dsexp.core.engines import ENGINES, effective_policy, traits
 from dsexp.models.kernel_policy import kernel_policy_classes
 
 
-
 @dataclass
 class Placement:
     name: str
-    full: int                  # bytes of the whole tensor, in the dtype the engine holds it
-    local: Tuple[int, ...]     # bytes on each rank's compute device
-    how: str                   # "replicated", "offloaded" or the splitting module/style (LinearLayer, zero3, colwise...)
+    full: int  # bytes of the whole tensor, in the dtype the engine holds it
+    local: Tuple[int, ...]  # bytes on each rank's compute device
+    how: str  # "replicated", "offloaded" or the splitting module/style (LinearLayer, zero3, colwise...)
     dim: Optional[int] = None  # the dimension a TP split cuts (0: each rank's rows are contiguous in the file)
     is_buffer: bool = False
 
@@ -50,6 +50,7 @@ class Placement:
 @dataclass
 class Strategy:
     """The settings that decide placement (everything but tp)."""
+
     engine: str
     kernel_inject: bool
     policy: Optional[Dict[str, List[str]]]
@@ -70,12 +71,20 @@ class Strategy:
         runtime = result.get("runtime") or {}
         dtype, model_dtype = c.get("dtype") or model.get("dtype", "bf16"), model.get("dtype", "bf16")
         conversion = runtime.get("conversion", f"{model_dtype}->{dtype}" if dtype != model_dtype else None)
-        return cls(engine=eng.get("name", "init_inference"), kernel_inject=bool(eng.get("kernel_inject")),
-                   policy=_effective_policy(result), zero_stage=int(zero.get("stage") or 0),
-                   offload=zero.get("offload") or "none", dtype=dtype, model_dtype=model_dtype,
-                   load=load.get("name", "eager"), fmt=load.get("format", "safetensors"),
-                   device=runtime.get("device") or c.get("device") or "cpu",
-                   max_out_tokens=int(eng.get("max_out_tokens") or 0), conversion=conversion)
+        return cls(
+            engine=eng.get("name", "init_inference"),
+            kernel_inject=bool(eng.get("kernel_inject")),
+            policy=_effective_policy(result),
+            zero_stage=int(zero.get("stage") or 0),
+            offload=zero.get("offload") or "none",
+            dtype=dtype,
+            model_dtype=model_dtype,
+            load=load.get("name", "eager"),
+            fmt=load.get("format", "safetensors"),
+            device=runtime.get("device") or c.get("device") or "cpu",
+            max_out_tokens=int(eng.get("max_out_tokens") or 0),
+            conversion=conversion,
+        )
 
 
 def _effective_policy(result: Dict[str, Any]) -> Optional[Dict[str, List[str]]]:
@@ -84,17 +93,19 @@ def _effective_policy(result: Dict[str, Any]) -> Optional[Dict[str, List[str]]]:
     if "injection_policy" in report:
         return report["injection_policy"] or None
     eng, model = ((result.get("config") or {}).get(k) or {} for k in ("engine", "model"))
-    return effective_policy(eng.get("injection_policy", "auto"), bool(eng.get("kernel_inject")),
-                            model.get("injection_policy"))
+    return effective_policy(
+        eng.get("injection_policy", "auto"), bool(eng.get("kernel_inject")), model.get("injection_policy")
+    )
 
 
 @dataclass
 class HostPrediction:
     """Host bytes each rank adds while loading, on top of its `start` snapshot."""
-    file: List[int]            # file-backed (mmap'd checkpoint pages mapped at the load peak: page cache, shared)
-    anon: List[int]            # private memory at the load peak (conversions, kept slices, offloaded partitions)
-    kept: List[int]            # private bytes a rank keeps whatever the loading (TP slices on a CPU run, offload)
-    how: str                   # one sentence: why
+
+    file: List[int]  # file-backed (mmap'd checkpoint pages mapped at the load peak: page cache, shared)
+    anon: List[int]  # private memory at the load peak (conversions, kept slices, offloaded partitions)
+    kept: List[int]  # private bytes a rank keeps whatever the loading (TP slices on a CPU run, offload)
+    how: str  # one sentence: why
 
     @property
     def node(self) -> int:
@@ -107,15 +118,15 @@ class Prediction:
     tp: int
     strategy: Strategy
     placements: List[Placement]
-    weights: List[int]                 # bytes on each rank's compute device
+    weights: List[int]  # bytes on each rank's compute device
     kv_cache: List[int]
     tokens: int
     dims: arch.Dims
-    overhead: Optional[int]            # device memory outside PyTorch's allocator, measured (GPU runs only)
+    overhead: Optional[int]  # device memory outside PyTorch's allocator, measured (GPU runs only)
     host: HostPrediction
     modules: Dict[str, Dict[str, int]]
     notes: List[str] = field(default_factory=list)
-    error: Optional[str] = None        # the engine cannot run this (e.g. AutoTP finds no policy)
+    error: Optional[str] = None  # the engine cannot run this (e.g. AutoTP finds no policy)
 
     @property
     def model_bytes(self) -> int:
@@ -162,9 +173,20 @@ def predict(result: Dict[str, Any], tp: Optional[int] = None) -> Prediction:
     tokens = _tokens(result, strategy)
     d = arch.dims(model)
     kv = [_kv_bytes(d, _kv_heads(d.kv_heads, tp, r, strategy), tokens, strategy.dtype) for r in range(tp)]
-    return Prediction(tp=tp, strategy=strategy, placements=placements, weights=weights, kv_cache=kv,
-                      tokens=tokens, dims=d, overhead=nonpytorch_overhead(result), notes=notes, error=error, modules=modules,
-                      host=_host(result, strategy, tp, weights, placements))
+    return Prediction(
+        tp=tp,
+        strategy=strategy,
+        placements=placements,
+        weights=weights,
+        kv_cache=kv,
+        tokens=tokens,
+        dims=d,
+        overhead=nonpytorch_overhead(result),
+        notes=notes,
+        error=error,
+        modules=modules,
+        host=_host(result, strategy, tp, weights, placements),
+    )
 
 
 def place(model, strategy: Strategy, tp: int):
@@ -185,6 +207,7 @@ def splits_weights(engine: str) -> bool:
 
 # --- tensors -------------------------------------------------------------------------------------
 
+
 @dataclass
 class _Tensor:
     name: str
@@ -203,14 +226,20 @@ def _tensors(model, strategy: Strategy) -> List[_Tensor]:
     run_itemsize = arch.DTYPE_BYTES[strategy.dtype]
     seen, out = set(), []
     for mname, mod in model.named_modules():
-        for is_buffer, items in ((False, mod.named_parameters(recurse=False)), (True, mod.named_buffers(recurse=False))):
+        for is_buffer, items in (
+            (False, mod.named_parameters(recurse=False)),
+            (True, mod.named_buffers(recurse=False)),
+        ):
             for pname, t in items:
                 if t is None or id(t) in seen:
                     continue
                 seen.add(id(t))
                 itemsize = run_itemsize if (cast and torch.is_floating_point(t)) else t.element_size()
-                out.append(_Tensor(f"{mname}.{pname}" if mname else pname, mname, t.numel(), tuple(t.shape),
-                                   itemsize, is_buffer))
+                out.append(
+                    _Tensor(
+                        f"{mname}.{pname}" if mname else pname, mname, t.numel(), tuple(t.shape), itemsize, is_buffer
+                    )
+                )
     return out
 
 
@@ -222,8 +251,9 @@ def _replicated(t: _Tensor, tp: int, how: str = "replicated") -> Placement:
 def _split(t: _Tensor, dim: int, sizes: List[int], how: str) -> Placement:
     """A tensor cut along `dim` into pieces of the given sizes (one per rank)."""
     other = t.numel // t.shape[dim]
-    return Placement(t.name, t.numel * t.itemsize, tuple(s * other * t.itemsize for s in sizes), how, dim=dim,
-                     is_buffer=t.is_buffer)
+    return Placement(
+        t.name, t.numel * t.itemsize, tuple(s * other * t.itemsize for s in sizes), how, dim=dim, is_buffer=t.is_buffer
+    )
 
 
 # --- engines -------------------------------------------------------------------------------------
@@ -261,9 +291,13 @@ def _autotp(model, tensors, s: Strategy, tp: int, notes: List[str]):
             if not isinstance(child, nn.Linear) or not rel:
                 continue
             parts = rel.split(".")
-            ds_name = f"{parts[-2] if len(parts) > 1 else ''}.{parts[-1]}"  # parent attr + '.' + attr, as AutoTP names it
-            by_module[f"{lname}.{rel}"] = (ds_name, _autotp_class(ds_name, rules[type(layer).__name__], tp,
-                                                                    require_tp_fused_qkvw))
+            ds_name = (
+                f"{parts[-2] if len(parts) > 1 else ''}.{parts[-1]}"  # parent attr + '.' + attr, as AutoTP names it
+            )
+            by_module[f"{lname}.{rel}"] = (
+                ds_name,
+                _autotp_class(ds_name, rules[type(layer).__name__], tp, require_tp_fused_qkvw),
+            )
     head = next((n for n in ("lm_head", "embed_out") if isinstance(getattr(model, n, None), nn.Linear)), None)
     if head:
         by_module[head] = ("lm_head", "LmHeadLinearAllreduce")
@@ -273,8 +307,11 @@ def _autotp(model, tensors, s: Strategy, tp: int, notes: List[str]):
         if cls is None or cls == "skip" or t.is_buffer:
             out.append(_replicated(t, tp))
         elif cls in ("LinearAllreduce", "LmHeadLinearAllreduce"):
-            out.append(_split(t, 1, get_shard_size_list(t.shape[1], tp, meta, ds_name), cls) if len(t.shape) == 2
-                       else _replicated(t, tp))  # row-parallel bias stays whole
+            out.append(
+                _split(t, 1, get_shard_size_list(t.shape[1], tp, meta, ds_name), cls)
+                if len(t.shape) == 2
+                else _replicated(t, tp)
+            )  # row-parallel bias stays whole
         else:
             out.append(_split(t, 0, get_shard_size_list(t.shape[0], tp, meta, ds_name), cls))
     replaced = Counter(cls for _, cls in by_module.values() if cls != "skip")
@@ -296,13 +333,18 @@ def _kernel_inject(model, tensors, tp: int, notes: List[str]):
     classes = set(kernel_policy_classes())
     layers = {n: type(m).__name__ for n, m in model.named_modules() if type(m) in classes}
     if not layers:
-        names = sorted({type(m).__name__ for m in model.modules()
-                        if "Layer" in type(m).__name__ or "Block" in type(m).__name__})
-        notes.append(f"kernel injection has no policy for {', '.join(names) or 'any layer class'}: "
-                     f"no module is replaced and nothing is sharded")
+        names = sorted(
+            {type(m).__name__ for m in model.modules() if "Layer" in type(m).__name__ or "Block" in type(m).__name__}
+        )
+        notes.append(
+            f"kernel injection has no policy for {', '.join(names) or 'any layer class'}: "
+            f"no module is replaced and nothing is sharded"
+        )
         return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
-    notes.append("kernel-injected layers: matrices assumed split evenly 1/tp (DeepSpeed containers); "
-                 "the kernel workspace is not part of the weights")
+    notes.append(
+        "kernel-injected layers: matrices assumed split evenly 1/tp (DeepSpeed containers); "
+        "the kernel workspace is not part of the weights"
+    )
     out = []
     for t in tensors:
         in_layer = any(t.module == n or t.module.startswith(n + ".") for n in layers)
@@ -324,21 +366,32 @@ def _zero3(model, tensors, s: Strategy, tp: int, notes: List[str]):
             out.append(_replicated(t, tp))
             continue
         part = math.ceil(t.numel / tp) * t.itemsize
-        out.append(Placement(t.name, t.numel * t.itemsize, (0 if offloaded else part,) * tp,
-                             "offloaded" if offloaded else "zero3"))
+        out.append(
+            Placement(
+                t.name, t.numel * t.itemsize, (0 if offloaded else part,) * tp, "offloaded" if offloaded else "zero3"
+            )
+        )
     return out, {"removed": {}, "added": {}}
 
 
 def _autotp_zero3(model, tensors, s: Strategy, tp: int, notes: List[str]):
-    notes.append("autotp_zero3 modelled as ZeRO-3 partitioning over all ranks (parameters 1/tp, buffers whole); "
-                 "the module replacements are AutoTP's")
+    notes.append(
+        "autotp_zero3 modelled as ZeRO-3 partitioning over all ranks (parameters 1/tp, buffers whole); "
+        "the module replacements are AutoTP's"
+    )
     _, modules = _autotp(model, tensors, s, tp, [])
     placements, _ = _zero3(model, tensors, s, tp, notes)
     return placements, modules
 
 
-_HF_DIMS = (("embedding_colwise", 1), ("embedding_rowwise", 0), ("packed_colwise", 0), ("packed_rowwise", -1),
-            ("colwise", 0), ("rowwise", -1))
+_HF_DIMS = (
+    ("embedding_colwise", 1),
+    ("embedding_rowwise", 0),
+    ("packed_colwise", 0),
+    ("packed_rowwise", -1),
+    ("colwise", 0),
+    ("rowwise", -1),
+)
 
 
 def _hf_tp(model, tensors, s: Strategy, tp: int, notes: List[str]):
@@ -365,8 +418,12 @@ def _unknown_engine(model, tensors, s: Strategy, tp: int, notes: List[str]):
     return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
 
 
-PLACERS: Dict[str, Placer] = {"init_inference": _init_inference, "zero_inference": _zero3,
-                              "autotp_zero3": _autotp_zero3, "hf_tp": _hf_tp}
+PLACERS: Dict[str, Placer] = {
+    "init_inference": _init_inference,
+    "zero_inference": _zero3,
+    "autotp_zero3": _autotp_zero3,
+    "hf_tp": _hf_tp,
+}
 
 
 def _even(n: int, tp: int) -> List[int]:
@@ -379,6 +436,7 @@ def _chunks(n: int, tp: int) -> List[int]:
 
 
 # --- KV cache, context, host ---------------------------------------------------------------------
+
 
 def _kv_heads(kv: int, tp: int, rank: int, s: Strategy) -> int:
     if not splits_weights(s.engine) or tp == 1:
@@ -411,8 +469,11 @@ def nonpytorch_overhead(result: Dict[str, Any]) -> Optional[int]:
     for rk in result.get("ranks") or []:
         phases = (rk or {}).get("phases") or {}
         start = (phases.get("start") or {}).get("gpu") or {}
-        outside = [g["nvml_process_used"] - (g.get("gpu_reserved") or 0)
-                   for g in ((ph or {}).get("gpu") or {} for ph in phases.values()) if g.get("nvml_process_used")]
+        outside = [
+            g["nvml_process_used"] - (g.get("gpu_reserved") or 0)
+            for g in ((ph or {}).get("gpu") or {} for ph in phases.values())
+            if g.get("nvml_process_used")
+        ]
         if outside and start.get("nvml_device_used") is not None and start.get("nvml_process_used") is not None:
             vals.append(max(outside) + start["nvml_device_used"] - start["nvml_process_used"])
         elif (start.get("nvml_device_used") or start.get("gpu_driver_used")) is not None:
@@ -420,7 +481,9 @@ def nonpytorch_overhead(result: Dict[str, Any]) -> Optional[int]:
     return max(vals) if vals else None
 
 
-def _host(result: Dict[str, Any], s: Strategy, tp: int, weights: List[int], placements: List[Placement]) -> HostPrediction:
+def _host(
+    result: Dict[str, Any], s: Strategy, tp: int, weights: List[int], placements: List[Placement]
+) -> HostPrediction:
     """Host bytes loading adds per rank at its peak (the interpreter's own imports during load, ~100-200 MiB,
     come on top). Eager loads mmap the checkpoint (.bin too: transformers >= 5 loads it with mmap=True) and
     touch the pages of what the rank takes: a whole tensor when it is replicated, partitioned by ZeRO or cut
@@ -431,24 +494,42 @@ def _host(result: Dict[str, Any], s: Strategy, tp: int, weights: List[int], plac
     ckpt = sum(files) or model_run * arch.DTYPE_BYTES[s.model_dtype] // arch.DTYPE_BYTES[s.dtype]
     on_host = s.device == "cpu"  # on a CPU run the device *is* the host
     offload = sum(math.ceil(p.full / tp) for p in placements if p.how == "offloaded")
-    kept = [(sum(p.local[r] for p in placements if p.how not in ("replicated", "offloaded")) if on_host else 0)
-            + offload for r in range(tp)]
+    kept = [
+        (sum(p.local[r] for p in placements if p.how not in ("replicated", "offloaded")) if on_host else 0) + offload
+        for r in range(tp)
+    ]
     if s.load == "meta":
         largest = max(files, default=ckpt)
-        return HostPrediction([largest] * tp, [largest + k for k in kept], kept,
-                              "every rank reads every checkpoint file in full, one file at a time")
+        return HostPrediction(
+            [largest] * tp,
+            [largest + k for k in kept],
+            kept,
+            "every rank reads every checkpoint file in full, one file at a time",
+        )
     if s.load == "sharded":
         biggest = [max((p.local[r] for p in placements if not p.is_buffer), default=0) for r in range(tp)]
-        return HostPrediction(biggest, [(w if on_host else 0) + offload for w in weights], kept,
-                              "each rank reads only its own slice and the replicated tensors, one tensor at a time "
-                              "(the largest one mapped at once)")
+        return HostPrediction(
+            biggest,
+            [(w if on_host else 0) + offload for w in weights],
+            kept,
+            "each rank reads only its own slice and the replicated tensors, one tensor at a time "
+            "(the largest one mapped at once)",
+        )
     if s.conversion:
-        return HostPrediction([ckpt] * tp, [model_run + offload] * tp, kept,
-                              f"the load converts ({s.conversion}): a private full copy per rank")
+        return HostPrediction(
+            [ckpt] * tp,
+            [model_run + offload] * tp,
+            kept,
+            f"the load converts ({s.conversion}): a private full copy per rank",
+        )
     touched = [sum(p.local[r] if p.dim == 0 else p.full for p in placements if not p.is_buffer) for r in range(tp)]
-    return HostPrediction(touched, kept, kept,
-                          f"{s.fmt} is memory-mapped without conversion: the checkpoint sits in the page cache, "
-                          f"shared by the ranks; private memory ~ the slices each rank keeps")
+    return HostPrediction(
+        touched,
+        kept,
+        kept,
+        f"{s.fmt} is memory-mapped without conversion: the checkpoint sits in the page cache, "
+        f"shared by the ranks; private memory ~ the slices each rank keeps",
+    )
 
 
 def _checkpoint_files(result: Dict[str, Any], s: Strategy, placements: List[Placement]) -> List[int]:

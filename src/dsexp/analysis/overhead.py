@@ -8,17 +8,26 @@ of its timeline's zero and when its record was complete (`clock`), and how long 
 the start phase. The
 critical path is followed through the rank that finished generating last.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
 # (segment, from mark, to mark, what it is); consecutive, so the segments add up to the job's wall time.
 SEGMENTS = (
-    ("prepare", "task", "popen", "job preparation: validation, resume check, caches (checkpoint, reference, split), "
-                                 "job.json, baseline"),
+    (
+        "prepare",
+        "task",
+        "popen",
+        "job preparation: validation, resume check, caches (checkpoint, reference, split), job.json, baseline",
+    ),
     ("launcher_start", "popen", "created", "launcher start: torchrun/deepspeed starts and spawns the rank processes"),
-    ("rank_startup", "created", "imported", "rank start-up: interpreter, dsexp, torch and DeepSpeed imports "
-                                            "(slowest rank)"),
+    (
+        "rank_startup",
+        "created",
+        "imported",
+        "rank start-up: interpreter, dsexp, torch and DeepSpeed imports (slowest rank)",
+    ),
     ("rendezvous", "imported", "started", "device and process group: CUDA device, init_distributed"),
     ("rank_work", None, None, "the ranks' own work: load + init + generate wall time"),
     ("rank_probes", None, None, "in-rank recording between phases: weight census, snapshots, rank file writes"),
@@ -50,11 +59,17 @@ def marks(result: Dict[str, Any]) -> Optional[Dict[str, float]]:
     if last is None or not {"task", "tracked"} <= set(clock) or not launch.get("exited"):
         return None
     return {
-        "task": clock["task"], "popen": launch["popen"],
+        "task": clock["task"],
+        "popen": launch["popen"],
         "created": min(r["clock"]["created"] for r in ranks),
         "imported": max(r["clock"]["t0"] + r["phases"]["start"].get("imports_s", 0.0) for r in ranks),
-        "started": _at(last, "start", "t1"), "work_end": _at(last, "generate", "t1"),
-        "finished": max(r["clock"].get("finished", launch["exited"]) for r in ranks), "exited": launch["exited"], "done": launch["done"], "ended": clock["ended"], "tracked": clock["tracked"],
+        "started": _at(last, "start", "t1"),
+        "work_end": _at(last, "generate", "t1"),
+        "finished": max(r["clock"].get("finished", launch["exited"]) for r in ranks),
+        "exited": launch["exited"],
+        "done": launch["done"],
+        "ended": clock["ended"],
+        "tracked": clock["tracked"],
         "work_s": sum(last["phases"][p]["wall_s"] for p in ("load", "init", "generate")),
     }
 

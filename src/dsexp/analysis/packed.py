@@ -8,6 +8,7 @@ anonymous-memory peaks. Shown, not compared: phase times (packed jobs share the 
 bandwidth and, under launcher.pack=true, each has only its GPUs' share of the CPUs) and node-wide figures
 (they hold every job running at the time; see dsexp.packing.node_shared).
 """
+
 from __future__ import annotations
 
 import copy
@@ -33,8 +34,9 @@ def rank_figures(rank: Dict[str, Any]) -> Dict[str, Optional[float]]:
     phases = rank.get("phases") or {}
     out = {}
     for name, (section, key) in FIGURES.items():
-        vals = [(phases[p] if section is None else phases[p].get(section) or {}).get(key) for p in PHASES
-                if p in phases]
+        vals = [
+            (phases[p] if section is None else phases[p].get(section) or {}).get(key) for p in PHASES if p in phases
+        ]
         vals = [v for v in vals if v is not None]
         out[name] = max(vals) if vals else None
     return out
@@ -116,12 +118,15 @@ def compare(seq: List[Dict[str, Any]], packed: List[Dict[str, Any]]) -> Dict[str
         "jobs": len(pairs),
         "span_s": spans,
         "ratio": spans["packed"] / spans["sequential"] if all(spans.values()) else None,
-        "placement": {_label(p): {"gpus": (p.get("packed") or {}).get("gpus"),
-                                  "cpus": len((p.get("packed") or {}).get("cpus") or []) or None,
-                                  "waited_s": (p.get("packed") or {}).get("waited_s"),
-                                  "overlapped_with": [names.get(j, j) for j in
-                                                      (p.get("packed") or {}).get("overlapped_with") or []]}
-                      for _, p in pairs},
+        "placement": {
+            _label(p): {
+                "gpus": (p.get("packed") or {}).get("gpus"),
+                "cpus": len((p.get("packed") or {}).get("cpus") or []) or None,
+                "waited_s": (p.get("packed") or {}).get("waited_s"),
+                "overlapped_with": [names.get(j, j) for j in (p.get("packed") or {}).get("overlapped_with") or []],
+            }
+            for _, p in pairs
+        },
         "figures": figures,
         "all_within_tolerance": bool(figures) and all(v["within_tolerance"] for v in figures.values()),
         "phase_s": {"sequential": mean_phase_s(seq), "packed": mean_phase_s(packed)},
@@ -133,24 +138,41 @@ def render(data: Dict[str, Any], title: str = "Packed vs sequential") -> str:
     out = [f"# {title}", ""]
     if data.get("setup"):
         out += [data["setup"], ""]
-    for what, times in (("wall time of the sweep command", data.get("wall_s")),
-                        ("first job start to last job logged", data.get("span_s"))):
+    for what, times in (
+        ("wall time of the sweep command", data.get("wall_s")),
+        ("first job start to last job logged", data.get("span_s")),
+    ):
         if times and all(times.values()):
-            out.append(f"- {what}: sequential {times['sequential']:.1f} s, packed {times['packed']:.1f} s -> "
-                       f"ratio packed / sequential **{times['packed'] / times['sequential']:.2f}**")
+            out.append(
+                f"- {what}: sequential {times['sequential']:.1f} s, packed {times['packed']:.1f} s -> "
+                f"ratio packed / sequential **{times['packed'] / times['sequential']:.2f}**"
+            )
     out += ["", "| job | GPUs | CPUs | waited s | ran beside |", "| --- | --- | --- | --- | --- |"]
     for job, p in data["placement"].items():
-        out.append(f"| {job} | {p['gpus']} | {p['cpus'] or 'all'} | {p['waited_s']} | "
-                   f"{', '.join(p['overlapped_with']) or '-'} |")
-    out += ["", f"Per-rank memory figures (largest difference over {data['jobs']} jobs and their ranks; "
-                f"target within {100 * TOLERANCE:g}%):", "",
-            "| figure | max rel. diff | where | sequential (bytes) | packed (bytes) | within |",
-            "| --- | --- | --- | --- | --- | --- |"]
+        out.append(
+            f"| {job} | {p['gpus']} | {p['cpus'] or 'all'} | {p['waited_s']} | "
+            f"{', '.join(p['overlapped_with']) or '-'} |"
+        )
+    out += [
+        "",
+        f"Per-rank memory figures (largest difference over {data['jobs']} jobs and their ranks; "
+        f"target within {100 * TOLERANCE:g}%):",
+        "",
+        "| figure | max rel. diff | where | sequential (bytes) | packed (bytes) | within |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for name, v in data["figures"].items():
-        out.append(f"| {name} | {100 * v['max_rel_diff']:.3f}% | {v['where']} | {v['sequential']:.6g} | "
-                   f"{v['packed']:.6g} | {'yes' if v['within_tolerance'] else 'NO'} |")
-    out += ["", "Phase times (mean over jobs of the slowest rank, s), shown not compared:", "",
-            "| run | " + " | ".join(PHASES) + " |", "| --- |" + " --- |" * len(PHASES)]
+        out.append(
+            f"| {name} | {100 * v['max_rel_diff']:.3f}% | {v['where']} | {v['sequential']:.6g} | "
+            f"{v['packed']:.6g} | {'yes' if v['within_tolerance'] else 'NO'} |"
+        )
+    out += [
+        "",
+        "Phase times (mean over jobs of the slowest rank, s), shown not compared:",
+        "",
+        "| run | " + " | ".join(PHASES) + " |",
+        "| --- |" + " --- |" * len(PHASES),
+    ]
     for run, t in data["phase_s"].items():
         out.append(f"| {run} | " + " | ".join(f"{t[p]:.2f}" for p in PHASES) + " |")
     return "\n".join(out) + "\n"

@@ -1,4 +1,5 @@
 """PNG plots of a sweep: per-device memory vs tp (floor drawn in), host memory vs tp, one run's phase timeline."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,8 +26,11 @@ def _unit(series: Series) -> Tuple[str, float]:
 
 def _lines(ax, series: Series, scale: float, measured_key: str, predicted_key: str, predicted_label: str) -> None:
     plt = _pyplot()
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"] if len(series) <= 10 else \
-        [plt.get_cmap("tab20")(i) for i in range(20)]  # more lines than the default cycle: no colour twice
+    colors = (
+        plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        if len(series) <= 10
+        else [plt.get_cmap("tab20")(i) for i in range(20)]
+    )  # more lines than the default cycle: no colour twice
     for i, (strategy, s) in enumerate(sorted(series.items())):
         c = colors[i % len(colors)]
         pts = sorted(p for p in s.get(measured_key, []) if p[1] is not None)
@@ -66,8 +70,9 @@ def per_device_vs_tp(series: Series, on_gpu: bool, path: Path) -> Path:
         ax.set_title("Per-GPU memory vs tp: measured peak (solid) and predicted floor (dashed)")
     else:
         ax.set_ylabel(f"device-resident weights per rank ({unit}, max over ranks)")
-        ax.set_title("Weights per rank vs tp, CPU run (the rank's device is the host)\n"
-                     "measured (solid) and predicted (dashed)")
+        ax.set_title(
+            "Weights per rank vs tp, CPU run (the rank's device is the host)\nmeasured (solid) and predicted (dashed)"
+        )
     _legend_right(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,6 +1,7 @@
 """The sweep report: summary.md (tables meant to be pasted into docs as they are), summary.csv, plots/,
 written into a folder. Attaching it to the sweep's MLflow parent run is `dsexp.tracking.upload`'s job: it is
 handed in as `mlflow` (an object with `view(rows)` and `attach(out, rows)`), so analysis never imports MLflow."""
+
 from __future__ import annotations
 
 import sys
@@ -9,8 +10,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from dsexp.analysis import measured as m
 from dsexp.analysis import plots
-from dsexp.analysis.matrix import Extrapolated, Row, build_rows, extrapolate, main_model, recommend
 from dsexp.analysis.diagnosis import floor_terms
+from dsexp.analysis.matrix import Extrapolated, Row, build_rows, extrapolate, main_model, recommend
 from dsexp.analysis.memory import predict
 from dsexp.analysis.sources import results_from_dir
 
@@ -18,8 +19,13 @@ SUMMARY_MD, SUMMARY_CSV, PLOTS = "summary.md", "summary.csv", "plots"
 FILES = {"per_device": "per_device_vs_tp.png", "host": "host_vs_tp.png", "timeline": "timeline.png"}
 
 
-def write_report(sweep_dir: Path, results: Optional[Sequence[Dict[str, Any]]] = None, out_dir: Optional[Path] = None,
-                 source: Optional[str] = None, mlflow=None) -> Optional[Dict[str, str]]:
+def write_report(
+    sweep_dir: Path,
+    results: Optional[Sequence[Dict[str, Any]]] = None,
+    out_dir: Optional[Path] = None,
+    source: Optional[str] = None,
+    mlflow=None,
+) -> Optional[Dict[str, str]]:
     """Report on a sweep folder's results (or the given ones) into out_dir (default: the sweep folder), and hand
     it to `mlflow` if given (its `view(rows)` returns (parent run, UI route) for the summary's MLflow line).
     Returns the report's sections by name (markdown), None when there are no results."""
@@ -38,12 +44,15 @@ def write_report(sweep_dir: Path, results: Optional[Sequence[Dict[str, Any]]] = 
     frame(rows).to_csv(out / SUMMARY_CSV, index=False)
     if mlflow:
         mlflow.attach(out, rows)
-    print(f"dsexp report: {out / SUMMARY_MD}" + (f"\n             MLflow comparison view: {view}" if view else ""),
-          file=sys.stderr)
+    print(
+        f"dsexp report: {out / SUMMARY_MD}" + (f"\n             MLflow comparison view: {view}" if view else ""),
+        file=sys.stderr,
+    )
     return parts
 
 
 # --- tables --------------------------------------------------------------------------------------
+
 
 def frame(rows: List[Row]):
     import pandas as pd
@@ -53,6 +62,7 @@ def frame(rows: List[Row]):
 
 def md_table(header: Sequence[str], body: Sequence[Sequence[Any]], right: Sequence[bool]) -> str:
     """A GitHub markdown table; numeric columns right-aligned. Cells are already formatted strings."""
+
     def cell(v: Any) -> str:
         return str(v).replace("|", "\\|").replace("\n", " ")
 
@@ -79,25 +89,56 @@ def _correct(v: Dict[str, Any]) -> str:
 def matrix_table(rows: List[Row]) -> str:
     wu, ws = _weights_unit(rows)
     gpu = any(m.on_gpu(r.result) for r in rows)
-    header = ["configuration", "tp", "status", "correct (rel. err)"] + (["per-GPU peak (GiB)"] if gpu else []) + [
-        f"weights per {'GPU' if gpu else 'rank'} ({wu})", f"predicted ({wu})", "Δ", "host peak / rank (GiB)",
-        "host anon / rank (GiB)", "node host peak (GiB)", "load (s)", "init (s)", "generate (s)", "tokens/s"]
+    header = (
+        ["configuration", "tp", "status", "correct (rel. err)"]
+        + (["per-GPU peak (GiB)"] if gpu else [])
+        + [
+            f"weights per {'GPU' if gpu else 'rank'} ({wu})",
+            f"predicted ({wu})",
+            "Δ",
+            "host peak / rank (GiB)",
+            "host anon / rank (GiB)",
+            "node host peak (GiB)",
+            "load (s)",
+            "init (s)",
+            "generate (s)",
+            "tokens/s",
+        ]
+    )
     body = []
     for r in rows:
         v = r.values()
-        body.append([v["config"], v["tp"], v["status"], _correct(v)] + ([_num(v["gpu_peak_gib"])] if gpu else []) + [
-            _num(v["gpu_weights_gib"], 2, ws), _num(v["pred_weights_gib"], 2, ws),
-            "-" if v["weights_err_pct"] is None else f"{v['weights_err_pct']:+.1f}%",
-            _num(v["host_peak_gib"]), _num(v["host_anon_peak_gib"]), _num(v["node_host_peak_gib"]),
-            _num(v["load_s"]), _num(v["init_s"]), _num(v["generate_s"]), _num(v["tokens_per_s"], 1)])
+        body.append(
+            [v["config"], v["tp"], v["status"], _correct(v)]
+            + ([_num(v["gpu_peak_gib"])] if gpu else [])
+            + [
+                _num(v["gpu_weights_gib"], 2, ws),
+                _num(v["pred_weights_gib"], 2, ws),
+                "-" if v["weights_err_pct"] is None else f"{v['weights_err_pct']:+.1f}%",
+                _num(v["host_peak_gib"]),
+                _num(v["host_anon_peak_gib"]),
+                _num(v["node_host_peak_gib"]),
+                _num(v["load_s"]),
+                _num(v["init_s"]),
+                _num(v["generate_s"]),
+                _num(v["tokens_per_s"], 1),
+            ]
+        )
     return md_table(header, body, [False, True, False, False] + [True] * (len(header) - 4))
 
 
 def weights_table(rows: List[Row]) -> str:
     """Per-rank weights, predicted vs measured, and what the model keeps whole on every rank."""
     wu, ws = _weights_unit(rows)
-    header = ["configuration", "tp", f"measured per rank ({wu})", f"predicted per rank ({wu})", "max Δ",
-              "within 2%", "replicated on every rank (predicted)"]
+    header = [
+        "configuration",
+        "tp",
+        f"measured per rank ({wu})",
+        f"predicted per rank ({wu})",
+        "max Δ",
+        "within 2%",
+        "replicated on every rank (predicted)",
+    ]
     body = []
     for r in rows:
         meas, p = m.weights_per_rank(r.result), r.prediction
@@ -106,9 +147,17 @@ def weights_table(rows: List[Row]) -> str:
             continue
         err = max((abs(a - b) / b for a, b in zip(meas, p.weights) if b), default=None) if meas else None
         rep = ", ".join(f"{n} {m.human(b)}" for n, b in list(p.replicated().items())[:3]) if p.tp > 1 else "(tp=1: all)"
-        body.append([r.strategy, r.tp, _ranks(meas, ws), _ranks(p.weights, ws),
-                     "-" if err is None else f"{100 * err:.2f}%",
-                     "-" if err is None else ("yes" if err <= 0.02 else "**no**"), rep])
+        body.append(
+            [
+                r.strategy,
+                r.tp,
+                _ranks(meas, ws),
+                _ranks(p.weights, ws),
+                "-" if err is None else f"{100 * err:.2f}%",
+                "-" if err is None else ("yes" if err <= 0.02 else "**no**"),
+                rep,
+            ]
+        )
     return md_table(header, body, [False, True, True, True, True, False, False])
 
 
@@ -118,11 +167,17 @@ def _ranks(vals: Sequence[float], scale: float) -> str:
 
 def extrapolation_table(extra: List[Extrapolated], gpu: bool, rows: List[Row]) -> str:
     wu, ws = _weights_unit(rows)
-    header = ["configuration", "tp", "source"] + (["per-GPU peak (GiB)"] if gpu else []) + [
-        f"weights per {'GPU' if gpu else 'rank'} ({wu})", "host peak / rank (GiB)", "node host peak (GiB)"]
-    body = [[e.strategy, e.tp, "measured" if e.measured else (e.note or "predicted")]
-            + ([_num(e.per_device_gib)] if gpu else [])
-            + [_num(e.weights_gib, 2, ws), _num(e.host_peak_gib), _num(e.node_host_peak_gib)] for e in extra]
+    header = (
+        ["configuration", "tp", "source"]
+        + (["per-GPU peak (GiB)"] if gpu else [])
+        + [f"weights per {'GPU' if gpu else 'rank'} ({wu})", "host peak / rank (GiB)", "node host peak (GiB)"]
+    )
+    body = [
+        [e.strategy, e.tp, "measured" if e.measured else (e.note or "predicted")]
+        + ([_num(e.per_device_gib)] if gpu else [])
+        + [_num(e.weights_gib, 2, ws), _num(e.host_peak_gib), _num(e.node_host_peak_gib)]
+        for e in extra
+    ]
     return md_table(header, body, [False, True, False] + [True] * (len(header) - 3))
 
 
@@ -132,7 +187,9 @@ FLOOR_MARGIN = 0.05  # a recommended peak within 5% of the memory model's floor 
 def recommendation(rows: List[Row], extra: List[Extrapolated]) -> List[str]:
     picks = recommend(rows)
     gpu = any(m.on_gpu(r.result) for r in rows)
-    what = "per-GPU peak" if gpu else "device-resident weights per rank (CPU run: no GPU, the rank's device is the host)"
+    what = (
+        "per-GPU peak" if gpu else "device-resident weights per rank (CPU run: no GPU, the rank's device is the host)"
+    )
     best, plain = picks["per_device"], picks["per_device_no_offload"]
     if best is None:
         return ["No configuration passed the correctness check: nothing to recommend."]
@@ -140,27 +197,45 @@ def recommendation(rows: List[Row], extra: List[Extrapolated]) -> List[str]:
         # Offloading weights to the host trades speed and host memory for GPU memory: recommend the best
         # configuration that keeps its weights on the GPU, and show the offload one with what it costs.
         a, b = best.row.values(), plain.row.values()
-        lines = [_pick_line(f"**Recommended (lowest {what} without offloading weights to the host, passed "
-                            "correctness; ties within 1% broken by host peak per rank)", plain, gpu, "**"),
-                 _pick_line(f"Lowest {what} of all (weights offloaded to host memory)", best, gpu, ""),
-                 f"What the offload costs against the recommended configuration: host peak "
-                 f"{_num(a['host_peak_gib'])} vs {_num(b['host_peak_gib'])} GiB per rank, node "
-                 f"{_num(a['node_host_peak_gib'])} vs {_num(b['node_host_peak_gib'])} GiB, tokens/s "
-                 f"{_num(a['tokens_per_s'], 1)} vs {_num(b['tokens_per_s'], 1)}."]
+        lines = [
+            _pick_line(
+                f"**Recommended (lowest {what} without offloading weights to the host, passed "
+                "correctness; ties within 1% broken by host peak per rank)",
+                plain,
+                gpu,
+                "**",
+            ),
+            _pick_line(f"Lowest {what} of all (weights offloaded to host memory)", best, gpu, ""),
+            f"What the offload costs against the recommended configuration: host peak "
+            f"{_num(a['host_peak_gib'])} vs {_num(b['host_peak_gib'])} GiB per rank, node "
+            f"{_num(a['node_host_peak_gib'])} vs {_num(b['node_host_peak_gib'])} GiB, tokens/s "
+            f"{_num(a['tokens_per_s'], 1)} vs {_num(b['tokens_per_s'], 1)}.",
+        ]
     else:
         lines = [_pick_line(f"**Recommended (lowest {what} that passed correctness)", best, gpu, "**")]
     others = sorted({r.config.get("model", {}).get("name") for r in rows} - {main_model(rows)})
     if others:
-        lines.insert(0, f"Runs of `{main_model(rows)}` compared; other models are left out of the recommendation "
-                        f"({', '.join(f'`{o}`' for o in others)}).")
+        lines.insert(
+            0,
+            f"Runs of `{main_model(rows)}` compared; other models are left out of the recommendation "
+            f"({', '.join(f'`{o}`' for o in others)}).",
+        )
     for strategy in dict.fromkeys(pick.row.strategy for pick in (best, plain) if pick):
         ahead = [e for e in extra if e.strategy == strategy and not e.measured and e.per_device_gib is not None]
         if ahead:
-            lines.append(f"Predicted for `{strategy}`: " + "; ".join(
-                f"tp={e.tp}: {m.human(e.per_device_gib * m.GIB)} per {'GPU' if gpu else 'rank'}, "
-                f"host {_num(e.host_peak_gib)} GiB per rank, node {_num(e.node_host_peak_gib)} GiB" for e in ahead) + ".")
-    for key, title in (("host", "Lowest host peak per rank that passed correctness"),
-                       ("node", "Lowest node host peak that passed correctness")):
+            lines.append(
+                f"Predicted for `{strategy}`: "
+                + "; ".join(
+                    f"tp={e.tp}: {m.human(e.per_device_gib * m.GIB)} per {'GPU' if gpu else 'rank'}, "
+                    f"host {_num(e.host_peak_gib)} GiB per rank, node {_num(e.node_host_peak_gib)} GiB"
+                    for e in ahead
+                )
+                + "."
+            )
+    for key, title in (
+        ("host", "Lowest host peak per rank that passed correctness"),
+        ("node", "Lowest node host peak that passed correctness"),
+    ):
         if picks[key] is not None:
             lines.append(_pick_line(title, picks[key], gpu, ""))
     recommended = dict.fromkeys(pick.row.label for pick in picks.values() if pick)
@@ -171,13 +246,18 @@ def recommendation(rows: List[Row], extra: List[Extrapolated]) -> List[str]:
 def _pick_line(title: str, pick, gpu: bool, close: str) -> str:
     """One recommendation with its figures and, when several runs tie within 1%, how the tie was broken."""
     r, v = pick.row, pick.row.values()
-    line = (f"{title}: `{r.strategy}` at tp={r.tp}{close}: {m.human(m.per_device_gib(r.result) * m.GIB)} per "
-            f"{'GPU' if gpu else 'rank'}, host peak {_num(v['host_peak_gib'])} GiB per rank, node "
-            f"{_num(v['node_host_peak_gib'])} GiB, {_num(v['tokens_per_s'], 1)} tokens/s; logits rel. err "
-            f"{_num(v['logits_rel_err'], 4)}.")
+    line = (
+        f"{title}: `{r.strategy}` at tp={r.tp}{close}: {m.human(m.per_device_gib(r.result) * m.GIB)} per "
+        f"{'GPU' if gpu else 'rank'}, host peak {_num(v['host_peak_gib'])} GiB per rank, node "
+        f"{_num(v['node_host_peak_gib'])} GiB, {_num(v['tokens_per_s'], 1)} tokens/s; logits rel. err "
+        f"{_num(v['logits_rel_err'], 4)}."
+    )
     if len(pick.tied) > 1:
-        line += (f" {len(pick.tied)} runs tie within 1%; the lowest host peak per rank wins: " +
-                 ", ".join(f"`{t.label}` {_num(t.values()['host_peak_gib'])} GiB" for t in pick.tied) + ".")
+        line += (
+            f" {len(pick.tied)} runs tie within 1%; the lowest host peak per rank wins: "
+            + ", ".join(f"`{t.label}` {_num(t.values()['host_peak_gib'])} GiB" for t in pick.tied)
+            + "."
+        )
     return line
 
 
@@ -188,11 +268,18 @@ def _floor_check(row: Row) -> List[str]:
         return []
     floor = p.floor() / m.GIB
     over = peak / floor - 1
-    return [f"`{row.label}`: per-GPU peak {peak:.2f} GiB vs the memory model's floor {floor:.2f} GiB "
-            f"({floor_terms(p)} measured outside PyTorch's allocator): {over:+.1%} over the floor, {'within' if over <= FLOOR_MARGIN else 'beyond'} "
-            f"{FLOOR_MARGIN:.0%}." + (" The floor counts the partition each GPU keeps; ZeRO-3 also gathers parameters "
-                                      "onto the GPU for each layer it runs, a working set the memory model does not size."
-                                      if p.strategy.zero_stage == 3 and over > FLOOR_MARGIN else "")]
+    return [
+        f"`{row.label}`: per-GPU peak {peak:.2f} GiB vs the memory model's floor {floor:.2f} GiB "
+        f"({floor_terms(p)} measured outside PyTorch's allocator): {over:+.1%} over the floor, "
+        f"{'within' if over <= FLOOR_MARGIN else 'beyond'} "
+        f"{FLOOR_MARGIN:.0%}."
+        + (
+            " The floor counts the partition each GPU keeps; ZeRO-3 also gathers parameters "
+            "onto the GPU for each layer it runs, a working set the memory model does not size."
+            if p.strategy.zero_stage == 3 and over > FLOOR_MARGIN
+            else ""
+        )
+    ]
 
 
 def sections(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path]) -> Dict[str, str]:
@@ -202,12 +289,17 @@ def sections(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path
     off = [r for r in rows if r.values()["weights_err_pct"] is not None and abs(r.values()["weights_err_pct"]) > 2]
     if off:
         weights += ["Differences where the weights were not placed as predicted:", ""]
-        weights += [f"- `{r.label}`: " + "; ".join(f.text for f in r.findings if f.code in
-                                                     ("nothing_sharded", "weights_differ")) for r in off] + [""]
+        weights += [
+            f"- `{r.label}`: "
+            + "; ".join(f.text for f in r.findings if f.code in ("nothing_sharded", "weights_differ"))
+            for r in off
+        ] + [""]
     diagnosis = ["## Diagnosis", ""]
     for r in rows:
         items = [f"- {'**problem**: ' if f.severity == 'problem' else ''}{f.text}." for f in r.findings]
-        diagnosis += [f"### `{r.label}`", ""] + (items or [f"- no diagnosis: {r.model_error or 'no measurements'}."]) + [""]
+        diagnosis += (
+            [f"### `{r.label}`", ""] + (items or [f"- no diagnosis: {r.model_error or 'no measurements'}."]) + [""]
+        )
     parts = {
         "recommendation": ["## Recommendation", ""] + [f"- {line}" for line in recommendation(rows, extra)] + [""],
         "matrix": ["## Matrix", "", matrix_table(rows), ""],
@@ -216,7 +308,8 @@ def sections(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path
         "diagnosis": diagnosis,
         "plots": ["## Plots", ""] + [f"![{k}]({PLOTS}/{p.name})" for k, p in figures.items()] + [""],
         "definitions": [
-            "## Definitions", "",
+            "## Definitions",
+            "",
             "- GiB = 2^30 bytes, MiB = 2^20 bytes. Per-GPU and per-rank figures are the maximum over ranks.",
             "- per-GPU peak: NVML device memory used at its peak (includes the CUDA context and communicators).",
             "- weights per GPU/rank: parameter + buffer bytes on the rank's compute device after init (census).",
@@ -230,28 +323,47 @@ def sections(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path
             "anchored on the largest tp that completed: + its measured memory outside PyTorch and activations/cache "
             "(peak - floor); host per rank = its peak RSS - the modelled load cost at its tp + the cost at the new "
             "tp (checkpoint pages mapped at once + private bytes, by loading strategy); node = used before launch + "
-            "ranks x private bytes per rank (page cache is reclaimable, not counted). Failed runs anchor nothing.", ""]}
+            "ranks x private bytes per rank (page cache is reclaimable, not counted). Failed runs anchor nothing.",
+            "",
+        ],
+    }
     return {name: "\n".join(lines) for name, lines in parts.items()}
 
 
-def render_markdown(rows: List[Row], parts: Dict[str, str], source: str, parent: Optional[Dict[str, Any]] = None,
-                    view: Optional[str] = None) -> str:
+def render_markdown(
+    rows: List[Row],
+    parts: Dict[str, str],
+    source: str,
+    parent: Optional[Dict[str, Any]] = None,
+    view: Optional[str] = None,
+) -> str:
     gpu = any(m.on_gpu(r.result) for r in rows)
     devices = sorted({str(r.values()["device"]) for r in rows})
-    out = ["# dsexp sweep summary", "",
-           f"Source: `{source}` · {len(rows)} runs · device: {', '.join(devices)} · "
-           f"regenerate with `python -m dsexp.report {source}`", ""]
+    out = [
+        "# dsexp sweep summary",
+        "",
+        f"Source: `{source}` · {len(rows)} runs · device: {', '.join(devices)} · "
+        f"regenerate with `python -m dsexp.report {source}`",
+        "",
+    ]
     if parent:
-        out += [f"MLflow: experiment `{parent['experiment']}`, sweep run `{parent['run_id']}` (this report is in its "
-                f"artifacts under `report/`); side-by-side view of the runs: `{view}` in the MLflow UI "
-                f"(`make ui`).", ""]
+        out += [
+            f"MLflow: experiment `{parent['experiment']}`, sweep run `{parent['run_id']}` (this report is in its "
+            f"artifacts under `report/`); side-by-side view of the runs: `{view}` in the MLflow UI "
+            f"(`make ui`).",
+            "",
+        ]
     if not gpu:
-        out += ["CPU runs: there is no GPU; per-device figures are the weights resident on each rank, whose "
-                "device is the host. Host figures include each rank's Python runtime.", ""]
+        out += [
+            "CPU runs: there is no GPU; per-device figures are the weights resident on each rank, whose "
+            "device is the host. Host figures include each rank's Python runtime.",
+            "",
+        ]
     return "\n".join(out + list(parts.values()))
 
 
 # --- plots ---------------------------------------------------------------------------------------
+
 
 def write_plots(rows: List[Row], extra: List[Extrapolated], folder: Path) -> Dict[str, Path]:
     gpu = any(m.on_gpu(r.result) for r in rows)
@@ -262,11 +374,14 @@ def write_plots(rows: List[Row], extra: List[Extrapolated], folder: Path) -> Dic
         if r.result.get("status") != "ok":  # a failed run's memory is where it stopped, not the configuration's
             continue
         per_dev.setdefault(r.strategy, {"measured": [], "predicted": []})["measured"].append(
-            (r.tp, m.per_device_gib(r.result)))
+            (r.tp, m.per_device_gib(r.result))
+        )
         host.setdefault(r.strategy, {"measured": [], "predicted": []})["measured"].append(
-            (r.tp, m.headline(r.result, "host_peak_gib")))
+            (r.tp, m.headline(r.result, "host_peak_gib"))
+        )
         node.setdefault(r.strategy, {"measured": [], "predicted": []})["measured"].append(
-            (r.tp, m.headline(r.result, "node_host_peak_gib")))
+            (r.tp, m.headline(r.result, "node_host_peak_gib"))
+        )
     for strategy, pts in _floors(rows, extra, gpu).items():
         if strategy in per_dev:
             per_dev[strategy]["predicted"] = pts
@@ -280,8 +395,10 @@ def write_plots(rows: List[Row], extra: List[Extrapolated], folder: Path) -> Dic
         for s in series.values():
             if s["predicted"] and s["measured"]:
                 s["predicted"].insert(0, max(s["measured"], key=lambda p: p[0]))
-    figures = {"per_device": plots.per_device_vs_tp(per_dev, gpu, folder / FILES["per_device"]),
-               "host": plots.host_vs_tp(host, node, folder / FILES["host"])}
+    figures = {
+        "per_device": plots.per_device_vs_tp(per_dev, gpu, folder / FILES["per_device"]),
+        "host": plots.host_vs_tp(host, node, folder / FILES["host"]),
+    }
     pick = _timeline_run(rows)
     if pick is not None:
         t = plots.timeline(pick.result, folder / FILES["timeline"], f"Phase timeline: {pick.label}")
@@ -297,8 +414,10 @@ def _floors(rows: List[Row], extra: List[Extrapolated], gpu: bool) -> Dict[str, 
         base = next((r for r in sorted(rows, key=lambda r: -r.tp) if r.strategy == strategy and r.prediction), None)
         if base is None:
             continue
-        tps = sorted({r.tp for r in rows if r.strategy == strategy} |
-                     {e.tp for e in extra if e.strategy == strategy and e.weights_gib is not None})
+        tps = sorted(
+            {r.tp for r in rows if r.strategy == strategy}
+            | {e.tp for e in extra if e.strategy == strategy and e.weights_gib is not None}
+        )
         pts = []
         for tp in tps:
             p = base.prediction if tp == base.tp else _safe(lambda: predict(base.result, tp))

@@ -1,4 +1,5 @@
 """Where a report's runs come from: result.json files under a folder (from MLflow: dsexp.tracking.sources)."""
+
 from __future__ import annotations
 
 from pathlib import Path

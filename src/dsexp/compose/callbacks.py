@@ -1,4 +1,5 @@
 """Hydra callbacks: validate the whole sweep up front, open its MLflow parent run, summarise at the end."""
+
 from __future__ import annotations
 
 import os
@@ -44,8 +45,10 @@ class SweepCallback(Callback):
             except Exception as e:
                 print(f"dsexp: could not close the MLflow parent run: {e}", file=sys.stderr)
             where = state["uri"] if state["uri"].startswith("http") else "`make ui` (http://127.0.0.1:5000)"
-            print(f"MLflow: experiment '{state['experiment']}', parent run {state['run_id']} in {state['uri']}\n"
-                  f"        open it with {where}")
+            print(
+                f"MLflow: experiment '{state['experiment']}', parent run {state['run_id']} in {state['uri']}\n"
+                f"        open it with {where}"
+            )
 
 
 def start_packing(config: DictConfig, sweep_dir: Path) -> None:
@@ -53,11 +56,16 @@ def start_packing(config: DictConfig, sweep_dir: Path) -> None:
     from dsexp.job.packing import init_pool
 
     pool = init_pool(sweep_dir)
-    print(f"dsexp: launcher.pack=true: jobs running at once get disjoint GPUs of [{','.join(pool)}]"
-          + ("" if pool else " (no GPU here: jobs share the host and are only marked as overlapping)"))
+    print(
+        f"dsexp: launcher.pack=true: jobs running at once get disjoint GPUs of [{','.join(pool)}]"
+        + ("" if pool else " (no GPU here: jobs share the host and are only marked as overlapping)")
+    )
     if str(config.hydra.launcher.get("_target_", "")).endswith("BasicLauncher"):
-        print("dsexp: Hydra's basic launcher runs one job at a time, so nothing is packed; "
-              "add hydra/launcher=dsexp_local to run the jobs at once", file=sys.stderr)
+        print(
+            "dsexp: Hydra's basic launcher runs one job at a time, so nothing is packed; "
+            "add hydra/launcher=dsexp_local to run the jobs at once",
+            file=sys.stderr,
+        )
 
 
 def open_parent_run(config: DictConfig, sweep_dir: Path) -> None:
@@ -65,13 +73,20 @@ def open_parent_run(config: DictConfig, sweep_dir: Path) -> None:
     uri = resolve_uri(config.tracking.uri, Path(os.getcwd()))
     try:
         tracker = Tracker(uri, config.tracking.experiment)
-        state = ensure_parent(sweep_dir, tracker, config.tracking.experiment,
-                              {"dsexp.overrides": " ".join(config.hydra.overrides.task)[:4000]})
+        state = ensure_parent(
+            sweep_dir,
+            tracker,
+            config.tracking.experiment,
+            {"dsexp.overrides": " ".join(config.hydra.overrides.task)[:4000]},
+        )
         if not state["created"]:
             tracker.set_status(state["run_id"], "RUNNING")
     except Exception as e:
-        print(f"dsexp: MLflow store {uri} unavailable ({e}); results go to result.json files only. "
-              f"Re-log them later with: python -m dsexp.sync {sweep_dir}", file=sys.stderr)
+        print(
+            f"dsexp: MLflow store {uri} unavailable ({e}); results go to result.json files only. "
+            f"Re-log them later with: python -m dsexp.sync {sweep_dir}",
+            file=sys.stderr,
+        )
 
 
 def collect_results(sweep_dir: Path) -> List[Dict[str, Any]]:
@@ -86,8 +101,11 @@ def retry_tracking(sweep_dir: Path) -> None:
 
     out = sync_sweep(sweep_dir)
     if out["failed"]:
-        print(f"dsexp: {len(out['failed'])} jobs are not in MLflow yet; log them later with: "
-              f"python -m dsexp.sync {sweep_dir}", file=sys.stderr)
+        print(
+            f"dsexp: {len(out['failed'])} jobs are not in MLflow yet; log them later with: "
+            f"python -m dsexp.sync {sweep_dir}",
+            file=sys.stderr,
+        )
 
 
 def summarise_sweep(sweep_dir: Path, state) -> None:
@@ -105,7 +123,7 @@ def summarise_sweep(sweep_dir: Path, state) -> None:
 def _fmt(v: Any, nd: int = 2) -> str:
     if v is None:
         return "-"
-    if isinstance(v, float) and 0 < abs(v) < 10 ** -nd * 10:  # tiny models: keep 3 significant digits, not "0.00"
+    if isinstance(v, float) and 0 < abs(v) < 10**-nd * 10:  # tiny models: keep 3 significant digits, not "0.00"
         return f"{v:.3g}"
     return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
 
@@ -125,19 +143,45 @@ def format_cache_use(results: List[Dict[str, Any]]) -> str:
 
 def format_table(results: List[Dict[str, Any]]) -> str:
     """One row a job, headline metrics; failed jobs show their cause."""
-    cols = ["job", "config", "status", "gpu_peak_gib", "gpu_weights_gib", "host_peak_gib", "node_host_peak_gib",
-            "load_s", "init_s", "generate_s", "tokens_per_s", "rel_err"]
+    cols = [
+        "job",
+        "config",
+        "status",
+        "gpu_peak_gib",
+        "gpu_weights_gib",
+        "host_peak_gib",
+        "node_host_peak_gib",
+        "load_s",
+        "init_s",
+        "generate_s",
+        "tokens_per_s",
+        "rel_err",
+    ]
     rows = [cols]
     for res in results:
         h, c = res.get("headline") or {}, res.get("config") or {}
         corr = res.get("correctness") or {}
-        status = res.get("status", "?") if res.get("status") == "ok" else f"{res.get('status')}:{(res.get('failure') or {}).get('cause')}"
-        name = "/".join(str(x) for x in (c.get("variant") or "", (c.get("model") or {}).get("name"),
-                                         (c.get("load") or {}).get("name"), (c.get("engine") or {}).get("name"),
-                                         f"tp{c.get('tp')}") if x)
+        status = (
+            res.get("status", "?")
+            if res.get("status") == "ok"
+            else f"{res.get('status')}:{(res.get('failure') or {}).get('cause')}"
+        )
+        name = "/".join(
+            str(x)
+            for x in (
+                c.get("variant") or "",
+                (c.get("model") or {}).get("name"),
+                (c.get("load") or {}).get("name"),
+                (c.get("engine") or {}).get("name"),
+                f"tp{c.get('tp')}",
+            )
+            if x
+        )
         shared = node_shared(res)  # packed with other jobs: the node's memory was theirs too
-        rows.append([Path(res.get("job_dir", "?")).name, name, status] +
-                    ["shared" if shared and k.startswith("node_") else _fmt(h.get(k)) for k in cols[3:-1]]
-                    + [_fmt(corr.get("logits_rel_err"), 4) if corr.get("logits_rel_err") is not None else "-"])
+        rows.append(
+            [Path(res.get("job_dir", "?")).name, name, status]
+            + ["shared" if shared and k.startswith("node_") else _fmt(h.get(k)) for k in cols[3:-1]]
+            + [_fmt(corr.get("logits_rel_err"), 4) if corr.get("logits_rel_err") is not None else "-"]
+        )
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(cols))]
     return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths)) for r in rows)

@@ -1,4 +1,5 @@
 """From Hydra's composed DictConfig to the schema's JobConfig, and back to plain data."""
+
 from __future__ import annotations
 
 from typing import Any, Dict

@@ -1,4 +1,5 @@
 """Expand a multirun into its job configs and validate each one before any job is launched."""
+
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
@@ -6,9 +7,7 @@ from typing import List, Optional, Tuple
 from omegaconf import DictConfig, OmegaConf
 
 from dsexp.compose.config import to_schema
-
 from dsexp.compose.validate import validate
-
 from dsexp.core.schema import ConfigError
 
 
@@ -32,13 +31,16 @@ def validate_sweep(config: DictConfig) -> List[Tuple[List[str], str]]:
     hydra_overrides = list(config.hydra.overrides.hydra)  # e.g. the launcher, which decides the GPUs
     for combo in sweep_combinations(config):
         try:
-            job_cfg = compose(config_name=config.hydra.job.config_name, overrides=hydra_overrides + combo,
-                              return_hydra_config=True)
+            job_cfg = compose(
+                config_name=config.hydra.job.config_name, overrides=hydra_overrides + combo, return_hydra_config=True
+            )
             gpus = requested_gpus(job_cfg)
             spec = validate(to_schema(job_cfg), gpus)
             if spec.launcher.pack and gpus is not None:
-                raise ConfigError("launcher.pack=true shares out the GPUs of this machine; with a SLURM launcher "
-                                  "SLURM gives every job its own: set launcher.pack=false")
+                raise ConfigError(
+                    "launcher.pack=true shares out the GPUs of this machine; with a SLURM launcher "
+                    "SLURM gives every job its own: set launcher.pack=false"
+                )
         except (ConfigError, HydraException) as e:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             if isinstance(e, MissingConfigException) and e.options:

@@ -4,6 +4,7 @@ The schema (dsexp.core.schema) catches wrong types and unknown keys; `validate` 
 express: tp against the GPUs present and the attention heads, the model folder, contradictory settings.
 Engine rules come from the engine traits table (dsexp.core.engines).
 """
+
 from __future__ import annotations
 
 import json
@@ -67,8 +68,10 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
         raise ConfigError(f"launcher.nodes={spec.launcher.nodes}: must be >= 1")
     validate_nodes(spec)
     if not (0 < spec.probe.sample_ms <= 20 or spec.probe.sample_ms == 0):
-        raise ConfigError(f"probe.sample_ms={spec.probe.sample_ms}: the sampler period must be in (0, 20] ms, "
-                          "or 0 to turn the background sampler off (peaks are then the phase-end readings only)")
+        raise ConfigError(
+            f"probe.sample_ms={spec.probe.sample_ms}: the sampler period must be in (0, 20] ms, "
+            "or 0 to turn the background sampler off (peaks are then the phase-end readings only)"
+        )
     if spec.generate.new_tokens < 1:
         raise ConfigError(f"generate.new_tokens={spec.generate.new_tokens}: must be >= 1")
     if spec.timeout_s <= 0:
@@ -79,26 +82,36 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
         raise ConfigError("device=cuda but no GPU is visible (NVML found none)")
     on_each = spec.ranks_per_node
     if device == "cuda" and on_each > gpus:
-        raise ConfigError(f"tp={spec.tp} needs {on_each} GPUs per node but only {gpus} are visible; "
-                          f"allowed: tp <= {gpus * spec.launcher.nodes}")
+        raise ConfigError(
+            f"tp={spec.tp} needs {on_each} GPUs per node but only {gpus} are visible; "
+            f"allowed: tp <= {gpus * spec.launcher.nodes}"
+        )
     if spec.zero.offload != "none" and spec.zero.stage != 3:
-        raise ConfigError(f"zero.offload={spec.zero.offload} needs zero.stage=3 (DeepSpeed offloads parameters only "
-                          f"in stage 3), got zero.stage={spec.zero.stage}; set zero.stage=3 or zero.offload=none")
+        raise ConfigError(
+            f"zero.offload={spec.zero.offload} needs zero.stage=3 (DeepSpeed offloads parameters only "
+            f"in stage 3), got zero.stage={spec.zero.stage}; set zero.stage=3 or zero.offload=none"
+        )
     if device == "cpu" and spec.dtype == "fp16":
-        raise ConfigError("dtype=fp16 on device=cpu: DeepSpeed's CPU accelerator supports fp32 and bf16 only here; "
-                          "choose dtype=bf16 or dtype=fp32")
+        raise ConfigError(
+            "dtype=fp16 on device=cpu: DeepSpeed's CPU accelerator supports fp32 and bf16 only here; "
+            "choose dtype=bf16 or dtype=fp32"
+        )
 
     _validate_load(spec)
     if traits(spec.engine.name).zero3 and spec.zero.stage != 3:
-        raise ConfigError(f"engine={spec.engine.name} runs ZeRO stage 3 but zero={spec.zero.name} has stage "
-                          f"{spec.zero.stage}; choose zero=stage3, zero=stage3_offload or zero=seed_accepted")
+        raise ConfigError(
+            f"engine={spec.engine.name} runs ZeRO stage 3 but zero={spec.zero.name} has stage "
+            f"{spec.zero.stage}; choose zero=stage3, zero=stage3_offload or zero=seed_accepted"
+        )
     _validate_model(spec)
     if device == "cpu" and spec.engine.name == "init_inference" and spec.engine.kernel_inject:
         layers = _kernel_injected_layers(spec)
         if layers:
-            raise ConfigError(f"engine.kernel_inject=true on device=cpu: DeepSpeed's kernel injection would replace "
-                              f"{', '.join(layers)} of model={spec.model.name} with CUDA kernels; "
-                              "set engine.kernel_inject=false or run on a GPU machine")
+            raise ConfigError(
+                f"engine.kernel_inject=true on device=cpu: DeepSpeed's kernel injection would replace "
+                f"{', '.join(layers)} of model={spec.model.name} with CUDA kernels; "
+                "set engine.kernel_inject=false or run on a GPU machine"
+            )
     spec.device = device
     return spec
 
@@ -107,14 +120,20 @@ def _validate_load(spec: JobConfig) -> None:
     """meta and sharded hand the model to DeepSpeed's AutoTP on the meta device; other engines would not fill it."""
     name, engine = spec.load.name, spec.engine
     if name in ("meta", "sharded") and not traits(engine.name).fills_meta:
-        raise ConfigError(f"load={name} needs engine=init_inference (it builds the model on the meta device and "
-                          f"relies on init_inference to place it); engine={engine.name} would leave it empty")
+        raise ConfigError(
+            f"load={name} needs engine=init_inference (it builds the model on the meta device and "
+            f"relies on init_inference to place it); engine={engine.name} would leave it empty"
+        )
     if name == "sharded" and engine.kernel_inject:
-        raise ConfigError("load=sharded slices with AutoTP; engine.kernel_inject=true replaces the layers with "
-                          "DeepSpeed kernels whose tensors the split files do not hold; set engine.kernel_inject=false")
+        raise ConfigError(
+            "load=sharded slices with AutoTP; engine.kernel_inject=true replaces the layers with "
+            "DeepSpeed kernels whose tensors the split files do not hold; set engine.kernel_inject=false"
+        )
     if name == "meta" and engine.kernel_inject and spec.load.format != "bin":
-        raise ConfigError("load=meta with engine.kernel_inject=true: DeepSpeed's kernel-injection checkpoint path "
-                          "reads files with torch.load only; set load.format=bin")
+        raise ConfigError(
+            "load=meta with engine.kernel_inject=true: DeepSpeed's kernel-injection checkpoint path "
+            "reads files with torch.load only; set load.format=bin"
+        )
 
 
 def _kernel_injected_layers(spec: JobConfig):
@@ -140,8 +159,10 @@ def _validate_model(spec: JobConfig) -> None:
             raise ConfigError(f"model.path={m.path!r} holds no weights (*.safetensors or *.bin)")
         cfg = folder_config(folder)
         if cfg.get("auto_map") and not m.trust_remote_code:
-            raise ConfigError(f"model.path={m.path!r} ships its own modeling code (auto_map in config.json); "
-                              "set model.trust_remote_code=true explicitly to allow running it")
+            raise ConfigError(
+                f"model.path={m.path!r} ships its own modeling code (auto_map in config.json); "
+                "set model.trust_remote_code=true explicitly to allow running it"
+            )
         problem = checkpoint_problem(folder)
         if problem:
             raise ConfigError(f"model.path={m.path!r}: {problem}")
@@ -157,24 +178,33 @@ def _validate_model(spec: JobConfig) -> None:
     kv = dims.get("num_key_value_heads") or dims.get("num_attention_heads")
     engine = traits(spec.engine.name)
     if kv and spec.tp > int(kv) and engine.splits_weights:
-        raise ConfigError(f"tp={spec.tp} leaves some ranks with no attention heads: the model has "
-                          f"{kv} key/value heads; allowed: tp <= {kv}")
+        raise ConfigError(
+            f"tp={spec.tp} leaves some ranks with no attention heads: the model has "
+            f"{kv} key/value heads; allowed: tp <= {kv}"
+        )
     if kv and int(kv) % spec.tp and engine.even_heads:
         # DeepSpeed's AutoTP (init_inference) splits unevenly by whole KV heads; these split rows evenly.
-        raise ConfigError(f"engine={spec.engine.name} splits attention evenly: tp={spec.tp} must divide the "
-                          f"model's {kv} key/value heads")
+        raise ConfigError(
+            f"engine={spec.engine.name} splits attention evenly: tp={spec.tp} must divide the "
+            f"model's {kv} key/value heads"
+        )
 
 
 def validate_nodes(spec: JobConfig) -> None:
     nodes = spec.launcher.nodes
     if nodes > 1 and spec.launcher.pack:
-        raise ConfigError(f"launcher.pack=true shares out the GPUs of this machine; a job over launcher.nodes={nodes} "
-                          "nodes gets its nodes from the cluster: set launcher.pack=false")
+        raise ConfigError(
+            f"launcher.pack=true shares out the GPUs of this machine; a job over launcher.nodes={nodes} "
+            "nodes gets its nodes from the cluster: set launcher.pack=false"
+        )
     if nodes > 1 and spec.tp % nodes:
-        raise ConfigError(f"tp={spec.tp} does not split evenly over launcher.nodes={nodes}; "
-                          f"choose tp as a multiple of {nodes}")
+        raise ConfigError(
+            f"tp={spec.tp} does not split evenly over launcher.nodes={nodes}; choose tp as a multiple of {nodes}"
+        )
     if spec.launcher.hostfile and spec.launcher.name != "deepspeed":
-        raise ConfigError(f"launcher.hostfile is read by the DeepSpeed launcher only; with launcher={spec.launcher.name} "
-                          "the nodes come from the SLURM allocation (set launcher=deepspeed to use a hostfile)")
+        raise ConfigError(
+            f"launcher.hostfile is read by the DeepSpeed launcher only; with launcher={spec.launcher.name} "
+            "the nodes come from the SLURM allocation (set launcher=deepspeed to use a hostfile)"
+        )
     if spec.launcher.hostfile and not Path(spec.launcher.hostfile).expanduser().is_file():
         raise ConfigError(f"launcher.hostfile={spec.launcher.hostfile!r} does not exist")

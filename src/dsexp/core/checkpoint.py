@@ -1,4 +1,5 @@
 """Checkpoint folders as files: their config.json, and a cheap integrity check that reads no tensor data."""
+
 from __future__ import annotations
 
 import json
@@ -54,6 +55,9 @@ def _safetensors_problem(path: Path) -> Optional[str]:
         except (ValueError, KeyError, TypeError, IndexError) as e:
             return f"has a corrupt safetensors header ({type(e).__name__})"
     if 8 + n + end != size:
-        return (f"is truncated ({size} bytes, its header describes {8 + n + end})" if size < 8 + n + end else
-                f"is corrupt ({size} bytes, its header describes {8 + n + end})")
+        return (
+            f"is truncated ({size} bytes, its header describes {8 + n + end})"
+            if size < 8 + n + end
+            else f"is corrupt ({size} bytes, its header describes {8 + n + end})"
+        )
     return None

@@ -1,4 +1,5 @@
 """Small file helpers every stage uses: atomic JSON writes, tolerant reads, and build-once cached folders."""
+
 from __future__ import annotations
 
 import contextlib

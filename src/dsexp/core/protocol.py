@@ -4,6 +4,7 @@ The job writes `<job_dir>/job.json` (the resolved config and the runtime facts i
 `python -m dsexp.rank.worker <job_dir>` on every rank; each rank writes `ranks/rank{N}.json` after every
 phase, a heartbeat `ranks/rank{N}.live.json`, its log, and (rank 0) the first-step logits.
 """
+
 from __future__ import annotations
 
 import signal
@@ -15,8 +16,8 @@ from dsexp.core.fs import read_json, write_json_atomic
 from dsexp.core.schema import JobConfig, from_dict
 
 WORKER_MODULE = "dsexp.rank.worker"
-TOKEN_ENV = "DSEXP_JOB_TOKEN"    # every process of a job carries it (teardown finds survivors by it)
-STACK_SIGNAL = signal.SIGUSR1    # the worker dumps every thread's stack on it (faulthandler)
+TOKEN_ENV = "DSEXP_JOB_TOKEN"  # every process of a job carries it (teardown finds survivors by it)
+STACK_SIGNAL = signal.SIGUSR1  # the worker dumps every thread's stack on it (faulthandler)
 RESULT = "result.json"
 JOB_FILE = "job.json"
 

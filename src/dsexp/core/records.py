@@ -4,6 +4,7 @@ Rank records keep raw bytes and seconds; the job flattens them into `<phase>.<qu
 metrics in GiB (aggregate = max/min/mean/sum over ranks, or rankN) and a few headline figures.
 Everything later stages need (analysis, report, MLflow sync) is in result.json.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,14 +17,25 @@ GIB = 2**30
 PHASES = ("start", "load", "init", "generate")
 SCHEMA_VERSION = 1
 
-HEADLINE = ("gpu_peak_gib", "gpu_weights_gib", "host_peak_gib", "host_anon_peak_gib", "node_host_peak_gib",
-            "load_s", "init_s", "generate_s", "tokens_per_s")
+HEADLINE = (
+    "gpu_peak_gib",
+    "gpu_weights_gib",
+    "host_peak_gib",
+    "host_anon_peak_gib",
+    "node_host_peak_gib",
+    "load_s",
+    "init_s",
+    "generate_s",
+    "tokens_per_s",
+)
 
 
 def read_rank_records(job_dir: Path, world_size: int) -> List[Optional[dict]]:
     """Rank records; a rank that did not finish gets the phase it was in from its live file, marked partial."""
-    return [with_partial_phase(read_json(rank_file(job_dir, r)), read_json(live_file(job_dir, r)), r, world_size)
-            for r in range(world_size)]
+    return [
+        with_partial_phase(read_json(rank_file(job_dir, r)), read_json(live_file(job_dir, r)), r, world_size)
+        for r in range(world_size)
+    ]
 
 
 def with_partial_phase(rec: Optional[dict], live: Optional[dict], rank: int, world_size: int) -> Optional[dict]:
@@ -37,8 +49,12 @@ def with_partial_phase(rec: Optional[dict], live: Optional[dict], rank: int, wor
     rec["last_alive"] = live.get("time")
     phase = live.get("phase")
     if phase and phase not in rec["phases"]:
-        rec["phases"][phase] = {"wall_s": live.get("elapsed_s"), "peaks": live.get("peaks") or {},
-                                "host": live.get("host") or {}, "partial": True}
+        rec["phases"][phase] = {
+            "wall_s": live.get("elapsed_s"),
+            "peaks": live.get("peaks") or {},
+            "host": live.get("host") or {},
+            "partial": True,
+        }
     return rec
 
 
@@ -56,14 +72,22 @@ def phase_quantities(phase: Dict[str, Any]) -> Dict[str, float]:
 
 
 # DeepSpeed's see_memory_usage prints "GB" but divides by 1024**3: its figures are GiB, like dsexp's.
-SEE_MEMORY_FIELDS = {"MA_GB": "see_memory_ma_gib", "Max_MA_GB": "see_memory_max_ma_gib", "CA_GB": "see_memory_ca_gib",
-                     "Max_CA_GB": "see_memory_max_ca_gib", "cpu_used_GB": "see_memory_cpu_used_gib"}
+SEE_MEMORY_FIELDS = {
+    "MA_GB": "see_memory_ma_gib",
+    "Max_MA_GB": "see_memory_max_ma_gib",
+    "CA_GB": "see_memory_ca_gib",
+    "Max_CA_GB": "see_memory_max_ca_gib",
+    "cpu_used_GB": "see_memory_cpu_used_gib",
+}
 
 
 def see_memory_quantities(printed: Dict[str, Any]) -> Dict[str, float]:
     """What see_memory_usage printed in this phase (rank 0 only, by DeepSpeed's design), as metrics."""
-    return {name: printed[field] for field, name in SEE_MEMORY_FIELDS.items()
-            if isinstance(printed.get(field), (int, float))}
+    return {
+        name: printed[field]
+        for field, name in SEE_MEMORY_FIELDS.items()
+        if isinstance(printed.get(field), (int, float))
+    }
 
 
 def aggregate_metrics(ranks: Iterable[Optional[dict]]) -> Dict[str, float]:
@@ -137,11 +161,14 @@ def config_label(config: Dict[str, Any]) -> str:
     """A configuration's short name, everything but tp: variant/model/load/engine/zero/dtype (only what is set)."""
     model, load, eng, zero = (config.get(k) or {} for k in ("model", "load", "engine", "zero"))
     dtype, mdtype = config.get("dtype") or model.get("dtype"), model.get("dtype")
-    parts = [config.get("variant"), model.get("name"),
-             (load.get("name") or "eager") + ("-bin" if load.get("format") == "bin" else ""),
-             (eng.get("name") or "") + ("+inject" if eng.get("kernel_inject") else ""),
-             None if (zero.get("name") or "none") == "none" else f"zero-{zero.get('name')}",
-             f"{dtype}<-{mdtype}" if mdtype and dtype != mdtype else dtype]
+    parts = [
+        config.get("variant"),
+        model.get("name"),
+        (load.get("name") or "eager") + ("-bin" if load.get("format") == "bin" else ""),
+        (eng.get("name") or "") + ("+inject" if eng.get("kernel_inject") else ""),
+        None if (zero.get("name") or "none") == "none" else f"zero-{zero.get('name')}",
+        f"{dtype}<-{mdtype}" if mdtype and dtype != mdtype else dtype,
+    ]
     return "/".join(str(p) for p in parts if p)
 
 

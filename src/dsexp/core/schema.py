@@ -4,6 +4,7 @@ The YAML groups in `conf/` are merged onto these dataclasses by `dsexp.compose` 
 type or an unknown key is reported with its full dotted name. The ranks read the resolved config from
 `job.json` with `from_dict`, without OmegaConf. `"???"` is OmegaConf's mark for a required value.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +42,8 @@ class ModelConfig:
 class LoadConfig:
     name: str = "eager"
     format: str = "safetensors"
-    shard_dir: Optional[str] = None   # sharded: where split checkpoints are cached (null: <cache_dir>/shards)
-    restore_buffers: bool = True      # put back non-persistent buffers (RoPE) the engine cast or left empty
+    shard_dir: Optional[str] = None  # sharded: where split checkpoints are cached (null: <cache_dir>/shards)
+    restore_buffers: bool = True  # put back non-persistent buffers (RoPE) the engine cast or left empty
 
 
 @dataclass

@@ -6,6 +6,7 @@ default tp. These launchers resolve `hydra.launcher` for each job (as the job it
 submit one array per distinct request; jobs keep their sweep numbers. Each job then runs in submitit
 exactly as the plugin runs it (its `__call__`): the same dsexp job code as with the basic launcher.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,9 @@ class PerJobResources:
             init[f"{self._EXECUTOR}_max_num_timeout"] = params["max_num_timeout"]
         executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **init)
         shared = set(OmegaConf.structured(BaseQueueConf).keys())
-        executor.update_parameters(**{k if k in shared else f"{self._EXECUTOR}_{k}": v
-                                      for k, v in params.items() if k not in _INIT_KEYS})
+        executor.update_parameters(
+            **{k if k in shared else f"{self._EXECUTOR}_{k}": v for k, v in params.items() if k not in _INIT_KEYS}
+        )
         return executor
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
@@ -76,8 +78,9 @@ class PerJobResources:
             for i in idxs:
                 idx = initial_job_idx + i
                 log.info(f"\t#{idx} : {' '.join(filter_overrides(job_overrides[i]))}")
-                args.append((list(job_overrides[i]), "hydra.sweep.dir", idx, f"job_id_for_{idx}",
-                             Singleton.get_state()))
+                args.append(
+                    (list(job_overrides[i]), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
+                )
             for i, job in zip(idxs, self.executor(p).map_array(self, *zip(*args))):
                 jobs[i] = job
         return [job.results()[0] for job in jobs]

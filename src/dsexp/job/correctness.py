@@ -4,6 +4,7 @@ The reference is computed once per (checkpoint, dtype, prompt) by a one-rank run
 `reference` role (`dsexp.job.roles`) and cached on disk; each job compares rank 0's logits with it. Greedy-token
 agreement is recorded but not gated on: random weights make near-ties that harmless rounding flips.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,8 +38,11 @@ def compare(logits, ref: Dict[str, Any], tokens: List[int], dtype: str, tol: Opt
     ref_logits = ref["first_logits"].float()
     logits = logits.float()
     if logits.shape != ref_logits.shape:
-        return {"logits_rel_err": None, "passed": False,
-                "message": f"logits shape {tuple(logits.shape)} != reference {tuple(ref_logits.shape)}"}
+        return {
+            "logits_rel_err": None,
+            "passed": False,
+            "message": f"logits shape {tuple(logits.shape)} != reference {tuple(ref_logits.shape)}",
+        }
     rel = (torch.linalg.vector_norm(logits - ref_logits) / torch.linalg.vector_norm(ref_logits)).item()
     ref_tokens = ref.get("tokens") or []
     n = min(len(tokens), len(ref_tokens))
@@ -46,14 +50,26 @@ def compare(logits, ref: Dict[str, Any], tokens: List[int], dtype: str, tol: Opt
     first_diff = next((i for i in range(n) if tokens[i] != ref_tokens[i]), None)
     tol = TOLERANCE[dtype] if tol is None else tol
     rel = rel if rel == rel else float("inf")  # NaN logits are never correct
-    return {"logits_rel_err": rel, "tolerance": tol, "passed": rel <= tol, "token_agreement": agree,
-            "first_token_mismatch": first_diff, "ref_tokens": ref_tokens}
+    return {
+        "logits_rel_err": rel,
+        "tolerance": tol,
+        "passed": rel <= tol,
+        "token_agreement": agree,
+        "first_token_mismatch": first_diff,
+        "ref_tokens": ref_tokens,
+    }
 
 
 def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Path:
     """The cached tp=1 eager reference for this model and dtype, computed now if missing."""
-    path = reference_path(spec.cache_dir, Path(runtime["model_dir"]), spec.dtype, spec.generate.prompt,
-                          spec.generate.new_tokens, runtime["device"])
+    path = reference_path(
+        spec.cache_dir,
+        Path(runtime["model_dir"]),
+        spec.dtype,
+        spec.generate.prompt,
+        spec.generate.new_tokens,
+        runtime["device"],
+    )
     with file_lock(Path(str(path) + ".lock")):  # jobs running at once (submitit, a cluster) compute it once
         if path.is_file():
             runtime["reference_cache_hit"] = True
@@ -62,9 +78,14 @@ def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) ->
 
         t0 = time.perf_counter()
         ref_dir = job_dir / "reference"
-        (rec,) = run_role(role_spec(spec, tp=1, launcher__nodes=1, launcher__hostfile=None), runtime, ref_dir,
-                          "reference", "the tp=1 reference run",
-                          missing=lambda r: None if logits_file(ref_dir).is_file() else "no logits were saved")
+        (rec,) = run_role(
+            role_spec(spec, tp=1, launcher__nodes=1, launcher__hostfile=None),
+            runtime,
+            ref_dir,
+            "reference",
+            "the tp=1 reference run",
+            missing=lambda r: None if logits_file(ref_dir).is_file() else "no logits were saved",
+        )
         tmp = path.with_suffix(".tmp")
         torch.save({"first_logits": torch.load(logits_file(ref_dir)), "tokens": rec["generate"]["tokens"]}, tmp)
         tmp.replace(path)
@@ -79,5 +100,6 @@ def check_output(spec: JobConfig, job_dir: Path, ranks: List[Optional[dict]], re
         return None
     import torch
 
-    return compare(torch.load(logits), torch.load(ref), ranks[0]["generate"]["tokens"], spec.dtype,
-                   spec.check.rel_err_tol)
+    return compare(
+        torch.load(logits), torch.load(ref), ranks[0]["generate"]["tokens"], spec.dtype, spec.check.rel_err_tol
+    )

@@ -9,6 +9,7 @@ after another failed, and ranks whose error only says a peer went away, are blam
 else can be. (Heartbeats alone can mislead: a rank spinning in a collective holds the GIL and stops
 beating long before it is killed.)
 """
+
 from __future__ import annotations
 
 import re
@@ -18,29 +19,58 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from dsexp.core.records import PHASES, phase_quantities
 
-CAUSES = ("oom_gpu", "oom_host", "timeout", "rank_crashed", "config_rejected", "load_error", "engine_error",
-          "kernel_build_error", "incorrect_output", "prepare_error", "launch_error", "invalid_config", "interrupted")
+CAUSES = (
+    "oom_gpu",
+    "oom_host",
+    "timeout",
+    "rank_crashed",
+    "config_rejected",
+    "load_error",
+    "engine_error",
+    "kernel_build_error",
+    "incorrect_output",
+    "prepare_error",
+    "launch_error",
+    "invalid_config",
+    "interrupted",
+)
 
-_OOM_GPU = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|NCCL.*(out of memory|alloc)|"
-                      r"Workspace can't be allocated", re.I)  # the last: DeepSpeed's kernel-injection workspace
-_OOM_HOST = re.compile(r"\bMemoryError\b|Cannot allocate memory|std::bad_alloc|DefaultCPUAllocator: can't allocate", re.I)
-_REJECTED = re.compile(r"ValidationError|validation error|Extra inputs are not permitted|is not supported by|"
-                       r"not a valid|Cannot use both|Injection policy layer.*not valid|Not able to determine model policy", re.I)
+_OOM_GPU = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|NCCL.*(out of memory|alloc)|"
+    r"Workspace can't be allocated",
+    re.I,
+)  # the last: DeepSpeed's kernel-injection workspace
+_OOM_HOST = re.compile(
+    r"\bMemoryError\b|Cannot allocate memory|std::bad_alloc|DefaultCPUAllocator: can't allocate", re.I
+)
+_REJECTED = re.compile(
+    r"ValidationError|validation error|Extra inputs are not permitted|is not supported by|"
+    r"not a valid|Cannot use both|Injection policy layer.*not valid|Not able to determine model policy",
+    re.I,
+)
 # DeepSpeed's op builders (deepspeed/ops/op_builder/builder.py, cpu/no_impl.py) and torch.utils.cpp_extension.
-_KERNEL = re.compile(r"op_builder|ninja|nvcc|Error building extension|This op had not been implemented|"
-                     r"Unable to JIT load|CUDA_HOME does not exist|unable to compile CUDA op|MissingCUDAException|"
-                     r"CUDAMismatchException|DeepSpeed JIT builder|version mismatch! DeepSpeed ops|"
-                     r"no compute capabilities remaining", re.I)
+_KERNEL = re.compile(
+    r"op_builder|ninja|nvcc|Error building extension|This op had not been implemented|"
+    r"Unable to JIT load|CUDA_HOME does not exist|unable to compile CUDA op|MissingCUDAException|"
+    r"CUDAMismatchException|DeepSpeed JIT builder|version mismatch! DeepSpeed ops|"
+    r"no compute capabilities remaining",
+    re.I,
+)
 # Config classes refusing a key or value, in whichever phase the config is built (zero.Init reads it at load).
 _REJECTING_TYPES = ("ValidationError", "DeepSpeedConfigError")
 # A rank's error that only reports that a peer went away (gloo/NCCL/c10d store).
-_COLLATERAL = re.compile(r"Connection (closed|reset) by peer|Broken pipe|ECONNRESET|communicator was aborted|"
-                         r"remote process exited|DistNetworkError|DistStoreError|Connection refused|failed to recv", re.I)
+_COLLATERAL = re.compile(
+    r"Connection (closed|reset) by peer|Broken pipe|ECONNRESET|communicator was aborted|"
+    r"remote process exited|DistNetworkError|DistStoreError|Connection refused|failed to recv",
+    re.I,
+)
 # torchrun's failure summary: "rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 123)"
 _EXIT = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 # A frame in a faulthandler dump: '  File "/x/torch/distributed/distributed_c10d.py", line 2800 in all_reduce'
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
-_COLLECTIVE = re.compile(r"distributed_c10d|deepspeed/comm/|all_reduce|all_gather|reduce_scatter|barrier|broadcast", re.I)
+_COLLECTIVE = re.compile(
+    r"distributed_c10d|deepspeed/comm/|all_reduce|all_gather|reduce_scatter|barrier|broadcast", re.I
+)
 _NODE_FULL = 0.95  # a SIGKILLed rank with the node this full is taken as killed by the OOM killer
 
 
@@ -101,10 +131,16 @@ def hang_site(log_text: str) -> Tuple[Optional[str], bool]:
     return inner, any(_COLLECTIVE.search(f"{f[0]} {f[2]}") for f in frames)
 
 
-def classify(timed_out: bool, returncode: Optional[int], ranks: List[Optional[dict]], tails: Dict[str, str],
-             exits: Optional[Dict[int, int]] = None, oom_killed: bool = False,
-             hangs: Optional[Dict[int, Tuple[Optional[str], bool]]] = None,
-             terminated: Iterable[int] = ()) -> Optional[Dict[str, Any]]:
+def classify(
+    timed_out: bool,
+    returncode: Optional[int],
+    ranks: List[Optional[dict]],
+    tails: Dict[str, str],
+    exits: Optional[Dict[int, int]] = None,
+    oom_killed: bool = False,
+    hangs: Optional[Dict[int, Tuple[Optional[str], bool]]] = None,
+    terminated: Iterable[int] = (),
+) -> Optional[Dict[str, Any]]:
     """None if every rank finished ok; else {cause, rank, phase, type, message, ranks_at_stop}."""
     if not timed_out and returncode == 0 and ranks and all(r and r.get("status") == "ok" for r in ranks):
         return None
@@ -114,14 +150,22 @@ def classify(timed_out: bool, returncode: Optional[int], ranks: List[Optional[di
         out = _timeout(ranks, at_stop, hangs or {})
     elif not any(ranks) or not at_stop:  # no rank ever started, or all finished and the launcher still failed
         last = (tails.get("launcher") or "").strip().splitlines()[-1:] or ["(empty launcher.log)"]
-        out = {"cause": "launch_error", "rank": None, "phase": None, "type": "launcher",
-               "message": f"the launcher exited with rc={returncode}: {last[0][:500]}"}
+        out = {
+            "cause": "launch_error",
+            "rank": None,
+            "phase": None,
+            "type": "launcher",
+            "message": f"the launcher exited with rc={returncode}: {last[0][:500]}",
+        }
     else:
         rank = _culprit(ranks, exits, at_stop)
         rec = ranks[rank]
         err = (rec or {}).get("error")
-        out = _from_error(err) if err else _from_silent_stop(rank, rec, exits.get(rank), returncode,
-                                                                tails.get(f"rank{rank}", ""), oom_killed)
+        out = (
+            _from_error(err)
+            if err
+            else _from_silent_stop(rank, rec, exits.get(rank), returncode, tails.get(f"rank{rank}", ""), oom_killed)
+        )
         out = {"rank": rank, "phase": (err or {}).get("phase") or at_stop.get(rank), **out}
     out["ranks_at_stop"] = {f"rank{r}": p for r, p in at_stop.items()}
     return out
@@ -184,8 +228,9 @@ def _from_error(err: dict) -> Dict[str, Any]:
     return {"cause": cause, "type": err.get("type"), "message": message}
 
 
-def _from_silent_stop(rank: Optional[int], rec: Optional[dict], code: Optional[int], returncode: Optional[int],
-                      log: str, oom_killed: bool) -> Dict[str, Any]:
+def _from_silent_stop(
+    rank: Optional[int], rec: Optional[dict], code: Optional[int], returncode: Optional[int], log: str, oom_killed: bool
+) -> Dict[str, Any]:
     """A rank that stopped without a Python error: it exited hard or a signal killed it."""
     if code is not None and code < 0:
         how = f"was killed by {_signal_name(-code)}"
@@ -205,22 +250,40 @@ def _from_silent_stop(rank: Optional[int], rec: Optional[dict], code: Optional[i
         cause, how = "oom_host", how + f" (likely the kernel OOM killer: node memory was {fill:.0%} used)"
     else:
         cause = "rank_crashed"
-    return {"cause": cause, "type": "signal" if code is not None and code < 0 else "exit",
-            "message": f"rank {rank} {how} without a Python error"}
+    return {
+        "cause": cause,
+        "type": "signal" if code is not None and code < 0 else "exit",
+        "message": f"rank {rank} {how} without a Python error",
+    }
 
 
-def _timeout(ranks: List[Optional[dict]], at_stop: Dict[int, Optional[str]],
-             hangs: Dict[int, Tuple[Optional[str], bool]]) -> Dict[str, Any]:
+def _timeout(
+    ranks: List[Optional[dict]], at_stop: Dict[int, Optional[str]], hangs: Dict[int, Tuple[Optional[str], bool]]
+) -> Dict[str, Any]:
     """Blame the rank that was furthest behind, preferring one stuck on its own over one waiting in a collective."""
     if not at_stop:
-        return {"cause": "timeout", "rank": None, "phase": None, "type": "timeout",
-                "message": "the job ran past timeout_s after every rank had finished"}
-    rank = min(at_stop, key=lambda r: (_PHASE_ORDER.get(at_stop[r], len(PHASES)), bool((hangs.get(r) or (None, False))[1]), r))
-    where = "; ".join(f"rank {r} in {at_stop[r]}" + (f" at {hangs[r][0]}" + (" (in a collective)" if hangs[r][1] else "")
-                                                      if hangs.get(r) and hangs[r][0] else "")
-                      for r in sorted(at_stop, key=lambda r: r != rank))
-    return {"cause": "timeout", "rank": rank, "phase": at_stop[rank], "type": "timeout",
-            "message": f"ran past timeout_s, ranks killed; {where}"}
+        return {
+            "cause": "timeout",
+            "rank": None,
+            "phase": None,
+            "type": "timeout",
+            "message": "the job ran past timeout_s after every rank had finished",
+        }
+    rank = min(
+        at_stop, key=lambda r: (_PHASE_ORDER.get(at_stop[r], len(PHASES)), bool((hangs.get(r) or (None, False))[1]), r)
+    )
+    where = "; ".join(
+        f"rank {r} in {at_stop[r]}"
+        + (f" at {hangs[r][0]}" + (" (in a collective)" if hangs[r][1] else "") if hangs.get(r) and hangs[r][0] else "")
+        for r in sorted(at_stop, key=lambda r: r != rank)
+    )
+    return {
+        "cause": "timeout",
+        "rank": rank,
+        "phase": at_stop[rank],
+        "type": "timeout",
+        "message": f"ran past timeout_s, ranks killed; {where}",
+    }
 
 
 def _signal_name(num: int) -> str:

@@ -4,6 +4,7 @@ Ranks never run Hydra: the launcher runs `python -m dsexp.rank.worker <job_dir>`
 from an argument list (no shell). On timeout, failure or interruption the whole process group is
 killed, so no rank outlives its job holding memory.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,7 +31,9 @@ class LaunchOutcome:
     port: Optional[int] = None
     env: Dict[str, str] = field(default_factory=dict)
     teardown: Dict[str, object] = field(default_factory=dict)  # survivors reaped, ports released, stacks dumped
-    clock: Dict[str, float] = field(default_factory=dict)  # epoch seconds: popen, exited (launcher gone), done (torn down)
+    clock: Dict[str, float] = field(
+        default_factory=dict
+    )  # epoch seconds: popen, exited (launcher gone), done (torn down)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -47,18 +50,39 @@ def rank_command(spec: JobConfig, job_dir: Path, port: Optional[int]) -> List[st
     target = ["-m", WORKER_MODULE, str(job_dir)]
     if spec.launcher.name == "deepspeed":
         gpus = ["--num_gpus", str(spec.tp)]
-        return [sys.executable, "-m", "deepspeed.launcher.runner", "--no_local_rank", "--master_port", str(port),
-                *gpus, "--module", WORKER_MODULE, str(job_dir)]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-            f"--nproc-per-node={spec.tp}", *target]
+        return [
+            sys.executable,
+            "-m",
+            "deepspeed.launcher.runner",
+            "--no_local_rank",
+            "--master_port",
+            str(port),
+            *gpus,
+            "--module",
+            WORKER_MODULE,
+            str(job_dir),
+        ]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc-per-node={spec.tp}",
+        *target,
+    ]
 
 
 def rank_env(spec: JobConfig, device: str, visible: Optional[str] = None) -> Dict[str, str]:
     """Environment the ranks need on top of ours (only these keys are recorded)."""
     local = spec.ranks_per_node  # ranks on this node
     threads = max(1, len(os.sched_getaffinity(0)) // local)  # the CPUs this job may use (a SLURM job: its share)
-    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), "NCCL_NVLS_ENABLE": "0",
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": str(threads),
+        "NCCL_NVLS_ENABLE": "0",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     if device == "cpu":
         # DeepSpeed's CPU accelerator; its shared-memory all-reduce needs LOCAL_SIZE under torchrun.
         env.update(DS_ACCELERATOR="cpu", LOCAL_SIZE=str(local), CUDA_VISIBLE_DEVICES="")
@@ -98,8 +122,9 @@ def run_ranks(spec: JobConfig, job_dir: Path, device: str, visible: Optional[str
     env = {**os.environ, **extra, TOKEN_ENV: token}
     log = open(Path(job_dir) / "launcher.log", "ab")
     t0, popen = time.perf_counter(), time.time()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                            cwd=str(job_dir))
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=str(job_dir)
+    )
     timed_out, report = False, {"token": token}
     try:
         proc.wait(timeout=spec.timeout_s)
@@ -117,5 +142,13 @@ def run_ranks(spec: JobConfig, job_dir: Path, device: str, visible: Optional[str
         report.update(teardown.reap(token, spec.launcher.grace_s, report.get("ports", []) + ([port] if port else [])))
         report["shm_removed"] = teardown.release_shm(job_dir)
         log.close()
-    return LaunchOutcome(cmd, None if timed_out else proc.returncode, timed_out, time.perf_counter() - t0, port, extra,
-                         report, {"popen": popen, "exited": exited, "done": time.time()})
+    return LaunchOutcome(
+        cmd,
+        None if timed_out else proc.returncode,
+        timed_out,
+        time.perf_counter() - t0,
+        port,
+        extra,
+        report,
+        {"popen": popen, "exited": exited, "done": time.time()},
+    )

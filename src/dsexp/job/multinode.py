@@ -11,6 +11,7 @@ The Hydra job runs once, on the first node of the allocation, and starts every r
 
 Each node runs `tp / nodes` ranks. Everything is an argument list; nothing goes through a shell.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,9 +37,11 @@ def slurm_hosts() -> List[str]:
     """The nodes of this SLURM allocation, in order (the first is the batch host, where this job runs)."""
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
     if not nodelist:
-        raise RuntimeError("launcher.nodes > 1 needs a SLURM allocation (SLURM_JOB_NODELIST is not set); "
-                           "run through hydra/launcher=dsexp_slurm, sbatch or salloc, or give launcher.hostfile "
-                           "with launcher=deepspeed")
+        raise RuntimeError(
+            "launcher.nodes > 1 needs a SLURM allocation (SLURM_JOB_NODELIST is not set); "
+            "run through hydra/launcher=dsexp_slurm, sbatch or salloc, or give launcher.hostfile "
+            "with launcher=deepspeed"
+        )
     out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
     return out.stdout.split()
 
@@ -58,33 +61,61 @@ def write_hostfile(path: Path, hosts: List[str], slots: int) -> Path:
     return path
 
 
-def torchrun_command(spec: JobConfig, job_dir: Path, hosts: List[str], port: int,
-                     cpus_per_node: Optional[int] = None) -> List[str]:
+def torchrun_command(
+    spec: JobConfig, job_dir: Path, hosts: List[str], port: int, cpus_per_node: Optional[int] = None
+) -> List[str]:
     """srun: one torchrun per node (--overlap: the job's own step, e.g. submitit's, still holds the nodes)."""
     nodes = spec.launcher.nodes
-    srun = ["srun", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
-            "--kill-on-bad-exit=1"]
+    srun = ["srun", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     if cpus_per_node:  # else srun gives the task one CPU, and every rank of the node would share it
         srun.append(f"--cpus-per-task={cpus_per_node}")
-    return [*srun, sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
-            f"--nproc-per-node={spec.ranks_per_node}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={hosts[0]}:{port}", f"--rdzv-id=dsexp-{Path(job_dir).name}-{port}",
-            "-m", WORKER_MODULE, str(job_dir)]
+    return [
+        *srun,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nodes}",
+        f"--nproc-per-node={spec.ranks_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={hosts[0]}:{port}",
+        f"--rdzv-id=dsexp-{Path(job_dir).name}-{port}",
+        "-m",
+        WORKER_MODULE,
+        str(job_dir),
+    ]
 
 
 def deepspeed_command(spec: JobConfig, job_dir: Path, hostfile: Path, master: str, port: int) -> List[str]:
-    return [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile),
-            "--num_nodes", str(spec.launcher.nodes), "--num_gpus", str(spec.ranks_per_node),
-            "--master_addr", master, "--master_port", str(port), "--no_local_rank",
-            "--module", WORKER_MODULE, str(job_dir)]
+    return [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--hostfile",
+        str(hostfile),
+        "--num_nodes",
+        str(spec.launcher.nodes),
+        "--num_gpus",
+        str(spec.ranks_per_node),
+        "--master_addr",
+        master,
+        "--master_port",
+        str(port),
+        "--no_local_rank",
+        "--module",
+        WORKER_MODULE,
+        str(job_dir),
+    ]
 
 
 def rank_command(spec: JobConfig, job_dir: Path, port: int, env: Dict[str, str]) -> List[str]:
     """The command that starts all ranks of a multi-node job from this (the first) node."""
     job_dir = Path(job_dir)
     if spec.launcher.name == "deepspeed":
-        hostfile = Path(spec.launcher.hostfile).expanduser() if spec.launcher.hostfile else \
-            write_hostfile(job_dir / "hostfile", slurm_hosts(), spec.ranks_per_node)
+        hostfile = (
+            Path(spec.launcher.hostfile).expanduser()
+            if spec.launcher.hostfile
+            else write_hostfile(job_dir / "hostfile", slurm_hosts(), spec.ranks_per_node)
+        )
         hosts = list(hostfile_hosts(hostfile))
         (job_dir / ".deepspeed_env").write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
         return deepspeed_command(spec, job_dir, hostfile, hosts[0], port)

@@ -15,6 +15,7 @@ not per job: on release a job learns which jobs held a claim during its own, and
 (`result["packed"]["overlapped_with"]`) so the analysis does not read a shared figure as the job's.
 A claim whose process is gone (a killed job) is dropped by the next job that looks.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -73,7 +74,7 @@ def cpu_share(cpus: List[int], pool: List[str], gpus: List[str]) -> List[int]:
     share = []
     for g in gpus:
         i = pool.index(g)
-        share += cpus[i * len(cpus) // n:(i + 1) * len(cpus) // n] or [cpus[i % len(cpus)]]
+        share += cpus[i * len(cpus) // n : (i + 1) * len(cpus) // n] or [cpus[i % len(cpus)]]
     return sorted(set(share))
 
 
@@ -91,15 +92,20 @@ def _try_claim(sweep_dir: Path, job: str, n: int) -> Optional[Dict[str, Any]]:
             _fix_pool(state)
         pool = state["pool"]
         if pool and n > len(pool):
-            raise RuntimeError(f"launcher.pack=true: the job needs {n} GPUs but the sweep's pool has {len(pool)} "
-                               f"({','.join(pool)})")
+            raise RuntimeError(
+                f"launcher.pack=true: the job needs {n} GPUs but the sweep's pool has {len(pool)} ({','.join(pool)})"
+            )
         _drop_dead(state)
         taken = {g for c in state["claims"].values() for g in c["gpus"]}
         free = [g for g in pool if g not in taken]
         if pool and len(free) < n:
             return None
-        mine = {"gpus": free[:n] if pool else [], "pid": os.getpid(), "host": socket.gethostname(),
-                "since": time.time()}
+        mine = {
+            "gpus": free[:n] if pool else [],
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.time(),
+        }
         state["claims"][job] = mine
         return {**mine, "pool": pool, "cpus": cpu_share(state["cpus"], pool, mine["gpus"]) if pool else None}
 
@@ -125,8 +131,15 @@ def claim(sweep_dir: Path, job_dir: Path, n: int, poll_s: float = 0.5) -> Iterat
     while got is None:
         time.sleep(poll_s)
         got = _try_claim(sweep_dir, job, n)
-    packed = {"gpus": ",".join(got["gpus"]) or None, "pool": got["pool"], "cpus": got["cpus"],
-              "waited_s": round(got["since"] - t0, 3), "since": got["since"], "until": None, "overlapped_with": []}
+    packed = {
+        "gpus": ",".join(got["gpus"]) or None,
+        "pool": got["pool"],
+        "cpus": got["cpus"],
+        "waited_s": round(got["since"] - t0, 3),
+        "since": got["since"],
+        "until": None,
+        "overlapped_with": [],
+    }
     saved, affinity = os.environ.get("CUDA_VISIBLE_DEVICES"), os.sched_getaffinity(0)
     if packed["gpus"]:
         os.environ["CUDA_VISIBLE_DEVICES"] = packed["gpus"]

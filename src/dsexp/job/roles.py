@@ -4,6 +4,7 @@ Both run the ordinary rank code (`dsexp.rank.worker`) on this node with torchrun
 `runtime["role"]` differs. A role run that fails raises, naming the rank and what it reported, so the job records
 a prepare_error instead of measuring against a broken cache.
 """
+
 from __future__ import annotations
 
 import copy
@@ -27,9 +28,15 @@ def role_spec(spec: JobConfig, **changes: Any) -> JobConfig:
     return out
 
 
-def run_role(spec: JobConfig, runtime: Dict[str, Any], run_dir: Path, role: str, what: str,
-             extra: Optional[Dict[str, Any]] = None,
-             missing: Callable[[int], Optional[str]] = lambda rank: None) -> List[dict]:
+def run_role(
+    spec: JobConfig,
+    runtime: Dict[str, Any],
+    run_dir: Path,
+    role: str,
+    what: str,
+    extra: Optional[Dict[str, Any]] = None,
+    missing: Callable[[int], Optional[str]] = lambda rank: None,
+) -> List[dict]:
     """Run the worker as `role` on spec.tp ranks in run_dir; return the rank records.
 
     missing(rank): what the rank should have left but did not (None: all there). Raises RuntimeError

@@ -8,6 +8,7 @@ sweep folder is skipped (`rerun=true` forces it). Any other job runs again; what
 left in the job folder (result.json, ranks/, logs) is moved to `.dsexp/attempts/<n>/` first, never overwritten
 (hidden, so tools that collect every result.json below a sweep do not count earlier attempts).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,13 +25,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from dsexp.job import correctness, failures, teardown
-
 from dsexp.core import records
-from dsexp.core.fs import read_json, write_json_atomic
 from dsexp.core.checkpoint import checkpoint_problem
+from dsexp.core.fs import read_json, write_json_atomic
 from dsexp.core.protocol import RESULT, write_job_file
 from dsexp.core.schema import JobConfig, dtype_conversion
+from dsexp.job import correctness, failures, teardown
 from dsexp.job.launch import run_ranks
 
 ATTEMPTS = Path(".dsexp") / "attempts"
@@ -62,18 +62,31 @@ def prepare_model(spec: JobConfig) -> Dict[str, Any]:
     from dsexp.models.writer import cached_checkpoint
 
     m = spec.model
-    args = dict(cache_dir=spec.cache_dir, name=m.name, arch=m.arch, dims=dict(m.dims), dtype=m.dtype,
-                fmt=spec.load.format, seed=m.seed, shard_mb=m.shard_mb)
+    args = dict(
+        cache_dir=spec.cache_dir,
+        name=m.name,
+        arch=m.arch,
+        dims=dict(m.dims),
+        dtype=m.dtype,
+        fmt=spec.load.format,
+        seed=m.seed,
+        shard_mb=m.shard_mb,
+    )
     folder = cached_checkpoint(**args)  # a hit needs no writer process (it imports torch and transformers)
     if folder is not None:
         return {"model_dir": str(folder), "checkpoint_written": False}
-    proc = subprocess.run([sys.executable, "-m", "dsexp.models.writer", json.dumps(args)], capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dsexp.models.writer", json.dumps(args)], capture_output=True, text=True, check=False
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"writing the {m.name} checkpoint failed:\n{proc.stderr[-3000:]}")
     st = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"model_dir": st["path"], "checkpoint_written": not st["cache_hit"], "checkpoint_write_s": st["seconds"],
-            "checkpoint_bytes": st["bytes"]}
+    return {
+        "model_dir": st["path"],
+        "checkpoint_written": not st["cache_hit"],
+        "checkpoint_write_s": st["seconds"],
+        "checkpoint_bytes": st["bytes"],
+    }
 
 
 def baseline(device: str, gpus: Optional[List[int]] = None) -> Dict[str, Any]:
@@ -89,7 +102,8 @@ def baseline(device: str, gpus: Optional[List[int]] = None) -> Dict[str, Any]:
 
 
 def archive_attempt(job_dir: Path) -> List[Dict[str, Any]]:
-    """Move what an earlier attempt left in job_dir to .dsexp/attempts/<n>/; return a summary of every earlier attempt."""
+    """Move what an earlier attempt left in job_dir to .dsexp/attempts/<n>/; return a summary of every earlier
+    attempt."""
     leftovers = [job_dir / name for name in _ATTEMPT_FILES if (job_dir / name).exists()]
     if leftovers:
         dest = job_dir / ATTEMPTS / str(len(list((job_dir / ATTEMPTS).glob("*"))) + 1)
@@ -99,9 +113,15 @@ def archive_attempt(job_dir: Path) -> List[Dict[str, Any]]:
     summary = []
     for folder in sorted((job_dir / ATTEMPTS).glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
         res = read_json(folder / RESULT) or {}
-        summary.append({"dir": str(folder), "status": res.get("status", "unfinished"),
-                        "cause": (res.get("failure") or {}).get("cause"), "key": res.get("key"),
-                        "run_id": (res.get("tracking") or {}).get("run_id")})
+        summary.append(
+            {
+                "dir": str(folder),
+                "status": res.get("status", "unfinished"),
+                "cause": (res.get("failure") or {}).get("cause"),
+                "key": res.get("key"),
+                "run_id": (res.get("tracking") or {}).get("run_id"),
+            }
+        )
     return summary
 
 
@@ -128,10 +148,18 @@ def run_job(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
     job_dir.mkdir(parents=True, exist_ok=True)
     stale = teardown.reap_stale(job_dir)
     earlier = archive_attempt(job_dir)  # a retried job starts clean and loses nothing
-    result: Dict[str, Any] = {"schema": records.SCHEMA_VERSION, "key": key, "job_dir": str(job_dir),
-                              "config": asdict(spec), "started": time.time(), "status": "running",
-                              "attempt": len(earlier) + 1, "attempt_id": uuid.uuid4().hex, "earlier_attempts": earlier,
-                              "stale_reaped": stale}
+    result: Dict[str, Any] = {
+        "schema": records.SCHEMA_VERSION,
+        "key": key,
+        "job_dir": str(job_dir),
+        "config": asdict(spec),
+        "started": time.time(),
+        "status": "running",
+        "attempt": len(earlier) + 1,
+        "attempt_id": uuid.uuid4().hex,
+        "earlier_attempts": earlier,
+        "stale_reaped": stale,
+    }
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     t0 = time.perf_counter()
@@ -141,11 +169,24 @@ def run_job(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
             _execute(spec, job_dir, result)
     except Exception as e:  # preparation failed: still a result
         cause = "load_error" if isinstance(e, CheckpointError) else "prepare_error"
-        result.update(status="failed", failure={"cause": cause, "type": type(e).__name__,
-                                                "message": str(e)[:2000], "traceback": traceback.format_exc()[-4000:]})
+        result.update(
+            status="failed",
+            failure={
+                "cause": cause,
+                "type": type(e).__name__,
+                "message": str(e)[:2000],
+                "traceback": traceback.format_exc()[-4000:],
+            },
+        )
     except KeyboardInterrupt as e:  # the ranks are already torn down (launch's finally); record, then stop
-        result.update(status="failed", failure={"cause": "interrupted", "type": type(e).__name__,
-                                                "message": f"the job was interrupted ({e or 'Ctrl-C'})"})
+        result.update(
+            status="failed",
+            failure={
+                "cause": "interrupted",
+                "type": type(e).__name__,
+                "message": f"the job was interrupted ({e or 'Ctrl-C'})",
+            },
+        )
         raise
     finally:
         if main_thread:
@@ -180,12 +221,15 @@ def prepare_load(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Dic
 def cache_use(spec: JobConfig, runtime: Dict[str, Any]) -> Dict[str, str]:
     """What the job found cached: hit (reused), miss (computed now) or none (not needed), for the random-weight
     checkpoint, the tp=1 reference logits and the per-rank split of load=sharded."""
+
     def state(hit: Optional[bool]) -> str:
         return "none" if hit is None else "hit" if hit else "miss"
 
-    return {"checkpoint": state(None if spec.model.path else not runtime.get("checkpoint_written")),
-            "reference": state(runtime.get("reference_cache_hit")),
-            "split": state((runtime.get("split") or {}).get("cache_hit"))}
+    return {
+        "checkpoint": state(None if spec.model.path else not runtime.get("checkpoint_written")),
+        "reference": state(runtime.get("reference_cache_hit")),
+        "split": state((runtime.get("split") or {}).get("cache_hit")),
+    }
 
 
 def after_teardown(device: str, base: Dict[str, Any], gpus: Optional[List[int]] = None) -> Dict[str, Any]:
@@ -203,11 +247,17 @@ def record_invalid(config: Dict[str, Any], job_dir: Path, message: str) -> Dict[
     away) is a failed result too, so the sweep goes on. `config`: the job's settings as plain data."""
     job_dir = Path(job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
-    result = {"schema": records.SCHEMA_VERSION, "key": None, "job_dir": str(job_dir), "config": config,
-              "started": time.time(), "status": "failed", "attempt_id": uuid.uuid4().hex,
-              "earlier_attempts": archive_attempt(job_dir),
-              "failure": {"cause": "invalid_config", "rank": None, "phase": None, "type": "ConfigError",
-                          "message": message}}
+    result = {
+        "schema": records.SCHEMA_VERSION,
+        "key": None,
+        "job_dir": str(job_dir),
+        "config": config,
+        "started": time.time(),
+        "status": "failed",
+        "attempt_id": uuid.uuid4().hex,
+        "earlier_attempts": archive_attempt(job_dir),
+        "failure": {"cause": "invalid_config", "rank": None, "phase": None, "type": "ConfigError", "message": message},
+    }
     write_json_atomic(job_dir / RESULT, result)
     return result
 
@@ -236,19 +286,32 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     result["metrics"] = records.aggregate_metrics(ranks)
     result["headline"] = records.headline(result["metrics"], ranks, spec.generate.new_tokens)
     result["engine"] = (ranks[0] or {}).get("engine") if ranks else None
-    hangs = ({r: failures.hang_site(failures.tail(job_dir / "ranks" / f"rank{r}.log", 400)) for r in range(spec.tp)}
-             if outcome.timed_out else None)
-    failure = failures.classify(outcome.timed_out, outcome.returncode, ranks, tails,
-                                exits=failures.launcher_exits(job_dir), hangs=hangs,
-                                terminated=failures.terminated_ranks(job_dir, spec.tp),
-                                oom_killed=(result["teardown"].get("oom_kills") or 0) > (base.get("oom_kills") or 0))
+    hangs = (
+        {r: failures.hang_site(failures.tail(job_dir / "ranks" / f"rank{r}.log", 400)) for r in range(spec.tp)}
+        if outcome.timed_out
+        else None
+    )
+    failure = failures.classify(
+        outcome.timed_out,
+        outcome.returncode,
+        ranks,
+        tails,
+        exits=failures.launcher_exits(job_dir),
+        hangs=hangs,
+        terminated=failures.terminated_ranks(job_dir, spec.tp),
+        oom_killed=(result["teardown"].get("oom_kills") or 0) > (base.get("oom_kills") or 0),
+    )
     if failure is None:
         result["correctness"] = correctness.check_output(spec, job_dir, ranks, ref)
         if result["correctness"] and not result["correctness"]["passed"]:
             c = result["correctness"]
-            failure = {"cause": "incorrect_output", "rank": 0, "phase": "generate",
-                       "message": f"first-step logits differ from the tp=1 reference: rel. L2 error "
-                                  f"{c['logits_rel_err']:.3g} > tolerance {c['tolerance']:.3g}"}
+            failure = {
+                "cause": "incorrect_output",
+                "rank": 0,
+                "phase": "generate",
+                "message": f"first-step logits differ from the tp=1 reference: rel. L2 error "
+                f"{c['logits_rel_err']:.3g} > tolerance {c['tolerance']:.3g}",
+            }
     if failure is not None and failure["cause"] == "load_error":
         problem = checkpoint_problem(Path(runtime["model_dir"]))  # changed since the check before launch?
         failure["message"] += f" ({problem})" if problem else ""

@@ -11,6 +11,7 @@ Why not DeepSpeed's `save_mp_checkpoint_path`: in 0.19.8 it writes `torch.save` 
 `replace_transformer_layer` reads back; the AutoTP branch iterates `checkpoint_dict["checkpoints"]`
 as a list of full-model files and slices them again, so every rank would still read everything.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,15 +31,28 @@ DONE_MARK = ".dsexp-split-complete.json"
 
 
 def _checkpoint_identity(model_dir: Path) -> List[Any]:
-    return sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in Path(model_dir).iterdir()
-                  if p.is_file() and not p.name.startswith("."))
+    return sorted(
+        (p.name, p.stat().st_size, int(p.stat().st_mtime))
+        for p in Path(model_dir).iterdir()
+        if p.is_file() and not p.name.startswith(".")
+    )
 
 
 def split_key(spec: JobConfig, model_dir: Path) -> str:
-    blob = json.dumps({"checkpoint": [str(Path(model_dir).resolve()), _checkpoint_identity(model_dir)],
-                       "tp": spec.tp, "dtype": spec.dtype, "engine": asdict(spec.engine),
-                       "model_policy": spec.model.injection_policy, "deepspeed": version("deepspeed"),
-                       "transformers": version("transformers"), "v": SPLIT_VERSION}, sort_keys=True, default=str)
+    blob = json.dumps(
+        {
+            "checkpoint": [str(Path(model_dir).resolve()), _checkpoint_identity(model_dir)],
+            "tp": spec.tp,
+            "dtype": spec.dtype,
+            "engine": asdict(spec.engine),
+            "model_policy": spec.model.injection_policy,
+            "deepspeed": version("deepspeed"),
+            "transformers": version("transformers"),
+            "v": SPLIT_VERSION,
+        },
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
@@ -54,10 +68,19 @@ def ensure_split(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Dic
     def build(tmp: Path) -> Dict[str, Any]:
         tmp.mkdir()
         t0 = time.perf_counter()
-        run_role(role_spec(spec), runtime, job_dir / "split", "split", "the split run", extra={"split_out": str(tmp)},
-                 missing=lambda r: None if (tmp / f"rank{r:03d}.json").is_file() else f"no rank{r:03d}.json in {tmp}")
-        return {"seconds": time.perf_counter() - t0,
-                "rank_bytes": [json.loads((tmp / f"rank{r:03d}.json").read_text())["bytes"] for r in range(spec.tp)]}
+        run_role(
+            role_spec(spec),
+            runtime,
+            job_dir / "split",
+            "split",
+            "the split run",
+            extra={"split_out": str(tmp)},
+            missing=lambda r: None if (tmp / f"rank{r:03d}.json").is_file() else f"no rank{r:03d}.json in {tmp}",
+        )
+        return {
+            "seconds": time.perf_counter() - t0,
+            "rank_bytes": [json.loads((tmp / f"rank{r:03d}.json").read_text())["bytes"] for r in range(spec.tp)],
+        }
 
     done, hit = build_once(final, DONE_MARK, build)
     return {"dir": str(final), "cache_hit": hit, "conversion": dtype_conversion(spec.model.dtype, spec.dtype), **done}

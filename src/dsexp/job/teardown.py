@@ -7,6 +7,7 @@ gone, any process still carrying the token is a survivor and is stopped here. On
 are first asked to dump their Python stacks into their logs (faulthandler on SIGUSR1). Finally the
 shared-memory segments DeepSpeed's CPU all-reduce leaves in /dev/shm are removed.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,7 +23,7 @@ import psutil
 from dsexp.core.fs import read_json
 from dsexp.core.protocol import STACK_SIGNAL, TOKEN_ENV, WORKER_MODULE
 
-GPU_TOLERANCE = 64 * 2**20    # device memory within this of the baseline counts as released
+GPU_TOLERANCE = 64 * 2**20  # device memory within this of the baseline counts as released
 SHM_DIR = "/dev/shm"
 
 
@@ -114,13 +115,18 @@ def reap(token: str, grace_s: float, ports: Optional[List[int]] = None) -> Dict[
         with contextlib.suppress(psutil.NoSuchProcess):
             survivors.append(f"{p.pid}:{p.name()}")
     _, alive = psutil.wait_procs(_stop(procs, grace_s), timeout=5.0)
-    return {"survivors": survivors, "killed": len(alive) == 0 and bool(survivors), "left": [p.pid for p in alive],
-            "ports": {str(port): port_free(port) for port in ports}}
+    return {
+        "survivors": survivors,
+        "killed": len(alive) == 0 and bool(survivors),
+        "left": [p.pid for p in alive],
+        "ports": {str(port): port_free(port) for port in ports},
+    }
 
 
 def release_shm(job_dir: Path) -> List[str]:
-    """Remove the job's DeepSpeed CPU all-reduce segments (/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>,
-    64 MiB a rank). DeepSpeed never unlinks them, so without this every CPU job leaks host memory until reboot."""
+    """Remove the job's DeepSpeed CPU all-reduce segments
+    (/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>, 64 MiB a rank). DeepSpeed never unlinks them,
+    so without this every CPU job leaks host memory until reboot."""
     removed = []
     for rec_file in Path(job_dir).glob("ranks/rank*.json"):
         master = (read_json(rec_file) or {}).get("master", "")
@@ -141,16 +147,19 @@ def gpu_used(indices: Optional[List[int]] = None) -> Optional[List[int]]:
 
         pynvml.nvmlInit()
         try:
-            return [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used)
-                    for i in (range(pynvml.nvmlDeviceGetCount()) if indices is None else indices)]
+            return [
+                int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used)
+                for i in (range(pynvml.nvmlDeviceGetCount()) if indices is None else indices)
+            ]
         finally:
             pynvml.nvmlShutdown()
     except Exception:
         return None
 
 
-def wait_gpu_baseline(before: Optional[List[int]], timeout_s: float = 30.0,
-                      indices: Optional[List[int]] = None) -> Dict[str, Any]:
+def wait_gpu_baseline(
+    before: Optional[List[int]], timeout_s: float = 30.0, indices: Optional[List[int]] = None
+) -> Dict[str, Any]:
     """Wait until every GPU (of `indices`, if given) is back within GPU_TOLERANCE of its pre-job usage (the driver
     frees a dead process's memory asynchronously); record the figures either way."""
     t0 = time.monotonic()
@@ -161,5 +170,9 @@ def wait_gpu_baseline(before: Optional[List[int]], timeout_s: float = 30.0,
         time.sleep(0.5)
         after = gpu_used(indices)
     back = None if after is None or before is None else all(a <= b + GPU_TOLERANCE for a, b in zip(after, before))
-    return {"gpu_used_before": before, "gpu_used_after": after, "gpu_back_to_baseline": back,
-            "gpu_wait_s": round(time.monotonic() - t0, 2)}
+    return {
+        "gpu_used_before": before,
+        "gpu_used_after": after,
+        "gpu_back_to_baseline": back,
+        "gpu_wait_s": round(time.monotonic() - t0, 2),
+    }

@@ -4,6 +4,7 @@ The modeling files live in `dsexp/models/remote_code/internlm2/` and are copied 
 checkpoint folder, whose config.json maps AutoConfig/AutoModelForCausalLM to them (`auto_map`), so the
 folder loads with `trust_remote_code=True` exactly as InternLM2-chat-20b does.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -13,8 +14,10 @@ from typing import Any, Dict
 
 REMOTE_CODE_DIR = Path(__file__).parent / "remote_code" / "internlm2"
 REMOTE_FILES = ("configuration_internlm2.py", "modeling_internlm2.py")
-AUTO_MAP = {"AutoConfig": "configuration_internlm2.InternLM2Config",
-            "AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM"}
+AUTO_MAP = {
+    "AutoConfig": "configuration_internlm2.InternLM2Config",
+    "AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM",
+}
 
 
 def make_config(dims: Dict[str, Any], torch_dtype_name: str):

@@ -5,6 +5,7 @@
 identity, as `replace_module` does). A model with no such layer is left untouched, silently, and needs
 no CUDA op; one with such a layer gets DeepSpeed's fused CUDA kernels.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache

@@ -1,4 +1,5 @@
 """Architectures the checkpoint writer knows: how to build an HF config for each from preset dims."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,8 +9,8 @@ from typing import Any, Callable, Dict, Optional
 @dataclass(frozen=True)
 class Arch:
     make_config: Callable[[Dict[str, Any], str], Any]  # (dims, dtype name) -> transformers config
-    remote_code: bool = False                          # loads through trust_remote_code
-    code_digest: Optional[Callable[[], str]] = None    # version of the shipped modeling code (part of the cache key)
+    remote_code: bool = False  # loads through trust_remote_code
+    code_digest: Optional[Callable[[], str]] = None  # version of the shipped modeling code (part of the cache key)
 
 
 def _llama_config(dims: Dict[str, Any], dtype: str):

@@ -4,6 +4,7 @@ No hub is needed: the model is built on the meta device to learn its tensor name
 each tensor is drawn from a seeded generator (scaled so activations stay O(1)) and written shard by
 shard, so the writer never holds more than one shard in memory.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,9 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-
-from dsexp.models.presets import ARCHS, torch_dtype
 from dsexp.core.fs import build_once
+from dsexp.models.presets import ARCHS, torch_dtype
 
 DONE_MARK = ".dsexp-complete.json"
 
@@ -34,8 +34,19 @@ class WriteStats:
 
 def checkpoint_key(arch: str, dims: Dict[str, Any], dtype: str, fmt: str, seed: int, shard_mb: float) -> str:
     code = ARCHS[arch].code_digest() if arch in ARCHS and ARCHS[arch].code_digest else None
-    blob = json.dumps({"arch": arch, "dims": dims, "dtype": dtype, "format": fmt, "seed": seed,
-                       "shard_mb": shard_mb, "v": 1, **({"code": code} if code else {})}, sort_keys=True)
+    blob = json.dumps(
+        {
+            "arch": arch,
+            "dims": dims,
+            "dtype": dtype,
+            "format": fmt,
+            "seed": seed,
+            "shard_mb": shard_mb,
+            "v": 1,
+            **({"code": code} if code else {}),
+        },
+        sort_keys=True,
+    )
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
@@ -43,15 +54,31 @@ def checkpoint_dir(cache_dir: str, name: str, key: str) -> Path:
     return Path(cache_dir).expanduser() / "models" / f"{name}-{key}"
 
 
-def cached_checkpoint(cache_dir: str, name: str, arch: str, dims: Dict[str, Any], dtype: str,
-                      fmt: str = "safetensors", seed: int = 0, shard_mb: float = 100) -> Optional[Path]:
+def cached_checkpoint(
+    cache_dir: str,
+    name: str,
+    arch: str,
+    dims: Dict[str, Any],
+    dtype: str,
+    fmt: str = "safetensors",
+    seed: int = 0,
+    shard_mb: float = 100,
+) -> Optional[Path]:
     """The folder of this checkpoint when a complete copy is cached (a finished copy is final: no lock), else None."""
     final = checkpoint_dir(cache_dir, name, checkpoint_key(arch, dict(dims), dtype, fmt, seed, shard_mb))
     return final if (final / DONE_MARK).is_file() else None
 
 
-def ensure_checkpoint(cache_dir: str, name: str, arch: str, dims: Dict[str, Any], dtype: str,
-                      fmt: str = "safetensors", seed: int = 0, shard_mb: float = 100) -> WriteStats:
+def ensure_checkpoint(
+    cache_dir: str,
+    name: str,
+    arch: str,
+    dims: Dict[str, Any],
+    dtype: str,
+    fmt: str = "safetensors",
+    seed: int = 0,
+    shard_mb: float = 100,
+) -> WriteStats:
     """Return the folder of this checkpoint, writing it first if no complete copy is cached."""
     key = checkpoint_key(arch, dict(dims), dtype, fmt, seed, shard_mb)
     final = checkpoint_dir(cache_dir, name, key)
@@ -100,8 +127,9 @@ def _model_class(arch: str, cfg):
     return model_class()
 
 
-def write_checkpoint(folder: Path, arch: str, dims: Dict[str, Any], dtype: str, fmt: str, seed: int,
-                     shard_mb: int) -> Tuple[int, float]:
+def write_checkpoint(
+    folder: Path, arch: str, dims: Dict[str, Any], dtype: str, fmt: str, seed: int, shard_mb: int
+) -> Tuple[int, float]:
     """Write config.json and the weight shards (+ index) into folder; return bytes of weights and the seconds
     spent drawing and writing them."""
     folder.mkdir(parents=True)
@@ -118,8 +146,11 @@ def write_checkpoint(folder: Path, arch: str, dims: Dict[str, Any], dtype: str, 
     # Draw shard i+1 while shard i is written: generation (GPU if present) and disk overlap.
     with ThreadPoolExecutor(max_workers=2) as pool:
         for i, shard in enumerate(shards, 1):
-            fname = (f"model-{i:05d}-of-{n:05d}.safetensors" if fmt == "safetensors"
-                     else f"pytorch_model-{i:05d}-of-{n:05d}.bin")
+            fname = (
+                f"model-{i:05d}-of-{n:05d}.safetensors"
+                if fmt == "safetensors"
+                else f"pytorch_model-{i:05d}-of-{n:05d}.bin"
+            )
             tensors = {name: random_tensor(name, shape, dtype, seed) for name, shape in shard}
             total += sum(t.numel() * t.element_size() for t in tensors.values())
             weight_map.update({name: fname for name in tensors})
@@ -189,8 +220,17 @@ def main(argv=None) -> int:
     """
     kwargs = json.loads((sys.argv[1:] if argv is None else argv)[0])
     st = ensure_checkpoint(**kwargs)
-    print(json.dumps({"path": str(st.path), "bytes": st.bytes, "seconds": st.seconds, "weights_s": st.weights_s,
-                      "cache_hit": st.cache_hit}))
+    print(
+        json.dumps(
+            {
+                "path": str(st.path),
+                "bytes": st.bytes,
+                "seconds": st.seconds,
+                "weights_s": st.weights_s,
+                "cache_hit": st.cache_hit,
+            }
+        )
+    )
     return 0
 
 

@@ -1,4 +1,5 @@
 """What a rank knows about its job: the validated config, its place in the world, and job-time facts."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ class RankContext:
     job_dir: Path
     model_dir: Path
     runtime: Dict[str, Any] = field(default_factory=dict)  # facts the job prepared (paths, caches)
-    device: str = "cpu"                                     # "cpu" or "cuda:<local_rank>"
+    device: str = "cpu"  # "cpu" or "cuda:<local_rank>"
 
     @property
     def on_gpu(self) -> bool:

@@ -5,6 +5,7 @@ Used by the reliability tests to check that every failure becomes a recorded, cl
 `once: true` makes the fault transient: it fires on the first attempt of a job only (a marker in the
 job folder remembers), so a resumed sweep shows the retried job succeeding.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,7 +42,9 @@ def maybe_inject(fault: Optional[Dict[str, Any]], rank: int, phase: str, job_dir
     if kind == "alloc_gpu":
         import torch
 
-        torch.empty(int(fault.get("gib", 10_000)) * 2**30, dtype=torch.uint8, device=f"cuda:{torch.cuda.current_device()}")
+        torch.empty(
+            int(fault.get("gib", 10_000)) * 2**30, dtype=torch.uint8, device=f"cuda:{torch.cuda.current_device()}"
+        )
 
 
 def _alloc_host(cap_mb: int) -> None:

@@ -1,4 +1,5 @@
 """The generate phase: a fixed prompt, a fixed number of greedy tokens, and the first step's logits."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,11 +29,18 @@ def run_generate(module, ctx: RankContext, extra: Dict[str, Any]) -> Dict[str, A
     inp = torch.tensor([ids], device=dev)
     n = ctx.spec.generate.new_tokens
     with torch.no_grad():
-        out = module.generate(inp, attention_mask=torch.ones_like(inp), max_new_tokens=n, min_new_tokens=n,
-                              do_sample=False, output_logits=True, return_dict_in_generate=True,
-                              pad_token_id=0, **extra)
+        out = module.generate(
+            inp,
+            attention_mask=torch.ones_like(inp),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+            **extra,
+        )
     logits = out.logits[0][0]
     if hasattr(logits, "full_tensor"):  # DTensor from a TP plan
         logits = logits.full_tensor()
-    return {"prompt_ids": ids, "tokens": out.sequences[0, len(ids):].tolist(),
-            "first_logits": logits.float().cpu()}
+    return {"prompt_ids": ids, "tokens": out.sequences[0, len(ids) :].tolist(), "first_logits": logits.float().cpu()}

@@ -6,6 +6,7 @@ DeepSpeed imports MLflow whenever it can (`deepspeed/autotuning/autotuner.py`: `
 imports pandas. So the worker hides them before it imports anything heavy: the path finder reports them as not
 installed, for `import` and for availability checks (`importlib.util.find_spec`) alike.
 """
+
 from __future__ import annotations
 
 import importlib.machinery
@@ -24,5 +25,4 @@ class _PathFinderWithoutJobSide(importlib.machinery.PathFinder):
 
 def hide_job_side_packages() -> None:
     """Replace the standard path finder in sys.meta_path (idempotent)."""
-    sys.meta_path[:] = [_PathFinderWithoutJobSide if f is importlib.machinery.PathFinder else f
-                        for f in sys.meta_path]
+    sys.meta_path[:] = [_PathFinderWithoutJobSide if f is importlib.machinery.PathFinder else f for f in sys.meta_path]

@@ -4,6 +4,7 @@ Spawned by the job's launcher (torchrun or `deepspeed --no_local_rank`), never b
 job's resolved config from `<job_dir>/job.json` (dsexp.core.protocol), writes `<job_dir>/ranks/rank{N}.json`
 after every phase and its output to `rank{N}.log`, and never talks to MLflow.
 """
+
 from __future__ import annotations
 
 import time
@@ -66,7 +67,7 @@ def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
     from dsexp.rank.engines import get_engine
     from dsexp.rank.generation import run_generate
     from dsexp.rank.loading import get_loader
-    from dsexp.rank.probes.weights import resident_bytes, residency, tensor_layout, weight_census
+    from dsexp.rank.probes.weights import residency, resident_bytes, tensor_layout, weight_census
 
     spec, role = ctx.spec, ctx.runtime.get("role")  # None: measured run; "reference"; "split" (load=sharded)
     reference = role == "reference"
@@ -96,8 +97,10 @@ def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
     if engine:
         report.update(residency(full, module, device_type, ctx.torch_dtype.itemsize))
     if census["on_meta"]:
-        raise RuntimeError(f"{len(census['on_meta'])} tensors are still on the meta device after init: "
-                           f"{', '.join(census['on_meta'][:8])}")
+        raise RuntimeError(
+            f"{len(census['on_meta'])} tensors are still on the meta device after init: "
+            f"{', '.join(census['on_meta'][:8])}"
+        )
     if role == "split":
         from dsexp.rank.loading.slices import save_rank_slice
 
@@ -114,8 +117,10 @@ def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
         import torch
 
         torch.save(out["first_logits"], logits_file(ctx.job_dir))
-    rec.note(engine=report, generate={"prompt_ids": out["prompt_ids"], "tokens": out["tokens"],
-                                      "new_tokens": len(out["tokens"])})
+    rec.note(
+        engine=report,
+        generate={"prompt_ids": out["prompt_ids"], "tokens": out["tokens"], "new_tokens": len(out["tokens"])},
+    )
 
 
 def main(argv=None) -> int:
@@ -126,8 +131,16 @@ def main(argv=None) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     _redirect_output(rank_log(job_dir, rank))
     spec, runtime = read_job_file(job_dir)
-    rec = PhaseRecorder(job_dir, rank, world, local_rank, T_PROCESS, spec.probe.sample_ms,
-                        spec.probe.see_memory_usage, spec.probe.nvidia_smi)
+    rec = PhaseRecorder(
+        job_dir,
+        rank,
+        world,
+        local_rank,
+        T_PROCESS,
+        spec.probe.sample_ms,
+        spec.probe.see_memory_usage,
+        spec.probe.nvidia_smi,
+    )
     ctx = RankContext(spec, rank, local_rank, world, job_dir, Path(runtime["model_dir"]), runtime)
     try:
         with rec.phase("start", t0=T_PROCESS):
@@ -137,8 +150,10 @@ def main(argv=None) -> int:
         run_rank(ctx, rec)
     except BaseException as e:  # recorded by the phase; the job classifies it
         if rec.record["error"] is None:
-            rec.note(error={"phase": "after", "type": type(e).__name__, "message": str(e)[:2000],
-                            "time": time.time()}, status="failed")
+            rec.note(
+                error={"phase": "after", "type": type(e).__name__, "message": str(e)[:2000], "time": time.time()},
+                status="failed",
+            )
         import traceback
 
         traceback.print_exc()

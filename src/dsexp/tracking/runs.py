@@ -10,6 +10,7 @@ id, so a retried log or `dsexp.sync` finds the run instead of adding a second on
 a resumed sweep gets a new child run under the same parent; the earlier attempt's run is tagged
 `dsexp.superseded_by=<new run id>`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,14 +35,14 @@ def resolve_uri(uri: Optional[str], launch_dir: Optional[Path] = None) -> str:
     if not uri:
         return f"sqlite:///{(Path(launch_dir or os.getcwd()) / 'mlflow.db').resolve()}"
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
+        return f"sqlite:///{Path(uri[len('sqlite:///') :]).resolve()}"
     return uri
 
 
 def artifact_root(uri: str) -> Optional[str]:
     """For a sqlite store, artifacts live beside the database (absolute), not relative to some cwd."""
     if uri.startswith("sqlite:///"):
-        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+        return (Path(uri[len("sqlite:///") :]).parent / "mlartifacts").as_uri()
     return None
 
 
@@ -52,8 +53,18 @@ def retry(fn: Callable[[], T], attempts: int = 8) -> T:
             return fn()
         except Exception as e:  # mlflow wraps sqlite errors in several types
             text = str(e).lower()
-            transient = any(s in text for s in ("database is locked", "already exists", "unique constraint",
-                                                "duplicate column", "connection", "timed out", "busy"))
+            transient = any(
+                s in text
+                for s in (
+                    "database is locked",
+                    "already exists",
+                    "unique constraint",
+                    "duplicate column",
+                    "connection",
+                    "timed out",
+                    "busy",
+                )
+            )
             if not transient or i == attempts - 1:
                 raise
             time.sleep(0.2 * (2**i) * (0.5 + random.random()))
@@ -91,7 +102,7 @@ def ensure_store(uri: str) -> None:
     from filelock import FileLock
     from mlflow.tracking import MlflowClient
 
-    db = Path(uri[len("sqlite:///"):])
+    db = Path(uri[len("sqlite:///") :])
     with FileLock(str(db) + ".lock", timeout=300):
         retry(lambda: MlflowClient(tracking_uri=uri).search_experiments(max_results=1))
     _READY_STORES.add(uri)
@@ -115,8 +126,9 @@ class Tracker:
         return self.client.create_experiment(name, artifact_location=_experiment_artifacts(self.uri, name))
 
     def start_parent(self, name: str, tags: Dict[str, str]) -> str:
-        run = retry(lambda: self.client.create_run(self.experiment_id, run_name=name,
-                                                   tags={"dsexp.kind": "sweep", **tags}))
+        run = retry(
+            lambda: self.client.create_run(self.experiment_id, run_name=name, tags={"dsexp.kind": "sweep", **tags})
+        )
         return run.info.run_id
 
     def set_status(self, run_id: str, status: str) -> None:
@@ -124,12 +136,16 @@ class Tracker:
 
     def find_attempt(self, attempt_id: str):
         """The run already logged for this job attempt, if any."""
-        runs = retry(lambda: self.client.search_runs([self.experiment_id],
-                                                     f"tags.`dsexp.attempt_id` = '{attempt_id}'", max_results=5))
+        runs = retry(
+            lambda: self.client.search_runs(
+                [self.experiment_id], f"tags.`dsexp.attempt_id` = '{attempt_id}'", max_results=5
+            )
+        )
         return runs[0] if runs else None
 
-    def log_job(self, result: Dict[str, Any], job_dir: Path, parent_id: Optional[str] = None,
-                run_name: Optional[str] = None) -> str:
+    def log_job(
+        self, result: Dict[str, Any], job_dir: Path, parent_id: Optional[str] = None, run_name: Optional[str] = None
+    ) -> str:
         """Log one job attempt as a run; idempotent per attempt (a complete earlier log is returned as is,
         a partial one is replaced)."""
         attempt_id = result.get("attempt_id")
@@ -139,8 +155,13 @@ class Tracker:
                 return prior.info.run_id
             if prior is not None:
                 retry(lambda: self.client.delete_run(prior.info.run_id))
-        tags = {"dsexp.kind": "job", "dsexp.status": result.get("status", "?"), "dsexp.key": result.get("key", ""),
-                "dsexp.attempt": str(result.get("attempt", 1)), "dsexp.attempt_id": attempt_id or ""}
+        tags = {
+            "dsexp.kind": "job",
+            "dsexp.status": result.get("status", "?"),
+            "dsexp.key": result.get("key", ""),
+            "dsexp.attempt": str(result.get("attempt", 1)),
+            "dsexp.attempt_id": attempt_id or "",
+        }
         failure = result.get("failure") or {}
         if failure:
             tags["dsexp.cause"] = str(failure.get("cause"))
@@ -201,7 +222,7 @@ def _finite(v: Any) -> bool:
 
 def _chunks(items: List[Any], n: int) -> Iterable[List[Any]]:
     for i in range(0, len(items), n):
-        yield items[i:i + n]
+        yield items[i : i + n]
 
 
 # --- sweep state and job logging (used by the Hydra job, the callbacks and dsexp.sync) ---
@@ -225,8 +246,9 @@ def ensure_parent(sweep_dir: Path, tracker: Tracker, experiment: str, tags: Dict
     state, uri = read_sweep_state(sweep_dir), tracker.uri
     if state and state.get("uri") == uri and state.get("experiment") == experiment:
         return {**state, "created": False}
-    run_id = tracker.start_parent(f"sweep {Path(sweep_dir).name}",
-                                  {"dsexp.sweep_dir": str(Path(sweep_dir).resolve()), **tags})
+    run_id = tracker.start_parent(
+        f"sweep {Path(sweep_dir).name}", {"dsexp.sweep_dir": str(Path(sweep_dir).resolve()), **tags}
+    )
     state = {"uri": uri, "experiment": experiment, "run_id": run_id}
     write_json_atomic(Path(sweep_dir) / SWEEP_STATE, state)
     return {**state, "created": True}

@@ -1,6 +1,7 @@
 """A report's runs from MLflow: the job runs of an experiment or of one sweep parent run (each job run carries its
 job folder, result.json included, as artifacts; without it the result is rebuilt from the run's params and
 metrics, which is enough for the matrix)."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,9 @@ from dsexp.core.records import HEADLINE
 from dsexp.tracking.runs import retry
 
 
-def results_from_mlflow(uri: str, experiment: Optional[str] = None, parent_run: Optional[str] = None
-                        ) -> Tuple[List[Dict[str, Any]], Optional[Dict[str, Any]]]:
+def results_from_mlflow(
+    uri: str, experiment: Optional[str] = None, parent_run: Optional[str] = None
+) -> Tuple[List[Dict[str, Any]], Optional[Dict[str, Any]]]:
     """Job results of an experiment or of one sweep parent run, and the parent state to attach the report to."""
     from mlflow.tracking import MlflowClient
 
@@ -63,13 +65,29 @@ def _rebuild(run) -> Dict[str, Any]:
             node = node.setdefault(part, {})
         node[leaf] = _value(raw)
     metrics, tags = run.data.metrics, run.data.tags
-    corr = {"logits_rel_err": metrics.get("logits_rel_err"), "token_agreement": metrics.get("token_agreement"),
-            "passed": bool(metrics["correct"])} if "correct" in metrics else None
+    corr = (
+        {
+            "logits_rel_err": metrics.get("logits_rel_err"),
+            "token_agreement": metrics.get("token_agreement"),
+            "passed": bool(metrics["correct"]),
+        }
+        if "correct" in metrics
+        else None
+    )
     status = tags.get("dsexp.status", "ok" if metrics.get("ok") else "failed")
     failure = {"cause": tags.get("dsexp.cause"), "message": tags.get("dsexp.error")} if status != "ok" else None
-    return {"key": tags.get("dsexp.key"), "config": config, "status": status, "failure": failure,
-            "headline": {k: metrics.get(k) for k in HEADLINE}, "metrics": dict(metrics), "correctness": corr,
-            "runtime": {"device": config.get("device")}, "ranks": [], "job_dir": run.info.run_name}
+    return {
+        "key": tags.get("dsexp.key"),
+        "config": config,
+        "status": status,
+        "failure": failure,
+        "headline": {k: metrics.get(k) for k in HEADLINE},
+        "metrics": dict(metrics),
+        "correctness": corr,
+        "runtime": {"device": config.get("device")},
+        "ranks": [],
+        "job_dir": run.info.run_name,
+    }
 
 
 def _value(raw: str) -> Any:

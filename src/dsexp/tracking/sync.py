@@ -5,6 +5,7 @@ run id (its `tracking` holds the error instead) is logged now, as a child of the
 (created in that store if the sweep never got one). Jobs that already have a run id are left alone,
 so running it twice logs nothing twice. Exit status 1 if some job still could not be logged.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,9 @@ def job_results(sweep_dir: Path) -> List[Tuple[Path, Dict[str, Any]]]:
     return out
 
 
-def _target(sweep_dir: Path, missing: List[Tuple[Path, Dict[str, Any]]], uri: Optional[str],
-            experiment: Optional[str]) -> Tuple[str, str]:
+def _target(
+    sweep_dir: Path, missing: List[Tuple[Path, Dict[str, Any]]], uri: Optional[str], experiment: Optional[str]
+) -> Tuple[str, str]:
     """Where to log: the arguments, else the sweep's recorded store, else the store the jobs tried."""
     state = read_sweep_state(sweep_dir) or {}
     tried = missing[0][1].get("tracking") or {}
@@ -74,8 +76,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.sweep_dir.is_dir():
         ap.error(f"{args.sweep_dir} is not a folder")
     out = sync_sweep(args.sweep_dir, args.uri, args.experiment)
-    print(f"dsexp.sync: {len(out['logged'])} logged, {len(out['already'])} already logged, "
-          f"{len(out['failed'])} failed")
+    print(f"dsexp.sync: {len(out['logged'])} logged, {len(out['already'])} already logged, {len(out['failed'])} failed")
     for job in out["failed"]:
         print(f"  not logged: {job}", file=sys.stderr)
     return 1 if out["failed"] else 0

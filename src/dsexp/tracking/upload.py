@@ -1,5 +1,6 @@
 """The sweep report in MLflow: its files as artifacts of the sweep's parent run, the recommendation as tags on
 it, each child run's prediction and diagnosis, and a shared view of the runs in the MLflow UI."""
+
 from __future__ import annotations
 
 import json
@@ -12,11 +13,27 @@ from dsexp.analysis.matrix import Row, recommend
 from dsexp.analysis.report import PLOTS, SUMMARY_CSV, SUMMARY_MD, write_report
 from dsexp.tracking.runs import Tracker, retry
 
-CHILD_METRICS = {"pred.weights_gib": "pred_weights_gib", "pred.weights_err_pct": "weights_err_pct",
-                 "pred.floor_gib": "pred_floor_gib", "pred.model_gib": "model_gib"}
-HEADLINE_COLUMNS = ("gpu_peak_gib", "gpu_weights_gib", "pred.weights_gib", "pred.weights_err_pct", "host_peak_gib",
-                    "host_anon_peak_gib", "node_host_peak_gib", "correct", "logits_rel_err", "load_s", "init_s",
-                    "generate_s", "tokens_per_s")
+CHILD_METRICS = {
+    "pred.weights_gib": "pred_weights_gib",
+    "pred.weights_err_pct": "weights_err_pct",
+    "pred.floor_gib": "pred_floor_gib",
+    "pred.model_gib": "model_gib",
+}
+HEADLINE_COLUMNS = (
+    "gpu_peak_gib",
+    "gpu_weights_gib",
+    "pred.weights_gib",
+    "pred.weights_err_pct",
+    "host_peak_gib",
+    "host_anon_peak_gib",
+    "node_host_peak_gib",
+    "correct",
+    "logits_rel_err",
+    "load_s",
+    "init_s",
+    "generate_s",
+    "tokens_per_s",
+)
 PARAM_COLUMNS = ("model.name", "load.name", "engine.name", "engine.kernel_inject", "zero.name", "dtype", "tp")
 
 
@@ -24,9 +41,11 @@ def _tracker(parent: Optional[Dict[str, Any]]):
     if not parent:
         return None
     uri = parent.get("uri") or ""
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
-        print(f"dsexp report: the sweep's MLflow store {uri} is not on this machine; report written to disk only",
-              file=sys.stderr)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
+        print(
+            f"dsexp report: the sweep's MLflow store {uri} is not on this machine; report written to disk only",
+            file=sys.stderr,
+        )
         return None
     try:
         return Tracker(parent["uri"], parent["experiment"])
@@ -41,13 +60,20 @@ def mlflow_view(tracker, parent: Dict[str, Any], rows: List[Row]) -> Optional[st
     `mlflow.sharedViewState.<key>` holding the view's JSON); returns the UI route that opens it."""
     gpu = any(m.on_gpu(r.result) for r in rows)
     key = f"dsexp-{parent['run_id']}"
-    state = {"searchFilter": f"tags.mlflow.parentRunId = '{parent['run_id']}'",
-             "orderByKey": "metrics.`" + ("gpu_peak_gib" if gpu else "gpu_weights_gib") + "`", "orderByAsc": True,
-             "selectedColumns": [f"params.`{p}`" for p in PARAM_COLUMNS]
-             + [f"metrics.`{k}`" for k in HEADLINE_COLUMNS if gpu or k != "gpu_peak_gib"] + ["tags.`dsexp.diagnosis`"]}
+    state = {
+        "searchFilter": f"tags.mlflow.parentRunId = '{parent['run_id']}'",
+        "orderByKey": "metrics.`" + ("gpu_peak_gib" if gpu else "gpu_weights_gib") + "`",
+        "orderByAsc": True,
+        "selectedColumns": [f"params.`{p}`" for p in PARAM_COLUMNS]
+        + [f"metrics.`{k}`" for k in HEADLINE_COLUMNS if gpu or k != "gpu_peak_gib"]
+        + ["tags.`dsexp.diagnosis`"],
+    }
     try:
-        retry(lambda: tracker.client.set_experiment_tag(tracker.experiment_id, f"mlflow.sharedViewState.{key}",
-                                                        json.dumps(state)))
+        retry(
+            lambda: tracker.client.set_experiment_tag(
+                tracker.experiment_id, f"mlflow.sharedViewState.{key}", json.dumps(state)
+            )
+        )
     except Exception as e:
         print(f"dsexp report: could not save the MLflow view: {e}", file=sys.stderr)
         return None
@@ -70,8 +96,13 @@ def log_to_mlflow(tracker, parent: Dict[str, Any], out: Path, rows: List[Row]) -
     for k, v in tags.items():
         retry(lambda: client.set_tag(rid, k, v))
     if best:
-        tracker.log_metrics(rid, {"best_per_device_gib": m.per_device_gib(best.result) or float("nan"),
-                                  "best_host_peak_gib": m.headline(best.result, "host_peak_gib") or float("nan")})
+        tracker.log_metrics(
+            rid,
+            {
+                "best_per_device_gib": m.per_device_gib(best.result) or float("nan"),
+                "best_host_peak_gib": m.headline(best.result, "host_peak_gib") or float("nan"),
+            },
+        )
     for r in rows:
         tracking = r.result.get("tracking") or {}
         child = tracking.get("run_id")
@@ -95,13 +126,19 @@ class ParentRun:
         try:
             log_to_mlflow(self.tracker, self.parent, out, rows)
         except Exception as e:  # the files on disk are the report; MLflow is a copy
-            print(f"dsexp report: could not attach the report to MLflow run {self.parent.get('run_id')}: {e}",
-                  file=sys.stderr)
+            print(
+                f"dsexp report: could not attach the report to MLflow run {self.parent.get('run_id')}: {e}",
+                file=sys.stderr,
+            )
 
 
-def report_sweep(sweep_dir: Path, parent: Optional[Dict[str, Any]] = None,
-                 results: Optional[Sequence[Dict[str, Any]]] = None, out_dir: Optional[Path] = None,
-                 source: Optional[str] = None) -> Optional[Dict[str, str]]:
+def report_sweep(
+    sweep_dir: Path,
+    parent: Optional[Dict[str, Any]] = None,
+    results: Optional[Sequence[Dict[str, Any]]] = None,
+    out_dir: Optional[Path] = None,
+    source: Optional[str] = None,
+) -> Optional[Dict[str, str]]:
     """write_report, attached to the sweep's parent run when its store is reachable."""
     tracker = _tracker(parent)
     return write_report(sweep_dir, results, out_dir, source, ParentRun(tracker, parent) if tracker else None)

@@ -5,12 +5,14 @@ inside `hydra_plugins`, so the launchers are (empty) subclasses defined here, no
 subclass hydra-submitit-launcher's; where that plugin is not installed (e.g. the GPU image, which runs
 the basic launcher) this module defines nothing, so Hydra's plugin scan stays quiet.
 """
+
 try:
     from dsexp.job import cluster_launchers as _impl
 except ImportError:  # hydra-submitit-launcher missing: no cluster launchers
     _impl = None
 
 if _impl is not None:
+
     class DsexpSlurmLauncher(_impl.DsexpSlurmLauncher):
         """`hydra/launcher=dsexp_slurm`: one SLURM job per dsexp job, sized from its own tp."""
 

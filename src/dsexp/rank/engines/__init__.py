@@ -1,4 +1,5 @@
 """Engines (`engine=` group): what wraps the model. Their names and traits live in `dsexp.core.engines`."""
+
 from __future__ import annotations
 
 import importlib

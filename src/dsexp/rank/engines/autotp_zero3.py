@@ -7,6 +7,7 @@ The model is built under zero.Init as in `zero_inference` (ZeRO-3 over all ranks
 Which layers are row- or column-parallel comes from the model preset's injection policy, given to
 DeepSpeed as a `partition_config`; without a policy DeepSpeed uses the model's HF tp_plan or its parser.
 """
+
 from __future__ import annotations
 
 import re

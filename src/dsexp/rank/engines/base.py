@@ -1,4 +1,5 @@
 """Engines: wrap a loaded model for inference and report what they actually did to it."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -43,5 +44,7 @@ def class_census(module) -> Counter:
 
 def module_changes(before: Counter, after: Counter) -> Dict[str, Dict[str, int]]:
     """Which module classes the engine removed (replaced) and which it introduced."""
-    return {"removed": {k: before[k] - after.get(k, 0) for k in before if before[k] > after.get(k, 0)},
-            "added": {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)}}
+    return {
+        "removed": {k: before[k] - after.get(k, 0) for k in before if before[k] > after.get(k, 0)},
+        "added": {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)},
+    }

@@ -5,14 +5,21 @@ again. Patching `__getattribute__` on the config classes for the duration of ini
 that from a claim into a measurement. Reads from pydantic itself or from the config modules'
 validators do not count as use.
 """
+
 from __future__ import annotations
 
 import sys
 from collections import defaultdict
 from typing import Dict, Iterable, List, Set, Tuple
 
-_NOT_USE = ("/pydantic/", "/pydantic_core/", "deepspeed/runtime/config_utils.py", "deepspeed/inference/config.py",
-            "deepspeed/runtime/zero/config.py", "dsexp/engines/config_trace.py")
+_NOT_USE = (
+    "/pydantic/",
+    "/pydantic_core/",
+    "deepspeed/runtime/config_utils.py",
+    "deepspeed/inference/config.py",
+    "deepspeed/runtime/zero/config.py",
+    "dsexp/engines/config_trace.py",
+)
 
 
 class FieldReadTracer:
@@ -54,5 +61,8 @@ class FieldReadTracer:
         return any(not any(tag in f.replace("\\", "/") for tag in _NOT_USE) for f in files)
 
     def readers(self, cls_name: str, field: str) -> List[str]:
-        return sorted(f for f in self.reads.get((cls_name, field), set())
-                      if not any(tag in f.replace("\\", "/") for tag in _NOT_USE))
+        return sorted(
+            f
+            for f in self.reads.get((cls_name, field), set())
+            if not any(tag in f.replace("\\", "/") for tag in _NOT_USE)
+        )

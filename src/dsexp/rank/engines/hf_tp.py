@@ -4,6 +4,7 @@
 loads, following the config's `base_model_tp_plan` and the model's `_tp_plan` (DTensor parameters);
 the standalone `tp_plan="auto"` argument is the fallback for versions without DistributedConfig.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple

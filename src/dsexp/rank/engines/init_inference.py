@@ -3,6 +3,7 @@
 The engine reports what DeepSpeed did, not what it was asked: module classes removed and added,
 and which of the user's config fields DeepSpeed's code read during init and generate.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
@@ -21,8 +22,10 @@ def resolve_policy(policy: Optional[Dict[str, Any]], model) -> Optional[Dict[typ
     out = {}
     for cls_name, names in policy.items():
         if cls_name not in classes:
-            raise ValueError(f"injection_policy names class {cls_name!r}, which is not in the model "
-                             f"(layer classes: {', '.join(sorted(c for c in classes if 'Layer' in c))})")
+            raise ValueError(
+                f"injection_policy names class {cls_name!r}, which is not in the model "
+                f"(layer classes: {', '.join(sorted(c for c in classes if 'Layer' in c))})"
+            )
         out[classes[cls_name]] = tuple(names)
     return out
 
@@ -64,8 +67,11 @@ class InitInference(Engine):
 
         e = ctx.spec.engine
         kwargs: Dict[str, Any] = dict(
-            tensor_parallel=DeepSpeedTPConfig(tp_size=ctx.world_size), dtype=ctx.torch_dtype,
-            replace_with_kernel_inject=e.kernel_inject, max_out_tokens=e.max_out_tokens)
+            tensor_parallel=DeepSpeedTPConfig(tp_size=ctx.world_size),
+            dtype=ctx.torch_dtype,
+            replace_with_kernel_inject=e.kernel_inject,
+            max_out_tokens=e.max_out_tokens,
+        )
         policy = effective_policy(ctx)
         if policy:
             kwargs["injection_policy"] = resolve_policy(policy, model)

@@ -5,6 +5,7 @@ transformers' `from_pretrained` builds the model inside `deepspeed.zero.Init`, s
 holds its 1/N partition (or none, with `zero.offload=cpu`). Layers are all-gathered as the forward
 pass reaches them, so every rank must run the same generate, with `synced_gpus=True`.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
@@ -21,8 +22,7 @@ def ds_config(ctx: RankContext) -> Dict[str, Any]:
     zero: Dict[str, Any] = {"stage": z.stage, **z.extra}
     if z.offload == "cpu":
         zero["offload_param"] = {"device": "cpu", "pin_memory": ctx.on_gpu}
-    cfg: Dict[str, Any] = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero,
-                           "steps_per_print": 2**31 - 1}
+    cfg: Dict[str, Any] = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero, "steps_per_print": 2**31 - 1}
     if ctx.spec.dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
     elif ctx.spec.dtype == "fp16":
@@ -37,9 +37,8 @@ class ZeroInference(Engine):
         return ds_config(ctx)
 
     def before_load(self, ctx: RankContext) -> None:
-        from transformers.integrations import HfDeepSpeedConfig
-
         from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+        from transformers.integrations import HfDeepSpeedConfig
 
         self.ds_config = self.config(ctx)
         # (config class, prefix in the report, fields the user set): checked for readers after generate.
@@ -61,8 +60,7 @@ class ZeroInference(Engine):
         partitioned_at_load = all(hasattr(p, "ds_id") for p in model.parameters())
         engine, *_ = deepspeed.initialize(model=model, config=self.ds_config)
         self.ds_engine = engine  # keeps the ZeRO hooks' owner alive through generate
-        return engine.module.eval(), {"call": {"ds_config": self.ds_config},
-                                      "partitioned_at_load": partitioned_at_load}
+        return engine.module.eval(), {"call": {"ds_config": self.ds_config}, "partitioned_at_load": partitioned_at_load}
 
     def generate_kwargs(self, ctx: RankContext) -> Dict[str, Any]:
         return {"synced_gpus": ctx.world_size > 1}
@@ -76,4 +74,3 @@ class ZeroInference(Engine):
         report["unread_fields"] = [key for cls, key, f in fields if not tracer.used(cls, f)]
         report["field_readers"] = {key: tracer.readers(cls, f) for cls, key, f in fields}
         return report
-

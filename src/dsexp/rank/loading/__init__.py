@@ -1,12 +1,16 @@
 """Loading strategies (`load=` group): how each rank gets its weights, knowing nothing of engines."""
+
 from __future__ import annotations
 
 import importlib
 
 from dsexp.rank.loading.base import Loaded, Loader
 
-REGISTRY = {"eager": "dsexp.rank.loading.eager:EagerLoader", "meta": "dsexp.rank.loading.meta:MetaLoader",
-            "sharded": "dsexp.rank.loading.sharded:ShardedLoader"}
+REGISTRY = {
+    "eager": "dsexp.rank.loading.eager:EagerLoader",
+    "meta": "dsexp.rank.loading.meta:MetaLoader",
+    "sharded": "dsexp.rank.loading.sharded:ShardedLoader",
+}
 
 
 def get_loader(name: str) -> Loader:

@@ -1,4 +1,5 @@
 """Loading strategies: turn a checkpoint folder into a model on this rank, knowing nothing of engines."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -11,7 +12,7 @@ from dsexp.rank.context import RankContext
 @dataclass
 class Loaded:
     model: Any
-    checkpoint: Optional[Any] = None              # a DeepSpeed checkpoint description for the engine to fill from
+    checkpoint: Optional[Any] = None  # a DeepSpeed checkpoint description for the engine to fill from
     finalize: Optional[Callable[[Any], Dict[str, Any]]] = None  # fix-ups after the engine (returns what it did)
     info: Dict[str, Any] = field(default_factory=dict)
 

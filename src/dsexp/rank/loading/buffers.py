@@ -5,6 +5,7 @@ went through the meta device gets `torch.empty` memory for them (`to_empty`, or 
 `Loading.load_buffer`). Either way the values the model's constructor computed are gone. We keep a
 reference to those originals at load time and put them back after the engine has wrapped the model.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, Optional
@@ -26,8 +27,10 @@ def snapshot(model) -> Dict[str, Any]:
     bufs = non_persistent_buffers(model)
     meta = [n for n, b in bufs.items() if b.is_meta]
     if meta:
-        raise RuntimeError(f"non-persistent buffers are on the meta device before the engine ran, so their values "
-                           f"are unknown: {', '.join(meta[:8])} (build the model with real buffers)")
+        raise RuntimeError(
+            f"non-persistent buffers are on the meta device before the engine ran, so their values "
+            f"are unknown: {', '.join(meta[:8])} (build the model with real buffers)"
+        )
     return bufs
 
 
@@ -62,13 +65,17 @@ def restore(module, originals: Dict[str, Any], device: str) -> Dict[str, Any]:
         if state != "same":
             owner._buffers[leaf] = orig.to(device if current.is_meta else current.device)
             fixed[name] = state
-    return {"restored": fixed, "not_found": gone,
-            "bytes": sum(b.numel() * b.element_size() for b in originals.values())}
+    return {
+        "restored": fixed,
+        "not_found": gone,
+        "bytes": sum(b.numel() * b.element_size() for b in originals.values()),
+    }
 
 
 def restoring(ctx, originals: Dict[str, Any], fix: Optional[Callable[[Any], Dict[str, Any]]] = None):
     """A loader's `finalize`: its own fix-up `fix` (what it did, as a dict), then, with load.restore_buffers,
     the buffers put back as `snapshot` saw them before the engine ran (under "buffers")."""
+
     def finalize(module) -> Dict[str, Any]:
         report = fix(module) if fix else {}
         if ctx.spec.load.restore_buffers:

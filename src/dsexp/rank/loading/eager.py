@@ -1,4 +1,5 @@
 """`from_pretrained` on every rank, as the seed does (safetensors are mmap'd; a dtype change copies)."""
+
 from __future__ import annotations
 
 from typing import Any, Dict
@@ -13,8 +14,11 @@ def from_pretrained(ctx: RankContext, **kwargs: Any):
 
     kwargs.setdefault("dtype", ctx.torch_dtype)
     return AutoModelForCausalLM.from_pretrained(
-        str(ctx.model_dir), trust_remote_code=ctx.spec.model.trust_remote_code,
-        use_safetensors=ctx.spec.load.format == "safetensors", **kwargs)
+        str(ctx.model_dir),
+        trust_remote_code=ctx.spec.model.trust_remote_code,
+        use_safetensors=ctx.spec.load.format == "safetensors",
+        **kwargs,
+    )
 
 
 class EagerLoader(Loader):

@@ -6,6 +6,7 @@ in the rank's RSS as file-backed) until the handle *and* all its tensors are gon
 therefore reopened for each tensor. `.bin` files are loaded with `mmap=True` (their mapping lives until
 the last tensor of the file is copied).
 """
+
 from __future__ import annotations
 
 import json
@@ -81,8 +82,9 @@ def fill(module, files: List[Path]) -> Dict[str, Any]:
                 unexpected.append(name)
                 continue
             if tuple(dst.shape) != tuple(src.shape):
-                raise RuntimeError(f"{name}: {path.name} holds shape {tuple(src.shape)}, "
-                                   f"the module expects {tuple(dst.shape)}")
+                raise RuntimeError(
+                    f"{name}: {path.name} holds shape {tuple(src.shape)}, the module expects {tuple(dst.shape)}"
+                )
             with torch.no_grad():
                 dst.copy_(src)
             filled_ids.add(id(dst))
@@ -91,7 +93,9 @@ def fill(module, files: List[Path]) -> Dict[str, Any]:
             del src
     missing = [k for k, v in targets.items() if id(v) not in filled_ids]
     if unexpected or missing:
-        raise RuntimeError(f"strict fill failed: {len(missing)} module tensors not in the files "
-                           f"({', '.join(missing[:8])}); {len(unexpected)} file tensors not in the module "
-                           f"({', '.join(unexpected[:8])})")
+        raise RuntimeError(
+            f"strict fill failed: {len(missing)} module tensors not in the files "
+            f"({', '.join(missing[:8])}); {len(unexpected)} file tensors not in the module "
+            f"({', '.join(unexpected[:8])})"
+        )
     return {"tensors": count, "bytes_read": nbytes, "files": [str(p) for p in files]}

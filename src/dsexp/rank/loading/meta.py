@@ -20,6 +20,7 @@ on every rank (module_inject/replace_module.py: `replace_transformer_layer` -> `
   `to_empty` hands out uninitialised memory. There we fill the model ourselves after init
   (files.fill), so meta at tp=1 is correct and shows the cost of a streaming load.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -93,8 +94,10 @@ def unfillable(model, checkpoint_keys: set) -> Dict[str, str]:
             seen.add(id(p))
             name = f"{mod_name}.{pname}" if mod_name else pname
             if not Loading.is_load_module(mod) or pname not in ("weight", "bias"):
-                reasons[name] = (f"{type(mod).__name__} is not a module DeepSpeed's checkpoint loader fills "
-                                 f"(auto_tp.Loading loads weight/bias of Linear, Embedding and known norms)")
+                reasons[name] = (
+                    f"{type(mod).__name__} is not a module DeepSpeed's checkpoint loader fills "
+                    f"(auto_tp.Loading loads weight/bias of Linear, Embedding and known norms)"
+                )
             elif name not in checkpoint_keys:
                 reasons[name] = "not in any checkpoint file"
     return reasons
@@ -113,16 +116,25 @@ class MetaLoader(Loader):
         paths = files.checkpoint_files(ctx.model_dir, ctx.spec.load.format)
         if not deepspeed_fills(ctx):
             fill = buffers.restoring(ctx, originals, lambda m: {"filled_by": "dsexp", "fill": files.fill(m, paths)})
-            return Loaded(model, finalize=fill,
-                          info={"filled_by": "dsexp", "why": "DeepSpeed ignores checkpoint= at tp=1 without "
-                                "kernel injection (no _apply_injection_policy)"})
+            return Loaded(
+                model,
+                finalize=fill,
+                info={
+                    "filled_by": "dsexp",
+                    "why": "DeepSpeed ignores checkpoint= at tp=1 without "
+                    "kernel injection (no _apply_injection_policy)",
+                },
+            )
         norms = unknown_norms(model)
         undo = register_load_modules(norms.values())
         if not ctx.spec.engine.kernel_inject:  # kernel injection loads through its containers instead
             self._precheck(model, paths, undo)
-        return Loaded(model, checkpoint=ds_checkpoint(paths),
-                      finalize=buffers.restoring(ctx, originals, lambda m: self._check_after(m, undo)),
-                      info={"filled_by": "deepspeed", "files": len(paths), "registered_load_modules": sorted(norms)})
+        return Loaded(
+            model,
+            checkpoint=ds_checkpoint(paths),
+            finalize=buffers.restoring(ctx, originals, lambda m: self._check_after(m, undo)),
+            info={"filled_by": "deepspeed", "files": len(paths), "registered_load_modules": sorted(norms)},
+        )
 
     @staticmethod
     def _precheck(model, paths: List[Path], undo: Callable[[], None]) -> None:
@@ -130,16 +142,20 @@ class MetaLoader(Loader):
         if missing:
             undo()
             listed = "; ".join(f"{n}: {why}" for n, why in list(missing.items())[:8])
-            raise RuntimeError(f"load=meta: init_inference would leave {len(missing)} parameters on the meta device "
-                               f"(uninitialised, or failing to move): {listed}")
+            raise RuntimeError(
+                f"load=meta: init_inference would leave {len(missing)} parameters on the meta device "
+                f"(uninitialised, or failing to move): {listed}"
+            )
 
     @staticmethod
     def _check_after(module, undo: Callable[[], None]) -> Dict[str, Any]:
         undo()
         left = _meta_leftovers(module)
         if left:
-            raise RuntimeError(f"load=meta: {len(left)} tensors are still on the meta device after "
-                               f"init_inference(checkpoint=...): DeepSpeed's AutoTP loader did not fill them "
-                               f"(not loaded by auto_tp.Loading, or their names did not match the files): "
-                               f"{', '.join(left[:8])}")
+            raise RuntimeError(
+                f"load=meta: {len(left)} tensors are still on the meta device after "
+                f"init_inference(checkpoint=...): DeepSpeed's AutoTP loader did not fill them "
+                f"(not loaded by auto_tp.Loading, or their names did not match the files): "
+                f"{', '.join(left[:8])}"
+            )
         return {"filled_by": "deepspeed"}

@@ -7,6 +7,7 @@ rank's device: exactly this rank's slices, uninitialised. We then fill them from
 strictly (every module tensor present, same shape, nothing extra). The files are already in the run
 dtype, so a converting checkpoint costs the conversion once, in the split, not on every run.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,5 +27,8 @@ class ShardedLoader(Loader):
         model = build_on_meta(ctx)
         originals = buffers.snapshot(model)
         paths = rank_files(Path(ctx.runtime["split"]["dir"]), ctx.rank)
-        return Loaded(model, finalize=buffers.restoring(ctx, originals, lambda m: {"fill": files.fill(m, paths)}),
-                      info={"rank_files": [str(p) for p in paths]})
+        return Loaded(
+            model,
+            finalize=buffers.restoring(ctx, originals, lambda m: {"fill": files.fill(m, paths)}),
+            info={"rank_files": [str(p) for p in paths]},
+        )

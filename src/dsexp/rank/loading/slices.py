@@ -4,6 +4,7 @@ The job's split step (`dsexp.job.split`) runs the worker in role "split" on tp r
 writes its local `state_dict` (already in the run dtype) as safetensors files of at most CHUNK_BYTES, plus
 an index `rank{NNN}.json`.
 """
+
 from __future__ import annotations
 
 import json

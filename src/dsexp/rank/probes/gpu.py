@@ -4,6 +4,7 @@ NVML indexes physical devices and ignores CUDA_VISIBLE_DEVICES, so the handle is
 device UUID torch reports. NVML's per-process figure needs PIDs that match ours; where they don't
 (containers), it is recorded as None rather than guessed.
 """
+
 from __future__ import annotations
 
 import os
@@ -88,10 +89,18 @@ def nvidia_smi(uuid: Optional[str], pid: Optional[int] = None) -> Dict[str, Opti
         return out
     pid = pid or os.getpid()
     try:
-        gpus = subprocess.run(["nvidia-smi", "--query-gpu=uuid,memory.used", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=20).stdout
-        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid,used_memory",
-                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20).stdout
+        gpus = subprocess.run(
+            ["nvidia-smi", "--query-gpu=uuid,memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout
+        apps = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return out
     for line in gpus.splitlines():

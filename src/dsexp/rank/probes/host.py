@@ -4,6 +4,7 @@ Anonymous vs file-backed resident memory is the distinction that matters for mod
 safetensors checkpoint that is mmap'd and not converted lives in the page cache (file-backed, shared
 by every rank), while a conversion or a `.bin` load makes a private, anonymous copy per rank.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +13,12 @@ from typing import Dict
 
 import psutil
 
-_STATUS_KEYS = ((b"VmRSS:", "host_rss"), (b"RssAnon:", "host_anon"), (b"RssFile:", "host_file"),
-                (b"RssShmem:", "host_shmem"))
+_STATUS_KEYS = (
+    (b"VmRSS:", "host_rss"),
+    (b"RssAnon:", "host_anon"),
+    (b"RssFile:", "host_file"),
+    (b"RssShmem:", "host_shmem"),
+)
 
 
 def parse_status(data: bytes) -> Dict[str, int]:
@@ -22,15 +27,15 @@ def parse_status(data: bytes) -> Dict[str, int]:
     for key, name in _STATUS_KEYS:
         i = data.find(key)
         if i >= 0:
-            out[name] = int(data[i + len(key):data.index(b"kB", i)]) * 1024
+            out[name] = int(data[i + len(key) : data.index(b"kB", i)]) * 1024
     return out
 
 
 def parse_meminfo_used(data: bytes) -> int:
     """total - available from the text of /proc/meminfo (both are in its first lines)."""
-    total = int(data[data.index(b"MemTotal:") + 9:data.index(b"kB", data.index(b"MemTotal:"))])
+    total = int(data[data.index(b"MemTotal:") + 9 : data.index(b"kB", data.index(b"MemTotal:"))])
     i = data.index(b"MemAvailable:")
-    return (total - int(data[i + 13:data.index(b"kB", i)])) * 1024
+    return (total - int(data[i + 13 : data.index(b"kB", i)])) * 1024
 
 
 def status_rss(path: str = "/proc/self/status") -> Dict[str, int]:
@@ -72,7 +77,13 @@ def host_snapshot() -> Dict[str, int]:
     full = psutil.Process().memory_full_info()
     vm = psutil.virtual_memory()
     snap = status_rss()
-    snap.update(host_uss=full.uss, host_pss=full.pss, node_used=vm.total - vm.available,
-                node_available=vm.available, node_cached=getattr(vm, "cached", 0) + getattr(vm, "buffers", 0),
-                node_shared=getattr(vm, "shared", 0), node_total=vm.total)
+    snap.update(
+        host_uss=full.uss,
+        host_pss=full.pss,
+        node_used=vm.total - vm.available,
+        node_available=vm.available,
+        node_cached=getattr(vm, "cached", 0) + getattr(vm, "buffers", 0),
+        node_shared=getattr(vm, "shared", 0),
+        node_total=vm.total,
+    )
     return snap

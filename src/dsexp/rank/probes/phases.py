@@ -11,6 +11,7 @@ Timeline times are seconds after `clock.t0` (epoch seconds: the worker's first l
 is when the process was created and `clock.finished` when the record was complete, so the job can place a
 rank's start-up and exit on its own clock.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,16 +24,25 @@ from typing import Any, Callable, Dict, Optional
 
 import psutil
 
+from dsexp.core.fs import write_json_atomic
+from dsexp.core.protocol import live_file, rank_file
 from dsexp.rank.probes import gpu as gpu_probe
 from dsexp.rank.probes.host import host_snapshot
 from dsexp.rank.probes.sampler import PeakSampler
-from dsexp.core.fs import write_json_atomic
-from dsexp.core.protocol import live_file, rank_file
 
 
 class PhaseRecorder:
-    def __init__(self, job_dir: Path, rank: int, world_size: int, local_rank: int, t_process: float,
-                 sample_ms: float = 10.0, see_memory_usage: bool = True, nvidia_smi: bool = False):
+    def __init__(
+        self,
+        job_dir: Path,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        t_process: float,
+        sample_ms: float = 10.0,
+        see_memory_usage: bool = True,
+        nvidia_smi: bool = False,
+    ):
         self.path = rank_file(job_dir, rank)
         self.live_path = live_file(job_dir, rank)
         self.current: Optional[tuple] = None  # (phase name, its perf_counter start)
@@ -46,9 +56,16 @@ class PhaseRecorder:
         if sample_ms > 0:  # 0: no background thread (peaks are the phase-end readings)
             self.sampler.start()
         self.record: Dict[str, Any] = {
-            "rank": rank, "local_rank": local_rank, "world_size": world_size, "pid": os.getpid(),
-            "hostname": socket.gethostname(), "device": "cpu", "status": "running",
-            "phases": {}, "timeline": [], "error": None,
+            "rank": rank,
+            "local_rank": local_rank,
+            "world_size": world_size,
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "device": "cpu",
+            "status": "running",
+            "phases": {},
+            "timeline": [],
+            "error": None,
             # the rendezvous endpoint names DeepSpeed's CPU shared-memory segments (the job removes them)
             "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
             "clock": {"t0": time.time() - (time.perf_counter() - t_process), "created": psutil.Process().create_time()},
@@ -119,8 +136,11 @@ class PhaseRecorder:
         self.record["timeline"].append({"phase": name, "t0": t0 - self.t_process, "t1": t1 - self.t_process})
         if error is not None:
             self.record["error"] = {
-                "phase": name, "type": type(error).__name__, "message": str(error)[:2000],
-                "traceback": traceback.format_exc()[-4000:], "time": time.time(),
+                "phase": name,
+                "type": type(error).__name__,
+                "message": str(error)[:2000],
+                "traceback": traceback.format_exc()[-4000:],
+                "time": time.time(),
             }
             self.record["status"] = "failed"
         self.flush()
@@ -128,8 +148,11 @@ class PhaseRecorder:
     def _beat(self, peaks: Dict[str, int], last: Dict[str, int]) -> None:
         """Called from the sampler thread: the running phase's peaks so far and the latest readings."""
         name, t0 = self.current or (None, self.t_process)
-        write_json_atomic(self.live_path, {"phase": name, "elapsed_s": time.perf_counter() - t0, "time": time.time(),
-                                           "peaks": peaks, "host": last}, fsync=False)
+        write_json_atomic(
+            self.live_path,
+            {"phase": name, "elapsed_s": time.perf_counter() - t0, "time": time.time(), "peaks": peaks, "host": last},
+            fsync=False,
+        )
 
     def note(self, **fields: Any) -> None:
         self.record.update(fields)
@@ -142,8 +165,11 @@ class PhaseRecorder:
     def finish(self, **fields: Any) -> None:
         self.record.update(fields)
         self.sampler.stop()
-        self.record["sampler"] = {"samples": self.sampler.samples, "cpu_s": self.sampler.cpu_s,
-                                  "period_s": self.sampler.period_s}
+        self.record["sampler"] = {
+            "samples": self.sampler.samples,
+            "cpu_s": self.sampler.cpu_s,
+            "period_s": self.sampler.period_s,
+        }
         if self.record["status"] == "running":
             self.record["status"] = "ok"
         self.record["clock"]["finished"] = time.time()

@@ -9,6 +9,7 @@ rank's live file). NVML's per-process figure is read every PROCESS_EVERY reading
 `start()` there is no thread: each window's peak is the reading `take()` makes at its end
 (`probe.sample_ms=0`, for measuring what the sampler itself costs).
 """
+
 from __future__ import annotations
 
 import threading
@@ -21,8 +22,13 @@ PROCESS_EVERY = 5  # readings per NVML per-process reading
 
 
 class PeakSampler:
-    def __init__(self, period_s: float = 0.01, nvml=None,
-                 beat: Optional[Callable[[Dict[str, int], Dict[str, int]], None]] = None, beat_s: float = 0.5):
+    def __init__(
+        self,
+        period_s: float = 0.01,
+        nvml=None,
+        beat: Optional[Callable[[Dict[str, int], Dict[str, int]], None]] = None,
+        beat_s: float = 0.5,
+    ):
         self.period_s = period_s
         self.nvml = nvml
         self.beat, self.beat_s = beat, beat_s
@@ -94,4 +100,3 @@ class PeakSampler:
             self._thread.join(timeout=1.0)
         if self._thread is None or not self._thread.is_alive():
             self._proc.close()
-

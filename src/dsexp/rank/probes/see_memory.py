@@ -3,6 +3,7 @@
 It prints on rank 0 only once torch.distributed is initialised, its GPU figures are torch's
 allocator view in GiB (labelled GB), and its CPU figure is node-wide (total - available).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +13,12 @@ from typing import Any, Dict
 
 _NUM = r"([-0-9.]+)"
 _PATTERNS = {
-    "MA_GB": rf"\bMA {_NUM} GB", "Max_MA_GB": rf"Max_MA {_NUM} GB", "CA_GB": rf"\bCA {_NUM} GB",
-    "Max_CA_GB": rf"Max_CA {_NUM} GB", "cpu_used_GB": rf"used = {_NUM} GB", "cpu_percent": rf"percent = {_NUM}%",
+    "MA_GB": rf"\bMA {_NUM} GB",
+    "Max_MA_GB": rf"Max_MA {_NUM} GB",
+    "CA_GB": rf"\bCA {_NUM} GB",
+    "Max_CA_GB": rf"Max_CA {_NUM} GB",
+    "cpu_used_GB": rf"used = {_NUM} GB",
+    "cpu_percent": rf"percent = {_NUM}%",
 }
 
 

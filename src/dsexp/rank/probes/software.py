@@ -2,14 +2,14 @@
 
 Read at the end of the run, from the rank's own `sys.modules`, so a software stack that shadows the job
 environment (`stack=`) is recorded as it was used, not as it was configured."""
+
 from __future__ import annotations
 
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Dict, Optional
 
-PACKAGES = ("torch", "transformers", "deepspeed", "accelerate", "safetensors", "tokenizers", "numpy",
-            "huggingface_hub")
+PACKAGES = ("torch", "transformers", "deepspeed", "accelerate", "safetensors", "tokenizers", "numpy", "huggingface_hub")
 DISTRIBUTIONS = {"huggingface_hub": "huggingface-hub"}
 
 
@@ -28,6 +28,8 @@ def imported_version(module: str) -> Optional[str]:
 
 
 def software() -> Dict[str, Any]:
-    return {"python": sys.version.split()[0],
-            "versions": {p: imported_version(p) for p in PACKAGES if p in sys.modules},
-            "modules": sorted({name.split(".")[0] for name in list(sys.modules) if not name.startswith("_")})}
+    return {
+        "python": sys.version.split()[0],
+        "versions": {p: imported_version(p) for p in PACKAGES if p in sys.modules},
+        "modules": sorted({name.split(".")[0] for name in list(sys.modules) if not name.startswith("_")}),
+    }

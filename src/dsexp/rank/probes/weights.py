@@ -4,6 +4,7 @@ Tensor-parallel shards (DeepSpeed's LinearLayer/LinearAllreduce) are plain tenso
 slice; transformers' TP uses DTensors (count `to_local()`); ZeRO-3 keeps an empty placeholder in
 `param.data` and this rank's partition in `param.ds_tensor`.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,10 @@ def _full_shape(t) -> Tuple[int, ...]:
 
 def tensor_layout(module) -> Dict[str, Dict[str, Tuple[int, ...]]]:
     """Full shapes of the model's parameters and buffers by qualified name (taken before an engine shards it)."""
-    return {"params": {n: _full_shape(p) for n, p in module.named_parameters()},
-            "buffers": {n: _full_shape(b) for n, b in module.named_buffers()}}
+    return {
+        "params": {n: _full_shape(p) for n, p in module.named_parameters()},
+        "buffers": {n: _full_shape(b) for n, b in module.named_buffers()},
+    }
 
 
 def residency(full: Dict[str, Dict[str, Tuple[int, ...]]], module, device_type: str, itemsize: int) -> Dict[str, Any]:
@@ -50,9 +53,13 @@ def residency(full: Dict[str, Dict[str, Tuple[int, ...]]], module, device_type: 
                 local_params += nbytes
             if full[kind].get(name) == tuple(loc.shape):
                 replicated[name] = nbytes
-    return {"weight_fraction": local_params / full_params if full_params else None,
-            "weight_bytes_local": local_params, "weight_bytes_full": full_params,
-            "replicated": replicated, "replicated_bytes": sum(replicated.values())}
+    return {
+        "weight_fraction": local_params / full_params if full_params else None,
+        "weight_bytes_local": local_params,
+        "weight_bytes_full": full_params,
+        "replicated": replicated,
+        "replicated_bytes": sum(replicated.values()),
+    }
 
 
 def weight_census(module) -> Dict[str, Any]:
@@ -72,8 +79,13 @@ def weight_census(module) -> Dict[str, Any]:
         if b.device.type == "meta":
             on_meta.append(name)
     classes = Counter(type(m).__name__ for m in module.modules())
-    return {"param_bytes": dict(params), "buffer_bytes": dict(buffers), "local_params": n_params,
-            "on_meta": on_meta, "module_classes": dict(classes)}
+    return {
+        "param_bytes": dict(params),
+        "buffer_bytes": dict(buffers),
+        "local_params": n_params,
+        "on_meta": on_meta,
+        "module_classes": dict(classes),
+    }
 
 
 def resident_bytes(census: Dict[str, Any], device_type: str) -> int:

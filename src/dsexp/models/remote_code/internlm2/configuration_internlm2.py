@@ -1,4 +1,5 @@
 """InternLM2 configuration (dsexp's own implementation of the published architecture)."""
+
 from transformers import PretrainedConfig
 
 
@@ -50,7 +51,14 @@ class InternLM2Config(PretrainedConfig):
         self.bias = bias
         self.rope_theta = rope_theta
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads ({num_attention_heads}) must be a multiple of "
-                             f"num_key_value_heads ({self.num_key_value_heads})")
-        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-                         tie_word_embeddings=tie_word_embeddings, **kwargs)
+            raise ValueError(
+                f"num_attention_heads ({num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        super().__init__(
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )

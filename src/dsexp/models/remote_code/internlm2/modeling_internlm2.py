@@ -12,6 +12,7 @@ The forward pass therefore takes the local head count from the projection's outp
 
 Works with transformers 5.17 (cache argument `past_key_values`) and 5.2x (renamed `cache`).
 """
+
 import math
 
 import torch
@@ -56,7 +57,7 @@ class InternLM2RotaryEmbedding(nn.Module):
 
     def compute_inv_freq(self, device=None):
         exponents = torch.arange(0, self.dim, 2, dtype=torch.int64, device=device).float() / self.dim
-        return 1.0 / (self.base ** exponents)
+        return 1.0 / (self.base**exponents)
 
     def _tables(self, seq_len, device):
         t = torch.arange(seq_len, device=device, dtype=torch.float32)
@@ -118,8 +119,9 @@ class InternLM2Attention(nn.Module):
         self.num_key_value_heads = config.num_key_value_heads
         self.num_key_value_groups = self.num_heads // self.num_key_value_heads
         self.max_position_embeddings = config.max_position_embeddings
-        self.wqkv = nn.Linear(self.hidden_size, (self.num_heads + 2 * self.num_key_value_heads) * self.head_dim,
-                              bias=config.bias)
+        self.wqkv = nn.Linear(
+            self.hidden_size, (self.num_heads + 2 * self.num_key_value_heads) * self.head_dim, bias=config.bias
+        )
         self.wo = nn.Linear(self.num_heads * self.head_dim, self.hidden_size, bias=config.bias)
         self.rotary_emb = InternLM2RotaryEmbedding(self.head_dim, self.max_position_embeddings, config.rope_theta)
 
@@ -156,8 +158,9 @@ class InternLM2DecoderLayer(nn.Module):
         self.ffn_norm = InternLM2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, hidden_states, attention_mask, position_ids, cache=None):
-        hidden_states = hidden_states + self.attention(self.attention_norm(hidden_states), attention_mask,
-                                                       position_ids, cache)
+        hidden_states = hidden_states + self.attention(
+            self.attention_norm(hidden_states), attention_mask, position_ids, cache
+        )
         return hidden_states + self.feed_forward(self.ffn_norm(hidden_states))
 
 
@@ -206,8 +209,17 @@ class InternLM2Model(InternLM2PreTrainedModel):
     def set_input_embeddings(self, value):
         self.tok_embeddings = value
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, use_cache=None, cache=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        use_cache=None,
+        cache=None,
+        **kwargs,
+    ):
         cache = cache if cache is not None else past_key_values
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if (input_ids is None) == (inputs_embeds is None):
@@ -224,8 +236,9 @@ class InternLM2Model(InternLM2PreTrainedModel):
         hidden_states = inputs_embeds
         for layer in self.layers:
             hidden_states = layer(hidden_states, mask, position_ids, cache if use_cache else None)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states),
-                                       **{CACHE_FIELD: cache if use_cache else None})
+        return BaseModelOutputWithPast(
+            last_hidden_state=self.norm(hidden_states), **{CACHE_FIELD: cache if use_cache else None}
+        )
 
 
 class InternLM2ForCausalLM(InternLM2PreTrainedModel, GenerationMixin):
@@ -250,11 +263,27 @@ class InternLM2ForCausalLM(InternLM2PreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, new_embeddings):
         self.output = new_embeddings
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, labels=None, use_cache=None, cache=None, logits_to_keep=0, **kwargs):
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         inputs_embeds=inputs_embeds, use_cache=use_cache,
-                         cache=cache if cache is not None else past_key_values)
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        cache=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            cache=cache if cache is not None else past_key_values,
+        )
         hidden_states = out.last_hidden_state
         if logits_to_keep:
             hidden_states = hidden_states[:, -logits_to_keep:, :]
