@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from dsexp.analysis import architecture as arch
 from dsexp.core.engines import ENGINES, effective_policy, traits
-from dsexp.models.kernel_policy import kernel_policy_classes
+from dsexp.models.kernel_policy import kernel_policy_classes, tp_plan
 
 
 @dataclass
@@ -400,6 +400,8 @@ def _hf_tp(model, tensors, s: Strategy, tp: int, notes: List[str]):
         return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
     from transformers.distributed import DistributedConfig
 
+    if not tp_plan(model):  # transformers refuses at load (InternLM2's code as published has no plan)
+        raise AssertionError("the model's code defines no tensor-parallel plan: transformers' TP cannot shard it")
     plan = model._resolve_parallel_plans(DistributedConfig(tp_size=tp))[0]
     out = []
     for t in tensors:
