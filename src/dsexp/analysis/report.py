@@ -14,6 +14,7 @@ from dsexp.analysis.diagnosis import floor_terms
 from dsexp.analysis.matrix import Extrapolated, Row, build_rows, extrapolate, main_model, recommend
 from dsexp.analysis.memory import predict
 from dsexp.analysis.sources import results_from_dir
+from dsexp.core.schema import stack_label
 
 SUMMARY_MD, SUMMARY_CSV, PLOTS = "summary.md", "summary.csv", "plots"
 FILES = {"per_device": "per_device_vs_tp.png", "host": "host_vs_tp.png", "timeline": "timeline.png"}
@@ -84,6 +85,73 @@ def _correct(v: Dict[str, Any]) -> str:
         return "-"
     err = f" ({v['logits_rel_err']:.1e})" if v["logits_rel_err"] is not None else ""
     return ("yes" if v["correct"] else "**NO**") + err
+
+
+def stacks_section(rows: List[Row]) -> List[str]:
+    """The same configuration on each software stack of the sweep, side by side (empty with one stack)."""
+    stacks = sorted({stack_label(r.config.get("stack") or {}) for r in rows})
+    if len(stacks) < 2:
+        return []
+    wu, ws = _weights_unit(rows)
+    by_config: Dict[tuple, List[Row]] = {}
+    for r in rows:
+        by_config.setdefault((r.strategy.split("@")[0], r.tp), []).append(r)
+    body, notes = [], []
+    for (config, tp), group in sorted(by_config.items()):
+        if len(group) < 2:
+            continue
+        for r in sorted(group, key=lambda r: stack_label(r.config.get("stack") or {})):
+            v, versions = r.values(), ((r.result.get("software") or {}).get("versions") or {})
+            body.append(
+                [
+                    config,
+                    tp,
+                    stack_label(r.config.get("stack") or {}),
+                    f"{versions.get('transformers', '-')} / {versions.get('deepspeed', '-')}",
+                    v["status"],
+                    _correct(v),
+                    _num(v["gpu_weights_gib"], 2, ws),
+                    _num(v["host_anon_peak_gib"]),
+                    _num(v["node_host_peak_gib"]),
+                    _num(v["load_s"]),
+                    _num(v["tokens_per_s"], 1),
+                ]
+            )
+        notes += _stack_differences(config, tp, group)
+    if not body:
+        return []
+    header = [
+        "configuration",
+        "tp",
+        "stack",
+        "transformers / deepspeed",
+        "status",
+        "correct (rel. err)",
+        f"weights per rank ({wu})",
+        "host anon / rank (GiB)",
+        "node host peak (GiB)",
+        "load (s)",
+        "tokens/s",
+    ]
+    right = [False, True, False, False, False, False, True, True, True, True, True]
+    return ["## Software stacks", "", md_table(header, body, right), ""] + [f"- {n}" for n in notes] + [""]
+
+
+def _stack_differences(config: str, tp: int, group: List[Row]) -> List[str]:
+    """One line per figure that differs by more than 10% between the stacks of one configuration."""
+    out = []
+    for key, what in (
+        ("host_anon_peak_gib", "private host memory per rank"),
+        ("gpu_weights_gib", "weights per rank"),
+        ("node_host_peak_gib", "node host peak"),
+    ):
+        vals = {stack_label(r.config.get("stack") or {}): r.values()[key] for r in group if r.values()[key]}
+        if len(vals) > 1 and max(vals.values()) > 1.1 * min(vals.values()):
+            out.append(f"`{config}` at tp={tp}: {what} " + ", ".join(f"{v:.2f} GiB on {s}" for s, v in vals.items()))
+    statuses = {stack_label(r.config.get("stack") or {}): r.values()["status"] for r in group}
+    if len(set(statuses.values())) > 1:
+        out.append(f"`{config}` at tp={tp}: " + ", ".join(f"{st} on {s}" for s, st in statuses.items()))
+    return out
 
 
 def matrix_table(rows: List[Row]) -> str:
@@ -303,6 +371,7 @@ def sections(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path
     parts = {
         "recommendation": ["## Recommendation", ""] + [f"- {line}" for line in recommendation(rows, extra)] + [""],
         "matrix": ["## Matrix", "", matrix_table(rows), ""],
+        "stacks": stacks_section(rows),
         "weights": weights,
         "predicted": ["## Predicted at tp values not run", "", extrapolation_table(extra, gpu, rows), ""],
         "diagnosis": diagnosis,
