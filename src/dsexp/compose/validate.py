@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from dsexp.core import trims
 from dsexp.core.checkpoint import checkpoint_problem, folder_config
 from dsexp.core.engines import ENGINES, traits
 from dsexp.core.schema import DEVICES, DTYPES, FORMATS, LAUNCHERS, LOADERS, OFFLOADS, ConfigError, JobConfig
@@ -104,6 +105,7 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
             f"{spec.zero.stage}; choose zero=stage3, zero=stage3_offload or zero=seed_accepted"
         )
     _validate_model(spec)
+    _validate_trim(spec)
     if device == "cpu" and spec.engine.name == "init_inference" and spec.engine.kernel_inject:
         layers = _kernel_injected_layers(spec)
         if layers:
@@ -134,6 +136,31 @@ def _validate_load(spec: JobConfig) -> None:
             "load=meta with engine.kernel_inject=true: DeepSpeed's kernel-injection checkpoint path "
             "reads files with torch.load only; set load.format=bin"
         )
+
+
+def _validate_trim(spec: JobConfig) -> None:
+    """Each trim only where it can apply; trim.env only with the settings dsexp knows (values become strings)."""
+    t, engine = spec.trim, spec.engine
+    for key in trims.AUTOTP_ONLY:
+        if not getattr(t, key):
+            continue
+        if engine.name != "init_inference":
+            raise ConfigError(
+                f"trim.{key}=true changes DeepSpeed's AutoTP call and needs engine=init_inference; "
+                f"engine={engine.name} does not run it (trim.dedupe_buffers applies to every engine)"
+            )
+        if engine.kernel_inject:
+            raise ConfigError(
+                f"trim.{key}=true needs AutoTP: engine.kernel_inject=true replaces layers with DeepSpeed kernels "
+                "instead; set engine.kernel_inject=false"
+            )
+    env = {}
+    for key, value in dict(t.env or {}).items():
+        problem = trims.env_problem(str(key), value)
+        if problem:
+            raise ConfigError(problem)
+        env[str(key)] = trims.env_value(value)
+    t.env = env
 
 
 def _kernel_injected_layers(spec: JobConfig):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
+from dsexp.core import trims
 from dsexp.core.fs import read_json
 from dsexp.core.protocol import live_file, rank_file
 
@@ -158,7 +159,7 @@ def headline(metrics: Dict[str, float], ranks: List[Optional[dict]], new_tokens:
 
 
 def config_label(config: Dict[str, Any]) -> str:
-    """A configuration's short name, everything but tp: variant/model/load/engine/zero/dtype (only what is set)."""
+    """A configuration's short name, everything but tp: variant/model/load/engine/zero/dtype/trims (what is set)."""
     model, load, eng, zero = (config.get(k) or {} for k in ("model", "load", "engine", "zero"))
     dtype, mdtype = config.get("dtype") or model.get("dtype"), model.get("dtype")
     parts = [
@@ -168,6 +169,7 @@ def config_label(config: Dict[str, Any]) -> str:
         (eng.get("name") or "") + ("+inject" if eng.get("kernel_inject") else ""),
         None if (zero.get("name") or "none") == "none" else f"zero-{zero.get('name')}",
         f"{dtype}<-{mdtype}" if mdtype and dtype != mdtype else dtype,
+        trims.label(config.get("trim")),
     ]
     return "/".join(str(p) for p in parts if p)
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from dsexp.core import trims
 from dsexp.core.protocol import TOKEN_ENV, WORKER_MODULE
 from dsexp.core.schema import JobConfig
 from dsexp.job import multinode, teardown
@@ -74,7 +75,7 @@ def rank_command(spec: JobConfig, job_dir: Path, port: Optional[int]) -> List[st
 
 
 def rank_env(spec: JobConfig, device: str, visible: Optional[str] = None) -> Dict[str, str]:
-    """Environment the ranks need on top of ours (only these keys are recorded)."""
+    """Environment the ranks need on top of ours (only these keys are recorded), `trim.env` last."""
     local = spec.ranks_per_node  # ranks on this node
     threads = max(1, len(os.sched_getaffinity(0)) // local)  # the CPUs this job may use (a SLURM job: its share)
     env = {
@@ -90,6 +91,7 @@ def rank_env(spec: JobConfig, device: str, visible: Optional[str] = None) -> Dic
         env["DS_ACCELERATOR"] = "cuda"
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
+    env.update({k: trims.env_value(v) for k, v in (spec.trim.env or {}).items()})  # validated: trims.env_problem
     return env
 
 
