@@ -116,6 +116,34 @@ def settings(tp1: List[Dict[str, Any]]) -> Dict[str, Any]:
             }
         )
     out["dedupe"] = next((r for r in tp1 if _trims(r)["model"] == ["dedupe_buffers"] and not _trims(r)["env"]), None)
+    out["combined"] = next((r for r in tp1 if _trims(r)["model"] and len(_trims(r)["env"]) > 1), None)
+    return out
+
+
+def tp1_checks(s: Dict[str, Any]) -> Dict[str, Any]:
+    """At tp=1: dedupe measured against the memory model, and the settings' savings added up against a run that
+    combined them (the prediction at tp=2 adds them the same way)."""
+    base, out = s["baseline"], {}
+    peak0 = m.headline(base, "gpu_peak_gib")
+    if s.get("dedupe") is not None:
+        d = s["dedupe"]
+        out["dedupe_buffers"] = {
+            "weights_saved": max(m.weights_per_rank(base)) - max(m.weights_per_rank(d)),
+            "predicted_saved": predict(base).weights_max - predict(d).weights_max,
+            "peak_saved_gib": peak0 - m.headline(d, "gpu_peak_gib"),
+            "correct": m.passed(d),
+        }
+    c = s.get("combined")
+    if c is not None and "dedupe_buffers" in out:
+        env = _trims(c)["env"]
+        parts = [x for x in s["runs"] if x["setting"] in {f"{k}={v}" for k, v in env.items()}]
+        saved = out["dedupe_buffers"]["weights_saved"] + sum(x["total_saved"] for x in parts)
+        out["combined"] = {
+            "settings": sorted(f"{k}={v}" for k, v in env.items()),
+            "measured_peak_gib": m.headline(c, "gpu_peak_gib"),
+            "peak_from_parts_gib": peak0 - saved / GIB,
+            "tokens_per_s_ratio": (m.headline(c, "tokens_per_s") or 0) / (m.headline(base, "tokens_per_s") or 1),
+        }
     return out
 
 
@@ -177,6 +205,7 @@ def predict_target(tp1: List[Dict[str, Any]], tp2: List[Dict[str, Any]]) -> Dict
             "meets": peak / GIB <= TARGET_GIB,
             "anchor": {"job": anchor.get("job_dir"), "peak_gib": m.headline(anchor, "gpu_peak_gib")},
             "settings": [{k: v for k, v in x.items() if k != "saved"} for x in s["runs"]],
+            "tp1_checks": tp1_checks(s),
             "tokens_per_s": {
                 "autotp_tp2_untrimmed": m.headline(anchor, "tokens_per_s"),
                 "predicted_trimmed": (m.headline(anchor, "tokens_per_s") or 0) * speed,
@@ -223,6 +252,21 @@ def render(res: Dict[str, Any]) -> str:
         lines.append(
             f"- `{x['setting']}`: {m.human(x['total_saved'])} saved at tp=1, tokens/s x{x['speed']:.3f}"
             f"{ch} -> {'used' if x['use'] else 'not used'}"
+        )
+    checks = res.get("tp1_checks") or {}
+    d = checks.get("dedupe_buffers")
+    if d:
+        lines.append(
+            f"- tp=1 `trim.dedupe_buffers`: weights {m.human(d['weights_saved'])} less on the GPU (memory model: "
+            f"{m.human(d['predicted_saved'])}), NVML peak {-d['peak_saved_gib']:+.2f} GiB, correct: {d['correct']}"
+        )
+    c = checks.get("combined")
+    if c:
+        lines.append(
+            f"- tp=1 dedupe + {', '.join(c['settings'])} together: NVML peak {c['measured_peak_gib']:.2f} GiB "
+            "measured, "
+            f"{c['peak_from_parts_gib']:.2f} GiB from the parts added up (the tp=2 prediction adds them the same way); "
+            f"tokens/s x{c['tokens_per_s_ratio']:.3f}"
         )
     t = res["tokens_per_s"]
     hf = t["hf_tp_llama_20b_shapes_tp2"]

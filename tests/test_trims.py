@@ -255,8 +255,15 @@ def test_target_script_on_synthetic_results_adds_up_its_terms(tmp_path):
         named(gpu_run(1, outside=(520, 650, 0, 160), job="b"), 1),
         named(gpu_run(1, {"env": {"NCCL_MAX_NCHANNELS": "8"}}, outside=(520, 314, 0, 160), job="c"), 1),
         named(gpu_run(1, {"env": {"CUDA_MODULE_LOADING": "EAGER"}}, outside=(1250, 650, 0, 160), job="d"), 1),
+        named(gpu_run(1, {"dedupe_buffers": True}, outside=(520, 650, 0, 160), job="e"), 1),
+        named(
+            gpu_run(
+                1, {"dedupe_buffers": True, "env": {"NCCL_MAX_NCHANNELS": "8", "A": "1"}}, outside=(520, 314, 0, 160)
+            ),
+            1,
+        ),
     ]
-    for job, res in zip("abcd", [anchor, *tp1]):
+    for job, res in zip("abcdef", [anchor, *tp1]):
         (tmp_path / job).mkdir()
         (tmp_path / job / "result.json").write_text(json.dumps(res))
     got = t.predict_target(tp1, [anchor])
@@ -267,6 +274,9 @@ def test_target_script_on_synthetic_results_adds_up_its_terms(tmp_path):
     assert nccl["use"] and nccl["tp2_channels_estimate"] == pytest.approx((970 - 520 - 266) / 6 + 0, rel=0.05)
     eager = next(x for x in got["settings"] if x["key"] == "CUDA_MODULE_LOADING")
     assert not eager["use"]  # costs memory
+    checks = got["tp1_checks"]
+    assert checks["dedupe_buffers"]["weights_saved"] == checks["dedupe_buffers"]["predicted_saved"] > 0
+    assert checks["combined"]["peak_from_parts_gib"] == pytest.approx(checks["combined"]["measured_peak_gib"])
     untrimmed_peak = m.headline(anchor, "gpu_peak_gib")
     assert got["predicted_peak_gib"] < untrimmed_peak
     assert t.main(["--trims", str(tmp_path), "--tp2", str(tmp_path), "--out", str(tmp_path / "t.md")]) == 0
