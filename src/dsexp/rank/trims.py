@@ -79,7 +79,7 @@ class HeldBuffers:
 
     def put_back(self, module) -> Dict[str, int]:
         """Register every held buffer again, as the placed tensor of the first of its group (or, if the engine
-        replaced that one's owner, as its own copy on the device of its owner's other tensors)."""
+        replaced that one's owner, as its own copy on the device of the model's parameters)."""
         shared = own = gone = 0
         for name, first in self.of.items():
             owner, leaf = _owner(module, name)
@@ -89,7 +89,7 @@ class HeldBuffers:
             src_owner, src_leaf = _owner(module, first)
             tensor = src_owner._buffers.get(src_leaf) if src_owner is not None else None
             if tensor is None or tensor.shape != self.held[name].shape:
-                device = next((t.device for t in owner.parameters()), None) or self.held[name].device
+                device = next((p.device for p in module.parameters() if not p.is_meta), self.held[name].device)
                 tensor, own = self.held[name].to(device), own + 1
             else:
                 shared += 1
