@@ -7,17 +7,24 @@
 # of a first all_reduce: probe.first_collective=true, which a 1-rank job otherwise never creates; then load+init,
 # generate). The reference (tp=1, untrimmed) is computed once and cached.
 # Usage on the device machine (repo root, `.whl` carried): bash scripts/gpu/trims.sh
-#   -> $OUT/h200_trims.tar.gz (every result.json, rank logs, the report), $OUT/summary.md, $OUT/trims_h200.json
-# Then, here: unpack into results/h200/trims/ and run `python benchmarks/trims_target.py` (the tp=2 prediction).
-source scripts/gpu/env.sh
+#   The sweeps stop at TRIMS_BUDGET s (default 500) in the order below (a job cut short is a failed result, the ones
+#   before it are kept); the folder is packed after every sweep -> $OUT/h200_trims.tar.gz (every result.json, rank
+#   logs, each sweep's report) and $OUT/summary_<sweep>.md. The analysis runs here afterwards, on CPU:
+#     mkdir -p results/h200/trims && tar -xzf h200_trims.tar.gz -C results/h200/trims --strip-components=1
+#     python -m dsexp.report results/h200/trims --no-mlflow
+#     python scripts/gpu/trims_summary.py results/h200/trims > results/h200/trims/trims_h200.json
+#     python benchmarks/trims_target.py --out results/h200/trims/target.md     # the tp=2 prediction vs 20.6 GiB
 T0=$(date +%s)
-BUDGET=${TRIMS_BUDGET:-500}   # seconds for the sweeps; packing and the report come after, inside the 9 minutes
+BUDGET=${TRIMS_BUDGET:-500}   # seconds from here to the end of the sweeps (the device call allows 9 minutes)
+source scripts/gpu/env.sh
 ROOT=/tmp/sweeps/trims
+mkdir -p $ROOT
 M="experiment=autotp model=internlm2_20b_shapes tp=1 probe.first_collective=true probe.see_memory_usage=false generate.new_tokens=64 timeout_s=240"
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 pack() {
-  python3 scripts/gpu/trims_summary.py "$ROOT" > "$OUT/trims_h200.json" || true
-  tar -czf "$OUT/h200_trims.tar.gz" --exclude='*.pt' --exclude='*.safetensors' -C "$(dirname $ROOT)" "$(basename $ROOT)"
+  tar -czf "$OUT/h200_trims.tar.gz" --exclude='*.pt' --exclude='*.safetensors' -C "$(dirname $ROOT)" "$(basename $ROOT)" \
+    || true
+  for f in $ROOT/*/summary.md; do [ -f "$f" ] && cp "$f" "$OUT/summary_$(basename $(dirname $f)).md"; done || true
 }
 sweep() {  # sweep NAME OVERRIDES...
   local name=$1; shift
@@ -29,11 +36,8 @@ sweep() {  # sweep NAME OVERRIDES...
   pack
 }
 sweep trims_dedupe trim.dedupe_buffers=false,true
-sweep trims_env '++trim.env={CUDA_MODULE_LOADING:EAGER},{CUDA_MODULE_LOADING:LAZY},{PYTORCH_CUDA_ALLOC_CONF:"expandable_segments:True"},{CUBLAS_WORKSPACE_CONFIG:":0:0"},{NCCL_MAX_NCHANNELS:8},{NCCL_BUFFSIZE:1048576}'
+sweep trims_env '++trim.env={PYTORCH_CUDA_ALLOC_CONF:"expandable_segments:True"},{CUBLAS_WORKSPACE_CONFIG:":0:0"},{NCCL_MAX_NCHANNELS:8},{CUDA_MODULE_LOADING:EAGER},{CUDA_MODULE_LOADING:LAZY},{NCCL_BUFFSIZE:1048576}'
 sweep trims_best trim.dedupe_buffers=true '++trim.env={PYTORCH_CUDA_ALLOC_CONF:"expandable_segments:True",CUBLAS_WORKSPACE_CONFIG:":0:0",NCCL_MAX_NCHANNELS:8}'
-timeout 90 python3 -m dsexp.report $ROOT --out $ROOT/report --no-mlflow 2>&1 | tail -2 || true
-cp $ROOT/report/summary.md "$OUT/summary.md" 2>/dev/null || true
-pack
 df -h /tmp | tail -1
 echo "total $(( $(date +%s) - T0 ))s"
 ls -la "$OUT"

@@ -11,6 +11,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from dsexp.core.records import node_shared
+from dsexp.core.trims import label as trims_label
 from dsexp.tracking.runs import Tracker, ensure_parent, read_sweep_state, resolve_uri
 
 
@@ -173,6 +174,7 @@ def format_table(results: List[Dict[str, Any]]) -> str:
                 (c.get("model") or {}).get("name"),
                 (c.get("load") or {}).get("name"),
                 (c.get("engine") or {}).get("name"),
+                trims_label(c.get("trim")),
                 f"tp{c.get('tp')}",
             )
             if x
