@@ -11,8 +11,9 @@ from dsexp.analysis.memory import Strategy, place, predict
 from helpers.analysis_cases import GIB, INTERNLM2_POLICY, MEDIUM, TINY, InternLM2ForCausalLM, config, result
 
 
-def llama_bytes(d, tp, itemsize=2, embed_split=1, head_split=None, buffers_itemsize=2):
-    """Per-rank bytes of a Llama under AutoTP, from the architecture numbers alone."""
+def llama_bytes(d, tp, itemsize=2, embed_split=1, head_split=None, buffers_itemsize=4):
+    """Per-rank bytes of a Llama under AutoTP, from the architecture numbers alone. The rotary buffers are fp32:
+    init_inference casts them to the run dtype and the loader puts the originals back (load.restore_buffers)."""
     h, i, L, nh, kv, V = (
         d[k]
         for k in (
@@ -155,7 +156,8 @@ def test_host_cost_by_loading_strategy():
     split = [sum(pl.local[r] for pl in eager.placements if pl.how != "replicated") for r in range(2)]
     assert eager.host.anon == split and eager.host.kept == split  # mmap: private = the TP slices kept on the host
     conv = predict(result(config(2, MEDIUM, dtype="fp32"), [0, 0]), 2)
-    assert conv.host.anon == [2 * full] * 2  # a private converted (fp32) copy of the whole model per rank
+    assert conv.host.anon == [conv.model_bytes] * 2  # a private converted (fp32) copy of the whole model per rank
+    assert abs(conv.model_bytes - 2 * full) < 1024  # (the fp32 rotary buffers are fp32 in both)
     sharded = predict(result(config(2, MEDIUM, load="sharded"), [0, 0]), 2)
     assert sharded.host.anon == sharded.weights  # a CPU rank keeps what it read: its weights
     biggest = max(pl.local[0] for pl in sharded.placements if not pl.is_buffer)

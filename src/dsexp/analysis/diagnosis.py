@@ -345,6 +345,79 @@ def init_transient(f: RunFacts) -> List[Finding]:
     ]
 
 
+OWN_GROUP = 64 * 2**20  # load + init growing the memory outside the allocator by this much: a communicator
+
+
+def outside_allocator(f: RunFacts) -> List[Finding]:
+    """Where the device memory outside PyTorch's allocator went (GPU runs with per-process NVML figures)."""
+    parts = m.outside_parts(f.result)
+    if parts is None:
+        return []
+
+    def h(key: str) -> str:
+        return "none measured" if parts.get(key) is None else m.human(parts[key])
+
+    out = [
+        Finding(
+            "outside_allocator",
+            "info",
+            f"outside PyTorch's allocator on rank {parts['rank']}: CUDA context {h('context')}, NCCL communicator "
+            f"(first all_reduce) {h('communicator')}, load + init {h('engine')} (the engine's own process groups, "
+            f"kernels), generate {h('generate')} (cuBLAS workspaces, kernels, connections made on first use), "
+            f"device reserve {h('device_reserve')} (not this process): {m.human(parts['outside'])}; the per-GPU peak "
+            f"{h('nvml_peak')} = allocator peak {m.human(parts['allocator_peak'])} + these + {h('unexplained')} "
+            "unexplained",
+        )
+    ]
+    cfg = f.result.get("config") or {}
+    eng, trim = cfg.get("engine") or {}, cfg.get("trim") or {}
+    if (
+        int(cfg.get("tp") or 1) > 1
+        and eng.get("name", "init_inference") == "init_inference"
+        and not eng.get("kernel_inject")
+        and not trim.get("world_group")
+        and (parts.get("engine") or 0) >= OWN_GROUP
+    ):
+        out.append(
+            Finding(
+                "own_communicator",
+                "problem",
+                f"load + init added {h('engine')} outside the allocator: DeepSpeed's inference engine creates a "
+                "tensor-parallel group of its own (a second NCCL communicator) even when tp is the world size; "
+                "trim.world_group=true hands it the world group instead",
+            )
+        )
+    return out
+
+
+def trims_applied(f: RunFacts) -> List[Finding]:
+    """What each requested trim did on rank 0 (engine.trims), in bytes per rank."""
+    done = (f.result.get("engine") or {}).get("trims") or {}
+    items = []
+    for key in ("shard_head", "shard_embedding", "dedupe_buffers", "world_group"):
+        t = done.get(key)
+        if not t:
+            continue
+        if t.get("skipped"):
+            items.append(f"{key}: skipped ({t['skipped']})")
+        elif key == "world_group":
+            items.append(f"world_group: AutoTP on the {t.get('group')}")
+        elif key == "dedupe_buffers":
+            items.append(
+                f"dedupe_buffers: {t.get('buffers')} non-persistent buffers -> {t.get('distinct_after')} distinct, "
+                f"{m.human(t.get('bytes_before'))} -> {m.human(t.get('bytes_after'))}"
+            )
+        else:
+            items.append(
+                f"{key}: {t.get('module')} -> {t.get('replaced_by')}"
+                + (f" ({t['when']})" if t.get("when") else "")
+                + f", {m.human(t.get('bytes_before'))} -> {m.human(t.get('bytes_after'))}"
+            )
+    if "env" in done:
+        items.append("env: " + ", ".join(f"{k}={v}" for k, v in done["env"].items()))
+    return [Finding("trims", "info", "trims on rank 0: " + "; ".join(items))] if items else []
+
+
 def predicted_error(f: RunFacts) -> List[Finding]:
     p = f.prediction
     if p is None or not p.error:
@@ -362,5 +435,7 @@ RULES: List[Rule] = [
     scaling_with_tp,
     init_transient,
     gpu_overhead,
+    outside_allocator,
+    trims_applied,
     predicted_error,
 ]

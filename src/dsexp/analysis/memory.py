@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from dsexp.analysis import architecture as arch
 from dsexp.core.engines import ENGINES, effective_policy, traits
+from dsexp.core.trims import MODEL_TRIMS
 from dsexp.models.kernel_policy import kernel_policy_classes, tp_plan
 
 
@@ -63,6 +64,11 @@ class Strategy:
     device: str
     max_out_tokens: int
     conversion: Optional[str]
+    restore_buffers: bool = True  # the loader puts back the non-persistent buffers the engine cast (their dtype)
+    trims: Dict[str, bool] = field(default_factory=dict)  # trim.<key>: true (dsexp.core.trims.MODEL_TRIMS)
+
+    def trimmed(self, key: str) -> bool:
+        return bool(self.trims.get(key))
 
     @classmethod
     def from_result(cls, result: Dict[str, Any]) -> "Strategy":
@@ -84,6 +90,8 @@ class Strategy:
             device=runtime.get("device") or c.get("device") or "cpu",
             max_out_tokens=int(eng.get("max_out_tokens") or 0),
             conversion=conversion,
+            restore_buffers=load.get("restore_buffers", True) is not False,
+            trims={k: bool((c.get("trim") or {}).get(k)) for k in MODEL_TRIMS if (c.get("trim") or {}).get(k)},
         )
 
 
@@ -167,8 +175,10 @@ def predict(result: Dict[str, Any], tp: Optional[int] = None) -> Prediction:
     """The memory model for this run's configuration, at its own tp or another one."""
     strategy = Strategy.from_result(result)
     tp = int(tp or (result.get("config") or {}).get("tp") or 1)
-    model = arch.meta_model(arch.model_source(result.get("config") or {}, result.get("runtime")), strategy.dtype)
-    placements, modules, notes, error = place(model, strategy, tp)
+    source = arch.model_source(result.get("config") or {}, result.get("runtime"))
+    model = arch.meta_model(source, strategy.dtype)
+    shared = arch.duplicate_buffers(source, strategy.dtype) if strategy.trimmed("dedupe_buffers") else None
+    placements, modules, notes, error = place(model, strategy, tp, shared)
     weights = [sum(p.local[r] for p in placements) for r in range(tp)]
     tokens = _tokens(result, strategy)
     d = arch.dims(model)
@@ -189,15 +199,27 @@ def predict(result: Dict[str, Any], tp: Optional[int] = None) -> Prediction:
     )
 
 
-def place(model, strategy: Strategy, tp: int):
-    """(placements, predicted module changes, notes, error) for any model (meta device) under a strategy."""
+def place(model, strategy: Strategy, tp: int, shared: Optional[Dict[str, str]] = None):
+    """(placements, predicted module changes, notes, error) for any model (meta device) under a strategy.
+
+    shared: with trim.dedupe_buffers, {buffer: the identical buffer it shares} (architecture.duplicate_buffers);
+    each shared one takes no bytes of its own on any rank."""
     tensors = _tensors(model, strategy)
     notes: List[str] = []
     try:
         placements, modules = PLACERS.get(strategy.engine, _unknown_engine)(model, tensors, strategy, tp, notes)
-        return placements, modules, notes, None
+        error = None
     except AssertionError as e:  # DeepSpeed's own refusal (e.g. AutoTP finds no policy)
-        return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}, notes, str(e) or "AssertionError"
+        placements, modules, error = [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}, str(e)
+        error = error or "AssertionError"
+    if shared:
+        placements = [_shared(p, shared[p.name], tp) if p.is_buffer and p.name in shared else p for p in placements]
+        notes.append(f"trim.dedupe_buffers: {len(shared)} buffers share an identical one (no bytes of their own)")
+    return placements, modules, notes, error
+
+
+def _shared(p: Placement, first: str, tp: int) -> Placement:
+    return Placement(p.name, p.full, (0,) * tp, f"shared with {first}", is_buffer=True)
 
 
 def splits_weights(engine: str) -> bool:
@@ -219,7 +241,9 @@ class _Tensor:
 
 
 def _tensors(model, strategy: Strategy) -> List[_Tensor]:
-    """Every parameter and buffer once (tied weights counted once), in the dtype the engine holds it."""
+    """Every parameter and buffer once (tied weights counted once), in the dtype the engine holds it: an engine
+    that casts the module casts floating tensors to the run dtype, and then the loader (load.restore_buffers) puts
+    the non-persistent buffers back as the model built them."""
     import torch
 
     cast = strategy.engine in ENGINES and traits(strategy.engine).casts_buffers
@@ -234,7 +258,8 @@ def _tensors(model, strategy: Strategy) -> List[_Tensor]:
                 if t is None or id(t) in seen:
                     continue
                 seen.add(id(t))
-                itemsize = run_itemsize if (cast and torch.is_floating_point(t)) else t.element_size()
+                restored = is_buffer and strategy.restore_buffers and pname in mod._non_persistent_buffers_set
+                itemsize = run_itemsize if (cast and torch.is_floating_point(t) and not restored) else t.element_size()
                 out.append(
                     _Tensor(
                         f"{mname}.{pname}" if mname else pname, mname, t.numel(), tuple(t.shape), itemsize, is_buffer
@@ -299,8 +324,13 @@ def _autotp(model, tensors, s: Strategy, tp: int, notes: List[str]):
                 _autotp_class(ds_name, rules[type(layer).__name__], tp, require_tp_fused_qkvw),
             )
     head = next((n for n in ("lm_head", "embed_out") if isinstance(getattr(model, n, None), nn.Linear)), None)
+    if head is None and s.trimmed("shard_head") and tp > 1:
+        head = _top_level_head(model)  # aliased as lm_head while init_inference runs (dsexp.rank.trims)
     if head:
         by_module[head] = ("lm_head", "LmHeadLinearAllreduce")
+    embedding = _input_embedding(model) if s.trimmed("shard_embedding") and tp > 1 else None
+    if embedding:
+        by_module[embedding] = (embedding, "VocabParallelEmbedding")  # named as the rank names it: its module name
     out = []
     for t in tensors:
         ds_name, cls = by_module.get(t.module, (None, None))
@@ -315,7 +345,28 @@ def _autotp(model, tensors, s: Strategy, tp: int, notes: List[str]):
         else:
             out.append(_split(t, 0, get_shard_size_list(t.shape[0], tp, meta, ds_name), cls))
     replaced = Counter(cls for _, cls in by_module.values() if cls != "skip")
-    return out, {"removed": {"Linear": sum(replaced.values())} if replaced else {}, "added": dict(replaced)}
+    removed = Counter({"Linear": sum(n for cls, n in replaced.items() if cls != "VocabParallelEmbedding")})
+    removed["Embedding"] = replaced.get("VocabParallelEmbedding", 0)
+    return out, {"removed": {k: n for k, n in removed.items() if n}, "added": dict(replaced)}
+
+
+def _top_level_head(model) -> Optional[str]:
+    """The output head's attribute when it is a top-level nn.Linear (what trim.shard_head can alias)."""
+    import torch.nn as nn
+
+    head = model.get_output_embeddings()
+    name = next((n for n, m in model._modules.items() if m is head), None) if head is not None else None
+    return name if isinstance(head, nn.Linear) else None
+
+
+def _input_embedding(model) -> Optional[str]:
+    """The input embedding's module name when it is a plain nn.Embedding (what VocabParallelEmbedding accepts)."""
+    import torch.nn as nn
+
+    emb = model.get_input_embeddings()
+    if type(emb) is not nn.Embedding:
+        return None
+    return next(n for n, m in model.named_modules() if m is emb)
 
 
 def _autotp_class(ds_name: str, allreduce: Tuple[str, ...], tp: int, fused) -> str:

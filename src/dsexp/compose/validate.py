@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional
 
 from packaging.version import Version
 
+from dsexp.core import trims
 from dsexp.core.checkpoint import checkpoint_problem, folder_config
 from dsexp.core.engines import ENGINES, traits
 from dsexp.core.schema import DEVICES, DTYPES, FORMATS, LAUNCHERS, LOADERS, OFFLOADS, ConfigError, JobConfig
@@ -108,6 +109,7 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
     _validate_model(spec)
     _validate_stack(spec)
     _validate_tp_plan(spec)
+    _validate_trim(spec)
     if device == "cpu" and spec.engine.name == "init_inference" and spec.engine.kernel_inject:
         layers = _kernel_injected_layers(spec)
         if layers:
@@ -138,6 +140,31 @@ def _validate_load(spec: JobConfig) -> None:
             "load=meta with engine.kernel_inject=true: DeepSpeed's kernel-injection checkpoint path "
             "reads files with torch.load only; set load.format=bin"
         )
+
+
+def _validate_trim(spec: JobConfig) -> None:
+    """Each trim only where it can apply; trim.env only with the settings dsexp knows (values become strings)."""
+    t, engine = spec.trim, spec.engine
+    for key in trims.AUTOTP_ONLY:
+        if not getattr(t, key):
+            continue
+        if engine.name != "init_inference":
+            raise ConfigError(
+                f"trim.{key}=true changes DeepSpeed's AutoTP call and needs engine=init_inference; "
+                f"engine={engine.name} does not run it (trim.dedupe_buffers applies to every engine)"
+            )
+        if engine.kernel_inject:
+            raise ConfigError(
+                f"trim.{key}=true needs AutoTP: engine.kernel_inject=true replaces layers with DeepSpeed kernels "
+                "instead; set engine.kernel_inject=false"
+            )
+    env = {}
+    for key, value in dict(t.env or {}).items():
+        problem = trims.env_problem(str(key), value)
+        if problem:
+            raise ConfigError(problem)
+        env[str(key)] = trims.env_value(value)
+    t.env = env
 
 
 def _meta_model(spec: JobConfig):
@@ -230,19 +257,28 @@ ENGINE_NEEDS = {
 }
 
 
+# What a trim needs of the software the ranks run on, as ENGINE_NEEDS.
+TRIM_NEEDS = {
+    "shard_embedding": (
+        "deepspeed",
+        "0.19.8",
+        "DeepSpeed's VocabParallelEmbedding is not in 0.14.4 (measured in 0.19.8)",
+    ),
+}
+
+
 def _validate_stack(spec: JobConfig) -> None:
-    """A stack's pins against what the engine needs (the pins themselves are checked when the stack is prepared,
-    before any job: dsexp.job.stacks)."""
-    need = ENGINE_NEEDS.get(spec.engine.name)
-    if not need:
-        return
-    package, oldest, why = need
-    pinned = getattr(spec.stack, package)
-    if pinned and str(pinned)[0].isdigit() and Version(str(pinned)) < Version(oldest):
-        raise ConfigError(
-            f"engine={spec.engine.name} with stack.{package}={pinned}: {why}; "
-            f"pin {package} >= {oldest} or choose another engine"
-        )
+    """A stack's pins against what the engine and the trims need (the pins themselves are checked when the stack is
+    prepared, before any job: dsexp.job.stacks)."""
+    needs = [(f"engine={spec.engine.name}", ENGINE_NEEDS.get(spec.engine.name))]
+    needs += [(f"trim.{key}=true", need) for key, need in TRIM_NEEDS.items() if getattr(spec.trim, key)]
+    for who, need in needs:
+        if not need:
+            continue
+        package, oldest, why = need
+        pinned = getattr(spec.stack, package)
+        if pinned and str(pinned)[0].isdigit() and Version(str(pinned)) < Version(oldest):
+            raise ConfigError(f"{who} with stack.{package}={pinned}: {why}; pin {package} >= {oldest} or leave it out")
 
 
 def validate_nodes(spec: JobConfig) -> None:

@@ -84,12 +84,34 @@ class ProbeConfig:
     sample_ms: float = 10.0
     see_memory_usage: bool = True
     nvidia_smi: bool = False
+    # One tiny all_reduce at the end of `start` (GPU), read before and after: it creates the NCCL communicator, so
+    # the memory it takes is measured apart. null: only when tp > 1 (a 1-rank job has no communicator otherwise).
+    first_collective: Optional[bool] = None
 
 
 @dataclass
 class CheckConfig:
     correctness: bool = True
     rel_err_tol: Optional[float] = None
+
+
+@dataclass
+class TrimConfig:
+    """What stays replicated on every GPU, removed (`trim=` group; each key alone or with the others).
+
+    dedupe_buffers: identical non-persistent buffers (per-layer rotary tables) share one tensor on each device.
+    shard_head: AutoTP splits the output head whatever its attribute name (DeepSpeed's LmHeadLinearAllreduce).
+    shard_embedding: DeepSpeed's VocabParallelEmbedding for the input embedding (vocabulary rows split).
+    world_group: AutoTP all-reduces on the world process group (tp == world size): DeepSpeed creates no second
+    communicator. env: environment variables for the ranks (NCCL, CUDA module loading, allocator, cuBLAS).
+    """
+
+    name: str = "none"
+    dedupe_buffers: bool = False
+    shard_head: bool = False
+    shard_embedding: bool = False
+    world_group: bool = False
+    env: Dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -129,6 +151,7 @@ class JobConfig:
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     check: CheckConfig = field(default_factory=CheckConfig)
+    trim: TrimConfig = field(default_factory=TrimConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     stack: StackConfig = field(default_factory=StackConfig)
     tp: int = 1

@@ -94,9 +94,10 @@ def ensure_checkpoint(
     return WriteStats(final, done["bytes"], done["seconds"], cache_hit=False, weights_s=done["weights_s"])
 
 
-def meta_model(arch: str, dims: Dict[str, Any], dtype: str):
+def meta_model(arch: str, dims: Dict[str, Any], dtype: str, real_buffers: bool = False):
     """The model of this architecture built on the meta device (no memory), with its HF config, its tensors in
-    `dtype` as from_pretrained(dtype=...) makes them (buffers the modeling code builds in fp32 stay fp32)."""
+    `dtype` as from_pretrained(dtype=...) makes them (buffers the modeling code builds in fp32 stay fp32).
+    real_buffers: parameters on meta, buffers computed for real (their values, as a load=meta rank builds them)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -104,7 +105,13 @@ def meta_model(arch: str, dims: Dict[str, Any], dtype: str):
     # Calling a model class directly builds in torch's default dtype (fp32) whatever the config says;
     # _from_config (what AutoModel.from_config calls) applies the dtype, also for a remote-code class.
     build = _model_class(arch, cfg)._from_config if ARCHS[arch].remote_code else AutoModelForCausalLM.from_config
-    with torch.device("meta"):
+    if real_buffers:
+        from accelerate import init_empty_weights
+
+        place = init_empty_weights(include_buffers=False)
+    else:
+        place = torch.device("meta")
+    with place:
         model = build(cfg, dtype=torch_dtype(dtype))
     return cfg, model
 

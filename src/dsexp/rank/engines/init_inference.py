@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from dsexp.core.engines import effective_policy as core_effective_policy
+from dsexp.rank import trims
 from dsexp.rank.compat import config_fields
 from dsexp.rank.context import RankContext
 from dsexp.rank.engines.base import Engine
@@ -90,11 +91,42 @@ class InitInference(Engine):
             from dsexp.models.kernel_policy import kernel_injected_layers
 
             report["kernel_policy_layers"] = kernel_injected_layers(model)  # empty: injection replaces nothing
+        grain = kwargs["tensor_parallel"].tp_grain_size
+        done, alias = self._before_init(model, ctx, checkpoint, grain)
         self.tracer = FieldReadTracer([DeepSpeedInferenceConfig, DeepSpeedTPConfig, DeepSpeedZeroConfig]).start()
         engine = deepspeed.init_inference(model, **kwargs)
         self.user_fields = sorted(k for k in kwargs if k != "dtype") + ["dtype"]
         self.zero_fields = zero_field_names(ctx) if zero is not None else []
-        return engine.module, report
+        module = engine.module
+        if alias:
+            done["shard_head"] = trims.unalias_head(module, alias, done["shard_head"])
+        if ctx.spec.trim.shard_embedding and "shard_embedding" not in done:
+            done["shard_embedding"] = trims.shard_embedding(module, engine.mp_group, grain, "after init_inference")
+        if done:
+            report["trims"] = done
+        return module, report
+
+    @staticmethod
+    def _before_init(model, ctx: RankContext, checkpoint, grain: int) -> Tuple[Dict[str, Any], Optional[str]]:
+        """The trims that act before init_inference: the group DeepSpeed is handed, a VocabParallelEmbedding built
+        while the weights are still on the host (or on meta, filled later by dsexp), the head's alias. Returns (what
+        was done, the aliased head attribute or None)."""
+        t, tp, done = ctx.spec.trim, ctx.world_size, {}
+        if tp == 1:
+            skip = {"skipped": "tp=1: AutoTP does not run, there is nothing to split"}
+            done.update({k: dict(skip) for k in ("shard_head", "shard_embedding", "world_group") if getattr(t, k)})
+            return done, None
+        embed_first = t.shard_embedding and checkpoint is None  # DeepSpeed's checkpoint loader fills nn.Embedding only
+        if t.world_group or embed_first:
+            group, info = trims.preset_group(t.world_group, tp)
+            if t.world_group:
+                done["world_group"] = info
+            if embed_first:
+                done["shard_embedding"] = trims.shard_embedding(model, group, grain, "before init_inference")
+        alias = None
+        if t.shard_head:
+            alias, done["shard_head"] = trims.alias_head(model)
+        return done, alias
 
     def finish(self, report: Dict[str, Any]) -> Dict[str, Any]:
         tracer = getattr(self, "tracer", None)
