@@ -9,7 +9,7 @@ no CUDA op; one with such a layer gets DeepSpeed's fused CUDA kernels.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 
 @lru_cache(maxsize=1)
@@ -35,12 +35,14 @@ def kernel_injected_layers(model) -> List[str]:
 
 
 @lru_cache(maxsize=32)
-def preset_kernel_injected_layers(arch: str, dims_json: str, dtype: str) -> Tuple[str, ...]:
+def preset_kernel_injected_layers(
+    arch: Optional[str], dims_json: str, dtype: str, config_path: Optional[str] = None, trust_remote_code: bool = False
+) -> Tuple[str, ...]:
     import json
 
     from dsexp.models.writer import meta_model
 
-    _, model = meta_model(arch, json.loads(dims_json), dtype)
+    _, model = meta_model(arch, json.loads(dims_json), dtype, config_path, trust_remote_code)
     return tuple(kernel_injected_layers(model))
 
 
