@@ -11,8 +11,9 @@ from dsexp.analysis.memory import Strategy, place, predict
 from helpers.analysis_cases import GIB, INTERNLM2_POLICY, MEDIUM, TINY, InternLM2ForCausalLM, config, result
 
 
-def llama_bytes(d, tp, itemsize=2, embed_split=1, head_split=None, buffers_itemsize=2):
-    """Per-rank bytes of a Llama under AutoTP, from the architecture numbers alone."""
+def llama_bytes(d, tp, itemsize=2, embed_split=1, head_split=None, buffers_itemsize=4):
+    """Per-rank bytes of a Llama under AutoTP, from the architecture numbers alone. The RoPE buffers stay fp32:
+    init_inference casts them, and dsexp puts them back as the model built them (load.restore_buffers)."""
     h, i, L, nh, kv, V = (
         d[k]
         for k in (
@@ -48,6 +49,12 @@ def test_autotp_llama_matches_architecture_numbers(tp):
         assert "lm_head.weight" not in rep and "model.rotary_emb.inv_freq" in rep
     else:
         assert not p.sharded and p.modules == {"removed": {}, "added": {}}
+
+
+def test_without_restore_buffers_init_inference_keeps_the_rope_buffers_cast():
+    cfg = config(2)
+    cfg["load"]["restore_buffers"] = False
+    assert predict(result(cfg, [0, 0]), 2).weights == [llama_bytes(TINY, 2, buffers_itemsize=2)] * 2
 
 
 def test_uneven_tp_splits_follow_deepspeed_kv_heads_and_grain():
@@ -155,7 +162,8 @@ def test_host_cost_by_loading_strategy():
     split = [sum(pl.local[r] for pl in eager.placements if pl.how != "replicated") for r in range(2)]
     assert eager.host.anon == split and eager.host.kept == split  # mmap: private = the TP slices kept on the host
     conv = predict(result(config(2, MEDIUM, dtype="fp32"), [0, 0]), 2)
-    assert conv.host.anon == [2 * full] * 2  # a private converted (fp32) copy of the whole model per rank
+    rope = sum(pl.full for pl in eager.placements if pl.is_buffer)  # fp32 in both runs
+    assert conv.host.anon == [2 * (full - rope) + rope] * 2  # a private converted (fp32) copy of the model per rank
     sharded = predict(result(config(2, MEDIUM, load="sharded"), [0, 0]), 2)
     assert sharded.host.anon == sharded.weights  # a CPU rank keeps what it read: its weights
     biggest = max(pl.local[0] for pl in sharded.placements if not pl.is_buffer)
