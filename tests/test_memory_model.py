@@ -271,3 +271,28 @@ def test_host_model_for_gpu_runs_by_loading_strategy():
     )
     params = sum(pl.full for pl in off.placements if pl.how == "offloaded")
     assert off.host.kept[0] == pytest.approx(params / 4, abs=4096)  # offloaded partitions live on the host
+
+
+def test_autotp_zero3_with_a_policy_keeps_autotp_shards_and_zero3_partitions_elsewhere():
+    from dsexp.core.engines import INFER
+
+    model = InternLM2ForCausalLM().to(torch.bfloat16)
+    s = Strategy(
+        engine="autotp_zero3",
+        kernel_inject=False,
+        policy=INFER,
+        zero_stage=3,
+        offload="none",
+        dtype="bf16",
+        model_dtype="bf16",
+        load="eager",
+        fmt="safetensors",
+        device="cpu",
+        max_out_tokens=0,
+        conversion=None,
+    )
+    placements, modules, _, error = place(model, s, 2)
+    assert error is None and modules["added"] == {"LinearLayer": 6, "LinearAllreduce": 4}  # no lm_head: config specs
+    how = {p.name: p.how for p in placements}
+    assert how["model.layers.0.attention.wo.weight"] == "LinearAllreduce"
+    assert how["output.weight"] == how["model.tok_embeddings.weight"] == "zero3"  # partitioned, not replicated

@@ -478,13 +478,46 @@ def _zero3(model, tensors, s: Strategy, tp: int, notes: List[str], found: Option
 
 
 def _autotp_zero3(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]):
+    """AutoTP + ZeRO-3 (deepspeed.initialize, tensor_parallel.autotp_size = tp): the model is loaded under zero.Init
+    over all ranks; with a policy, dsexp passes it as a partition_config, and AutoTP gathers each Linear of the policy
+    layers and keeps its shard (plain LinearLayer / LinearAllreduce: no fused-qkv or gate-up layouts, no lm_head),
+    which ZeRO-3 then partitions over the data-parallel group of world / tp = 1 rank. Everything else keeps its
+    ZeRO-3 partition (1/tp; a tied weight once), buffers whole."""
+    zero, _ = _zero3(model, tensors, s, tp, notes)
+    if not s.policy:  # DeepSpeed's own choice (the model's tp_plan or its parser): modelled as ZeRO-3 alone
+        notes.append(
+            "autotp_zero3 without a policy modelled as ZeRO-3 partitioning over all ranks (parameters 1/tp, "
+            "buffers whole); the module replacements are AutoTP's"
+        )
+        _, modules = _autotp(model, tensors, s, tp, [], found)
+        return zero, modules
+    import torch.nn as nn
+    from deepspeed.inference.config import DeepSpeedTPConfig
+    from deepspeed.module_inject.tp_shard import AutoTPMeta
+
+    from dsexp.models.policy import ds_name as policy_name
+
+    rules = autotp_rules(model, s, tp, notes, found)
+    meta = AutoTPMeta.from_model_config(model.config, DeepSpeedTPConfig().tp_grain_size)
+    by_module: Dict[str, Tuple[str, str]] = {}
+    for lname, layer in model.named_modules():
+        rows = rules.get(type(layer).__name__)
+        if rows is None:
+            continue
+        for rel, child in layer.named_modules():
+            if rel and isinstance(child, nn.Linear):
+                row = rel in rows or policy_name(rel) in rows
+                by_module[f"{lname}.{rel}"] = (rel, "LinearAllreduce" if row else "LinearLayer")
+    out = [
+        _autotp_place(t, *by_module[t.module], None, tp, meta) if t.module in by_module and not t.is_buffer else z
+        for t, z in zip(tensors, zero)
+    ]
     notes.append(
-        "autotp_zero3 modelled as ZeRO-3 partitioning over all ranks (parameters 1/tp, buffers whole, a tied "
-        "weight partitioned once); the module replacements are AutoTP's"
+        "autotp_zero3 with a policy: the policy layers' Linears hold their AutoTP shards (row-parallel biases whole), "
+        "every other parameter its ZeRO-3 partition (1/tp), buffers whole"
     )
-    _, modules = _autotp(model, tensors, s, tp, [], found)
-    placements, _ = _zero3(model, tensors, s, tp, notes)
-    return placements, modules
+    replaced = Counter(cls for _, cls in by_module.values())
+    return out, {"removed": {"Linear": sum(replaced.values())} if replaced else {}, "added": dict(replaced)}
 
 
 _HF_DIMS = (  # style prefix -> the dim its DTensor shards ("out": the output dim, ndim - 2; -1 for a bias)
