@@ -534,12 +534,10 @@ def _hf_tp(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[s
     """transformers TP: the model's resolved plan; DTensor Shard(dim) cuts like torch.chunk."""
     if tp == 1:
         return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
-    from transformers.distributed import DistributedConfig
-
-    plan = model._resolve_parallel_plans(DistributedConfig(tp_size=tp))[0]
+    style_of = _hf_plan(model, tp)
     out = []
     for t in tensors:
-        style = plan.get(t.name)
+        style = style_of(t.name)
         dim = next((d for prefix, d in _HF_DIMS if style and style.startswith(prefix)), None)
         if dim is None or t.is_buffer or (dim == -1 and len(t.shape) == 1):  # row-parallel bias: replicated
             out.append(_replicated(t, tp))
@@ -547,6 +545,21 @@ def _hf_tp(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[s
             d = max(len(t.shape) - 2, 0) if dim == "out" else dim % len(t.shape)
             out.append(_split(t, d, _chunks(t.shape[d], tp), style))
     return out, {"removed": {}, "added": {}}
+
+
+def _hf_plan(model, tp: int) -> Callable[[str], Optional[str]]:
+    """tensor name -> its TP style: the resolved per-parameter plan (transformers >= 5.2x), else the model's plan
+    with layer wildcards, matched as transformers 5.17 does (`_get_parameter_tp_plan`: the parameter, else its
+    module)."""
+    resolve = getattr(model, "_resolve_parallel_plans", None)
+    if resolve is not None:
+        from transformers.distributed import DistributedConfig
+
+        return resolve(DistributedConfig(tp_size=tp))[0].get
+    from transformers.distributed.tensor_parallel import _get_parameter_tp_plan
+
+    plan = dict(getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None) or {})
+    return lambda name: _get_parameter_tp_plan(name, plan, is_weight=True)
 
 
 def _unknown_engine(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]):
