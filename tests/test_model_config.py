@@ -67,6 +67,11 @@ def test_a_transformers_model_type_with_dims_validates_and_reads_its_heads():
         spec_of("model=config", "model.arch=mistral", dims_arg(MISTRAL), "tp=4")
 
 
+def test_an_architecture_class_name_is_its_model_type():
+    spec = spec_of("model=config", "model.arch=MistralForCausalLM", dims_arg(MISTRAL))
+    assert meta_model(spec.model.arch, spec.model.dims, "bf16")[0].model_type == "mistral"
+
+
 def test_an_unknown_model_type_names_the_key_and_close_matches():
     with pytest.raises(ConfigError) as e:
         spec_of("model=config", "model.arch=mistrall")

@@ -2,8 +2,9 @@
 
 Three ways to name one: a dsexp preset (`llama`, `internlm2`: their own defaults and, for InternLM2, the remote
 code dsexp ships), any transformers `model_type` (`mistral`, `qwen2_moe`, `phi3`, `gpt_neox`, ...: built by
-`AutoConfig.for_model(arch, **dims)`), or a folder holding a config.json (and any remote code `*.py`), read by
-`AutoConfig.from_pretrained` with `dims` on top. The writer then draws random weights at those exact shapes.
+`AutoConfig.for_model(arch, **dims)`) or causal-LM architecture class (`MistralForCausalLM`), or a folder
+holding a config.json (and any remote code `*.py`), read by `AutoConfig.from_pretrained` with `dims` on top.
+The writer then draws random weights at those exact shapes.
 """
 
 from __future__ import annotations
@@ -61,16 +62,31 @@ def transformers_model_types() -> List[str]:
     return sorted(CONFIG_MAPPING_NAMES)
 
 
+def causal_lm_classes() -> Dict[str, str]:
+    """{architecture class name (as config.json's `architectures` lists it): model_type} for causal LMs."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return {cls: mt for mt, cls in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()}
+
+
+def model_type(arch: str) -> str:
+    """A dsexp preset or model_type as is; an architecture class name (MistralForCausalLM) as its model_type."""
+    if arch in ARCHS or arch in transformers_model_types():
+        return arch
+    return causal_lm_classes().get(arch, arch)
+
+
 def arch_problem(arch: str) -> Optional[str]:
     """Why `arch` names no architecture (with the closest names), or None if it does."""
-    if arch in ARCHS:
-        return None
     types = transformers_model_types()
-    if arch in types:
+    if model_type(arch) in ARCHS or model_type(arch) in types:
         return None
-    close = difflib.get_close_matches(arch, sorted(set(types) | set(ARCHS)), n=5, cutoff=0.6)
+    close = difflib.get_close_matches(arch, sorted(set(types) | set(ARCHS) | set(causal_lm_classes())), n=5, cutoff=0.6)
     hint = f"; close matches: {', '.join(close)}" if close else ""
-    return f"{arch!r} is neither a dsexp preset ({', '.join(ARCHS)}) nor a transformers model_type{hint}"
+    return (
+        f"{arch!r} is neither a dsexp preset ({', '.join(ARCHS)}), a transformers model_type nor a causal-LM "
+        f"architecture class{hint}"
+    )
 
 
 # --- config folders (config.json + optional remote code) ----------------------------------------
@@ -134,7 +150,7 @@ def make_config(
     elif arch in ARCHS:
         return ARCHS[arch].make_config(dims, dtype)
     else:
-        cfg = AutoConfig.for_model(arch, **dims)
+        cfg = AutoConfig.for_model(model_type(arch), **dims)
     cfg.dtype = TORCH_DTYPE_NAMES[dtype]
     return cfg
 
