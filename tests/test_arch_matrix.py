@@ -242,3 +242,22 @@ def test_architecture_matrix(tmp_path, cache_dir):
     CENSUS.write_text(json.dumps(records, indent=None, sort_keys=True) + "\n")
     table = write_table(autotp, hf)
     assert table.count("\n| `tiny_") == len(PRESETS)
+
+
+def test_where_census_and_prediction_differ_the_diagnosis_lists_the_tensors():
+    """A mixtral run whose experts were (hypothetically) split: the finding names them, predicted -> measured."""
+    import copy
+
+    rec = next(r for r in json.loads(CENSUS.read_text()) if r["config"]["variant"] == "tiny_mixtral")
+    rec = copy.deepcopy(rec)
+    for rk in rec["ranks"]:
+        init = rk["phases"]["init"]
+        for name in [n for n in init["tensors"] if ".mlp.experts." in n]:
+            init["weights_device"] -= init["tensors"][name] // 2
+            init["tensors"][name] //= 2
+    p = predict(rec)
+    rows = tensor_differences(rec, p)
+    assert {r[0] for r in rows} == {"model.layers.*.mlp.experts.gate_up_proj", "model.layers.*.mlp.experts.down_proj"}
+    text = " ".join(f.text for f in diagnose(rec, p))
+    assert "weights on each rank" in text and "tensors (predicted -> measured per rank)" in text
+    assert "model.layers.*.mlp.experts.gate_up_proj (x2) on rank 0 1.00 MiB -> 512.0 KiB" in text
