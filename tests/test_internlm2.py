@@ -1,15 +1,19 @@
 """The InternLM2-layout model: loads through trust_remote_code from its folder, generates with a KV cache,
-computes what a Llama-layout GQA transformer with the same weights computes, and has InternLM2-20B's size."""
+computes what a Llama-layout GQA transformer with the same weights computes, and has InternLM2-20B's size. Like the
+published code it has the published code's traps: rotary buffers computed in __init__ only (transformers >= 5 loads
+them uninitialised; dsexp recomputes them), no tensor-parallel plan, attention sized by its module attributes."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from dsexp.models.writer import ensure_checkpoint, meta_model
+from dsexp.rank.compat import dtype_kwargs, transformers_version
 
 DIMS = dict(
     hidden_size=128,
@@ -48,8 +52,19 @@ def test_folder_ships_remote_code_and_auto_map(folder):
     assert (folder / "modeling_internlm2.py").is_file() and (folder / "configuration_internlm2.py").is_file()
 
 
+def loaded(folder, dtype=torch.bfloat16):
+    """from_pretrained, then dsexp's buffer recomputation (what every dsexp load does)."""
+    from dsexp.rank.loading.buffers import recompute_after_load
+
+    m = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, **dtype_kwargs(dtype)).eval()
+    ctx = SimpleNamespace(
+        model_dir=folder, torch_dtype=dtype, spec=SimpleNamespace(model=SimpleNamespace(trust_remote_code=True))
+    )
+    return m, recompute_after_load(m, ctx)[1]
+
+
 def test_loads_via_trust_remote_code_and_generates(folder):
-    m = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.bfloat16).eval()
+    m, report = loaded(folder)
     assert type(m).__module__.startswith("transformers_modules.")  # the folder's code, not dsexp's
     names = dict(m.named_parameters())
     assert names["model.layers.1.attention.wqkv.weight"].shape == ((4 + 2 * 2) * 32, 128)
@@ -66,11 +81,12 @@ def test_loads_via_trust_remote_code_and_generates(folder):
     } <= set(names)
     assert type(m.model.norm).__name__ == "InternLM2RMSNorm"
     assert type(m.model.layers[0]).__name__ == "InternLM2DecoderLayer"
-    # rotary tables are non-persistent buffers: loading allocates them empty, _init_weights must recompute them
+    assert report["checked"] == 3 * DIMS["num_hidden_layers"]  # inv_freq, cos and sin in every layer
     rot = m.model.layers[0].attention.rotary_emb
-    assert "inv_freq" in rot._non_persistent_buffers_set
-    cos, _ = rot._tables(DIMS["max_position_embeddings"], "cpu")
-    assert torch.allclose(rot.cos_cached.float(), cos, atol=1e-2) and torch.equal(rot.inv_freq, rot.compute_inv_freq())
+    fresh = type(rot)(rot.dim, rot.max_position_embeddings, rot.base)
+    assert torch.equal(rot.inv_freq, fresh.inv_freq) and torch.allclose(
+        rot.cos_cached.float(), fresh.cos_cached.float(), atol=1e-2
+    )
 
     ids = torch.tensor([[5, 17, 200, 42, 9]])
     out = m.generate(
@@ -139,7 +155,7 @@ def _as_llama(m):
 
 
 def test_matches_llama_math_with_unfused_weights(folder):
-    m = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32).eval()
+    m, _ = loaded(folder, torch.float32)
     llama = _as_llama(m)
     ids = torch.tensor([[3, 99, 7, 250, 31, 8, 64]])
     with torch.no_grad():
@@ -154,3 +170,21 @@ def test_20b_shapes_preset_is_internlm2_20b_sized():
     assert model.model.layers[0].attention.wqkv.weight.shape == (8192, 6144)  # (48 + 2 x 8) x 128
     assert 19.8e9 < params < 19.9e9 and abs(params * 2 / 2**30 - 37.0) < 0.1  # bf16 GiB
     assert rotary * 2 == 48 * 2 * 32768 * 128 * 2 == 0.75 * 2**30  # bf16 cos/sin tables, one pair per layer
+
+
+def test_has_the_published_codes_traps(folder):
+    """What dsexp must cope with, as with the real internlm2-chat-20b code."""
+    from dsexp.models.kernel_policy import tp_plan
+
+    raw = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, **dtype_kwargs(torch.bfloat16)).eval()
+    assert tp_plan(raw) == {}  # no tensor-parallel plan
+    rot = raw.model.layers[0].attention.rotary_emb
+    assert not hasattr(rot, "reset_buffers") and not hasattr(rot, "original_inv_freq")  # no recompute hook
+    rot.inv_freq.fill_(float("nan"))
+    raw._init_weights(rot)  # the model's own init leaves rotary buffers alone
+    assert torch.isnan(rot.inv_freq).all()
+    _, report = loaded(folder)
+    if transformers_version() >= (5,):  # built on meta, buffers given empty memory: every one needs recomputing
+        assert len(report["recomputed"]) == report["checked"]
+    else:  # 4.x kept the constructor's buffers
+        assert report["recomputed"] == {}

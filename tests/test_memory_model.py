@@ -202,7 +202,7 @@ def internlm2_bytes(d, itemsize=2):
     return params * itemsize, L * (2 * P * hd * itemsize + hd // 2 * 4)
 
 
-@pytest.mark.parametrize("engine,offload", [("zero_inference", "none"), ("zero_inference", "cpu"), ("hf_tp", "none")])
+@pytest.mark.parametrize("engine,offload", [("zero_inference", "none"), ("zero_inference", "cpu")])
 def test_remote_code_model_is_sized_in_the_run_dtype_for_engines_that_do_not_cast(engine, offload):
     """The meta build honours the dtype for remote code too (it used to build fp32: every prediction doubled)."""
     zero = dict(zero="stage3", stage=3, offload=offload) if engine == "zero_inference" else {}
@@ -214,9 +214,15 @@ def test_remote_code_model_is_sized_in_the_run_dtype_for_engines_that_do_not_cas
     expect = {
         ("zero_inference", "none"): params // 2 + buffers,  # params 1/tp, buffers whole
         ("zero_inference", "cpu"): buffers,  # partitions on the host
-        ("hf_tp", "none"): (params - whole) // 2 + whole + buffers,
     }[(engine, offload)]
-    assert p.weights == [expect, expect]
+    assert p.weights == [expect, expect] and whole < params
+
+
+def test_hf_tp_on_a_model_without_a_plan_is_an_error_not_a_guess():
+    """InternLM2's code as published has no TP plan: transformers refuses it, so the model predicts no sharding."""
+    p = predict(result(internlm2_config(2, engine="hf_tp", device="cuda"), [0, 0]), 2)
+    params, buffers = internlm2_bytes(TINY)
+    assert "no tensor-parallel plan" in p.error and p.weights == [params + buffers] * 2
 
 
 def test_autotp_zero3_keeps_zero3_partitions_and_autotp_modules():

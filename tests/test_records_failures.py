@@ -83,5 +83,5 @@ def test_end_of_sweep_table_shows_failures_and_small_figures():
     }
     bad = {"job_dir": "/s/1", "status": "failed", "failure": {"cause": "oom_host"}, "config": {"tp": 4}}
     header, row0, row1 = format_table([ok, bad]).splitlines()
-    assert row0.split()[:6] == ["0", "tiny/tp2", "ok", "-", "0.00412", "0.53"] and row0.split()[-1] == "0.0071"
-    assert row1.split()[:3] == ["1", "tp4", "failed:oom_host"]
+    assert row0.split()[:6] == ["0", "tiny/eager/tp2", "ok", "-", "0.00412", "0.53"] and row0.split()[-1] == "0.0071"
+    assert row1.split()[:3] == ["1", "eager/tp4", "failed:oom_host"]

@@ -33,7 +33,7 @@ def test_every_rank_has_every_phase(sweep):
                 )
             assert rk["sampler"]["samples"] > 0
         assert res["correctness"]["passed"], res["correctness"]
-    assert "tiny/eager/init_inference/tp2" in proc.stdout  # the end-of-sweep table
+    assert "tiny/eager/init_inference/bf16/tp2" in proc.stdout  # the end-of-sweep table
 
 
 def test_tp2_shards_weights_and_records_tokens(sweep):

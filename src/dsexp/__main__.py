@@ -11,14 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-
-def conf_dir() -> str:
-    """conf/ of the source tree (editable install), or the copy packed into the wheel."""
-    here = Path(__file__).resolve().parent
-    for cand in (here.parent.parent / "conf", here / "conf"):
-        if (cand / "config.yaml").is_file():
-            return str(cand)
-    raise FileNotFoundError("dsexp: cannot find conf/config.yaml")
+from dsexp.compose.config import conf_dir
 
 
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")
@@ -43,6 +36,8 @@ def main(cfg: DictConfig):
             sys.exit(f"dsexp: bad config: {e}")
         result = record_invalid(plain(cfg), job_dir, str(e))  # a multirun goes on
     else:
+        if sweep_dir is None:  # a single run: a stack that cannot be prepared stops it here (a sweep: at its start)
+            _prepare_stack_or_exit(spec)
         result = run_job(spec, job_dir, sweep_dir)
     if result.get("resumed_from"):
         print(f"dsexp: skipped, already ok in {result['resumed_from']} (rerun=true forces a rerun)")
@@ -56,6 +51,15 @@ def main(cfg: DictConfig):
         + f" -> {job_dir / 'result.json'}"
     )
     return result.get("headline")
+
+
+def _prepare_stack_or_exit(spec) -> None:
+    from dsexp.job.stacks import StackError, prepare_stack
+
+    try:
+        prepare_stack(spec.stack, spec.cache_dir)
+    except StackError as e:
+        sys.exit(f"dsexp: bad stack: {e}")
 
 
 if __name__ == "__main__":

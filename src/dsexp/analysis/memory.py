@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from dsexp.analysis import architecture as arch
 from dsexp.core.engines import ENGINES, INFER, effective_policy, traits
-from dsexp.models.kernel_policy import kernel_policy_classes
+from dsexp.models.kernel_policy import kernel_policy_classes, tp_plan
 
 
 @dataclass
@@ -534,6 +534,8 @@ def _hf_tp(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[s
     """transformers TP: the model's resolved plan; DTensor Shard(dim) cuts like torch.chunk."""
     if tp == 1:
         return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
+    if not tp_plan(model):  # transformers refuses at load (InternLM2's code as published has no plan)
+        raise AssertionError("the model's code defines no tensor-parallel plan: transformers' TP cannot shard it")
     style_of = _hf_plan(model, tp)
     out = []
     for t in tensors:

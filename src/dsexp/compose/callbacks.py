@@ -10,15 +10,16 @@ from typing import Any, Dict, List
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from dsexp.core.records import node_shared
+from dsexp.core.records import config_label, node_shared
 from dsexp.tracking.runs import Tracker, ensure_parent, read_sweep_state, resolve_uri
 
 
 class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from dsexp.compose.sweep import validate_sweep
+        from dsexp.compose.sweep import check_sweep, prepare_stacks
 
-        errors = validate_sweep(config)
+        errors, specs = check_sweep(config)
+        errors = errors or prepare_stacks(specs)  # software stacks are ready before any job starts
         if errors:
             print("dsexp: the sweep was not started; fix these settings first:", file=sys.stderr)
             for combo, err in errors:
@@ -166,17 +167,7 @@ def format_table(results: List[Dict[str, Any]]) -> str:
             if res.get("status") == "ok"
             else f"{res.get('status')}:{(res.get('failure') or {}).get('cause')}"
         )
-        name = "/".join(
-            str(x)
-            for x in (
-                c.get("variant") or "",
-                (c.get("model") or {}).get("name"),
-                (c.get("load") or {}).get("name"),
-                (c.get("engine") or {}).get("name"),
-                f"tp{c.get('tp')}",
-            )
-            if x
-        )
+        name = f"{config_label(c)}/tp{c.get('tp')}"
         shared = node_shared(res)  # packed with other jobs: the node's memory was theirs too
         rows.append(
             [Path(res.get("job_dir", "?")).name, name, status]

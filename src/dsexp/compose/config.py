@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from pathlib import Path
+from typing import Any, Dict, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dsexp.core.schema import ConfigError, JobConfig
+
+
+def conf_dir() -> str:
+    """conf/ of the source tree (editable install), or the copy packed into the wheel."""
+    here = Path(__file__).resolve().parents[1]
+    for cand in (here.parent.parent / "conf", here / "conf"):
+        if (cand / "config.yaml").is_file():
+            return str(cand)
+    raise FileNotFoundError("dsexp: cannot find conf/config.yaml")
+
+
+def compose_app(overrides: Sequence[str] = ()) -> DictConfig:
+    """The config `python -m dsexp <overrides>` would run, composed without running anything."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
 
 
 def without_hydra(cfg: DictConfig) -> DictConfig:

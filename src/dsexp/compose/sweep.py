@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
 from dsexp.compose.config import to_schema
 from dsexp.compose.validate import validate
-from dsexp.core.schema import ConfigError
+from dsexp.core.schema import ConfigError, JobConfig
 
 
 def sweep_combinations(config: DictConfig) -> List[List[str]]:
@@ -24,10 +24,15 @@ def sweep_combinations(config: DictConfig) -> List[List[str]]:
 
 def validate_sweep(config: DictConfig) -> List[Tuple[List[str], str]]:
     """[(overrides, message)] for every combination that cannot run; empty if all are fine."""
+    return check_sweep(config)[0]
+
+
+def check_sweep(config: DictConfig) -> Tuple[List[Tuple[List[str], str]], List[Tuple[List[str], JobConfig]]]:
+    """(errors as validate_sweep gives them, [(overrides, validated spec)] of the combinations that can run)."""
     from hydra import compose
     from hydra.errors import HydraException, MissingConfigException
 
-    errors = []
+    errors, specs = [], []
     hydra_overrides = list(config.hydra.overrides.hydra)  # e.g. the launcher, which decides the GPUs
     for combo in sweep_combinations(config):
         try:
@@ -41,12 +46,38 @@ def validate_sweep(config: DictConfig) -> List[Tuple[List[str], str]]:
                     "launcher.pack=true shares out the GPUs of this machine; with a SLURM launcher "
                     "SLURM gives every job its own: set launcher.pack=false"
                 )
+            specs.append((combo, spec))
         except (ConfigError, HydraException) as e:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             if isinstance(e, MissingConfigException) and e.options:
                 msg += f"; choose one of: {', '.join(sorted(e.options))}"
             errors.append((combo, msg))
-    return errors
+    return errors, specs
+
+
+def prepare_stacks(specs: List[Tuple[List[str], JobConfig]]) -> List[Tuple[List[str], str]]:
+    """Prepare every software stack the sweep uses, once each, before any job; [(overrides, message)] for the
+    combinations whose stack cannot be prepared (a pin that does not exist, pins that conflict, ...)."""
+    from dsexp.job.stacks import StackError, prepare_stack, stack_key
+
+    failed: Dict[Tuple[str, str], str] = {}
+    for _, spec in specs:
+        where = (stack_key(spec.stack), spec.cache_dir)
+        if where in failed:
+            continue
+        try:
+            info = prepare_stack(spec.stack, spec.cache_dir)
+            failed[where] = ""
+            if info.get("cache_hit") is False:
+                packages = " ".join(info["packages"])
+                print(f"dsexp: stack {info['label']} prepared in {info['prepare_s']:.1f} s: {packages}")
+        except StackError as e:
+            failed[where] = str(e)
+    return [
+        (combo, failed[(stack_key(s.stack), s.cache_dir)])
+        for combo, s in specs
+        if failed[(stack_key(s.stack), s.cache_dir)]
+    ]
 
 
 def requested_gpus(job_cfg: DictConfig) -> Optional[int]:

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from packaging.version import Version
+
 from dsexp.core.checkpoint import checkpoint_problem, folder_config
 from dsexp.core.engines import ENGINES, traits
 from dsexp.core.schema import DEVICES, DTYPES, FORMATS, LAUNCHERS, LOADERS, OFFLOADS, ConfigError, JobConfig
@@ -120,6 +122,8 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
             f"{spec.zero.stage}; choose zero=stage3, zero=stage3_offload or zero=seed_accepted"
         )
     _validate_model(spec)
+    _validate_stack(spec)
+    _validate_tp_plan(spec)
     if device == "cpu" and spec.engine.name == "init_inference" and spec.engine.kernel_inject:
         layers = _kernel_injected_layers(spec)
         if layers:
@@ -152,16 +156,37 @@ def _validate_load(spec: JobConfig) -> None:
         )
 
 
-def _kernel_injected_layers(spec: JobConfig):
-    """Layer classes DeepSpeed has a kernel policy for (none: kernel injection is a no-op, runnable on CPU)."""
-    from dsexp.models.kernel_policy import folder_kernel_injected_layers, preset_kernel_injected_layers
+def _meta_model(spec: JobConfig):
+    """The run's model on the meta device (no weights), to ask it what an engine needs."""
+    from dsexp.models.kernel_policy import folder_meta_model, preset_meta_model
 
     m = spec.model
     if m.path:
-        return folder_kernel_injected_layers(str(Path(m.path).expanduser()), m.trust_remote_code)
-    return preset_kernel_injected_layers(
+        return folder_meta_model(str(Path(m.path).expanduser()), m.trust_remote_code)
+    return preset_meta_model(
         m.arch, json.dumps(dict(m.dims), sort_keys=True), m.dtype, m.config_path, m.trust_remote_code
     )
+
+
+def _kernel_injected_layers(spec: JobConfig):
+    """Layer classes DeepSpeed has a kernel policy for (none: kernel injection is a no-op, runnable on CPU)."""
+    from dsexp.models.kernel_policy import kernel_injected_layers
+
+    return kernel_injected_layers(_meta_model(spec))
+
+
+def _validate_tp_plan(spec: JobConfig) -> None:
+    """transformers' TP shards only what the model's own plan names; without a plan it refuses at load."""
+    if spec.engine.name != "hf_tp" or spec.tp == 1:
+        return
+    from dsexp.models.kernel_policy import tp_plan
+
+    if not tp_plan(_meta_model(spec)):
+        raise ConfigError(
+            f"engine=hf_tp on model={spec.model.name}: its code defines no tensor-parallel plan (no base_model_tp_plan "
+            "in its config, no _tp_plan), so transformers' tensor parallelism cannot shard it (InternLM2's code as "
+            "published has none); use engine=init_inference (DeepSpeed AutoTP) or a model with a plan"
+        )
 
 
 def _validate_model(spec: JobConfig) -> None:
@@ -254,6 +279,36 @@ def _validate_injection_policy(spec: JobConfig) -> None:
         )
     if p is not None and not isinstance(p, (str, dict)) and not hasattr(p, "items"):
         raise ConfigError(f"engine.injection_policy={p!r}: expected auto, infer, null or {{LayerClass: [linears]}}")
+
+
+# What an engine needs of the software the ranks run on: (package, oldest version, why).
+ENGINE_NEEDS = {
+    "hf_tp": (
+        "transformers",
+        "4.47",
+        "transformers' tensor parallelism (from_pretrained(tp_plan=...)) first shipped in 4.47",
+    ),
+    "autotp_zero3": (
+        "deepspeed",
+        "0.19.4",
+        "AutoTP together with ZeRO-3 (tensor_parallel.autotp_size) needs DeepSpeed >= 0.19.4",
+    ),
+}
+
+
+def _validate_stack(spec: JobConfig) -> None:
+    """A stack's pins against what the engine needs (the pins themselves are checked when the stack is prepared,
+    before any job: dsexp.job.stacks)."""
+    need = ENGINE_NEEDS.get(spec.engine.name)
+    if not need:
+        return
+    package, oldest, why = need
+    pinned = getattr(spec.stack, package)
+    if pinned and str(pinned)[0].isdigit() and Version(str(pinned)) < Version(oldest):
+        raise ConfigError(
+            f"engine={spec.engine.name} with stack.{package}={pinned}: {why}; "
+            f"pin {package} >= {oldest} or choose another engine"
+        )
 
 
 def validate_nodes(spec: JobConfig) -> None:

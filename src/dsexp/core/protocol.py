@@ -18,6 +18,7 @@ from dsexp.core.schema import JobConfig, from_dict
 WORKER_MODULE = "dsexp.rank.worker"
 TOKEN_ENV = "DSEXP_JOB_TOKEN"  # every process of a job carries it (teardown finds survivors by it)
 STACK_SIGNAL = signal.SIGUSR1  # the worker dumps every thread's stack on it (faulthandler)
+STACK_IMPORT_ERROR = "StackImportError"  # the error type a rank records when its software stack fails to import
 RESULT = "result.json"
 JOB_FILE = "job.json"
 

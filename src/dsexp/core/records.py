@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from dsexp.core.fs import read_json
 from dsexp.core.protocol import live_file, rank_file
+from dsexp.core.schema import stack_label
 
 GIB = 2**30
 PHASES = ("start", "load", "init", "generate")
@@ -158,18 +159,29 @@ def headline(metrics: Dict[str, float], ranks: List[Optional[dict]], new_tokens:
 
 
 def config_label(config: Dict[str, Any]) -> str:
-    """A configuration's short name, everything but tp: variant/model/load/engine/zero/dtype (only what is set)."""
+    """A configuration's short name, everything but tp: variant/model/load/engine/zero/dtype (only what is set), and
+    `@stack` when the ranks ran on a software stack other than the job's own environment."""
     model, load, eng, zero = (config.get(k) or {} for k in ("model", "load", "engine", "zero"))
     dtype, mdtype = config.get("dtype") or model.get("dtype"), model.get("dtype")
+    stack = stack_label(config.get("stack") or {})
     parts = [
         config.get("variant"),
-        model.get("name"),
+        model_label(model),
         (load.get("name") or "eager") + ("-bin" if load.get("format") == "bin" else ""),
         (eng.get("name") or "") + ("+inject" if eng.get("kernel_inject") else ""),
         None if (zero.get("name") or "none") == "none" else f"zero-{zero.get('name')}",
         f"{dtype}<-{mdtype}" if mdtype and dtype != mdtype else dtype,
     ]
-    return "/".join(str(p) for p in parts if p)
+    return "/".join(str(p) for p in parts if p) + ("" if stack == "current" else f"@{stack}")
+
+
+def model_label(model: Dict[str, Any]) -> Optional[str]:
+    """The model's name; for a user's folder or a config-only model, which one (folder name or architecture)."""
+    name = model.get("name")
+    source = model.get("path") or model.get("config_path")
+    if name in ("local", "config") and (source or model.get("arch")):
+        return f"{name}:{Path(source).name if source else model['arch']}"
+    return name
 
 
 def first_error(ranks: List[Optional[dict]]) -> Optional[dict]:

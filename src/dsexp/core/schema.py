@@ -99,6 +99,27 @@ class TrackingConfig:
     experiment: str = "dsexp"
 
 
+# Packages a stack may pin (`stack.<name>=<version>`), as Python import names; DISTRIBUTIONS maps the exceptions.
+STACK_PACKAGES = ("transformers", "deepspeed", "tokenizers", "huggingface_hub", "numpy", "accelerate", "safetensors")
+DISTRIBUTIONS = {"huggingface_hub": "huggingface-hub"}
+
+
+@dataclass
+class StackConfig:
+    """The software the ranks run on. No pins: the job's own environment. Pins: an overlay of exactly those
+    packages (and what they need) on top of the job environment's torch, prepared once and cached."""
+
+    name: str = "current"
+    transformers: Optional[str] = None
+    deepspeed: Optional[str] = None
+    tokenizers: Optional[str] = None
+    huggingface_hub: Optional[str] = None
+    numpy: Optional[str] = None
+    accelerate: Optional[str] = None
+    safetensors: Optional[str] = None
+    wheelhouse: Optional[str] = None  # install from this folder only (offline machines); null: the package index
+
+
 @dataclass
 class JobConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -110,6 +131,7 @@ class JobConfig:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     check: CheckConfig = field(default_factory=CheckConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    stack: StackConfig = field(default_factory=StackConfig)
     tp: int = 1
     dtype: str = "bf16"
     device: str = "auto"
@@ -127,6 +149,45 @@ class JobConfig:
 def per_node(tp: int, nodes: int) -> int:
     """Ranks (GPUs) each node runs; rounded up so a config the validation will reject still composes."""
     return -(-int(tp) // max(1, int(nodes)))
+
+
+def stack_pins(stack: Any) -> Dict[str, str]:
+    """{distribution name: requirement} of a stack (a StackConfig or its dict); empty: the job's environment.
+    A bare version means ==version; anything else (">=4.43,<4.44") is used as given."""
+    get = stack.get if isinstance(stack, dict) else lambda k, d=None: getattr(stack, k, d)
+    out = {}
+    for pkg in STACK_PACKAGES:
+        value = get(pkg)
+        if value not in (None, ""):
+            value = str(value).strip()
+            dist = DISTRIBUTIONS.get(pkg, pkg)
+            out[dist] = f"{dist}=={value}" if value[0].isdigit() else f"{dist}{value}"
+    return out
+
+
+def stack_label(stack: Any) -> str:
+    """A stack's short name: its preset name, plus any pin that differs from the preset's (e.g.
+    "current+transformers=4.46.3"); "current" for the job's own environment."""
+    get = stack.get if isinstance(stack, dict) else lambda k, d=None: getattr(stack, k, d)
+    name = get("name") or "current"
+    preset = STACK_PRESETS.get(name, {})
+    extra = [
+        f"{pkg}={get(pkg)}" for pkg in STACK_PACKAGES if get(pkg) not in (None, "") and str(get(pkg)) != preset.get(pkg)
+    ]
+    return "+".join([name, *extra])
+
+
+# The pins of the presets in conf/stack/ (a label names only what differs from its preset).
+STACK_PRESETS: Dict[str, Dict[str, str]] = {
+    "current": {},
+    "seed": {
+        "transformers": "4.42.4",
+        "deepspeed": "0.14.4",
+        "tokenizers": "0.19.1",
+        "huggingface_hub": "0.24.7",
+        "numpy": "1.26.4",
+    },
+}
 
 
 def dtype_conversion(model_dtype: str, dtype: str) -> Optional[str]:

@@ -27,8 +27,13 @@ from dsexp.job.roles import role_spec, run_role
 TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 1e-2}
 
 
-def reference_path(cache_dir: str, model_dir: Path, dtype: str, prompt: str, new_tokens: int, device: str) -> Path:
-    tag = hashlib.sha1(f"{Path(model_dir).resolve()}|{dtype}|{prompt}|{new_tokens}|{device}".encode()).hexdigest()[:12]
+def reference_path(
+    cache_dir: str, model_dir: Path, dtype: str, prompt: str, new_tokens: int, device: str, stack_key: str = ""
+) -> Path:
+    """Where the reference of this model, dtype, prompt, device and software stack is cached (`stack_key` also
+    marks a reference whose buffers were left as loaded: load.restore_buffers=false)."""
+    key = f"{Path(model_dir).resolve()}|{dtype}|{prompt}|{new_tokens}|{device}" + (f"|{stack_key}" if stack_key else "")
+    tag = hashlib.sha1(key.encode()).hexdigest()[:12]
     return Path(cache_dir).expanduser() / "refs" / f"{Path(model_dir).name}-{dtype}-{tag}.pt"
 
 
@@ -43,13 +48,20 @@ def compare(logits, ref: Dict[str, Any], tokens: List[int], dtype: str, tol: Opt
             "passed": False,
             "message": f"logits shape {tuple(logits.shape)} != reference {tuple(ref_logits.shape)}",
         }
+    bad = nonfinite_count(logits)
+    if bad:  # never an infinite "relative error": NaN/inf logits are named as such
+        return {
+            "logits_rel_err": None,
+            "passed": False,
+            "nonfinite": bad,
+            "message": f"the first-step logits are not finite ({describe_nonfinite(logits)})",
+        }
     rel = (torch.linalg.vector_norm(logits - ref_logits) / torch.linalg.vector_norm(ref_logits)).item()
     ref_tokens = ref.get("tokens") or []
     n = min(len(tokens), len(ref_tokens))
     agree = sum(a == b for a, b in zip(tokens[:n], ref_tokens[:n])) / n if n else None
     first_diff = next((i for i in range(n) if tokens[i] != ref_tokens[i]), None)
     tol = TOLERANCE[dtype] if tol is None else tol
-    rel = rel if rel == rel else float("inf")  # NaN logits are never correct
     return {
         "logits_rel_err": rel,
         "tolerance": tol,
@@ -58,6 +70,39 @@ def compare(logits, ref: Dict[str, Any], tokens: List[int], dtype: str, tol: Opt
         "first_token_mismatch": first_diff,
         "ref_tokens": ref_tokens,
     }
+
+
+def nonfinite_count(t) -> int:
+    import torch
+
+    return int((~torch.isfinite(t)).sum())
+
+
+def describe_nonfinite(t) -> str:
+    import torch
+
+    return f"{int(torch.isnan(t).sum())} NaN, {int(torch.isinf(t).sum())} inf of {t.numel()} values"
+
+
+class ReferenceInvalid(RuntimeError):
+    """The tp=1 reference itself is not finite: nothing can be checked against it (cause reference_invalid)."""
+
+
+def reference_problem(logits, rec: Dict[str, Any], stack: str) -> Optional[str]:
+    """Why a reference cannot be used (its logits are not finite, and what was not finite after its load), or None."""
+    if not nonfinite_count(logits):
+        return None
+    load = ((rec.get("phases") or {}).get("load") or {}).get("loader") or {}
+    bufs = (load.get("buffers") or {}).get("nonfinite_as_loaded") or []
+    tensors = rec.get("nonfinite") or []
+    after = f"not finite after load: buffers {', '.join(bufs[:8])}" if bufs else "every buffer was finite after load"
+    if (load.get("buffers") or {}).get("recomputed"):
+        after += f" (recomputed: {', '.join(sorted(load['buffers']['recomputed'])[:8])})"
+    held = f"; not finite at generate: {', '.join(tensors[:8])}" if tensors else ""
+    return (
+        f"the tp=1 reference's first-step logits are not finite ({describe_nonfinite(logits)}) "
+        f"on stack {stack}: {after}{held}"
+    )
 
 
 def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Path:
@@ -69,6 +114,7 @@ def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) ->
         spec.generate.prompt,
         spec.generate.new_tokens,
         runtime["device"],
+        _stack_key(runtime) + ("" if spec.load.restore_buffers else "|buffers-as-loaded"),
     )
     with file_lock(Path(str(path) + ".lock")):  # jobs running at once (submitit, a cluster) compute it once
         if path.is_file():
@@ -86,11 +132,21 @@ def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) ->
             "the tp=1 reference run",
             missing=lambda r: None if logits_file(ref_dir).is_file() else "no logits were saved",
         )
+        logits = torch.load(logits_file(ref_dir))
+        problem = reference_problem(logits, rec, (runtime.get("stack") or {}).get("label", "current"))
+        if problem:
+            raise ReferenceInvalid(problem)
         tmp = path.with_suffix(".tmp")
-        torch.save({"first_logits": torch.load(logits_file(ref_dir)), "tokens": rec["generate"]["tokens"]}, tmp)
+        torch.save({"first_logits": logits, "tokens": rec["generate"]["tokens"]}, tmp)
         tmp.replace(path)
         runtime.update(reference_cache_hit=False, reference_s=time.perf_counter() - t0)
         return path
+
+
+def _stack_key(runtime: Dict[str, Any]) -> str:
+    """The stack's key for a stack with pins; "" for the job's own environment (keeps its cached references)."""
+    stack = runtime.get("stack") or {}
+    return stack["key"] if stack.get("pins") else ""
 
 
 def check_output(spec: JobConfig, job_dir: Path, ranks: List[Optional[dict]], ref: Optional[Path]) -> Optional[dict]:

@@ -17,6 +17,7 @@ import signal
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from dsexp.core.protocol import STACK_IMPORT_ERROR
 from dsexp.core.records import PHASES, phase_quantities
 
 CAUSES = (
@@ -33,6 +34,8 @@ CAUSES = (
     "launch_error",
     "invalid_config",
     "interrupted",
+    "stack_error",
+    "reference_invalid",
 )
 
 _OOM_GPU = re.compile(
@@ -212,7 +215,9 @@ def _culprit(ranks: List[Optional[dict]], exits: Dict[int, int], at_stop: Dict[i
 
 def _from_error(err: dict) -> Dict[str, Any]:
     text = f"{err.get('type')}: {err.get('message')}\n{err.get('traceback', '')}"
-    if err.get("type") in ("OutOfMemoryError",) or _OOM_GPU.search(text):
+    if err.get("type") == STACK_IMPORT_ERROR:
+        cause = "stack_error"
+    elif err.get("type") in ("OutOfMemoryError",) or _OOM_GPU.search(text):
         cause = "oom_gpu"
     elif err.get("type") == "MemoryError" or _OOM_HOST.search(text):
         cause = "oom_host"

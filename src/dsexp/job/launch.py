@@ -15,11 +15,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from dsexp.core.protocol import TOKEN_ENV, WORKER_MODULE
 from dsexp.core.schema import JobConfig
-from dsexp.job import multinode, teardown
+from dsexp.job import multinode, stacks, teardown
 
 
 @dataclass
@@ -73,8 +73,11 @@ def rank_command(spec: JobConfig, job_dir: Path, port: Optional[int]) -> List[st
     ]
 
 
-def rank_env(spec: JobConfig, device: str, visible: Optional[str] = None) -> Dict[str, str]:
-    """Environment the ranks need on top of ours (only these keys are recorded)."""
+def rank_env(
+    spec: JobConfig, device: str, visible: Optional[str] = None, stack: Optional[Dict[str, Any]] = None
+) -> Dict[str, str]:
+    """Environment the ranks need on top of ours (only these keys are recorded); `stack`: the prepared software
+    stack (dsexp.job.stacks), whose overlay and extension folder the ranks use."""
     local = spec.ranks_per_node  # ranks on this node
     threads = max(1, len(os.sched_getaffinity(0)) // local)  # the CPUs this job may use (a SLURM job: its share)
     env = {
@@ -90,6 +93,7 @@ def rank_env(spec: JobConfig, device: str, visible: Optional[str] = None) -> Dic
         env["DS_ACCELERATOR"] = "cuda"
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
+    env.update(stacks.rank_env(stack))
     return env
 
 
@@ -113,10 +117,12 @@ def kill_group(pgid: int, grace_s: float, leader: Optional[subprocess.Popen] = N
             time.sleep(0.1)
 
 
-def run_ranks(spec: JobConfig, job_dir: Path, device: str, visible: Optional[str] = None) -> LaunchOutcome:
+def run_ranks(
+    spec: JobConfig, job_dir: Path, device: str, visible: Optional[str] = None, stack: Optional[Dict[str, Any]] = None
+) -> LaunchOutcome:
     nodes = spec.launcher.nodes
     port = free_port() if spec.launcher.name == "deepspeed" or nodes > 1 else None
-    extra = rank_env(spec, device, visible)
+    extra = rank_env(spec, device, visible, stack)
     cmd = multinode.rank_command(spec, job_dir, port, extra) if nodes > 1 else rank_command(spec, job_dir, port)
     token = teardown.new_token()
     env = {**os.environ, **extra, TOKEN_ENV: token}

@@ -18,10 +18,20 @@ from dsexp.job.failures import tail
 from dsexp.job.launch import run_ranks
 
 
+class RoleFailed(RuntimeError):
+    """A role run failed; `error` is what its failing rank recorded (type, message, phase), if anything."""
+
+    def __init__(self, message: str, error: Optional[Dict[str, Any]] = None):
+        super().__init__(message)
+        self.error = error or {}
+
+
 def role_spec(spec: JobConfig, **changes: Any) -> JobConfig:
-    """A copy of the job's settings for a role run: no fault injection, torchrun, and `changes` on top."""
+    """A copy of the job's settings for a role run: no fault injection (unless the fault says `roles: true`),
+    torchrun, and `changes` on top."""
     out = copy.deepcopy(spec)
-    out.fault, out.launcher.name = None, "torchrun"
+    out.fault = spec.fault if (spec.fault or {}).get("roles") else None
+    out.launcher.name = "torchrun"
     for key, value in changes.items():
         obj, _, leaf = key.rpartition("__")
         setattr(getattr(out, obj) if obj else out, leaf, value)
@@ -39,18 +49,23 @@ def run_role(
 ) -> List[dict]:
     """Run the worker as `role` on spec.tp ranks in run_dir; return the rank records.
 
-    missing(rank): what the rank should have left but did not (None: all there). Raises RuntimeError
+    missing(rank): what the rank should have left but did not (None: all there). Raises RoleFailed
     ("<what> failed on rank N (see run_dir): <error>") if any rank failed or left something missing."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_job_file(run_dir, spec, {**runtime, "role": role, **(extra or {})})
-    outcome = run_ranks(spec, run_dir, runtime["device"])
+    outcome = run_ranks(spec, run_dir, runtime["device"], stack=runtime.get("stack"))
     recs = []
     for r in range(spec.tp):
         rec = read_json(rank_file(run_dir, r))
         lacking = missing(r)
         if outcome.returncode != 0 or not rec or rec.get("status") != "ok" or lacking:
-            why = (rec or {}).get("error") or lacking or tail(rank_log(run_dir, r), 10)
-            raise RuntimeError(f"{what} failed on rank {r} (see {run_dir}): {why}")
+            error = (rec or {}).get("error")
+            why = (
+                f"{error.get('type')} in {error.get('phase')}: {error.get('message')}"
+                if error
+                else lacking or tail(rank_log(run_dir, r), 10)
+            )
+            raise RoleFailed(f"{what} failed on rank {r} (see {run_dir}): {why}", error)
         recs.append(rec)
     return recs

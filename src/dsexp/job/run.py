@@ -28,10 +28,12 @@ from typing import Any, Dict, List, Optional
 from dsexp.core import records
 from dsexp.core.checkpoint import checkpoint_problem
 from dsexp.core.fs import read_json, write_json_atomic
-from dsexp.core.protocol import RESULT, write_job_file
+from dsexp.core.protocol import RESULT, STACK_IMPORT_ERROR, write_job_file
 from dsexp.core.schema import JobConfig, dtype_conversion
 from dsexp.job import correctness, failures, teardown
 from dsexp.job.launch import run_ranks
+from dsexp.job.roles import RoleFailed
+from dsexp.job.stacks import StackError, prepare_stack
 
 ATTEMPTS = Path(".dsexp") / "attempts"
 _ATTEMPT_FILES = (RESULT, "job.json", "launcher.log", "ranks", "reference")
@@ -173,7 +175,7 @@ def run_job(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
             result["packed"] = packed
             _execute(spec, job_dir, result)
     except Exception as e:  # preparation failed: still a result
-        cause = "load_error" if isinstance(e, CheckpointError) else "prepare_error"
+        cause = _preparation_cause(e)
         result.update(
             status="failed",
             failure={
@@ -267,12 +269,34 @@ def record_invalid(config: Dict[str, Any], job_dir: Path, message: str) -> Dict[
     return result
 
 
+def incorrect_output_message(c: Dict[str, Any], ranks: List[Optional[dict]]) -> str:
+    """What is wrong with the output: non-finite logits (and what held NaN/inf), a shape, or the error size."""
+    if c.get("logits_rel_err") is None:
+        held = (ranks[0] or {}).get("nonfinite") if ranks else None
+        return c["message"] + (f"; not finite on rank 0: {', '.join(held[:8])}" if held else "")
+    return (
+        f"first-step logits differ from the tp=1 reference: rel. L2 error "
+        f"{c['logits_rel_err']:.3g} > tolerance {c['tolerance']:.3g}"
+    )
+
+
+def _preparation_cause(e: Exception) -> str:
+    """The cause class of a job that failed before its measured ranks ran."""
+    if isinstance(e, CheckpointError):
+        return "load_error"
+    if isinstance(e, StackError) or (isinstance(e, RoleFailed) and e.error.get("type") == STACK_IMPORT_ERROR):
+        return "stack_error"
+    if isinstance(e, correctness.ReferenceInvalid):
+        return "reference_invalid"
+    return "prepare_error"
+
+
 def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     from dsexp.job.packing import gpu_indices
 
     packed = result.get("packed")  # this job's GPUs under launcher.pack=true
     gpus = gpu_indices(packed)
-    runtime = {"device": spec.device, **prepare_model(spec)}
+    runtime = {"device": spec.device, "stack": prepare_stack(spec.stack, spec.cache_dir), **prepare_model(spec)}
     problem = checkpoint_problem(Path(runtime["model_dir"]))
     if problem:
         raise CheckpointError(f"checkpoint {runtime['model_dir']}: {problem}")
@@ -282,7 +306,7 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     write_job_file(job_dir, spec, runtime)
     result["runtime"] = runtime
     result["baseline"] = base = baseline(spec.device, gpus)
-    outcome = run_ranks(spec, job_dir, spec.device, visible=(packed or {}).get("gpus"))
+    outcome = run_ranks(spec, job_dir, spec.device, visible=(packed or {}).get("gpus"), stack=runtime["stack"])
     result["launch"] = launch = outcome.to_dict()
     result["teardown"] = {**launch.pop("teardown", {}), **after_teardown(spec.device, base, gpus)}
     ranks = records.read_rank_records(job_dir, spec.tp)
@@ -291,6 +315,7 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     result["metrics"] = records.aggregate_metrics(ranks)
     result["headline"] = records.headline(result["metrics"], ranks, spec.generate.new_tokens)
     result["engine"] = (ranks[0] or {}).get("engine") if ranks else None
+    result["software"] = (ranks[0] or {}).get("software") if ranks else None
     hangs = (
         {r: failures.hang_site(failures.tail(job_dir / "ranks" / f"rank{r}.log", 400)) for r in range(spec.tp)}
         if outcome.timed_out
@@ -314,8 +339,7 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
                 "cause": "incorrect_output",
                 "rank": 0,
                 "phase": "generate",
-                "message": f"first-step logits differ from the tp=1 reference: rel. L2 error "
-                f"{c['logits_rel_err']:.3g} > tolerance {c['tolerance']:.3g}",
+                "message": incorrect_output_message(c, ranks),
             }
     if failure is not None and failure["cause"] == "load_error":
         problem = checkpoint_problem(Path(runtime["model_dir"]))  # changed since the check before launch?

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from dsexp.core.fs import build_once
 from dsexp.core.schema import JobConfig, dtype_conversion
@@ -38,7 +38,11 @@ def _checkpoint_identity(model_dir: Path) -> List[Any]:
     )
 
 
-def split_key(spec: JobConfig, model_dir: Path) -> str:
+def split_key(spec: JobConfig, model_dir: Path, stack: Optional[Dict[str, Any]] = None) -> str:
+    """Everything that decides the slices, the software that cuts them included (a stack's pins, else the job
+    environment's DeepSpeed and transformers)."""
+    pins = (stack or {}).get("pins")
+    software = {"stack": pins} if pins else {"deepspeed": version("deepspeed"), "transformers": version("transformers")}
     blob = json.dumps(
         {
             "checkpoint": [str(Path(model_dir).resolve()), _checkpoint_identity(model_dir)],
@@ -46,8 +50,7 @@ def split_key(spec: JobConfig, model_dir: Path) -> str:
             "dtype": spec.dtype,
             "engine": asdict(spec.engine),
             "model_policy": spec.model.injection_policy,
-            "deepspeed": version("deepspeed"),
-            "transformers": version("transformers"),
+            **software,
             "v": SPLIT_VERSION,
         },
         sort_keys=True,
@@ -56,14 +59,14 @@ def split_key(spec: JobConfig, model_dir: Path) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
-def split_dir(spec: JobConfig, model_dir: Path) -> Path:
+def split_dir(spec: JobConfig, model_dir: Path, stack: Optional[Dict[str, Any]] = None) -> Path:
     root = Path(spec.load.shard_dir or Path(spec.cache_dir) / "shards").expanduser()
-    return root / f"{spec.model.name}-tp{spec.tp}-{spec.dtype}-{split_key(spec, model_dir)}"
+    return root / f"{spec.model.name}-tp{spec.tp}-{spec.dtype}-{split_key(spec, model_dir, stack)}"
 
 
 def ensure_split(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Dict[str, Any]:
     """The per-rank files for this job, split now (tp ranks, DeepSpeed AutoTP) if no complete copy is cached."""
-    final = split_dir(spec, Path(runtime["model_dir"]))
+    final = split_dir(spec, Path(runtime["model_dir"]), runtime.get("stack"))
 
     def build(tmp: Path) -> Dict[str, Any]:
         tmp.mkdir()

@@ -35,23 +35,39 @@ def kernel_injected_layers(model) -> List[str]:
 
 
 @lru_cache(maxsize=32)
-def preset_kernel_injected_layers(
+def preset_meta_model(
     arch: Optional[str], dims_json: str, dtype: str, config_path: Optional[str] = None, trust_remote_code: bool = False
-) -> Tuple[str, ...]:
+):
+    """A preset's (or model=config's) model on the meta device (cached: validation asks several questions of it)."""
     import json
 
     from dsexp.models.writer import meta_model
 
-    _, model = meta_model(arch, json.loads(dims_json), dtype, config_path, trust_remote_code)
-    return tuple(kernel_injected_layers(model))
+    return meta_model(arch, json.loads(dims_json), dtype, config_path, trust_remote_code)[1]
 
 
 @lru_cache(maxsize=32)
-def folder_kernel_injected_layers(path: str, trust_remote_code: bool) -> Tuple[str, ...]:
+def folder_meta_model(path: str, trust_remote_code: bool):
+    """A model folder's model on the meta device, from its config.json (and remote code)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
-    return tuple(kernel_injected_layers(model))
+        return AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
+
+
+def preset_kernel_injected_layers(
+    arch: Optional[str], dims_json: str, dtype: str, config_path: Optional[str] = None, trust_remote_code: bool = False
+) -> Tuple[str, ...]:
+    return tuple(kernel_injected_layers(preset_meta_model(arch, dims_json, dtype, config_path, trust_remote_code)))
+
+
+def folder_kernel_injected_layers(path: str, trust_remote_code: bool) -> Tuple[str, ...]:
+    return tuple(kernel_injected_layers(folder_meta_model(path, trust_remote_code)))
+
+
+def tp_plan(model) -> dict:
+    """The model's transformers tensor-parallel plan: its config's base_model_tp_plan and its own _tp_plan."""
+    base = getattr(model.config, "base_model_tp_plan", None) or {}
+    return {**base, **(getattr(model, "_tp_plan", None) or {})}

@@ -1,6 +1,9 @@
 """Test-only fault injection: make one rank fail in a chosen way at the start of a chosen phase.
 
 `fault={rank: 1, phase: load, kind: raise|exit|sigkill|sleep|alloc_host|alloc_gpu}` in the config.
+`kind: poison_buffers` is not a crash: right after from_pretrained it fills the model's non-persistent buffers with
+NaN, deterministically, as transformers >= 5 leaves them uninitialised for remote code; `roles: true` makes it
+fire in the tp=1 reference run too (other faults never do).
 Used by the reliability tests to check that every failure becomes a recorded, classified result.
 `once: true` makes the fault transient: it fires on the first attempt of a job only (a marker in the
 job folder remembers), so a resumed sweep shows the retried job succeeding.
@@ -14,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-KINDS = ("raise", "exit", "sigkill", "sleep", "alloc_host", "alloc_gpu")
+KINDS = ("raise", "exit", "sigkill", "sleep", "alloc_host", "alloc_gpu", "poison_buffers")
 
 
 FIRED_MARK = ".dsexp-fault-fired"
@@ -22,6 +25,8 @@ FIRED_MARK = ".dsexp-fault-fired"
 
 def maybe_inject(fault: Optional[Dict[str, Any]], rank: int, phase: str, job_dir: Optional[Path] = None) -> None:
     if not fault or int(fault.get("rank", 0)) != rank or fault.get("phase", "load") != phase:
+        return
+    if fault.get("kind") == "poison_buffers":  # applied by the loader (poison_buffers), not here
         return
     if fault.get("once") and job_dir is not None:
         mark = Path(job_dir) / FIRED_MARK
@@ -45,6 +50,20 @@ def maybe_inject(fault: Optional[Dict[str, Any]], rank: int, phase: str, job_dir
         torch.empty(
             int(fault.get("gib", 10_000)) * 2**30, dtype=torch.uint8, device=f"cuda:{torch.cuda.current_device()}"
         )
+
+
+def poison_buffers(fault: Optional[Dict[str, Any]], rank: int, model) -> None:
+    """kind=poison_buffers: NaN in every floating non-persistent buffer of this rank's freshly loaded model."""
+    if not fault or fault.get("kind") != "poison_buffers" or int(fault.get("rank", 0)) != rank:
+        return
+    import torch
+
+    for mod in model.modules():
+        for name in mod._non_persistent_buffers_set:
+            buf = mod._buffers.get(name)
+            if buf is not None and buf.is_floating_point():
+                with torch.no_grad():
+                    buf.fill_(float("nan"))
 
 
 def _alloc_host(cap_mb: int) -> None:

@@ -46,8 +46,26 @@ def _redirect_output(log: Path) -> None:
     faulthandler.register(signal.SIGTERM, file=_TERMINATED, all_threads=True, chain=True)
 
 
+class StackImportError(ImportError):
+    """The rank's software (torch, DeepSpeed, transformers, as its stack provides them) failed to import."""
+
+
+def import_stack(ctx: RankContext) -> None:
+    """Import what the rank runs on, first: an import that fails is its software stack's fault. transformers
+    imports most of its dependencies lazily, so its model code and every package the stack pins are imported too."""
+    import importlib
+
+    stack = ctx.runtime.get("stack") or {}
+    try:
+        for module in ("torch", "deepspeed", "transformers", "transformers.modeling_utils", *stack.get("modules", ())):
+            importlib.import_module(module)
+    except Exception as e:
+        raise StackImportError(f"stack {stack.get('label', 'current')}: {type(e).__name__}: {e}") from e
+
+
 def _start_distributed(ctx: RankContext, rec: PhaseRecorder) -> dict:
     """Import torch and DeepSpeed, take the device, join the process group; return how long each part took."""
+    import_stack(ctx)
     import deepspeed
     import torch
 
@@ -115,9 +133,13 @@ def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
         out = run_generate(module, ctx, engine.generate_kwargs(ctx) if engine else {})
     if engine:
         report = engine.finish(report)
-    if ctx.rank == 0:
-        import torch
+    import torch
 
+    if not torch.isfinite(out["first_logits"]).all():  # name what holds NaN/inf (the failure path: a full scan)
+        from dsexp.rank.loading.buffers import nonfinite
+
+        rec.note(nonfinite=nonfinite({**dict(module.named_parameters()), **dict(module.named_buffers())})[:50])
+    if ctx.rank == 0:
         torch.save(out["first_logits"], logits_file(ctx.job_dir))
     rec.note(
         engine=report,

@@ -172,7 +172,7 @@ class Tracker:
             tags["dsexp.node_shared"] = "true"
         run = retry(lambda: self.client.create_run(self.experiment_id, run_name=run_name, tags=tags))
         rid = run.info.run_id
-        self.log_params(rid, flatten(result.get("config", {})))
+        self.log_params(rid, {**flatten(result.get("config", {})), **software_params(result)})
         self.log_metrics(rid, job_metrics(result))
         retry(lambda: self.client.log_artifacts(rid, str(job_dir)))
         retry(lambda: self.client.set_terminated(rid, "FINISHED" if result.get("status") == "ok" else "FAILED"))
@@ -195,6 +195,13 @@ class Tracker:
 
     def log_artifact_dir(self, run_id: str, path: Path, artifact_path: Optional[str] = None) -> None:
         retry(lambda: self.client.log_artifacts(run_id, str(path), artifact_path))
+
+
+def software_params(result: Dict[str, Any]) -> Dict[str, Any]:
+    """`software.<package>`: the versions rank 0 actually imported, and `software.stack`: the stack's label."""
+    versions = (result.get("software") or {}).get("versions") or {}
+    stack = ((result.get("runtime") or {}).get("stack") or {}).get("label")
+    return {**{f"software.{k}": v for k, v in versions.items()}, **({"software.stack": stack} if stack else {})}
 
 
 def job_metrics(result: Dict[str, Any]) -> Dict[str, float]:

@@ -12,13 +12,15 @@ import sys
 from collections import defaultdict
 from typing import Dict, Iterable, List, Set, Tuple
 
+from dsexp.rank.compat import config_fields
+
 _NOT_USE = (
     "/pydantic/",
     "/pydantic_core/",
     "deepspeed/runtime/config_utils.py",
     "deepspeed/inference/config.py",
     "deepspeed/runtime/zero/config.py",
-    "dsexp/engines/config_trace.py",
+    "dsexp/rank/engines/config_trace.py",
 )
 
 
@@ -30,7 +32,7 @@ class FieldReadTracer:
 
     def start(self) -> "FieldReadTracer":
         for cls in self.classes:
-            fields = set(getattr(cls, "model_fields", {}))
+            fields = set(config_fields(cls))
             orig = cls.__getattribute__
             self._saved.append((cls, cls.__dict__.get("__getattribute__")))
 

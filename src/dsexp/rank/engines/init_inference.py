@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from dsexp.core.engines import INFER
 from dsexp.core.engines import effective_policy as core_effective_policy
+from dsexp.rank.compat import config_fields
 from dsexp.rank.context import RankContext
 from dsexp.rank.engines.base import Engine
 from dsexp.rank.engines.config_trace import FieldReadTracer
@@ -66,7 +67,7 @@ def zero_field_names(ctx: RankContext) -> List[str]:
     """The DeepSpeedZeroConfig fields the user's zero block sets (aliases such as stage3_* mapped to field names)."""
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
-    by_alias = {f.alias: name for name, f in DeepSpeedZeroConfig.model_fields.items() if f.alias}
+    by_alias = {f.alias: name for name, f in config_fields(DeepSpeedZeroConfig).items() if getattr(f, "alias", None)}
     keys = ["stage", *ctx.spec.zero.extra] + (["offload_param"] if ctx.spec.zero.offload == "cpu" else [])
     return sorted({by_alias.get(k, k) for k in keys})
 

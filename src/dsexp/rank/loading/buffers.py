@@ -1,14 +1,59 @@
-"""Non-persistent buffers (RoPE `inv_freq`, cos/sin caches): computed by the model's own code, in no checkpoint.
+"""Non-persistent buffers (RoPE `inv_freq`, cos/sin tables): computed by the model's own code, in no checkpoint.
 
-`init_inference(dtype=...)` casts every buffer to the run dtype (`module.bfloat16()`), and a model that
-went through the meta device gets `torch.empty` memory for them (`to_empty`, or DeepSpeed's
-`Loading.load_buffer`). Either way the values the model's constructor computed are gone. We keep a
-reference to those originals at load time and put them back after the engine has wrapped the model.
+Three things take their values away, and none asks the model's code:
+- transformers >= 5 builds a model on the meta device, buffers included, and gives non-persistent buffers
+  `torch.empty_like` memory (modeling_utils `_move_missing_keys_from_meta_to_device`); only its own models get
+  them back (through `_init_weights`). Remote code that computes them in `__init__`, as InternLM2's does, loads
+  with uninitialised tables: NaN or silently wrong logits.
+- `init_inference(dtype=...)` casts every buffer to the run dtype (`module.bfloat16()`).
+- a model placed from the meta device gets `torch.empty` memory for them (`to_empty`, DeepSpeed's
+  `Loading.load_buffer`).
+
+So after every load dsexp recomputes them from the model's own constructor, relying on no method of the model:
+a twin of the model is built with its parameters on meta and its buffers real (`build_on_meta`: `from_config`
+under `init_empty_weights(include_buffers=False)`, in the run dtype, as from_pretrained would), every buffer that
+differs is put back from the twin and recorded with how it was wrong (`nonfinite`, `cast`, `changed`), and after
+the engine has wrapped the model they are put back again wherever the engine changed them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+import contextlib
+from typing import Any, Callable, Dict, List, Optional
+
+from dsexp.rank.compat import dtype_kwargs
+
+
+def build_on_meta(ctx):
+    """The model with every parameter on meta and its buffers computed for real by its constructor, in the run
+    dtype (trust_remote_code honoured)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    remote = ctx.spec.model.trust_remote_code
+    cfg = AutoConfig.from_pretrained(str(ctx.model_dir), trust_remote_code=remote)
+    with outside_zero3(), init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=remote, **dtype_kwargs(ctx.torch_dtype))
+    return model.eval()
+
+
+@contextlib.contextmanager
+def outside_zero3():
+    """While a ZeRO-3 engine's HfDeepSpeedConfig is alive, transformers builds every model inside
+    deepspeed.zero.Init (partitioned, not on meta): step out of it for a skeleton, through the setter and unsetter
+    transformers provides for that config (transformers.integrations.deepspeed, 4.42 to 5.x)."""
+    from transformers.integrations import deepspeed as hf_ds
+
+    ref = getattr(hf_ds, "_hf_deepspeed_config_weak_ref", None)
+    live = ref() if ref is not None else None
+    if live is None:
+        yield
+        return
+    hf_ds.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_ds.set_hf_deepspeed_config(live)
 
 
 def non_persistent_buffers(model) -> Dict[str, Any]:
@@ -23,7 +68,7 @@ def non_persistent_buffers(model) -> Dict[str, Any]:
 
 
 def snapshot(model) -> Dict[str, Any]:
-    """The buffers as the model computed them (references: the engine replaces, not mutates, them)."""
+    """The buffers of a model built by `build_on_meta` (references: the engine replaces, not mutates, them)."""
     bufs = non_persistent_buffers(model)
     meta = [n for n, b in bufs.items() if b.is_meta]
     if meta:
@@ -34,47 +79,85 @@ def snapshot(model) -> Dict[str, Any]:
     return bufs
 
 
-def _state(current, original) -> str:
+def nonfinite(tensors: Dict[str, Any]) -> List[str]:
+    """Names of the floating tensors holding NaN or inf (meta tensors have no values and are skipped)."""
+    import torch
+
+    return [n for n, t in tensors.items() if t.is_floating_point() and not t.is_meta and not torch.isfinite(t).all()]
+
+
+def _state(current, expected) -> str:
     import torch
 
     if current.is_meta:
         return "meta"
-    if current.dtype != original.dtype:
+    if current.is_floating_point() and not torch.isfinite(current).all():
+        return "nonfinite"
+    if current.dtype != expected.dtype:
         return "cast"
-    if current.shape != original.shape or not torch.equal(current, original.to(current.device)):
+    if current.shape != expected.shape or not torch.equal(current, expected.to(current.device)):
         return "changed"
     return "same"
 
 
-def restore(module, originals: Dict[str, Any], device: str) -> Dict[str, Any]:
-    """Put the original buffers back where the engine changed them (on the buffer's device; meta ones on `device`)."""
+def _owner(module, name: str):
+    owner_name, _, leaf = name.rpartition(".")
+    try:
+        return module.get_submodule(owner_name), leaf
+    except AttributeError:  # the engine replaced the owner (kernel injection)
+        return None, leaf
+
+
+def restore(module, expected: Dict[str, Any], device: str) -> Dict[str, Any]:
+    """Put the expected buffers back where they differ (on the buffer's device; meta ones on `device`); return
+    {restored: {name: how it was wrong}, not_found: [names], bytes}."""
     fixed: Dict[str, str] = {}
     gone = []
-    for name, orig in originals.items():
-        owner_name, _, leaf = name.rpartition(".")
-        try:
-            owner = module.get_submodule(owner_name)
-        except AttributeError:  # the engine replaced the owner (kernel injection)
-            gone.append(name)
-            continue
-        current = owner._buffers.get(leaf)
+    for name, want in expected.items():
+        owner, leaf = _owner(module, name)
+        current = owner._buffers.get(leaf) if owner is not None else None
         if current is None:
             gone.append(name)
             continue
-        state = _state(current, orig)
+        state = _state(current, want)
         if state != "same":
-            owner._buffers[leaf] = orig.to(device if current.is_meta else current.device)
+            owner._buffers[leaf] = want.to(device if current.is_meta else current.device)
             fixed[name] = state
+    return {"restored": fixed, "not_found": gone, "bytes": sum(b.numel() * b.element_size() for b in expected.values())}
+
+
+def recompute_after_load(model, ctx) -> Dict[str, Any]:
+    """Compare a freshly loaded model's non-persistent buffers with its constructor's (a twin's) and put back every
+    one that differs; return (the expected buffers, now in the model, for the restore after the engine; report)."""
+    import time
+
+    t0 = time.perf_counter()
+    expected = snapshot(build_on_meta(ctx))
+    as_loaded = non_persistent_buffers(model)
+    report = restore(model, expected, "cpu")
+    kept = non_persistent_buffers(model)  # the model's own where they were right, the twin's where they were not
+    return kept, {
+        "recomputed": report["restored"],
+        "checked": len(expected),
+        "nonfinite_as_loaded": nonfinite(as_loaded),
+        "not_found": report["not_found"],
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def built_report(originals: Dict[str, Any]) -> Dict[str, Any]:
+    """The after-load buffer report of a model built by `build_on_meta`: its buffers are the constructor's."""
     return {
-        "restored": fixed,
-        "not_found": gone,
-        "bytes": sum(b.numel() * b.element_size() for b in originals.values()),
+        "recomputed": {},
+        "checked": len(originals),
+        "nonfinite_as_loaded": nonfinite(originals),
+        "from_constructor": True,
     }
 
 
 def restoring(ctx, originals: Dict[str, Any], fix: Optional[Callable[[Any], Dict[str, Any]]] = None):
     """A loader's `finalize`: its own fix-up `fix` (what it did, as a dict), then, with load.restore_buffers,
-    the buffers put back as `snapshot` saw them before the engine ran (under "buffers")."""
+    the buffers put back as they were right after the load (under "buffers")."""
 
     def finalize(module) -> Dict[str, Any]:
         report = fix(module) if fix else {}

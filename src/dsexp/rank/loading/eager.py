@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from dsexp.rank.compat import dtype_kwargs
 from dsexp.rank.context import RankContext
+from dsexp.rank.faults import poison_buffers
 from dsexp.rank.loading import buffers
 from dsexp.rank.loading.base import Loaded, Loader
 
@@ -12,7 +14,8 @@ from dsexp.rank.loading.base import Loaded, Loader
 def from_pretrained(ctx: RankContext, **kwargs: Any):
     from transformers import AutoModelForCausalLM
 
-    kwargs.setdefault("dtype", ctx.torch_dtype)
+    if "dtype" not in kwargs and "torch_dtype" not in kwargs:
+        kwargs.update(dtype_kwargs(ctx.torch_dtype))
     return AutoModelForCausalLM.from_pretrained(
         str(ctx.model_dir),
         trust_remote_code=ctx.spec.model.trust_remote_code,
@@ -26,6 +29,11 @@ class EagerLoader(Loader):
 
     def load(self, ctx: RankContext, hf_kwargs: Dict[str, Any]) -> Loaded:
         model = from_pretrained(ctx, **hf_kwargs).eval()
+        poison_buffers(ctx.spec.fault, ctx.rank, model)  # test-only: buffers as transformers >= 5 may leave them
         if not ctx.spec.load.restore_buffers:
-            return Loaded(model)
-        return Loaded(model, finalize=buffers.restoring(ctx, buffers.snapshot(model)))
+            return Loaded(
+                model,
+                info={"buffers": {"nonfinite_as_loaded": buffers.nonfinite(buffers.non_persistent_buffers(model))}},
+            )
+        originals, report = buffers.recompute_after_load(model, ctx)
+        return Loaded(model, finalize=buffers.restoring(ctx, originals), info={"buffers": report})

@@ -29,18 +29,7 @@ from typing import Any, Callable, Dict, Iterable, List
 from dsexp.rank.context import RankContext
 from dsexp.rank.loading import buffers, files
 from dsexp.rank.loading.base import Loaded, Loader
-
-
-def build_on_meta(ctx: RankContext):
-    """The model with every parameter on meta, buffers real (trust_remote_code honoured)."""
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    remote = ctx.spec.model.trust_remote_code
-    cfg = AutoConfig.from_pretrained(str(ctx.model_dir), trust_remote_code=remote)
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=ctx.torch_dtype, trust_remote_code=remote)
-    return model.eval()
+from dsexp.rank.loading.buffers import build_on_meta
 
 
 def deepspeed_fills(ctx: RankContext) -> bool:
@@ -120,6 +109,7 @@ class MetaLoader(Loader):
                 model,
                 finalize=fill,
                 info={
+                    "buffers": buffers.built_report(originals),
                     "filled_by": "dsexp",
                     "why": "DeepSpeed ignores checkpoint= at tp=1 without "
                     "kernel injection (no _apply_injection_policy)",
@@ -133,7 +123,12 @@ class MetaLoader(Loader):
             model,
             checkpoint=ds_checkpoint(paths),
             finalize=buffers.restoring(ctx, originals, lambda m: self._check_after(m, undo)),
-            info={"filled_by": "deepspeed", "files": len(paths), "registered_load_modules": sorted(norms)},
+            info={
+                "buffers": buffers.built_report(originals),
+                "filled_by": "deepspeed",
+                "files": len(paths),
+                "registered_load_modules": sorted(norms),
+            },
         )
 
     @staticmethod

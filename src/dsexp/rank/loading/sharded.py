@@ -16,7 +16,7 @@ from typing import Any, Dict
 from dsexp.rank.context import RankContext
 from dsexp.rank.loading import buffers, files
 from dsexp.rank.loading.base import Loaded, Loader
-from dsexp.rank.loading.meta import build_on_meta
+from dsexp.rank.loading.buffers import build_on_meta
 from dsexp.rank.loading.slices import rank_files
 
 
@@ -30,5 +30,5 @@ class ShardedLoader(Loader):
         return Loaded(
             model,
             finalize=buffers.restoring(ctx, originals, lambda m: {"fill": files.fill(m, paths)}),
-            info={"rank_files": [str(p) for p in paths]},
+            info={"buffers": buffers.built_report(originals), "rank_files": [str(p) for p in paths]},
         )

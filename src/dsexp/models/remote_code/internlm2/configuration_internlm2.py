@@ -1,4 +1,5 @@
-"""InternLM2 configuration (dsexp's own implementation of the published architecture)."""
+"""InternLM2 configuration (dsexp's own implementation of the published architecture; like the published one, it
+defines no tensor-parallel plan)."""
 
 from transformers import PretrainedConfig
 
@@ -6,15 +7,6 @@ from transformers import PretrainedConfig
 class InternLM2Config(PretrainedConfig):
     model_type = "internlm2"
     keys_to_ignore_at_inference = ["past_key_values"]
-    # transformers' own tensor parallelism (tp_plan="auto"): wqkv rows are grouped per key/value head, so an
-    # even column split hands each rank whole [q x groups, k, v] groups when the KV heads divide by tp.
-    base_model_tp_plan = {
-        "layers.*.attention.wqkv": "colwise",
-        "layers.*.attention.wo": "rowwise",
-        "layers.*.feed_forward.w1": "colwise",
-        "layers.*.feed_forward.w3": "colwise",
-        "layers.*.feed_forward.w2": "rowwise",
-    }
 
     def __init__(
         self,

@@ -1,0 +1,279 @@
+"""Software stacks: the ranks on other versions of transformers, DeepSpeed, ... than the job's own environment.
+
+A stack with pins (`stack=seed`, `stack.transformers=4.46.3`) is an overlay: a folder holding exactly the pinned
+packages and what they need beyond the job environment, put first on the ranks' PYTHONPATH. The ranks run with
+the job's own Python, so torch (the GPU machine's CUDA build included) and every package the stack does not
+replace come from the job environment; nothing is ever installed into it, and torch never into a stack.
+
+Preparing one, once per key (pins, Python, platform, the job's torch), under `<cache_dir>/stacks/`:
+1. pip resolves the pins against the job environment as it is (`pip install --dry-run --report`, torch
+   constrained to the installed version): the report lists only what the environment lacks. A stack that would
+   need another torch, a pin that does not exist or pins that conflict fail here, with pip's message.
+2. `pip install --no-deps --target <stack>/site` of exactly that list.
+DeepSpeed is published as a source archive whose build imports torch: it is first built here into a wheel
+(`DS_BUILD_OPS=0 pip wheel --no-deps --no-build-isolation`, pure Python; ops are JIT-built on use, into the
+stack's own TORCH_EXTENSIONS_DIR). Offline machines install from `stack.wheelhouse` only; `fill` (below) fills
+one on a machine that reaches a package index, for this Python or another (a GPU box's cp312).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from dsexp.core.fs import build_once
+from dsexp.core.schema import STACK_PACKAGES, StackConfig, stack_label, stack_pins
+
+STACK_FORMAT = 1
+DONE_MARK = ".dsexp-stack-complete.json"
+
+
+class StackError(RuntimeError):
+    """A stack that cannot be prepared (a pin that does not exist, pins that conflict, another torch needed)."""
+
+
+def base_torch() -> str:
+    return version("torch")
+
+
+def stack_key(stack: StackConfig) -> str:
+    blob = json.dumps(
+        {
+            "pins": sorted(stack_pins(stack).values()),
+            "modules": [pkg for pkg in STACK_PACKAGES if getattr(stack, pkg) not in (None, "")],
+            "python": platform.python_version_tuple()[:2],
+            "platform": [sys.platform, platform.machine()],
+            "torch": base_torch(),
+            "v": STACK_FORMAT,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def stack_dir(stack: StackConfig, cache_dir: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", stack_label(stack))
+    return Path(cache_dir).expanduser() / "stacks" / f"{safe}-{stack_key(stack)}"
+
+
+def prepare_stack(stack: StackConfig, cache_dir: str) -> Dict[str, Any]:
+    """The stack's runtime facts for the ranks, preparing its overlay first if no complete copy is cached."""
+    folder = stack_dir(stack, cache_dir)
+    info: Dict[str, Any] = {
+        "label": stack_label(stack),
+        "key": stack_key(stack),
+        "pins": sorted(stack_pins(stack).values()),
+        "extensions_dir": str(folder / "torch_extensions"),
+        "site": None,
+        "cache_hit": None,
+    }
+    if not info["pins"]:
+        return info
+    t0 = time.perf_counter()
+    done, hit = build_once(folder, DONE_MARK, lambda tmp: _build(stack, tmp))
+    return {**info, "site": str(folder / "site"), "cache_hit": hit, "prepare_s": time.perf_counter() - t0, **done}
+
+
+def rank_env(stack_info: Optional[Dict[str, Any]]) -> Dict[str, str]:
+    """What the ranks' environment needs for this stack: the overlay first on PYTHONPATH, its own extension folder."""
+    if not stack_info:
+        return {}
+    env = {"TORCH_EXTENSIONS_DIR": stack_info["extensions_dir"]}
+    if stack_info.get("site"):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (stack_info["site"], os.environ.get("PYTHONPATH")) if p)
+        env["PYTHONNOUSERSITE"] = "1"
+    return env
+
+
+# --- building ---------------------------------------------------------------------------------------
+
+
+def _build(stack: StackConfig, tmp: Path) -> Dict[str, Any]:
+    tmp.mkdir(parents=True)
+    pins = list(stack_pins(stack).values())
+    sources = _sources(stack, tmp / "built")
+    t0 = time.perf_counter()
+    _build_deepspeed_wheel(pins, sources, tmp / "built")
+    t1 = time.perf_counter()
+    packages = plan(pins, sources)
+    t2 = time.perf_counter()
+    _pip(
+        ["install", "--quiet", "--no-deps", "--no-compile", "--target", str(tmp / "site"), *sources, *packages],
+        what=f"installing stack {stack_label(stack)}",
+    )
+    shutil.rmtree(tmp / "built", ignore_errors=True)
+    size = sum(p.stat().st_size for p in (tmp / "site").rglob("*") if p.is_file())
+    return {
+        "packages": packages,
+        "build_s": t1 - t0,
+        "plan_s": t2 - t1,
+        "install_s": time.perf_counter() - t2,
+        "bytes": size,
+    }
+
+
+def _sources(stack: StackConfig, built: Path) -> List[str]:
+    """pip's package sources: the wheelhouse alone (offline), else the index; plus wheels built here."""
+    built.mkdir(parents=True, exist_ok=True)
+    if stack.wheelhouse:
+        folder = Path(stack.wheelhouse).expanduser()
+        if not folder.is_dir():
+            raise StackError(f"stack.wheelhouse={stack.wheelhouse!r} is not a folder")
+        return ["--no-index", "--find-links", str(folder.resolve()), "--find-links", str(built)]
+    return ["--find-links", str(built), "--prefer-binary"]
+
+
+def plan(pins: Sequence[str], sources: Sequence[str]) -> List[str]:
+    """name==version of every package the job environment lacks for these pins (torch held at its version)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        constraints = Path(tmp) / "constraints.txt"
+        constraints.write_text(f"torch=={base_torch()}\n")
+        report = Path(tmp) / "plan.json"
+        _pip(
+            [
+                "install",
+                "--dry-run",
+                "--quiet",
+                "--no-build-isolation",
+                "--report",
+                str(report),
+                "--constraint",
+                str(constraints),
+                *sources,
+                *pins,
+            ],
+            what=f"resolving {' '.join(pins)}",
+        )
+        items = [(i["metadata"]["name"], i["metadata"]["version"]) for i in json.loads(report.read_text())["install"]]
+    if any(_canon(name) == "torch" for name, _ in items):
+        raise StackError(
+            f"{' '.join(pins)} needs another torch than the job environment's {base_torch()}; "
+            "a stack never replaces torch"
+        )
+    return [f"{name}=={ver}" for name, ver in items]
+
+
+def _build_deepspeed_wheel(pins: Sequence[str], sources: Sequence[str], built: Path) -> None:
+    """DeepSpeed ships source archives only: build the pinned one into a pure-Python wheel (ops JIT-built later)."""
+    wanted = next((re.sub(r"^deepspeed==", "", p) for p in pins if re.fullmatch(r"deepspeed==[\w.+]+", p)), None)
+    if wanted is None or _have_wheel(sources, "deepspeed", wanted):
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        _pip(
+            [
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--dest",
+                tmp,
+                *[s for s in sources if s != "--prefer-binary"],
+                f"deepspeed=={wanted}",
+            ],
+            what=f"downloading deepspeed=={wanted}",
+        )
+        sdist = next(Path(tmp).iterdir())
+        env = {**os.environ, "DS_BUILD_OPS": "0", "TORCH_EXTENSIONS_DIR": str(Path(tmp) / "ext")}
+        _pip(
+            ["wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", str(built), str(sdist)],
+            what=f"building deepspeed=={wanted} into a wheel",
+            env=env,
+        )
+
+
+def _have_wheel(sources: Sequence[str], name: str, ver: str) -> bool:
+    folders = [Path(sources[i + 1]) for i, s in enumerate(sources) if s == "--find-links"]
+    return any(folder.glob(f"{name}-{ver}-*.whl") for folder in folders if folder.is_dir())
+
+
+def _canon(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _pip(args: List[str], what: str, env: Optional[Dict[str, str]] = None) -> None:
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        errors = [line for line in (proc.stderr + proc.stdout).splitlines() if line.startswith("ERROR")]
+        detail = "\n  ".join(errors[-6:]) or (proc.stderr or proc.stdout).strip()[-2000:]
+        raise StackError(f"{what} failed:\n  {detail}")
+
+
+# --- filling a wheelhouse on a machine with a package index ---------------------------------------------------
+
+
+def fill(
+    stack: StackConfig,
+    folder: Path,
+    python_version: Optional[str] = None,
+    torch: Optional[str] = None,
+    platforms: Sequence[str] = (),
+) -> List[str]:
+    """Download every wheel the stack needs but torch into `folder` (built deepspeed wheel included), for this
+    Python or another one (python_version "3.12", platforms such as manylinux_2_28_x86_64). torch is kept out of
+    the resolution with a placeholder wheel at the target's version, so pip never fetches one."""
+    folder = Path(folder).expanduser().resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    pins = list(stack_pins(stack).values())
+    _build_deepspeed_wheel(pins, ["--find-links", str(folder)], folder)
+    torch = (torch or base_torch()).split("+")[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        stub = _stub_wheel(Path(tmp), "torch", f"{torch}+stub")
+        (Path(tmp) / "constraints.txt").write_text(f"torch=={torch}+stub\n")
+        target = []
+        if python_version:
+            target = [
+                "--python-version",
+                python_version,
+                "--implementation",
+                "cp",
+                "--abi",
+                "cp" + python_version.replace(".", ""),
+            ]
+            for plat in platforms or ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"):
+                target += ["--platform", plat]
+        _pip(
+            [
+                "download",
+                "--quiet",
+                "--only-binary=:all:",
+                "--dest",
+                str(folder),
+                "--find-links",
+                str(stub.parent),
+                "--find-links",
+                str(folder),
+                "--constraint",
+                str(Path(tmp) / "constraints.txt"),
+                *target,
+                *pins,
+            ],
+            what=f"downloading {' '.join(pins)}",
+        )
+    for placeholder in folder.glob("torch-*+stub-*.whl"):
+        placeholder.unlink()
+    return sorted(p.name for p in folder.glob("*.whl"))
+
+
+def _stub_wheel(folder: Path, name: str, ver: str) -> Path:
+    """A wheel that only says `name ver` exists (no files): it stands for the target's torch in a resolution."""
+    dist = f"{name}-{ver}.dist-info"
+    path = folder / f"{name}-{ver}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {ver}\n")
+        z.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nGenerator: dsexp\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{dist}/RECORD", "")
+    return path

@@ -1,0 +1,44 @@
+"""`python -m dsexp.stacks fill DIR [stack=seed] [stack.transformers=4.46.3 ...] [--python-version 3.12 --torch 2.11.0]`
+fills a wheelhouse for offline machines (then run there with `stack.wheelhouse=DIR`);
+`python -m dsexp.stacks prepare [overrides]` prepares a stack now, as a sweep would before its first job.
+Overrides are the ones `python -m dsexp` takes (only the stack and cache_dir matter)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dsexp.stacks", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fill", help="download a stack's wheels (torch excluded) into a folder")
+    f.add_argument("folder")
+    f.add_argument("--python-version", help="the target's Python, e.g. 3.12 (default: this one)")
+    f.add_argument("--torch", help="the target's torch version (default: this environment's)")
+    f.add_argument("--platform", action="append", default=[], help="pip platform tags of the target")
+    p = sub.add_parser("prepare", help="prepare (or find cached) a stack under cache_dir")
+    for q in (f, p):
+        q.add_argument("overrides", nargs="*", help="e.g. stack=seed stack.transformers=4.46.3")
+    args = ap.parse_args(argv)
+
+    from dsexp.compose.config import compose_app, to_schema
+    from dsexp.job.stacks import StackError, fill, prepare_stack
+
+    spec = to_schema(compose_app(args.overrides))
+    try:
+        if args.cmd == "fill":
+            wheels = fill(spec.stack, args.folder, args.python_version, args.torch, args.platform)
+            print(f"dsexp.stacks: {len(wheels)} wheels in {args.folder}:\n  " + "\n  ".join(wheels))
+        else:
+            print(json.dumps(prepare_stack(spec.stack, spec.cache_dir), indent=1))
+    except StackError as e:
+        print(f"dsexp.stacks: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
