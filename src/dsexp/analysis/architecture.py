@@ -33,8 +33,15 @@ def model_source(config: Dict[str, Any], runtime: Optional[Dict[str, Any]]) -> D
     folder = (runtime or {}).get("model_dir") or model.get("path")
     if folder and (Path(folder) / "config.json").is_file():
         return {"folder": str(folder), "trust_remote_code": bool(model.get("trust_remote_code"))}
-    if model.get("arch") and model.get("dims"):
-        return {"arch": model["arch"], "dims": model["dims"]}
+    if model.get("config_path") and (Path(model["config_path"]).expanduser() / "config.json").is_file():
+        return {
+            "arch": model.get("arch"),
+            "dims": model.get("dims") or {},
+            "config_path": str(Path(model["config_path"]).expanduser()),
+            "trust_remote_code": bool(model.get("trust_remote_code")),
+        }
+    if model.get("arch") and not model.get("path"):
+        return {"arch": model["arch"], "dims": model.get("dims") or {}}
     raise LookupError(f"model {model.get('name')!r}: neither its folder ({folder}) nor arch+dims are available")
 
 
@@ -53,7 +60,9 @@ def _build(source_json: str, dtype: str):
     if "arch" in source:
         from dsexp.models.writer import meta_model as preset_meta_model
 
-        return preset_meta_model(source["arch"], source["dims"], dtype)[1]
+        return preset_meta_model(
+            source["arch"], source["dims"], dtype, source.get("config_path"), source.get("trust_remote_code", False)
+        )[1]
     from transformers import AutoConfig, AutoModelForCausalLM
 
     trust = source["trust_remote_code"]

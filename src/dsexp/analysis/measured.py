@@ -52,6 +52,21 @@ def weights_per_rank(result: Dict[str, Any]) -> List[int]:
     return out
 
 
+def tensors_per_rank(result: Dict[str, Any]) -> List[Dict[str, int]]:
+    """Per rank, {tensor name: local bytes on its device} after init (the per-tensor census; empty if not recorded)."""
+    return [dict(phase(rk, "init").get("tensors") or {}) for rk in ranks(result)]
+
+
+def init_recorded(result: Dict[str, Any]) -> bool:
+    """Every rank got through init (its census is whole), whether or not the run completed after it."""
+    rks = ranks(result)
+    return (
+        bool(rks)
+        and all(phase(rk, "init") and not phase(rk, "init").get("partial") for rk in rks)
+        and all((rk.get("error") or {}).get("phase") not in ("start", "load", "init") for rk in rks)
+    )
+
+
 def on_meta(result: Dict[str, Any]) -> List[str]:
     """Tensor names still on the meta device after init, over all ranks (deduplicated)."""
     names: Dict[str, None] = {}

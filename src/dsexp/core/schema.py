@@ -28,8 +28,9 @@ class ConfigError(ValueError):
 @dataclass
 class ModelConfig:
     name: str = REQUIRED
-    arch: Optional[str] = "llama"
+    arch: Optional[str] = "llama"  # a dsexp preset or any transformers model_type (model=config)
     path: Optional[str] = None
+    config_path: Optional[str] = None  # a folder holding config.json (+ remote code): random weights at its shapes
     dtype: str = "bf16"
     trust_remote_code: bool = False
     shard_mb: float = 100

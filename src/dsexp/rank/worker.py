@@ -95,7 +95,7 @@ def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
     from dsexp.rank.engines import get_engine
     from dsexp.rank.generation import run_generate
     from dsexp.rank.loading import get_loader
-    from dsexp.rank.probes.weights import residency, resident_bytes, tensor_layout, weight_census
+    from dsexp.rank.probes.weights import residency, resident_bytes, tensor_bytes, tensor_layout, weight_census
 
     spec, role = ctx.spec, ctx.runtime.get("role")  # None: measured run; "reference"; "split" (load=sharded)
     reference = role == "reference"
@@ -123,9 +123,11 @@ def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
             engine.after_finalize(module, ctx, report)
     del loaded
     census = weight_census(module)
-    rec.annotate_phase("init", weights_device=resident_bytes(census, device_type), weights=census)
+    tensors = tensor_bytes(module, device_type)
+    rec.annotate_phase("init", weights_device=resident_bytes(census, device_type), weights=census, tensors=tensors)
     if engine:
         report.update(residency(full, module, device_type, ctx.torch_dtype.itemsize))
+    rec.note(engine=report)  # kept if generate fails; updated after it
     if census["on_meta"]:
         raise RuntimeError(
             f"{len(census['on_meta'])} tensors are still on the meta device after init: "

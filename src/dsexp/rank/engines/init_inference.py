@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from dsexp.core.engines import INFER
 from dsexp.core.engines import effective_policy as core_effective_policy
 from dsexp.rank import trims
 from dsexp.rank.compat import config_fields
@@ -32,9 +33,22 @@ def resolve_policy(policy: Optional[Dict[str, Any]], model) -> Optional[Dict[typ
     return out
 
 
-def effective_policy(ctx: RankContext) -> Optional[Dict[str, Any]]:
+def effective_policy(ctx: RankContext) -> Any:
+    """The user's or preset's {layer class: [linears]}, None, or INFER (resolved on the model: `applied_policy`)."""
     e = ctx.spec.engine
     return core_effective_policy(e.injection_policy, e.kernel_inject, ctx.spec.model.injection_policy)
+
+
+def applied_policy(ctx: RankContext, model) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str, Any]]]:
+    """(policy the engine runs with, how it was found): with engine.injection_policy=infer, dsexp's answer
+    ({"policy", "source": known|deepspeed|inferred, "why", "rule", "agrees"}); else the configured one and None."""
+    policy = effective_policy(ctx)
+    if policy != INFER:
+        return policy, None
+    from dsexp.models.policy import infer_policy
+
+    found = infer_policy(model)
+    return found["policy"], found
 
 
 def zero_block(ctx: RankContext):
@@ -74,8 +88,9 @@ class InitInference(Engine):
             replace_with_kernel_inject=e.kernel_inject,
             max_out_tokens=e.max_out_tokens,
         )
-        policy = effective_policy(ctx)
-        if policy:
+        policy, inference = applied_policy(ctx, model)
+        # DeepSpeed's own parser's policy is left for DeepSpeed to find and apply, exactly as without one
+        if policy and not (inference and inference["source"] == "deepspeed"):
             kwargs["injection_policy"] = resolve_policy(policy, model)
         if e.replace_method is not None:
             kwargs["replace_method"] = e.replace_method
@@ -87,6 +102,8 @@ class InitInference(Engine):
         if checkpoint is not None:
             kwargs["checkpoint"] = checkpoint
         report: Dict[str, Any] = {"call": {k: _printable(v) for k, v in kwargs.items()}, "injection_policy": policy}
+        if inference is not None:
+            report["policy_inference"] = inference
         if e.kernel_inject:
             from dsexp.models.kernel_policy import kernel_injected_layers
 
