@@ -39,6 +39,16 @@ def test_stack_presets_match_their_labels(preset):
     assert pinned == STACK_PRESETS[preset]
 
 
+@pytest.mark.parametrize("trim", ["shard_head", "shard_embedding"])
+def test_trims_deepspeed_014_cannot_do_are_refused_on_the_seed_stack(trim):
+    from dsexp.compose.validate import validate
+    from dsexp.core.schema import ConfigError
+
+    with pytest.raises(ConfigError, match=f"trim.{trim}=true with stack.deepspeed=0.14.4"):
+        validate(to_schema(compose(["experiment=autotp", "stack=seed", "tp=2", f"trim.{trim}=true"])), gpus=0)
+    assert validate(to_schema(compose(["experiment=autotp", "stack=seed", "tp=2", "trim.dedupe_buffers=true"])), 0)
+
+
 def test_the_key_covers_pins_python_platform_and_torch(monkeypatch):
     a = stacks.stack_key(StackConfig(transformers="4.46.3"))
     assert a != stacks.stack_key(StackConfig(transformers="4.47.1"))

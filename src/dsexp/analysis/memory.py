@@ -76,9 +76,15 @@ class Strategy:
     conversion: Optional[str]
     restore_buffers: bool = True  # the loader puts back the non-persistent buffers the engine cast (their dtype)
     trims: Dict[str, bool] = field(default_factory=dict)  # trim.<key>: true (dsexp.core.trims.MODEL_TRIMS)
+    deepspeed: Optional[str] = None  # the version the ranks ran (a stack's), None: this environment's
 
     def trimmed(self, key: str) -> bool:
         return bool(self.trims.get(key))
+
+    def deepspeed_before(self, *version: int) -> bool:
+        from dsexp.core.schema import version_tuple
+
+        return self.deepspeed is not None and version_tuple(self.deepspeed) < version
 
     @classmethod
     def from_result(cls, result: Dict[str, Any]) -> "Strategy":
@@ -102,6 +108,8 @@ class Strategy:
             conversion=conversion,
             restore_buffers=load.get("restore_buffers", True) is not False,
             trims={k: bool((c.get("trim") or {}).get(k)) for k in MODEL_TRIMS if (c.get("trim") or {}).get(k)},
+            deepspeed=((result.get("software") or {}).get("versions") or {}).get("deepspeed")
+            or (c.get("stack") or {}).get("deepspeed"),
         )
 
 
@@ -373,7 +381,13 @@ def _autotp(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[
                 continue
             by_module[f"{lname}.{rel}"] = (name, cls, layer)
     head = next((n for n in ("lm_head", "embed_out") if isinstance(getattr(model, n, None), nn.Linear)), None)
-    if head is None and s.trimmed("shard_head") and tp > 1:
+    if head and s.deepspeed_before(0, 15) and s.load != "meta":
+        # DeepSpeed 0.14 calls set_lm_head only when init_inference loads a checkpoint (replace_module.py)
+        notes.append(
+            f"DeepSpeed {s.deepspeed} splits the head ({head}) only with checkpoint= (load=meta): it stays whole"
+        )
+        head = None
+    if head is None and s.trimmed("shard_head") and tp > 1 and not s.deepspeed_before(0, 15):
         head = _top_level_head(model)  # aliased as lm_head while init_inference runs (dsexp.rank.trims)
     if head:
         by_module[head] = ("lm_head", "LmHeadLinearAllreduce", None)

@@ -325,6 +325,12 @@ ENGINE_NEEDS = {
 
 # What a trim needs of the software the ranks run on, as ENGINE_NEEDS.
 TRIM_NEEDS = {
+    "shard_head": (
+        "deepspeed",
+        "0.15",
+        "DeepSpeed 0.14 splits a head (set_lm_head) only when init_inference loads a checkpoint: measured on 0.14.4, "
+        "the alias changes nothing on an eager load",
+    ),
     "shard_embedding": (
         "deepspeed",
         "0.19.8",

@@ -213,6 +213,15 @@ STACK_PRESETS: Dict[str, Dict[str, str]] = {
 }
 
 
+def version_tuple(text: str) -> tuple:
+    """ "0.14.4" -> (0, 14, 4); local parts and suffixes ("2.11.0+cu130", "1.0rc1") are dropped."""
+    parts = []
+    for piece in str(text).split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
 def dtype_conversion(model_dtype: str, dtype: str) -> Optional[str]:
     """The checkpoint's dtype to the run's, e.g. "fp32->bf16"; None when they are the same."""
     return None if model_dtype == dtype else f"{model_dtype}->{dtype}"

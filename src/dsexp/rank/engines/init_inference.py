@@ -108,7 +108,7 @@ class InitInference(Engine):
             from dsexp.models.kernel_policy import kernel_injected_layers
 
             report["kernel_policy_layers"] = kernel_injected_layers(model)  # empty: injection replaces nothing
-        grain = kwargs["tensor_parallel"].tp_grain_size
+        grain = getattr(kwargs["tensor_parallel"], "tp_grain_size", 64)  # DeepSpeed 0.14 has no grain (nor VPE)
         done, alias = self._before_init(model, ctx, checkpoint, grain)
         self.tracer = FieldReadTracer([DeepSpeedInferenceConfig, DeepSpeedTPConfig, DeepSpeedZeroConfig]).start()
         engine = deepspeed.init_inference(model, **kwargs)
