@@ -76,4 +76,7 @@ with torch.no_grad():
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False, pad_token_id=0)
 unique = {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()  # shared tensors once
 held = sum(t.numel() * t.element_size() for t in unique) / 2**20
-print(f"rank {torch.distributed.get_rank()}: {held:.2f} MiB of weights and buffers, tokens {out[0, -8:].tolist()}")
+print(
+    f"rank {torch.distributed.get_rank()}: {held:.2f} MiB of weights and buffers, tokens {out[0, -8:].tolist()}",
+    flush=True,
+)

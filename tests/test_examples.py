@@ -47,7 +47,7 @@ def run(folder, tp: int, tmp_path) -> dict:
         env=env,
         timeout=600,
     )
-    found = re.findall(r"rank (\d+): ([0-9.]+) MiB of weights and buffers, tokens (\[.*\])", proc.stdout)
+    found = re.findall(r"rank (\d+): ([0-9.]+) MiB of weights and buffers, tokens (\[[^]]*\])", proc.stdout)
     assert proc.returncode == 0 and len(found) == tp, proc.stdout[-2000:] + proc.stderr[-3000:]
     return {int(r): (float(mib), tokens) for r, mib, tokens in found}
 

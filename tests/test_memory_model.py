@@ -6,9 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsexp.analysis.memory import Strategy, place, predict
+from dsexp.analysis.memory import place, predict
 
-from helpers.analysis_cases import GIB, INTERNLM2_POLICY, MEDIUM, TINY, InternLM2ForCausalLM, config, result
+from helpers.analysis_cases import (
+    GIB,
+    INTERNLM2_POLICY,
+    MEDIUM,
+    TINY,
+    InternLM2ForCausalLM,
+    config,
+    result,
+    strategy,
+)
 
 
 def llama_bytes(d, tp, itemsize=2, embed_split=1, head_split=None, buffers_itemsize=4):
@@ -72,21 +81,7 @@ def test_uneven_tp_splits_follow_deepspeed_kv_heads_and_grain():
 
 
 def _strategy(**kw):
-    base = dict(
-        engine="init_inference",
-        kernel_inject=False,
-        policy=None,
-        zero_stage=0,
-        offload="none",
-        dtype="bf16",
-        model_dtype="bf16",
-        load="eager",
-        fmt="safetensors",
-        device="cpu",
-        max_out_tokens=1024,
-        conversion=None,
-    )
-    return Strategy(**{**base, **kw})
+    return strategy(**{"max_out_tokens": 1024, **kw})
 
 
 def _meta_internlm2():
@@ -283,20 +278,7 @@ def test_autotp_zero3_with_a_policy_keeps_autotp_shards_and_zero3_partitions_els
     from dsexp.core.engines import INFER
 
     model = InternLM2ForCausalLM().to(torch.bfloat16)
-    s = Strategy(
-        engine="autotp_zero3",
-        kernel_inject=False,
-        policy=INFER,
-        zero_stage=3,
-        offload="none",
-        dtype="bf16",
-        model_dtype="bf16",
-        load="eager",
-        fmt="safetensors",
-        device="cpu",
-        max_out_tokens=0,
-        conversion=None,
-    )
+    s = strategy(engine="autotp_zero3", policy=INFER, zero_stage=3)
     placements, modules, _, error = place(model, s, 2)
     assert error is None and modules["added"] == {"LinearLayer": 6, "LinearAllreduce": 4}  # no lm_head: config specs
     how = {p.name: p.how for p in placements}

@@ -11,7 +11,7 @@ import torch.nn as nn
 import yaml
 
 from dsexp.analysis.diagnosis import diagnose
-from dsexp.analysis.memory import Strategy, place, predict
+from dsexp.analysis.memory import place, predict
 from dsexp.core.engines import INFER, effective_policy
 from dsexp.models.policy import (
     KNOWN,
@@ -24,7 +24,7 @@ from dsexp.models.policy import (
 from dsexp.models.writer import meta_model
 
 from conftest import CONF
-from helpers.analysis_cases import TINY, config, result
+from helpers.analysis_cases import TINY, config, result, strategy
 
 ILM2 = {"InternLM2DecoderLayer": ["attention.wo", "feed_forward.w2"]}
 MATRIX = sorted(p.stem for p in (CONF / "experiment").glob("tiny_*.yaml"))
@@ -39,21 +39,8 @@ def internlm2_meta():
     return meta_model("internlm2", TINY, "bf16")[1]
 
 
-def strategy(policy) -> Strategy:
-    return Strategy(
-        engine="init_inference",
-        kernel_inject=False,
-        policy=policy,
-        zero_stage=0,
-        offload="none",
-        dtype="bf16",
-        model_dtype="bf16",
-        load="eager",
-        fmt="safetensors",
-        device="cpu",
-        max_out_tokens=0,
-        conversion=None,
-    )
+def policy_strategy(policy):
+    return strategy(policy=policy)
 
 
 def test_internlm2_is_known_and_the_rule_derives_the_same_where_deepspeed_finds_nothing():
@@ -142,8 +129,8 @@ def test_infer_ignores_the_presets_policy_and_kernel_injection_takes_none():
 
 def test_memory_model_infers_the_same_policy_as_the_engine():
     model = internlm2_meta()
-    inferred, modules, notes, error, found = place(model, strategy(INFER), 2, with_policy=True)
-    explicit, modules2, _, _ = place(model, strategy(ILM2), 2)
+    inferred, modules, notes, error, found = place(model, policy_strategy(INFER), 2, with_policy=True)
+    explicit, modules2, _, _ = place(model, policy_strategy(ILM2), 2)
     assert error is None and found["source"] == "known" and any("known" in n for n in notes)
     assert [p.local for p in inferred] == [p.local for p in explicit] and modules == modules2
     assert modules["added"] == {"LinearLayer": 6, "LinearAllreduce": 4}

@@ -83,6 +83,15 @@ def identical(items: Iterable[Tuple[str, Hashable, Any]], equal: Callable[[Any, 
     return out
 
 
+def owner_of(module, name: str) -> Tuple[Any, str]:
+    """(the submodule holding `name`, the attribute) — (None, attribute) where the engine replaced the owner."""
+    owner_name, _, leaf = name.rpartition(".")
+    try:
+        return module.get_submodule(owner_name), leaf
+    except AttributeError:  # e.g. kernel injection replaced the layer
+        return None, leaf
+
+
 def non_persistent_buffers(model) -> Iterator[Tuple[str, Any, str, Any]]:
     """(qualified name, owner module, attribute, tensor) of every non-persistent buffer of a torch module that holds
     data (not on meta). Duck-typed: this module imports no torch."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Iterable, Optional, Tuple
 
-from dsexp.core.trims import duplicate_buffers, non_persistent_buffers
+from dsexp.core.trims import duplicate_buffers, non_persistent_buffers, owner_of
 
 HEAD_NAMES = ("lm_head", "embed_out")  # the names DeepSpeed's set_lm_head looks for
 
@@ -58,14 +58,6 @@ def duplicates(model) -> Dict[str, str]:
     return duplicate_buffers(model, torch.equal)
 
 
-def _owner(model, name: str):
-    owner_name, _, leaf = name.rpartition(".")
-    try:
-        return model.get_submodule(owner_name), leaf
-    except AttributeError:  # the engine replaced the owner (kernel injection)
-        return None, leaf
-
-
 class HeldBuffers:
     """Duplicates taken out of their modules before the engine places the model (the device gets one copy each)."""
 
@@ -73,7 +65,7 @@ class HeldBuffers:
         self.of = duplicates(model)  # held name -> the name of the buffer it will share
         self.held: Dict[str, Any] = {}
         for name in self.of:
-            owner, leaf = _owner(model, name)
+            owner, leaf = owner_of(model, name)
             self.held[name] = owner._buffers.pop(leaf)
             owner._non_persistent_buffers_set.discard(leaf)
 
@@ -82,11 +74,11 @@ class HeldBuffers:
         replaced that one's owner, as its own copy on the device of the model's parameters)."""
         shared = own = gone = 0
         for name, first in self.of.items():
-            owner, leaf = _owner(module, name)
+            owner, leaf = owner_of(module, name)
             if owner is None:
                 gone += 1
                 continue
-            src_owner, src_leaf = _owner(module, first)
+            src_owner, src_leaf = owner_of(module, first)
             tensor = src_owner._buffers.get(src_leaf) if src_owner is not None else None
             if tensor is None or tensor.shape != self.held[name].shape:
                 device = next((p.device for p in module.parameters() if not p.is_meta), self.held[name].device)
@@ -105,7 +97,7 @@ def dedupe_buffers(module, held: Optional[HeldBuffers], device_type: str) -> Dic
     before = {name: buf for name, _, _, buf in non_persistent_buffers(module)}
     found = {n: first for n, first in duplicates(module).items() if before[n] is not before[first]}
     for name, first in found.items():
-        owner, leaf = _owner(module, name)
+        owner, leaf = owner_of(module, name)
         owner._buffers[leaf] = before[first]
     after = {id(b): b for _, _, _, b in non_persistent_buffers(module)}
     _empty_cache(device_type)
