@@ -49,6 +49,17 @@ def test_trims_deepspeed_014_cannot_do_are_refused_on_the_seed_stack(trim):
     assert validate(to_schema(compose(["experiment=autotp", "stack=seed", "tp=2", "trim.dedupe_buffers=true"])), 0)
 
 
+def test_deepspeed_is_built_into_a_wheel_only_when_none_is_at_hand(tmp_path):
+    """DeepSpeed ships source archives whose build imports torch: dsexp builds the wheel itself (never in pip's
+    isolated build environment), unless a folder pip looks in already has it."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    sources = ["--find-links", str(folder)]
+    assert not stacks._have_wheel(sources, "deepspeed", "0.14.4")  # an empty folder has none
+    (folder / "deepspeed-0.14.4-py3-none-any.whl").write_bytes(b"")
+    assert stacks._have_wheel(sources, "deepspeed", "0.14.4") and not stacks._have_wheel(sources, "deepspeed", "0.15")
+
+
 def test_the_key_covers_pins_python_platform_and_torch(monkeypatch):
     a = stacks.stack_key(StackConfig(transformers="4.46.3"))
     assert a != stacks.stack_key(StackConfig(transformers="4.47.1"))
