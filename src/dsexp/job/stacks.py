@@ -52,7 +52,6 @@ def stack_key(stack: StackConfig) -> str:
     blob = json.dumps(
         {
             "pins": sorted(stack_pins(stack).values()),
-            "modules": [pkg for pkg in STACK_PACKAGES if getattr(stack, pkg) not in (None, "")],
             "python": platform.python_version_tuple()[:2],
             "platform": [sys.platform, platform.machine()],
             "torch": base_torch(),
@@ -75,6 +74,7 @@ def prepare_stack(stack: StackConfig, cache_dir: str) -> Dict[str, Any]:
         "label": stack_label(stack),
         "key": stack_key(stack),
         "pins": sorted(stack_pins(stack).values()),
+        "modules": [pkg for pkg in STACK_PACKAGES if getattr(stack, pkg) not in (None, "")],  # imported at start
         "extensions_dir": str(folder / "torch_extensions"),
         "site": None,
         "cache_hit": None,
