@@ -194,6 +194,9 @@ class Cluster:
     def job_record(self, job_id: str) -> Optional[Dict[str, str]]:
         return job_record(job_id, self.dir)
 
+    def job_records(self, job_id: str) -> List[Dict[str, str]]:
+        return job_records(job_id, self.dir)
+
     def final_state(self, job_id: str) -> Optional[str]:
         return final_state(job_id, self.dir)
 
@@ -387,6 +390,7 @@ def write_config(cluster: Cluster, node: Dict[str, int], timing: Dict[str, int])
         "JobCompType=jobcomp/filetxt",
         f"JobCompLoc={cluster.jobcomp}",
         "MailProg=/bin/true",
+        "EnforcePartLimits=ALL",  # refuse at submit what no node/partition can ever run (else it pends forever)
         *(f"{k}={v}" for k, v in timing.items()),
     ]
     for i, name in enumerate(cluster.nodes):
@@ -521,45 +525,72 @@ def _conf_env(dir: Path) -> Dict[str, str]:
     return env
 
 
-def job_record(job_id: str, dir: Optional[os.PathLike] = None) -> Optional[Dict[str, str]]:
-    """What SLURM knows about a job: `scontrol show job -o` while slurmctld keeps it (MinJobAge after its end),
-    else its last line in the jobcomp/filetxt file (written when it ends, kept for good). None if unknown.
-    Keys are SLURM's: JobId, JobState, NodeList, SubmitTime, StartTime, EndTime, ExitCode, Reason..."""
+def _key(rec: Dict[str, str]) -> str:
+    """sacct's name for a record: `12`, an array task `12_3`, or the array's pending rest `12_[4-7%2]`."""
+    a, t = rec.get("ArrayJobId"), rec.get("ArrayTaskId")
+    if not a or t in (None, "", "N/A"):
+        return rec.get("JobId", "")
+    return f"{a}_[{t}]" if any(c in t for c in "-,%") else f"{a}_{t}"
+
+
+def _matches(rec: Dict[str, str], job_id: str) -> bool:
+    if "_" in job_id:
+        return _key(rec) == job_id
+    return rec.get("JobId") == job_id or rec.get("ArrayJobId") == job_id
+
+
+def job_records(job_id: str, dir: Optional[os.PathLike] = None) -> List[Dict[str, str]]:
+    """Every record SLURM has for a job id (`12`: the job, or each task of array 12; `12_3`: that task).
+
+    Sources, best first: `scontrol show job -o` while slurmctld keeps the job (until MinJobAge after it
+    ends), then the jobcomp/filetxt file (one line each time a job ends, requeues included, kept for
+    good: the last line of a job wins). Each record is a dict of SLURM's keys (JobId, JobState, NodeList,
+    SubmitTime, StartTime, EndTime, ExitCode, Reason, ArrayJobId, ArrayTaskId...) plus Source."""
     dir = Path(dir or DEFAULT_DIR)
     job_id = str(job_id)
-    try:
-        proc = subprocess.run([which("scontrol") or "scontrol", "show", "job", "-o", job_id], env=_conf_env(dir),
-                              capture_output=True, text=True, timeout=15)
-        if proc.returncode == 0 and proc.stdout.strip():
-            rec = parse_record(proc.stdout.splitlines()[0])
-            if rec.get("JobId") == job_id:
-                rec["Source"] = "scontrol"
-                return rec
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    rec = None
+    found: Dict[str, Dict[str, str]] = {}
     try:
         with open(dir / "jobcomp.txt", errors="replace") as f:
             for line in f:
-                if line.startswith(f"JobId={job_id} "):
+                if line.startswith("JobId="):
                     rec = parse_record(line)
+                    if _matches(rec, job_id):
+                        rec["Source"] = "jobcomp"
+                        found[_key(rec)] = rec
     except OSError:
-        return None
-    if rec is not None:
-        rec["Source"] = "jobcomp"
-    return rec
+        pass
+    try:
+        proc = subprocess.run([which("scontrol") or "scontrol", "show", "job", "-o", job_id], env=_conf_env(dir),
+                              capture_output=True, text=True, timeout=15)
+        lines = proc.stdout.splitlines() if proc.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired):
+        lines = []
+    for line in lines:
+        rec = parse_record(line)
+        if _matches(rec, job_id):
+            rec["Source"] = "scontrol"
+            found[_key(rec)] = rec
+    return sorted(found.values(), key=lambda r: (int(r.get("ArrayJobId") or r.get("JobId") or 0), _key(r)))
+
+
+def job_record(job_id: str, dir: Optional[os.PathLike] = None) -> Optional[Dict[str, str]]:
+    """The record of one job (`12`) or array task (`12_3`), None if SLURM does not know it (see job_records)."""
+    job_id = str(job_id)
+    recs = job_records(job_id, dir)
+    exact = [r for r in recs if (_key(r) if "_" in job_id else r.get("JobId")) == job_id]
+    return exact[0] if exact else None
 
 
 def final_state(job_id: str, dir: Optional[os.PathLike] = None) -> Optional[str]:
-    """SLURM's final state of a job (COMPLETED, CANCELLED, TIMEOUT, NODE_FAIL, FAILED...), None while it is
-    pending/running/requeued or unknown."""
+    """SLURM's final state of a job or array task: COMPLETED, CANCELLED, TIMEOUT, NODE_FAIL, FAILED,
+    OUT_OF_MEMORY...; None while it is pending/running/requeued, or when SLURM does not know it."""
     rec = job_record(job_id, dir)
-    state = (rec or {}).get("JobState", "").split()[0] if rec else ""
+    state = (rec or {}).get("JobState", "").split(" ")[0]
     return state if state in TERMINAL_STATES else None
 
 
 def _sacct(dir: Path, argv: List[str]) -> int:
-    """The subset of sacct that submitit uses: -o/--format FIELDS, -j/--jobs IDS, --parsable2, -n."""
+    """The part of sacct that submitit uses (`-o JobID,State,NodeList --parsable2 -j ID ...`), from job_records."""
     p = argparse.ArgumentParser(prog="sacct", add_help=False)
     p.add_argument("-o", "--format", default="JobID,JobName,Partition,State,ExitCode")
     p.add_argument("-j", "--jobs", action="append", default=[])
@@ -568,25 +599,16 @@ def _sacct(dir: Path, argv: List[str]) -> int:
     p.add_argument("-n", "--noheader", action="store_true")
     args, _ = p.parse_known_args(argv)
     fields = [f.split("%")[0] for f in args.format.split(",")]
-    alias = {"jobid": "JobId", "state": "JobState", "nodelist": "NodeList", "jobname": "Name", "name": "Name",
-             "exitcode": "ExitCode", "start": "StartTime", "end": "EndTime", "submit": "SubmitTime",
-             "partition": "Partition", "elapsed": "RunTime", "timelimit": "TimeLimit"}
-    sep = "|"
-    out = [] if args.noheader else [sep.join(fields) + (sep if args.parsable else "")]
-    ids = [i for j in args.jobs for i in j.split(",") if i]
-    for jid in ids:
-        rec = job_record(jid.split("_")[0].split(".")[0], dir)
-        if rec is None:
-            continue
-        row = []
-        for f in fields:
-            v = rec.get(alias.get(f.lower(), f), "")
-            if f.lower() == "jobid":
-                v = rec.get("JobId", jid)
-            if f.lower() == "state" and "Elapsed" not in f:
-                v = v.split()[0] if v else ""
-            row.append(v.replace(sep, " "))
-        out.append(sep.join(row) + (sep if args.parsable else ""))
+    alias = {"state": "JobState", "nodelist": "NodeList", "jobname": "JobName", "exitcode": "ExitCode",
+             "start": "StartTime", "end": "EndTime", "submit": "SubmitTime", "partition": "Partition",
+             "elapsed": "RunTime", "timelimit": "TimeLimit", "reason": "Reason", "restarts": "Restarts"}
+    tail = "|" if args.parsable else ""
+    out = [] if args.noheader else ["|".join(fields) + tail]
+    for jid in (i for j in args.jobs for i in j.split(",") if i):
+        for rec in job_records(jid.split(".")[0], dir):
+            rec.setdefault("JobName", rec.get("Name", ""))
+            row = [_key(rec) if f.lower() == "jobid" else rec.get(alias.get(f.lower(), f), "") for f in fields]
+            out.append("|".join(v.replace("|", " ") for v in row) + tail)
     print("\n".join(out))
     return 0
 
