@@ -11,7 +11,7 @@ for bin in munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client; d
     command -v "${bin%%:*}" >/dev/null 2>&1 || [[ -x /usr/sbin/${bin%%:*} ]] || need+=("${bin##*:}")
 done
 if [[ ${#need[@]} -eq 0 ]]; then
-    echo "install-slurm: slurm-wlm and munge already installed"
+    echo "install-slurm: slurm-wlm and munge already installed" >&2
     exit 0
 fi
 if [[ $(id -u) -ne 0 ]]; then
@@ -30,4 +30,4 @@ trap cleanup EXIT
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null
-echo "install-slurm: installed slurm-wlm $(dpkg-query -W -f='${Version}' slurm-wlm) and munge $(dpkg-query -W -f='${Version}' munge)"
+echo "install-slurm: installed slurm-wlm $(dpkg-query -W -f='${Version}' slurm-wlm) and munge $(dpkg-query -W -f='${Version}' munge)" >&2
