@@ -507,6 +507,8 @@ def _start(cluster: Cluster, timing: Dict[str, int], timeout: float) -> None:
 
     def all_idle() -> bool:
         states = cluster.node_states()
+        if any(s.startswith("inval") for s in states.values()):  # e.g. config above what slurmd detects
+            raise ClusterError(f"SLURM cluster in {d}: node(s) invalid in sinfo: {states}\n{_logs(cluster)}")
         return len(states) == len(cluster.nodes) and all(s == "idle" for s in states.values())
 
     wait_for(f"node(s) {','.join(cluster.nodes)} idle in sinfo", all_idle, [munged, ctld, *ds])
