@@ -62,7 +62,9 @@ DEFAULT_TIMING = {
     "InactiveLimit": 0,
     "ReturnToService": 1,  # a node DOWN for not responding comes back when its slurmd does; `scontrol update
                            # state=down` sticks until state=resume (2 would undo it at the next ping)
-    "cred_expire": 20,     # AuthInfo: a requeued job waits this long before it may start again (default 120)
+    "cred_expire": 20,     # AuthInfo: a requeued job waits this long before it may start again (default 120).
+                           # Tests that freeze a slurmd with a requeueable job on it want 120: with 20 the
+                           # rerun met the stale copy ("Duplicate jobid", node DRAIN; docs/notes-slurm.md §5)
     "SchedulerParameters": "sched_interval=5,bf_interval=5",  # start a requeued job ~1 s after that, not 15-30 s
 }
 
