@@ -7,9 +7,11 @@ SWEEP   ?= tp=1,2 load=eager
 UI_PORT ?= 5000
 BENCH   ?=
 SERVER_PORT ?= 5001
+SLURM_DIR ?= /tmp/dsexp-slurm
+SLURM_NODES ?= 1
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: help install sweep test lint test-all ui server bench clean
+.PHONY: help install sweep test lint test-all ui server bench clean slurm-up slurm-down
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -51,3 +53,10 @@ server: install  ## MLflow tracking server on http://127.0.0.1:$(SERVER_PORT) (s
 
 clean:  ## remove sweep outputs and the local MLflow store (not the model cache)
 	rm -rf multirun outputs mlflow.db mlartifacts mlruns
+
+slurm-up:  ## a throwaway local SLURM cluster in /tmp/dsexp-slurm (root; installs slurm-wlm, munge): eval "$(make -s slurm-up)"
+	.ci/install-slurm.sh
+	$(PY) scripts/slurm_cluster.py start --dir $(SLURM_DIR) --nodes $(SLURM_NODES)
+
+slurm-down:  ## stop it: exactly the daemons slurm-up started; removes its folder
+	$(PY) scripts/slurm_cluster.py stop --dir $(SLURM_DIR)
