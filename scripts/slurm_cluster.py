@@ -26,6 +26,7 @@ Clients find the cluster through SLURM_CONF (read by sbatch, squeue, sinfo, scan
 
 Standard library only: this file must not import dsexp.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,21 +51,32 @@ CLUSTER_NAME = "dsexp"
 PARTITION = "debug"
 STATE_FILE = "cluster.json"
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel", "scontrol", "srun")
-TERMINAL_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-                   "PREEMPTED", "TIMEOUT", "REVOKED", "SPECIAL_EXIT"}
+TERMINAL_STATES = {
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "TIMEOUT",
+    "REVOKED",
+    "SPECIAL_EXIT",
+}
 # the timing knobs the fault tests depend on (the rest are SLURM's defaults; see docs/notes-slurm.md)
 DEFAULT_TIMING = {
-    "KillWait": 10,        # seconds between SIGTERM and SIGKILL at a time limit / scancel (default 30)
-    "MinJobAge": 3600,     # keep a finished job in `scontrol show job` for an hour (default 300)
-    "SlurmdTimeout": 30,   # a silent slurmd is marked DOWN after this (default 300)
+    "KillWait": 10,  # seconds between SIGTERM and SIGKILL at a time limit / scancel (default 30)
+    "MinJobAge": 3600,  # keep a finished job in `scontrol show job` for an hour (default 300)
+    "SlurmdTimeout": 30,  # a silent slurmd is marked DOWN after this (default 300)
     "MessageTimeout": 10,
     "OverTimeLimit": 0,
     "InactiveLimit": 0,
     "ReturnToService": 1,  # a node DOWN for not responding comes back when its slurmd does; `scontrol update
-                           # state=down` sticks until state=resume (2 would undo it at the next ping)
-    "cred_expire": 20,     # AuthInfo: a requeued job waits this long before it may start again (default 120).
-                           # Tests that freeze a slurmd with a requeueable job on it want 120: with 20 the
-                           # rerun met the stale copy ("Duplicate jobid", node DRAIN; docs/notes-slurm.md §5)
+    # state=down` sticks until state=resume (2 would undo it at the next ping)
+    "cred_expire": 20,  # AuthInfo: a requeued job waits this long before it may start again (default 120).
+    # Tests that freeze a slurmd with a requeueable job on it want 120: with 20 the
+    # rerun met the stale copy ("Duplicate jobid", node DRAIN; docs/notes-slurm.md §5)
     "SchedulerParameters": "sched_interval=5,bf_interval=5",  # start a requeued job ~1 s after that, not 15-30 s
 }
 
@@ -75,8 +87,11 @@ class ClusterError(RuntimeError):
 
 # ----------------------------------------------------------------------------------------------- helpers
 
+
 def which(name: str) -> Optional[str]:
-    return shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.access(p, os.X_OK)), None)
+    return shutil.which(name) or next(
+        (p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.access(p, os.X_OK)), None
+    )
 
 
 def missing_binaries() -> List[str]:
@@ -89,7 +104,7 @@ def _proc_start(pid: int) -> Optional[int]:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     if fields[0] in ("Z", "X"):  # a zombie has exited already
         return None
     return int(fields[19])
@@ -137,11 +152,13 @@ def parse_record(line: str) -> Dict[str, str]:
 
 # ----------------------------------------------------------------------------------------------- cluster
 
+
 class Cluster:
     """A running (or described) cluster under `dir`: `env` points SLURM's clients at it."""
 
-    def __init__(self, dir: Path, nodes: List[str], port: int, processes: Optional[List[dict]] = None,
-                 sacct_shim: bool = True):
+    def __init__(
+        self, dir: Path, nodes: List[str], port: int, processes: Optional[List[dict]] = None, sacct_shim: bool = True
+    ):
         self.dir = Path(dir).resolve()
         self.nodes = list(nodes)
         self.port = port
@@ -183,7 +200,9 @@ class Cluster:
     def run(self, *args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
         proc = subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
-            raise ClusterError(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+            raise ClusterError(
+                f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}"
+            )
         return proc
 
     def sbatch(self, *args: str) -> str:
@@ -218,8 +237,14 @@ class Cluster:
 
     # lifecycle
     def save(self) -> None:
-        state = {"dir": str(self.dir), "nodes": self.nodes, "port": self.port, "processes": self.processes,
-                 "sacct_shim": self.sacct_shim, "conf": str(self.conf)}
+        state = {
+            "dir": str(self.dir),
+            "nodes": self.nodes,
+            "port": self.port,
+            "processes": self.processes,
+            "sacct_shim": self.sacct_shim,
+            "conf": str(self.conf),
+        }
         tmp = self.dir / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(state, indent=1))
         tmp.replace(self.dir / STATE_FILE)
@@ -320,8 +345,19 @@ class Cluster:
             proc.poll()
 
     def _remove(self) -> None:
-        created = ["slurm.conf", "munge", "state", "spool", "log", "run", "bin", "jobcomp.txt", STATE_FILE,
-                   STATE_FILE + ".tmp", "jobs"]
+        created = [
+            "slurm.conf",
+            "munge",
+            "state",
+            "spool",
+            "log",
+            "run",
+            "bin",
+            "jobcomp.txt",
+            STATE_FILE,
+            STATE_FILE + ".tmp",
+            "jobs",
+        ]
         for name in created:
             path = self.dir / name
             if path.is_dir() and not path.is_symlink():
@@ -342,7 +378,7 @@ def _descendants(pid: int) -> List[int]:
         if d.name.isdigit():
             try:
                 stat = (d / "stat").read_text()
-                ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+                ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
             children.setdefault(ppid, []).append(int(d.name))
@@ -356,12 +392,15 @@ def _descendants(pid: int) -> List[int]:
 
 # ----------------------------------------------------------------------------------------------- config
 
+
 def write_config(cluster: Cluster, node: Dict[str, int], timing: Dict[str, int]) -> str:
     host = socket.gethostname().split(".")[0]
     d = cluster.dir
-    hw = (f"CPUs={node['CPUs']} Boards={node['Boards']} SocketsPerBoard={node['SocketsPerBoard']} "
-          f"CoresPerSocket={node['CoresPerSocket']} ThreadsPerCore={node['ThreadsPerCore']} "
-          f"RealMemory={node['RealMemory']}")
+    hw = (
+        f"CPUs={node['CPUs']} Boards={node['Boards']} SocketsPerBoard={node['SocketsPerBoard']} "
+        f"CoresPerSocket={node['CoresPerSocket']} ThreadsPerCore={node['ThreadsPerCore']} "
+        f"RealMemory={node['RealMemory']}"
+    )
     lines = [
         "# written by scripts/slurm_cluster.py: a throwaway cluster on this machine (stop: slurm_cluster.py stop)",
         f"ClusterName={CLUSTER_NAME}",
@@ -399,8 +438,9 @@ def write_config(cluster: Cluster, node: Dict[str, int], timing: Dict[str, int])
         *(f"{k}={v}" for k, v in timing.items() if k != "cred_expire"),
     ]
     for i, name in enumerate(cluster.nodes):
-        lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={cluster.port + 1 + i} "
-                     f"{hw} State=UNKNOWN")
+        lines.append(
+            f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={cluster.port + 1 + i} {hw} State=UNKNOWN"
+        )
     lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
     text = "\n".join(lines) + "\n"
     cluster.conf.write_text(text)
@@ -411,16 +451,25 @@ def _write_sacct_shim(cluster: Cluster) -> None:
     bindir = cluster.dir / "bin"
     bindir.mkdir(exist_ok=True)
     shim = bindir / "sacct"
-    shim.write_text("#!/bin/sh\n# sacct for a cluster without slurmdbd: answers from scontrol and the jobcomp file\n"
-                    f"exec {shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))} "
-                    f"sacct --dir {shlex.quote(str(cluster.dir))} \"$@\"\n")
+    shim.write_text(
+        "#!/bin/sh\n# sacct for a cluster without slurmdbd: answers from scontrol and the jobcomp file\n"
+        f"exec {shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))} "
+        f'sacct --dir {shlex.quote(str(cluster.dir))} "$@"\n'
+    )
     shim.chmod(0o755)
 
 
 # ----------------------------------------------------------------------------------------------- start
 
-def start_cluster(dir: Optional[os.PathLike] = None, nodes: int = 1, port: int = DEFAULT_PORT,
-                  timeout: float = 60, timing: Optional[Dict[str, int]] = None, sacct_shim: bool = True) -> Cluster:
+
+def start_cluster(
+    dir: Optional[os.PathLike] = None,
+    nodes: int = 1,
+    port: int = DEFAULT_PORT,
+    timeout: float = 60,
+    timing: Optional[Dict[str, int]] = None,
+    sacct_shim: bool = True,
+) -> Cluster:
     """Write the config under `dir`, start munged, slurmctld and `nodes` slurmd, wait until sinfo shows
     every node idle. Returns the Cluster (a context manager: leaving it stops everything)."""
     if nodes not in (1, 2):
@@ -438,8 +487,10 @@ def start_cluster(dir: Optional[os.PathLike] = None, nodes: int = 1, port: int =
         old._remove()
     taken = [p for p in range(port, port + 1 + nodes) if _port_taken(p)]
     if taken:
-        raise ClusterError(f"port(s) {taken} already in use (another slurmctld/slurmd?): "
-                           f"stop it or pass another --port (this cluster needs {port}..{port + nodes})")
+        raise ClusterError(
+            f"port(s) {taken} already in use (another slurmctld/slurmd?): "
+            f"stop it or pass another --port (this cluster needs {port}..{port + nodes})"
+        )
     fresh = not dir.exists()
     dir.mkdir(parents=True, exist_ok=True)
     if fresh:
@@ -478,8 +529,15 @@ def _start(cluster: Cluster, timing: Dict[str, int], timeout: float) -> None:
 
     def launch(name: str, cmd: List[str], logfile: Path) -> dict:
         out = open(log / f"{name}.out", "ab")
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=str(d))
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=str(d),
+        )
         out.close()
         cluster._popen[proc.pid] = proc
         entry = {"name": name, "pid": proc.pid, "start": _proc_start(proc.pid), "cmd": cmd, "log": str(logfile)}
@@ -496,16 +554,32 @@ def _start(cluster: Cluster, timing: Dict[str, int], timeout: float) -> None:
                 raise ClusterError(f"SLURM cluster in {d}: {what}: {why}\n{_logs(cluster)}")
             time.sleep(0.2)
 
-    munged = launch("munged", [which("munged"), "--foreground", "--force", f"--socket={cluster.munge_socket}",
-                               f"--key-file={key}", f"--pid-file={d / 'munge' / 'munged.pid'}",
-                               f"--log-file={log / 'munged.log'}", f"--seed-file={d / 'munge' / 'munged.seed'}",
-                               "--num-threads=2"], log / "munged.log")
+    munged = launch(
+        "munged",
+        [
+            which("munged"),
+            "--foreground",
+            "--force",
+            f"--socket={cluster.munge_socket}",
+            f"--key-file={key}",
+            f"--pid-file={d / 'munge' / 'munged.pid'}",
+            f"--log-file={log / 'munged.log'}",
+            f"--seed-file={d / 'munge' / 'munged.seed'}",
+            "--num-threads=2",
+        ],
+        log / "munged.log",
+    )
     wait_for("munged socket", cluster.munge_socket.exists, [munged])
     ctld = launch("slurmctld", [which("slurmctld"), "-D", "-i", "-f", str(cluster.conf)], log / "slurmctld.log")
-    wait_for("slurmctld answering `scontrol ping`",
-             lambda: "UP" in cluster.run("scontrol", "ping", check=False, timeout=10).stdout, [munged, ctld])
-    ds = [launch(f"slurmd-{n}", [which("slurmd"), "-D", "-N", n, "-f", str(cluster.conf)], log / f"slurmd-{n}.log")
-          for n in cluster.nodes]
+    wait_for(
+        "slurmctld answering `scontrol ping`",
+        lambda: "UP" in cluster.run("scontrol", "ping", check=False, timeout=10).stdout,
+        [munged, ctld],
+    )
+    ds = [
+        launch(f"slurmd-{n}", [which("slurmd"), "-D", "-N", n, "-f", str(cluster.conf)], log / f"slurmd-{n}.log")
+        for n in cluster.nodes
+    ]
 
     def all_idle() -> bool:
         states = cluster.node_states()
@@ -525,6 +599,7 @@ def _logs(cluster: Cluster) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- job state
+
 
 def _conf_env(dir: Path) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
@@ -569,8 +644,13 @@ def job_records(job_id: str, dir: Optional[os.PathLike] = None) -> List[Dict[str
     lines: List[str] = []
     if (dir / "slurm.conf").exists():  # without it scontrol goes looking for a configless controller (slow)
         try:
-            proc = subprocess.run([which("scontrol") or "scontrol", "show", "job", "-o", job_id], env=_conf_env(dir),
-                                  capture_output=True, text=True, timeout=15)
+            proc = subprocess.run(
+                [which("scontrol") or "scontrol", "show", "job", "-o", job_id],
+                env=_conf_env(dir),
+                capture_output=True,
+                text=True,
+                timeout=15,
+            )
             lines = proc.stdout.splitlines() if proc.returncode == 0 else []
         except (OSError, subprocess.TimeoutExpired):
             pass
@@ -608,9 +688,20 @@ def _sacct(dir: Path, argv: List[str]) -> int:
     p.add_argument("-n", "--noheader", action="store_true")
     args, _ = p.parse_known_args(argv)
     fields = [f.split("%")[0] for f in args.format.split(",")]
-    alias = {"state": "JobState", "nodelist": "NodeList", "jobname": "JobName", "exitcode": "ExitCode",
-             "start": "StartTime", "end": "EndTime", "submit": "SubmitTime", "partition": "Partition",
-             "elapsed": "RunTime", "timelimit": "TimeLimit", "reason": "Reason", "restarts": "Restarts"}
+    alias = {
+        "state": "JobState",
+        "nodelist": "NodeList",
+        "jobname": "JobName",
+        "exitcode": "ExitCode",
+        "start": "StartTime",
+        "end": "EndTime",
+        "submit": "SubmitTime",
+        "partition": "Partition",
+        "elapsed": "RunTime",
+        "timelimit": "TimeLimit",
+        "reason": "Reason",
+        "restarts": "Restarts",
+    }
     tail = "|" if args.parsable else ""
     out = [] if args.noheader else ["|".join(fields) + tail]
     for jid in (i for j in args.jobs for i in j.split(",") if i):
@@ -623,6 +714,7 @@ def _sacct(dir: Path, argv: List[str]) -> int:
 
 
 # ----------------------------------------------------------------------------------------------- CLI
+
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -648,11 +740,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.cmd == "start":
             t0 = time.monotonic()
             c = start_cluster(args.dir, args.nodes, args.port, args.timeout, sacct_shim=not args.no_sacct)
-            print(f"# SLURM cluster up in {time.monotonic() - t0:.1f}s: nodes {','.join(c.nodes)} idle; "
-                  f"stop with: {sys.argv[0]} stop --dir {c.dir}", file=sys.stderr)
+            print(
+                f"# SLURM cluster up in {time.monotonic() - t0:.1f}s: nodes {','.join(c.nodes)} idle; "
+                f"stop with: {sys.argv[0]} stop --dir {c.dir}",
+                file=sys.stderr,
+            )
             print(f"export SLURM_CONF={shlex.quote(str(c.conf))}")
             if c.sacct_shim:
-                print(f"export PATH={shlex.quote(str(c.dir / 'bin'))}:\"$PATH\"")
+                print(f'export PATH={shlex.quote(str(c.dir / "bin"))}:"$PATH"')
         elif args.cmd == "stop":
             for line in Cluster.load(args.dir).stop():
                 print(line)

@@ -1,8 +1,10 @@
 """The real SLURM test cluster (scripts/slurm_cluster.py, tests/helpers/slurm.py): start, jobs, faults, stop.
 
 Skipped (with the reason) without Debian's slurm-wlm/munge or without root; CI installs them with
-.ci/install-slurm.sh. The time-limit test waits for SLURM's 1-minute limit and is marked slow.
+.ci/install-slurm.sh and runs them with `python -m pytest -m slurm` (the fixtures are in conftest.py). The
+time-limit test waits for SLURM's 1-minute limit and is marked slow too.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,8 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.slurm import sc, skip_reason, slurm_cluster, slurm_cluster_2nodes  # noqa: F401
 
+from helpers.slurm import sc, skip_reason
+
+pytestmark = pytest.mark.slurm
 needs_slurm = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
 
@@ -72,7 +76,8 @@ def test_job_records_read_the_jobcomp_file_when_slurmctld_forgot(tmp_path):
     (tmp_path / "jobcomp.txt").write_text(
         "JobId=7 UserId=root(0) Name=wrap JobState=REQUEUED NodeList=n1 SubmitTime=2026-01-01T00:00:00 ExitCode=0:0\n"
         "JobId=7 UserId=root(0) Name=wrap JobState=NODE_FAIL NodeList=n2 WorkDir=/a b SubmitTime=2026-01-01T00:00:00\n"
-        "JobId=9 UserId=root(0) Name=x JobState=TIMEOUT NodeList=n1 ArrayJobId=8 ArrayTaskId=1 ExitCode=0:15\n")
+        "JobId=9 UserId=root(0) Name=x JobState=TIMEOUT NodeList=n1 ArrayJobId=8 ArrayTaskId=1 ExitCode=0:15\n"
+    )
     rec = sc.job_record("7", tmp_path)
     assert rec["JobState"] == "NODE_FAIL" and rec["NodeList"] == "n2" and rec["WorkDir"] == "/a b"
     assert rec["Source"] == "jobcomp"
@@ -84,8 +89,13 @@ def test_job_records_read_the_jobcomp_file_when_slurmctld_forgot(tmp_path):
 def test_two_slurmd_on_one_machine(slurm_cluster_2nodes, tmp_path):
     assert slurm_cluster_2nodes.node_states() == {"n1": "idle", "n2": "idle"}
     out = tmp_path / "out.txt"
-    job = slurm_cluster_2nodes.sbatch(f"--output={out}", "--nodes=2", "--ntasks-per-node=1", "--wrap",
-                                      "srun bash -c 'echo $SLURM_PROCID $SLURMD_NODENAME'")
+    job = slurm_cluster_2nodes.sbatch(
+        f"--output={out}",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--wrap",
+        "srun bash -c 'echo $SLURM_PROCID $SLURMD_NODENAME'",
+    )
     rec = slurm_cluster_2nodes.wait_final(job, timeout=60)
     assert rec["JobState"] == "COMPLETED" and rec["NodeList"] == "n[1-2]"
     assert sorted(out.read_text().splitlines()) == ["0 n1", "1 n2"]
@@ -107,7 +117,9 @@ def test_cli_start_status_stop_leaves_nothing(tmp_path):
     d = tmp_path / "cli"
     port = next(p for p in range(17817, 18817, 100) if not any(sc._port_taken(q) for q in (p, p + 1)))
     cli = [sys.executable, str(sc.__file__)]
-    up = subprocess.run([*cli, "start", "--dir", str(d), "--port", str(port)], capture_output=True, text=True, timeout=90)
+    up = subprocess.run(
+        [*cli, "start", "--dir", str(d), "--port", str(port)], capture_output=True, text=True, timeout=90
+    )
     assert up.returncode == 0, up.stderr
     assert f"export SLURM_CONF={d / 'slurm.conf'}" in up.stdout
     cluster = sc.Cluster.load(d)

@@ -1,7 +1,5 @@
 """pytest fixtures for a real SLURM cluster on this machine, started through scripts/slurm_cluster.py.
 
-    from helpers.slurm import slurm_cluster  # noqa: F401  (makes the fixture visible to the test module)
-
     def test_something(slurm_cluster):
         job = slurm_cluster.sbatch("--wrap", "hostname")
         assert slurm_cluster.wait_final(job)["JobState"] == "COMPLETED"
@@ -9,9 +7,12 @@
 `slurm_cluster` (session scope) is one node, `slurm_cluster_2nodes` two slurmd on this machine. Both
 skip, with the reason, where SLURM/munge are not installed (.ci/install-slurm.sh installs them) or the
 tests do not run as root; they stop exactly the daemons they started and remove their folder at the end.
-Clients reach the cluster only through `cluster.env` (SLURM_CONF, and PATH for the sacct shim): pass
-it to subprocesses, or monkeypatch os.environ with `cluster.env_vars` for code that calls sbatch itself.
+tests/conftest.py imports both, so every test module sees them; mark such tests `slurm` (CI runs
+`python -m pytest -m slurm` after `make test`). Clients reach the cluster only through `cluster.env`
+(SLURM_CONF, and PATH for the sacct shim): pass it to subprocesses, or monkeypatch os.environ with
+`cluster.env_vars` for code that calls sbatch itself.
 """
+
 from __future__ import annotations
 
 import importlib.util
