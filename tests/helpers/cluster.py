@@ -24,7 +24,6 @@ FAKE_SRUN = """#!/bin/bash
 # fake srun: run the command once per "node", all on this machine (so every rank is local to it)
 n=1
 while [[ $1 == --* ]]; do case $1 in --nodes=*) n=${1#--nodes=};; esac; shift; done
-export LOCAL_SIZE=$(( ${LOCAL_SIZE:-1} * n ))
 pids=()
 for ((i = 0; i < n; i++)); do SLURM_NODEID=$i SLURM_PROCID=$i "$@" & pids+=($!); done
 rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; exit $rc

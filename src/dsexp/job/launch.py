@@ -87,14 +87,28 @@ def rank_env(
         "TOKENIZERS_PARALLELISM": "false",
     }
     if device == "cpu":
-        # DeepSpeed's CPU accelerator; its shared-memory all-reduce needs LOCAL_SIZE under torchrun.
-        env.update(DS_ACCELERATOR="cpu", LOCAL_SIZE=str(local), CUDA_VISIBLE_DEVICES="")
+        # DeepSpeed's CPU accelerator; its shared-memory all-reduce needs LOCAL_SIZE under torchrun: the ranks
+        # sharing this host's memory, which are all of them when every "node" is this machine
+        env.update(DS_ACCELERATOR="cpu", LOCAL_SIZE=str(_ranks_on_this_host(spec)), CUDA_VISIBLE_DEVICES="")
     else:
         env["DS_ACCELERATOR"] = "cuda"
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
     env.update(stacks.rank_env(stack))
     return env
+
+
+def _ranks_on_this_host(spec: JobConfig) -> int:
+    """Ranks on this machine: ranks_per_node, or all tp ranks when the job's nodes are one machine (two slurmd
+    on one host). DeepSpeed 0.19.8's CPU shared-memory all-reduce is used only when LOCAL_SIZE is the world
+    size, and crashes (SIGSEGV) on ranks spread over hosts: it has no fallback to gloo then."""
+    if spec.launcher.nodes > 1 and spec.launcher.name == "torchrun":
+        try:
+            if multinode.single_machine(multinode.slurm_hosts()):
+                return spec.tp
+        except (RuntimeError, OSError, subprocess.SubprocessError):
+            pass
+    return spec.ranks_per_node
 
 
 def kill_group(pgid: int, grace_s: float, leader: Optional[subprocess.Popen] = None) -> None:
