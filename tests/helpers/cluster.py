@@ -50,6 +50,16 @@ printf '%s\\n' {hosts}
 """
 
 
+def comparable(res: dict):
+    """What must not depend on the launcher: the config (less tracking) and the weights each rank holds."""
+    config = {k: v for k, v in res["config"].items() if k != "tracking"}
+    weights = [
+        (rk["rank"], rk["phases"]["load"]["weights_device"], rk["phases"]["init"]["weights_device"])
+        for rk in res["ranks"]
+    ]
+    return res["key"], config, weights, res["ranks"][0]["generate"]["tokens"]
+
+
 def fake_slurm_bin(folder: Path, hosts: List[str]) -> Path:
     """A bin/ folder with fake `srun`, `scontrol`, `pdsh` and `ssh` (put it first on PATH)."""
     folder.mkdir(parents=True, exist_ok=True)
