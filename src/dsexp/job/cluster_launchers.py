@@ -284,6 +284,9 @@ class SlurmSweep:
         self.launcher = launcher
         self.sweep_dir = launcher.prepare_sweep_dir()
         self.jobs = [self.plan(initial_job_idx + i, list(ov)) for i, ov in enumerate(job_overrides)]
+        cpu_only = [j.num for j in self.jobs if j.config.get("device") == "cpu" and not j.params.get("gpus_per_node")]
+        if cpu_only:
+            log.info(f"\tjobs {cpu_only} run on CPU and ask SLURM for no GPU (device=cpu, or no GPU in the partition)")
 
     def plan(self, num: int, overrides: List[str]) -> _Job:
         from dsexp.compose.config import plain, to_schema
@@ -329,7 +332,15 @@ class SlurmSweep:
                 j = by_num[idx]
                 j.job, j.slurm_id, j.sbatch_at = job, job.job_id, sbatch_at
                 log.info(f"\t#{idx} : SLURM job {j.slurm_id}")
-        self.wait()
+        try:
+            self.wait()
+        except KeyboardInterrupt:
+            left = [j.slurm_id for j in self.jobs if j.ret is None and j.slurm_id]
+            log.warning(
+                f"\tstopped waiting; SLURM jobs {left} go on: the same command (same hydra.sweep.dir) waits for them "
+                "again and submits only what is unfinished, or scancel them"
+            )
+            raise
         return [j.ret for j in self.jobs]
 
     def resume(self, j: _Job, earlier: List[Tuple[str, float]]) -> bool:
