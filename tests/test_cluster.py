@@ -525,3 +525,14 @@ def test_sweep_table_shows_slurm_job_node_and_state():
     table = format_table([res])
     assert "slurm_job" in table.splitlines()[0] and "12_0" in table and "NODE_FAIL" in table
     assert "failed:node_failed" in table and "slurm_job" not in format_table([{**res, "slurm": None}])
+
+
+def test_a_partition_slurm_does_not_have_is_refused_before_submitting(monkeypatch):
+    from dsexp.job import slurm
+
+    monkeypatch.setattr(slurm, "partition_nodes", lambda partition=None, fresh=False: [])
+    monkeypatch.setattr(slurm, "partitions", lambda: ["debug", "gpu"])
+    problems = slurm_request("hydra.launcher.partition=nope")[1]
+    assert problems == [
+        "hydra.launcher.partition=nope: SLURM has no such partition (or it has no nodes); sinfo lists: debug, gpu"
+    ]

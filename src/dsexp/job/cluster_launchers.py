@@ -144,6 +144,12 @@ def slurm_request(cfg: DictConfig) -> Tuple[Dict[str, Any], List[str]]:
             extra.setdefault("no-requeue", True)
         params["additional_parameters"] = extra
     nodes_info = slurm.partition_nodes(params.get("partition"))
+    if nodes_info == []:
+        known = slurm.partitions()
+        problems.append(
+            f"hydra.launcher.partition={params.get('partition')}: SLURM has no such partition (or it has no nodes)"
+            + (f"; sinfo lists: {', '.join(known)}" if known else "")
+        )
     if not nodes_info:
         return params, problems
     where = f"partition {params.get('partition') or nodes_info[0]['partition'] + ' (the default)'}"

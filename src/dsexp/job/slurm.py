@@ -203,8 +203,8 @@ _NODES: Dict[Optional[str], Optional[List[Dict[str, Any]]]] = {}
 
 def partition_nodes(partition: Optional[str] = None, fresh: bool = False) -> Optional[List[Dict[str, Any]]]:
     """The nodes of a partition (the default one for None) as sinfo reports them: name, cpus, mem_mb, gpus
-    (from GRES), state. None where SLURM cannot be asked (no sinfo, no controller). Asked once per process
-    (sizing resolves every job's config) unless `fresh` (node states change)."""
+    (from GRES), state; [] for a partition SLURM does not have. None where SLURM cannot be asked (no sinfo, no
+    controller). Asked once per process (sizing resolves every job's config) unless `fresh` (states change)."""
     if fresh or partition not in _NODES:
         _NODES[partition] = _sinfo_nodes(partition)
     return _NODES[partition]
@@ -235,7 +235,13 @@ def _sinfo_nodes(partition: Optional[str]) -> Optional[List[Dict[str, Any]]]:
                 "state": state,
             }
         )
-    return nodes or None
+    return nodes
+
+
+def partitions() -> List[str]:
+    """The partitions SLURM has (sinfo), [] if it cannot be asked."""
+    proc = _run(["sinfo", "-h", "-o", "%R"], timeout=10)
+    return sorted(set(proc.stdout.split())) if proc is not None and proc.returncode == 0 else []
 
 
 def gres_gpus(gres: str) -> int:
