@@ -367,7 +367,7 @@ class SlurmSweep:
             res = read_json(j.job_dir / "result.json") if j.job_dir else None
             mine = res is None or (res.get("slurm") or {}).get("job_id") == jid
             if mine and not (res or {}).get("slurm", {}).get("state"):  # ended after that process died
-                j.slurm_id, j.sbatch_at = jid, at
+                j.slurm_id, j.sbatch_at, j.reattached = jid, at, True
                 j.job = self.slurm_job(jid, j)
                 self.finish(j, error_text=self.outcome_error(j))
                 j.job = j.ret = None
