@@ -38,7 +38,7 @@ def test_submitit_local_sweep_into_an_mlflow_server_matches_the_basic_launcher(t
         logs = sorted((cwd / "multirun" / "sub" / ".submitit").glob("*/*_0_log.out"))
         assert len(logs) == 2 and all("dsexp: ok" in p.read_text() for p in logs)
         assert proc.stdout.count("array of 1: nodes=1") == 2  # Hydra logs to stdout
-        assert "tiny/eager/init_inference/tp2" in proc.stdout  # the end-of-sweep table
+        assert "tiny/eager/init_inference/bf16/tp2" in proc.stdout  # the end-of-sweep table
 
         client = MlflowClient(uri)
         exp = client.get_experiment_by_name("dsexp")
