@@ -33,8 +33,8 @@ test: install lint  ## lint, then the test suite (CPU; slow and GPU tests are sk
 	$(BIN)/python -m pytest
 
 lint: install  ## ruff check + ruff format --check
-	$(BIN)/ruff check src tests scripts benchmarks
-	$(BIN)/ruff format --check src tests scripts benchmarks
+	$(BIN)/ruff check src tests scripts benchmarks examples
+	$(BIN)/ruff format --check src tests scripts benchmarks examples
 
 test-all: install  ## also the slow tests (headless Chromium UI check, fault matrix, cluster launcher)
 	$(BIN)/python -m pytest -m 'not gpu'

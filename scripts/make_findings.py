@@ -6,6 +6,15 @@ Placeholders in the template:
   {{seed_table}}          the seed's reported figures next to dsexp's for the same call (see_memory_usage + per rank)
   {{cpu_holdout}}         the memory model checked out of sample: CPU tp=4 predicted from the tp=1,2 runs only,
                           against tp=4 measured
+  {{trims:SECTION}}       a report section of the H200 trims sweeps (results/h200/trims)
+  {{published:SECTION}}   a report section of the CPU sweep of InternLM2-like code as published
+                          (results/cpu/published_code)
+  {{gpu_stacks}}          the seed's call on each software stack, H200 (scripts/gpu/stack_table.py on
+                          results/h200/stacks)
+  {{stack_bisect}}        the transformers release bisection (scripts/stack_bisect_table.py on results/cpu/stack_bisect)
+  {{trims_target}}        the tp=2 prediction for the trimmed configuration (results/h200/trims/target.md)
+  {{arch_matrix}}         the architecture matrix (results/cpu/arch_matrix.md, written by its slow test)
+  {{example:PATH}}        a file of the repo, verbatim (the example script)
 
 Usage: .venv/bin/python scripts/make_findings.py   (rewrites docs/FINDINGS.md; `--check` fails if it is stale)
 """
@@ -24,6 +33,10 @@ from typing import Dict
 ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "results" / "h200x2" / "sweeps"
 CPU = ROOT / "results" / "cpu" / "tp_scaling" / "sweep"
+TRIMS = ROOT / "results" / "h200" / "trims"
+PUBLISHED = ROOT / "results" / "cpu" / "published_code" / "sweep"
+STACKS = ROOT / "results" / "h200" / "stacks" / "sweeps"
+BISECT = ROOT / "results" / "cpu" / "stack_bisect" / "sweep"
 GIB = 2**30
 
 # The seed issue's own figures (DeepSpeed issue #5793): what its user read from see_memory_usage.
@@ -137,6 +150,26 @@ def cpu_holdout() -> str:
     return "\n".join(rows)
 
 
+def script_output(script: Path, *args: str) -> str:
+    """What one of the repo's table scripts prints (its main(), in this process)."""
+    import importlib.util
+    import io
+
+    spec = importlib.util.spec_from_file_location(script.stem, script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        module.main(*[Path(a) for a in args])
+    return buf.getvalue().strip()
+
+
+def committed_table(path: Path) -> str:
+    """A committed markdown file without its heading or generator comment."""
+    lines = [ln for ln in path.read_text().splitlines() if not ln.startswith(("# ", "<!--"))]
+    return "\n".join(lines).strip()
+
+
 def render(template: str) -> str:
     def sub(m: re.Match) -> str:
         kind, _, arg = m.group(1).partition(":")
@@ -148,9 +181,23 @@ def render(template: str) -> str:
             return seed_table()
         if kind == "cpu_holdout":
             return cpu_holdout()
+        if kind == "trims":
+            return report_section(TRIMS, arg)
+        if kind == "published":
+            return report_section(PUBLISHED, arg)
+        if kind == "gpu_stacks":
+            return script_output(ROOT / "scripts" / "gpu" / "stack_table.py", str(STACKS))
+        if kind == "stack_bisect":
+            return script_output(ROOT / "scripts" / "stack_bisect_table.py", str(BISECT))
+        if kind == "trims_target":
+            return committed_table(TRIMS / "target.md")
+        if kind == "example":
+            return (ROOT / arg).read_text().strip()
+        if kind == "arch_matrix":
+            return committed_table(ROOT / "results" / "cpu" / "arch_matrix.md")
         raise KeyError(m.group(0))
 
-    return re.sub(r"\{\{([a-z_]+(?::[a-z_]+)?)\}\}", sub, template)
+    return re.sub(r"\{\{([a-z_]+(?::[a-z_./]+)?)\}\}", sub, template)
 
 
 def main(argv=None) -> int:

@@ -6,13 +6,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsexp.analysis.memory import Strategy, place, predict
+from dsexp.analysis.memory import place, predict
 
-from helpers.analysis_cases import GIB, INTERNLM2_POLICY, MEDIUM, TINY, InternLM2ForCausalLM, config, result
+from helpers.analysis_cases import (
+    GIB,
+    INTERNLM2_POLICY,
+    MEDIUM,
+    TINY,
+    InternLM2ForCausalLM,
+    config,
+    result,
+    strategy,
+)
 
 
-def llama_bytes(d, tp, itemsize=2, embed_split=1, head_split=None, buffers_itemsize=2):
-    """Per-rank bytes of a Llama under AutoTP, from the architecture numbers alone."""
+def llama_bytes(d, tp, itemsize=2, embed_split=1, head_split=None, buffers_itemsize=4):
+    """Per-rank bytes of a Llama under AutoTP, from the architecture numbers alone. The RoPE buffers stay fp32:
+    init_inference casts them, and dsexp puts them back as the model built them (load.restore_buffers)."""
     h, i, L, nh, kv, V = (
         d[k]
         for k in (
@@ -50,6 +60,12 @@ def test_autotp_llama_matches_architecture_numbers(tp):
         assert not p.sharded and p.modules == {"removed": {}, "added": {}}
 
 
+def test_without_restore_buffers_init_inference_keeps_the_rope_buffers_cast():
+    cfg = config(2)
+    cfg["load"]["restore_buffers"] = False
+    assert predict(result(cfg, [0, 0]), 2).weights == [llama_bytes(TINY, 2, buffers_itemsize=2)] * 2
+
+
 def test_uneven_tp_splits_follow_deepspeed_kv_heads_and_grain():
     dims = dict(TINY, num_attention_heads=8, num_key_value_heads=8, intermediate_size=11 * 64)
     p = predict(result(config(3, dims), [0] * 3), 3)
@@ -65,21 +81,7 @@ def test_uneven_tp_splits_follow_deepspeed_kv_heads_and_grain():
 
 
 def _strategy(**kw):
-    base = dict(
-        engine="init_inference",
-        kernel_inject=False,
-        policy=None,
-        zero_stage=0,
-        offload="none",
-        dtype="bf16",
-        model_dtype="bf16",
-        load="eager",
-        fmt="safetensors",
-        device="cpu",
-        max_out_tokens=1024,
-        conversion=None,
-    )
-    return Strategy(**{**base, **kw})
+    return strategy(**{"max_out_tokens": 1024, **kw})
 
 
 def _meta_internlm2():
@@ -155,7 +157,8 @@ def test_host_cost_by_loading_strategy():
     split = [sum(pl.local[r] for pl in eager.placements if pl.how != "replicated") for r in range(2)]
     assert eager.host.anon == split and eager.host.kept == split  # mmap: private = the TP slices kept on the host
     conv = predict(result(config(2, MEDIUM, dtype="fp32"), [0, 0]), 2)
-    assert conv.host.anon == [2 * full] * 2  # a private converted (fp32) copy of the whole model per rank
+    rope = sum(pl.full for pl in eager.placements if pl.is_buffer)  # fp32 in both runs
+    assert conv.host.anon == [2 * (full - rope) + rope] * 2  # a private converted (fp32) copy of the model per rank
     sharded = predict(result(config(2, MEDIUM, load="sharded"), [0, 0]), 2)
     assert sharded.host.anon == sharded.weights  # a CPU rank keeps what it read: its weights
     biggest = max(pl.local[0] for pl in sharded.placements if not pl.is_buffer)
@@ -269,3 +272,15 @@ def test_host_model_for_gpu_runs_by_loading_strategy():
     )
     params = sum(pl.full for pl in off.placements if pl.how == "offloaded")
     assert off.host.kept[0] == pytest.approx(params / 4, abs=4096)  # offloaded partitions live on the host
+
+
+def test_autotp_zero3_with_a_policy_keeps_autotp_shards_and_zero3_partitions_elsewhere():
+    from dsexp.core.engines import INFER
+
+    model = InternLM2ForCausalLM().to(torch.bfloat16)
+    s = strategy(engine="autotp_zero3", policy=INFER, zero_stage=3)
+    placements, modules, _, error = place(model, s, 2)
+    assert error is None and modules["added"] == {"LinearLayer": 6, "LinearAllreduce": 4}  # no lm_head: config specs
+    how = {p.name: p.how for p in placements}
+    assert how["model.layers.0.attention.wo.weight"] == "LinearAllreduce"
+    assert how["output.weight"] == how["model.tok_embeddings.weight"] == "zero3"  # partitioned, not replicated

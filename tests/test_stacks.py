@@ -39,6 +39,27 @@ def test_stack_presets_match_their_labels(preset):
     assert pinned == STACK_PRESETS[preset]
 
 
+@pytest.mark.parametrize("trim", ["shard_head", "shard_embedding"])
+def test_trims_deepspeed_014_cannot_do_are_refused_on_the_seed_stack(trim):
+    from dsexp.compose.validate import validate
+    from dsexp.core.schema import ConfigError
+
+    with pytest.raises(ConfigError, match=f"trim.{trim}=true with stack.deepspeed=0.14.4"):
+        validate(to_schema(compose(["experiment=autotp", "stack=seed", "tp=2", f"trim.{trim}=true"])), gpus=0)
+    assert validate(to_schema(compose(["experiment=autotp", "stack=seed", "tp=2", "trim.dedupe_buffers=true"])), 0)
+
+
+def test_deepspeed_is_built_into_a_wheel_only_when_none_is_at_hand(tmp_path):
+    """DeepSpeed ships source archives whose build imports torch: dsexp builds the wheel itself (never in pip's
+    isolated build environment), unless a folder pip looks in already has it."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    sources = ["--find-links", str(folder)]
+    assert not stacks._have_wheel(sources, "deepspeed", "0.14.4")  # an empty folder has none
+    (folder / "deepspeed-0.14.4-py3-none-any.whl").write_bytes(b"")
+    assert stacks._have_wheel(sources, "deepspeed", "0.14.4") and not stacks._have_wheel(sources, "deepspeed", "0.15")
+
+
 def test_the_key_covers_pins_python_platform_and_torch(monkeypatch):
     a = stacks.stack_key(StackConfig(transformers="4.46.3"))
     assert a != stacks.stack_key(StackConfig(transformers="4.47.1"))

@@ -26,12 +26,14 @@ def row(res) -> str:
     versions = (res.get("software") or {}).get("versions") or {}
     load, init = phase(r0, "load"), phase(r0, "init")
     smu = init.get("see_memory_usage") or {}
+    smu_load = load.get("see_memory_usage") or {}
     gpu = init.get("gpu") or {}
     anon = [phase(r, "load").get("host", {}).get("host_anon") for r in ranks]
     uss = [phase(r, "load").get("host", {}).get("host_uss") for r in ranks]
     node = max([phase(r, "load").get("host", {}).get("node_used") or 0 for r in ranks] or [0])
     failure = res.get("failure") or {}
-    status = "ok" if res["status"] == "ok" else f"{failure.get('cause')}: {str(failure.get('message'))[:80]}"
+    message = " ".join(str(failure.get("message")).split())[:90]
+    status = "ok" if res["status"] == "ok" else f"{failure.get('cause')}: {message}"
     cells = [
         ((c.get("stack") or {}).get("name") or "current"),
         f"transformers {versions.get('transformers', '-')}, deepspeed {versions.get('deepspeed', '-')}",
@@ -39,7 +41,8 @@ def row(res) -> str:
         (res.get("runtime") or {}).get("device"),
         c["tp"],
         status,
-        f"{fmt(smu.get('MA_GB'))} / {fmt(smu.get('Max_MA_GB'))} / {fmt(smu.get('cpu_used_GB'))}",
+        f"{fmt(smu.get('MA_GB'))} / {fmt(smu.get('Max_MA_GB'))}",
+        f"{fmt(smu_load.get('cpu_used_GB'))} / {fmt(smu.get('cpu_used_GB'))}",
         fmt((gpu.get("gpu_alloc") or 0) / GIB if gpu else None),
         fmt((gpu.get("nvml_process_used") or 0) / GIB if gpu.get("nvml_process_used") else None),
         " / ".join(fmt(a / GIB) for a in anon if a is not None) or "-",
@@ -52,12 +55,12 @@ def row(res) -> str:
 
 def main(folder: Path) -> None:
     print(
-        "| stack | versions the ranks imported | call | device | tp | status | see_memory_usage after init: "
-        "MA / Max_MA / CPU used (GB) | dsexp: torch allocated after init (GiB) | dsexp: NVML process after init "
-        "(GiB) | private host memory per rank after load (GiB) | USS per rank after load (GiB) | node used after "
-        "load (GiB) | load (s) |"
+        "| stack | versions the ranks imported | call | device | tp | status | see_memory_usage after init: MA / "
+        "Max_MA (GB) | see_memory_usage 'CPU Virtual Memory used' after load / after init (GB) | dsexp: torch "
+        "allocated after init (GiB) | dsexp: NVML process after init (GiB) | private host memory per rank after load "
+        "(GiB) | USS per rank after load (GiB) | node used after load (GiB) | load (s) |"
     )
-    print("|---|---|---|---|---:|---|---|---:|---:|---|---|---:|---:|")
+    print("|---|---|---|---|---:|---|---|---|---:|---:|---|---|---:|---:|")
     for res in results_from_dir(folder):
         print(row(res))
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-SECTIONS = ("recommendation", "matrix", "weights", "predicted", "diagnosis", "plots", "definitions")
+SECTIONS = ("recommendation", "matrix", "stacks", "trims", "weights", "predicted", "diagnosis", "plots", "definitions")
 
 
 def parse(argv: Optional[List[str]]) -> argparse.Namespace:

@@ -231,3 +231,24 @@ class InternLM2ForCausalLM(nn.Module):
 
 
 INTERNLM2_POLICY = {"InternLM2DecoderLayer": ["attention.wo", "feed_forward.w2"]}
+
+
+def strategy(**kw):
+    """A memory-model Strategy: AutoTP through init_inference, bf16, eager, on CPU, with `kw` on top."""
+    from dsexp.analysis.memory import Strategy
+
+    base = dict(
+        engine="init_inference",
+        kernel_inject=False,
+        policy=None,
+        zero_stage=0,
+        offload="none",
+        dtype="bf16",
+        model_dtype="bf16",
+        load="eager",
+        fmt="safetensors",
+        device="cpu",
+        max_out_tokens=0,
+        conversion=None,
+    )
+    return Strategy(**{**base, **kw})

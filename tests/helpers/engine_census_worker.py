@@ -13,33 +13,19 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/
-from dsexp.analysis.memory import Strategy, place, predict  # noqa: E402
+from dsexp.analysis.memory import place, predict  # noqa: E402
 from dsexp.rank.probes.weights import resident_bytes, weight_census  # noqa: E402
 
-from helpers.analysis_cases import INTERNLM2_POLICY, TINY, InternLM2ForCausalLM, config, result  # noqa: E402
+from helpers.analysis_cases import INTERNLM2_POLICY, TINY, InternLM2ForCausalLM, config, result, strategy  # noqa: E402
 
 
 def main(mode: str, model_dir: str, out: Path) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     # predicted first: a live HfDeepSpeedConfig would make even the meta build partition itself
     if mode == "internlm2_policy":
-        strategy = Strategy(
-            engine="init_inference",
-            kernel_inject=False,
-            policy=INTERNLM2_POLICY,
-            zero_stage=0,
-            offload="none",
-            dtype="bf16",
-            model_dtype="bf16",
-            load="eager",
-            fmt="safetensors",
-            device="cpu",
-            max_out_tokens=0,
-            conversion=None,
-        )
         with torch.device("meta"):
             meta = InternLM2ForCausalLM().to(torch.bfloat16)
-        placements = place(meta, strategy, world)[0]
+        placements = place(meta, strategy(policy=INTERNLM2_POLICY), world)[0]
         predicted = sum(p.local[rank] for p in placements)
     else:
         cfg = config(

@@ -33,8 +33,15 @@ def model_source(config: Dict[str, Any], runtime: Optional[Dict[str, Any]]) -> D
     folder = (runtime or {}).get("model_dir") or model.get("path")
     if folder and (Path(folder) / "config.json").is_file():
         return {"folder": str(folder), "trust_remote_code": bool(model.get("trust_remote_code"))}
-    if model.get("arch") and model.get("dims"):
-        return {"arch": model["arch"], "dims": model["dims"]}
+    if model.get("config_path") and (Path(model["config_path"]).expanduser() / "config.json").is_file():
+        return {
+            "arch": model.get("arch"),
+            "dims": model.get("dims") or {},
+            "config_path": str(Path(model["config_path"]).expanduser()),
+            "trust_remote_code": bool(model.get("trust_remote_code")),
+        }
+    if model.get("arch") and not model.get("path"):
+        return {"arch": model["arch"], "dims": model.get("dims") or {}}
     raise LookupError(f"model {model.get('name')!r}: neither its folder ({folder}) nor arch+dims are available")
 
 
@@ -53,13 +60,47 @@ def _build(source_json: str, dtype: str):
     if "arch" in source:
         from dsexp.models.writer import meta_model as preset_meta_model
 
-        return preset_meta_model(source["arch"], source["dims"], dtype)[1]
+        return preset_meta_model(
+            source["arch"], source["dims"], dtype, source.get("config_path"), source.get("trust_remote_code", False)
+        )[1]
     from transformers import AutoConfig, AutoModelForCausalLM
 
     trust = source["trust_remote_code"]
     cfg = AutoConfig.from_pretrained(source["folder"], trust_remote_code=trust)
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust, dtype=torch_dtype(dtype))
+
+
+def duplicate_buffers(source: Dict[str, Any], dtype: str) -> Dict[str, str]:
+    """{buffer name: the first identical one} among the model's non-persistent buffers, by the rule the ranks share
+    them by (trim.dedupe_buffers, dsexp.core.trims.identical): the model is built with real buffers (parameters on
+    meta) and their values compared. Costs the buffers' memory while it runs (0.75 GiB at InternLM2-20B shapes)."""
+    return dict(_duplicates(json.dumps(source, sort_keys=True), dtype))
+
+
+@functools.lru_cache(maxsize=16)
+def _duplicates(source_json: str, dtype: str):
+    import torch
+
+    from dsexp.core.trims import duplicate_buffers
+    from dsexp.models.presets import torch_dtype
+
+    source = json.loads(source_json)
+    if "arch" in source:
+        from dsexp.models.writer import meta_model as preset_meta_model
+
+        model = preset_meta_model(source["arch"], source["dims"], dtype, real_buffers=True)[1]
+    else:
+        from accelerate import init_empty_weights
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        trust = source["trust_remote_code"]
+        cfg = AutoConfig.from_pretrained(source["folder"], trust_remote_code=trust)
+        with init_empty_weights(include_buffers=False):
+            model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust, dtype=torch_dtype(dtype))
+    found = tuple(sorted(duplicate_buffers(model, torch.equal).items()))
+    del model
+    return found
 
 
 def dims(model) -> Dims:

@@ -9,8 +9,10 @@ compares its partial figures with a floor or with other runs.
 
 from __future__ import annotations
 
+import re
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from dsexp.analysis import measured as m
 from dsexp.analysis.memory import Prediction
@@ -47,8 +49,12 @@ def diagnose(
     if m.completed(result):
         found = [f for rule in RULES for f in rule(facts)]
     else:
+        # after init the placement is whole (the census, the engine report): it is diagnosed as for a completed run
+        after_init = [weights_vs_model, policy_found] if m.init_recorded(result) else []
         found = failed(facts) + [
-            Finding(f.code, f.severity, f"{f.text} (up to the failure)") for f in host_copies(facts)
+            Finding(f.code, f.severity, f"{f.text} (up to the failure)")
+            for rule in [*after_init, host_copies]
+            for f in rule(facts)
         ]
     return sorted(found, key=lambda f: f.severity != "problem")
 
@@ -73,13 +79,68 @@ def failed(f: RunFacts) -> List[Finding]:
         if x
     )
     msg = str(fail.get("message") or "").strip().splitlines()
+    first = (msg[0] if msg else "")[:240]
     return [
         Finding(
             "failed",
             "problem",
-            f"the run failed ({fail.get('cause')}) {where}: {(msg[0] if msg else '')[:240]}".replace("  ", " "),
+            f"the run failed ({fail.get('cause')}) {where}: {first}{_site_text(fail.get('site'))}".replace("  ", " ")
+            + _policy_advice(f, str(fail.get("message") or "")),
         )
     ]
+
+
+def _site_text(site: Optional[Dict[str, Any]]) -> str:
+    """Where in the model the error was raised (dsexp.rank.probes.failure_site), for the sentence."""
+    if not site or not site.get("module"):
+        return ""
+    inside = f" inside {site['parent_class']}" if site.get("parent_class") else ""
+    code = f", {site['code']}" if site.get("code") else ""
+    return f"; raised in module {site['module']} ({site.get('class')}{inside}{code})"
+
+
+_NO_POLICY = ("Not able to determine model policy", "AutoTP not supported for model")
+
+
+def _policy_advice(f: RunFacts, message: str) -> str:
+    """DeepSpeed found no AutoTP policy: the exact one to pass (what engine.injection_policy=infer derives)."""
+    if not any(s in message for s in _NO_POLICY):
+        return ""
+    found = (f.prediction.policy if f.prediction else None) or {}
+    if not found.get("policy"):
+        return (
+            "; dsexp could not derive a policy either: pass "
+            "engine.injection_policy={LayerClass: [row-parallel linears]}"
+        )
+    from dsexp.models.policy import override_text
+
+    return (
+        f"; pass the row-parallel linears AutoTP needs: '{override_text(found['policy'])}' "
+        f"(or engine.injection_policy=infer; {found.get('source')}: {found.get('why')})"
+    )
+
+
+def policy_found(f: RunFacts) -> List[Finding]:
+    """How engine.injection_policy=infer found the AutoTP policy the run used."""
+    inf = (f.result.get("engine") or {}).get("policy_inference")
+    if not inf:
+        return []
+    if not inf.get("policy"):
+        return [
+            Finding("policy_inferred", "problem", f"engine.injection_policy=infer found no policy: {inf.get('why')}")
+        ]
+    pol = "; ".join(f"{cls}: {', '.join(names)}" for cls, names in sorted(inf["policy"].items()))
+    check = ""
+    if inf.get("source") != "inferred" and inf.get("rule"):
+        check = (
+            "; the structural rule derives the same"
+            if inf.get("agrees")
+            else (
+                "; the structural rule would derive "
+                + "; ".join(f"{c}: {', '.join(n)}" for c, n in sorted(inf["rule"].items()))
+            )
+        )
+    return [Finding("policy_inferred", "info", f"AutoTP policy ({inf.get('source')}) {pol}: {inf.get('why')}{check}")]
 
 
 def incorrect_output(f: RunFacts) -> List[Finding]:
@@ -131,6 +192,12 @@ def weights_vs_model(f: RunFacts) -> List[Finding]:
         tail = ""
         if tp > 1 and rep:
             tail = "; replicated on every rank: " + ", ".join(f"{n} {m.human(b)}" for n, b in list(rep.items())[:4])
+        copies = [pl for pl in p.placements if pl.copy]
+        if tp > 1 and copies:
+            tail += "; the head is tied to the embedding: " + ", ".join(
+                f"{pl.how} keeps {pl.name} {m.human(max(pl.local))} per rank on top of the whole embedding"
+                for pl in copies
+            )
         return [
             Finding(
                 "weights_as_predicted",
@@ -188,7 +255,49 @@ def _differences(result: Dict[str, Any], p: Prediction) -> str:
         extra = sorted(n for n in rep if n not in predicted)
         if extra:
             out.append("replicated although the model shards them: " + ", ".join(extra[:5]))
+    tensors = tensor_differences(result, p)
+    if tensors:
+        out.append(
+            "tensors (predicted -> measured per rank): "
+            + ", ".join(
+                f"{name}{f' (x{n})' if n > 1 else ''} on rank {r} {m.human(want)} -> {m.human(got)}"
+                for name, n, r, want, got in tensors
+            )
+        )
     return ("; differences: " + "; ".join(out)) if out else ""
+
+
+TOP_TENSORS = 6
+
+
+def tensor_differences(
+    result: Dict[str, Any], p: Prediction, top: int = TOP_TENSORS
+) -> List[Tuple[str, int, int, int, int]]:
+    """Where the per-tensor census departs from the prediction: (name with layer numbers as *, how many tensors,
+    rank, predicted bytes, measured bytes), summed over the layers, the largest differences first (on any rank)."""
+    census = m.tensors_per_rank(result)
+    if not any(census):
+        return []
+    rows: Dict[Tuple[str, int], List[int]] = defaultdict(lambda: [0, 0, 0])
+    for r, measured in enumerate(census[: p.tp]):
+        if not measured:
+            continue
+        predicted = {pl.name: pl.local[r] for pl in p.placements}
+        for name in set(predicted) | set(measured):
+            want, got = predicted.get(name, 0), measured.get(name, 0)
+            if want != got:
+                acc = rows[(re.sub(r"\.\d+\.", ".*.", name), r)]
+                acc[0] += 1
+                acc[1] += want
+                acc[2] += got
+    ranked = sorted(rows.items(), key=lambda kv: -abs(kv[1][2] - kv[1][1]))
+    out, seen = [], set()
+    for (name, r), (n, want, got) in ranked:
+        if name in seen:  # one line per tensor name: its worst rank
+            continue
+        seen.add(name)
+        out.append((name, n, r, want, got))
+    return out[:top]
 
 
 def unread_fields(f: RunFacts) -> List[Finding]:
@@ -345,6 +454,79 @@ def init_transient(f: RunFacts) -> List[Finding]:
     ]
 
 
+OWN_GROUP = 64 * 2**20  # load + init growing the memory outside the allocator by this much: a communicator
+
+
+def outside_allocator(f: RunFacts) -> List[Finding]:
+    """Where the device memory outside PyTorch's allocator went (GPU runs with per-process NVML figures)."""
+    parts = m.outside_parts(f.result)
+    if parts is None:
+        return []
+
+    def h(key: str) -> str:
+        return "none measured" if parts.get(key) is None else m.human(parts[key])
+
+    out = [
+        Finding(
+            "outside_allocator",
+            "info",
+            f"outside PyTorch's allocator on rank {parts['rank']}: CUDA context {h('context')}, NCCL communicator "
+            f"(first all_reduce) {h('communicator')}, load + init {h('engine')} (the engine's own process groups, "
+            f"kernels), generate {h('generate')} (cuBLAS workspaces, kernels, connections made on first use), "
+            f"device reserve {h('device_reserve')} (not this process): {m.human(parts['outside'])}; the per-GPU peak "
+            f"{h('nvml_peak')} = allocator peak {m.human(parts['allocator_peak'])} + these + {h('unexplained')} "
+            "unexplained",
+        )
+    ]
+    cfg = f.result.get("config") or {}
+    eng, trim = cfg.get("engine") or {}, cfg.get("trim") or {}
+    if (
+        int(cfg.get("tp") or 1) > 1
+        and eng.get("name", "init_inference") == "init_inference"
+        and not eng.get("kernel_inject")
+        and not trim.get("world_group")
+        and (parts.get("engine") or 0) >= OWN_GROUP
+    ):
+        out.append(
+            Finding(
+                "own_communicator",
+                "problem",
+                f"load + init added {h('engine')} outside the allocator: DeepSpeed's inference engine creates a "
+                "tensor-parallel group of its own (a second NCCL communicator) even when tp is the world size; "
+                "trim.world_group=true hands it the world group instead",
+            )
+        )
+    return out
+
+
+def trims_applied(f: RunFacts) -> List[Finding]:
+    """What each requested trim did on rank 0 (engine.trims), in bytes per rank."""
+    done = (f.result.get("engine") or {}).get("trims") or {}
+    items = []
+    for key in ("shard_head", "shard_embedding", "dedupe_buffers", "world_group"):
+        t = done.get(key)
+        if not t:
+            continue
+        if t.get("skipped"):
+            items.append(f"{key}: skipped ({t['skipped']})")
+        elif key == "world_group":
+            items.append(f"world_group: AutoTP on the {t.get('group')}")
+        elif key == "dedupe_buffers":
+            items.append(
+                f"dedupe_buffers: {t.get('buffers')} non-persistent buffers -> {t.get('distinct_after')} distinct, "
+                f"{m.human(t.get('bytes_before'))} -> {m.human(t.get('bytes_after'))}"
+            )
+        else:
+            items.append(
+                f"{key}: {t.get('module')} -> {t.get('replaced_by')}"
+                + (f" ({t['when']})" if t.get("when") else "")
+                + f", {m.human(t.get('bytes_before'))} -> {m.human(t.get('bytes_after'))}"
+            )
+    if "env" in done:
+        items.append("env: " + ", ".join(f"{k}={v}" for k, v in done["env"].items()))
+    return [Finding("trims", "info", "trims on rank 0: " + "; ".join(items))] if items else []
+
+
 def predicted_error(f: RunFacts) -> List[Finding]:
     p = f.prediction
     if p is None or not p.error:
@@ -354,6 +536,7 @@ def predicted_error(f: RunFacts) -> List[Finding]:
 
 RULES: List[Rule] = [
     failed,
+    policy_found,
     incorrect_output,
     left_on_meta,
     weights_vs_model,
@@ -362,5 +545,7 @@ RULES: List[Rule] = [
     scaling_with_tp,
     init_transient,
     gpu_overhead,
+    outside_allocator,
+    trims_applied,
     predicted_error,
 ]

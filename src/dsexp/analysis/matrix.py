@@ -12,6 +12,7 @@ from dsexp.analysis import measured as m
 from dsexp.analysis.diagnosis import UNSHARDED, WEIGHT_TOL, Finding, diagnose, text
 from dsexp.analysis.memory import Prediction, predict, splits_weights
 from dsexp.core.records import config_label
+from dsexp.core.trims import label as trims_label
 
 EXTRAPOLATE_TP = (4, 8)
 TIE = 0.01  # configurations within 1% of the lowest figure count as tied; the lower host peak wins
@@ -64,11 +65,26 @@ class Row:
             "init_s": m.headline(r, "init_s"),
             "generate_s": m.headline(r, "generate_s"),
             "tokens_per_s": m.headline(r, "tokens_per_s"),
+            "trims": trims_label(self.config.get("trim")) or "",
+            **{f"outside_{k}_gib": _gib(v) for k, v in _outside_columns(r).items()},
             "device": (r.get("runtime") or {}).get("device") or self.config.get("device"),
             "diagnosis": text(self.findings) or (f"no memory model: {self.model_error}" if self.model_error else ""),
             "job": r.get("job_dir"),
             "run_id": (r.get("tracking") or {}).get("run_id"),
         }
+
+
+OUTSIDE_COLUMNS = (*m.OUTSIDE_PARTS, "unexplained")
+
+
+def _outside_columns(r: Dict[str, Any]) -> Dict[str, Optional[int]]:
+    parts = m.outside_parts(r) or {}
+    return {k: parts.get(k) for k in OUTSIDE_COLUMNS}
+
+
+def untrimmed_label(config: Dict[str, Any]) -> str:
+    """The label of the same configuration without its trims (its sibling in a sweep)."""
+    return config_label({k: v for k, v in config.items() if k != "trim"})
 
 
 def _status(r: Dict[str, Any]) -> str:

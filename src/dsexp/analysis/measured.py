@@ -52,6 +52,21 @@ def weights_per_rank(result: Dict[str, Any]) -> List[int]:
     return out
 
 
+def tensors_per_rank(result: Dict[str, Any]) -> List[Dict[str, int]]:
+    """Per rank, {tensor name: local bytes on its device} after init (the per-tensor census; empty if not recorded)."""
+    return [dict(phase(rk, "init").get("tensors") or {}) for rk in ranks(result)]
+
+
+def init_recorded(result: Dict[str, Any]) -> bool:
+    """Every rank got through init (its census is whole), whether or not the run completed after it."""
+    rks = ranks(result)
+    return (
+        bool(rks)
+        and all(phase(rk, "init") and not phase(rk, "init").get("partial") for rk in rks)
+        and all((rk.get("error") or {}).get("phase") not in ("start", "load", "init") for rk in rks)
+    )
+
+
 def on_meta(result: Dict[str, Any]) -> List[str]:
     """Tensor names still on the meta device after init, over all ranks (deduplicated)."""
     names: Dict[str, None] = {}
@@ -113,3 +128,65 @@ def node_growth(result: Dict[str, Any]) -> Optional[int]:
     base = (result.get("baseline") or {}).get("node_used")
     peak = headline(result, "node_host_peak_gib")
     return int(peak * GIB - base) if base is not None and peak is not None else None
+
+
+OUTSIDE_PARTS = ("context", "communicator", "engine", "generate", "device_reserve")
+
+
+def _outside(gpu: Dict[str, Any]) -> Optional[int]:
+    """NVML process used - torch reserved in one snapshot (None where NVML could not see the process)."""
+    proc = (gpu or {}).get("nvml_process_used")
+    return None if proc is None else proc - ((gpu or {}).get("gpu_reserved") or 0)
+
+
+def outside_parts(result: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """Where the device memory outside PyTorch's allocator goes, on the rank with the highest NVML peak (bytes).
+
+    Read from the rank's snapshots in order: after the CUDA context (`start.outside.context`), after the first
+    all_reduce (`start.outside.communicator`: the NCCL communicator; absent when none ran), at the end of init
+    (load + init: the engine's own process groups, kernels loaded while placing the model), at the end of generate
+    (cuBLAS workspaces and kernels, communicator connections made on first use). Each part is the growth of
+    NVML process used - torch reserved since the previous snapshot; device_reserve is what NVML counts as used on
+    the device apart from this process (at start). unexplained = the per-GPU NVML peak - the allocator's peak
+    (reserved) - every part: what neither explains (outside memory that came and went between snapshots, or an
+    allocator peak that had been returned by the time the outside memory grew: then it is negative).
+    None on CPU runs and where NVML has no per-process figure."""
+    best = None
+    for rk in ranks(result):
+        phases = rk.get("phases") or {}
+        start = (phases.get("start") or {}).get("gpu") or {}
+        readings = (phases.get("start") or {}).get("outside") or {}
+        levels = [
+            ("context", _outside(readings.get("context") or {})),
+            ("communicator", _outside(readings.get("communicator") or {})),
+            ("engine", _outside((phases.get("init") or {}).get("gpu") or {})),
+            ("generate", _outside((phases.get("generate") or {}).get("gpu") or {})),
+        ]
+        if levels[0][1] is None:  # older records: the start snapshot is the first reading
+            levels[0] = ("context", _outside(start))
+        if levels[0][1] is None or start.get("nvml_device_used") is None:
+            continue
+        parts: Dict[str, Optional[int]] = {}
+        previous = 0
+        for name, level in levels:
+            parts[name] = None if level is None else level - previous
+            previous = previous if level is None else level
+        parts["device_reserve"] = start["nvml_device_used"] - (start.get("nvml_process_used") or 0)
+        peaks = [
+            (ph.get("peaks") or {}).get("nvml_device_used_peak") or (ph.get("gpu") or {}).get("nvml_device_used")
+            for ph in phases.values()
+        ]
+        peak = max((p for p in peaks if p is not None), default=None)
+        allocator = max(((ph.get("gpu") or {}).get("gpu_reserved_peak") or 0 for ph in phases.values()), default=0)
+        total = sum(v for v in parts.values() if v is not None)
+        row = {
+            "rank": rk.get("rank"),
+            **parts,
+            "outside": total,
+            "allocator_peak": allocator,
+            "nvml_peak": peak,
+            "unexplained": None if peak is None else peak - allocator - total,
+        }
+        if best is None or (peak or 0) > (best["nvml_peak"] or 0):
+            best = row
+    return best

@@ -5,15 +5,18 @@ handed in as `mlflow` (an object with `view(rows)` and `attach(out, rows)`), so 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from dsexp.analysis import measured as m
 from dsexp.analysis import plots
 from dsexp.analysis.diagnosis import floor_terms
-from dsexp.analysis.matrix import Extrapolated, Row, build_rows, extrapolate, main_model, recommend
+from dsexp.analysis.matrix import Extrapolated, Row, build_rows, extrapolate, main_model, recommend, untrimmed_label
 from dsexp.analysis.memory import predict
 from dsexp.analysis.sources import results_from_dir
+from dsexp.core.schema import stack_label
+from dsexp.core.trims import active as trims_active
 
 SUMMARY_MD, SUMMARY_CSV, PLOTS = "summary.md", "summary.csv", "plots"
 FILES = {"per_device": "per_device_vs_tp.png", "host": "host_vs_tp.png", "timeline": "timeline.png"}
@@ -86,6 +89,73 @@ def _correct(v: Dict[str, Any]) -> str:
     return ("yes" if v["correct"] else "**NO**") + err
 
 
+def stacks_section(rows: List[Row]) -> List[str]:
+    """The same configuration on each software stack of the sweep, side by side (empty with one stack)."""
+    stacks = sorted({stack_label(r.config.get("stack") or {}) for r in rows})
+    if len(stacks) < 2:
+        return []
+    wu, ws = _weights_unit(rows)
+    by_config: Dict[tuple, List[Row]] = {}
+    for r in rows:
+        by_config.setdefault((r.strategy.split("@")[0], r.tp), []).append(r)
+    body, notes = [], []
+    for (config, tp), group in sorted(by_config.items()):
+        if len(group) < 2:
+            continue
+        for r in sorted(group, key=lambda r: stack_label(r.config.get("stack") or {})):
+            v, versions = r.values(), ((r.result.get("software") or {}).get("versions") or {})
+            body.append(
+                [
+                    config,
+                    tp,
+                    stack_label(r.config.get("stack") or {}),
+                    f"{versions.get('transformers', '-')} / {versions.get('deepspeed', '-')}",
+                    v["status"],
+                    _correct(v),
+                    _num(v["gpu_weights_gib"], 2, ws),
+                    _num(v["host_anon_peak_gib"]),
+                    _num(v["node_host_peak_gib"]),
+                    _num(v["load_s"]),
+                    _num(v["tokens_per_s"], 1),
+                ]
+            )
+        notes += _stack_differences(config, tp, group)
+    if not body:
+        return []
+    header = [
+        "configuration",
+        "tp",
+        "stack",
+        "transformers / deepspeed",
+        "status",
+        "correct (rel. err)",
+        f"weights per rank ({wu})",
+        "host anon / rank (GiB)",
+        "node host peak (GiB)",
+        "load (s)",
+        "tokens/s",
+    ]
+    right = [False, True, False, False, False, False, True, True, True, True, True]
+    return ["## Software stacks", "", md_table(header, body, right), ""] + [f"- {n}" for n in notes] + [""]
+
+
+def _stack_differences(config: str, tp: int, group: List[Row]) -> List[str]:
+    """One line per figure that differs by more than 10% between the stacks of one configuration."""
+    out = []
+    for key, what in (
+        ("host_anon_peak_gib", "private host memory per rank"),
+        ("gpu_weights_gib", "weights per rank"),
+        ("node_host_peak_gib", "node host peak"),
+    ):
+        vals = {stack_label(r.config.get("stack") or {}): r.values()[key] for r in group if r.values()[key]}
+        if len(vals) > 1 and max(vals.values()) > 1.1 * min(vals.values()):
+            out.append(f"`{config}` at tp={tp}: {what} " + ", ".join(f"{v:.2f} GiB on {s}" for s, v in vals.items()))
+    statuses = {stack_label(r.config.get("stack") or {}): r.values()["status"] for r in group}
+    if len(set(statuses.values())) > 1:
+        out.append(f"`{config}` at tp={tp}: " + ", ".join(f"{st} on {s}" for s, st in statuses.items()))
+    return out
+
+
 def matrix_table(rows: List[Row]) -> str:
     wu, ws = _weights_unit(rows)
     gpu = any(m.on_gpu(r.result) for r in rows)
@@ -104,6 +174,7 @@ def matrix_table(rows: List[Row]) -> str:
             "generate (s)",
             "tokens/s",
         ]
+        + ([f"outside the allocator (GiB): {OUTSIDE_HEADER}"] if gpu else [])
     )
     body = []
     for r in rows:
@@ -123,8 +194,175 @@ def matrix_table(rows: List[Row]) -> str:
                 _num(v["generate_s"]),
                 _num(v["tokens_per_s"], 1),
             ]
+            + ([_outside_cell(v)] if gpu else [])
         )
     return md_table(header, body, [False, True, False, False] + [True] * (len(header) - 4))
+
+
+OUTSIDE_HEADER = "context + comm + load/init + generate + device (+ unexplained)"
+
+
+def _outside_cell(v: Dict[str, Any]) -> str:
+    parts = [v[f"outside_{k}_gib"] for k in ("context", "communicator", "engine", "generate", "device_reserve")]
+    if all(p is None for p in parts):
+        return "-"
+    left = v["outside_unexplained_gib"]
+    return " + ".join(_num(p) for p in parts) + ("" if left is None else f" ({left:+.2f})")
+
+
+# --- trims ---------------------------------------------------------------------------------------------------
+
+SLOWER = 0.05  # a setting is recommended only where generate slows by less than this
+
+
+@dataclass
+class TrimEffect:
+    """A trimmed run against the same configuration untrimmed at the same tp (None where the sweep has none)."""
+
+    row: Row
+    base: Optional[Row]
+    weights: Optional[float]  # bytes per rank saved, measured (max over ranks)
+    per_device: Optional[float]  # GiB saved: per-GPU peak on GPUs, weights on CPU runs
+    outside: Optional[float]  # GiB saved outside the allocator
+    speed: Optional[float]  # tokens/s trimmed / untrimmed
+
+    @property
+    def env_only(self) -> bool:
+        return not trims_active(self.row.config.get("trim") or {})
+
+    def verdict(self) -> str:
+        if not m.passed(self.row.result):
+            return "**not correct**" if self.row.result.get("status") == "ok" else "failed"
+        if self.base is None or self.per_device is None:
+            return "correct; no untrimmed run to compare"
+        saves = self.per_device > 0 or (self.outside or 0) > 0
+        if self.env_only and self.speed is not None and self.speed < 1 - SLOWER:
+            return f"not recommended: generate {1 - self.speed:.0%} slower"
+        if not self.env_only:
+            return "correct, saves memory" if saves else "correct, no saving"
+        return "recommended" if saves else "no saving"
+
+
+def trim_effects(rows: List[Row]) -> List[TrimEffect]:
+    by_label = {(r.strategy, r.tp): r for r in rows}
+    out = []
+    for r in rows:
+        if not r.values()["trims"]:
+            continue
+        base = by_label.get((untrimmed_label(r.config), r.tp))
+        if base is None or not m.completed(base.result) or not m.completed(r.result):
+            out.append(TrimEffect(r, base, None, None, None, None))
+            continue
+        a, b = m.weights_per_rank(base.result), m.weights_per_rank(r.result)
+        pa, pb = m.per_device_gib(base.result), m.per_device_gib(r.result)
+        oa, ob = (m.outside_parts(x.result) for x in (base, r))
+        ta, tb = m.headline(base.result, "tokens_per_s"), m.headline(r.result, "tokens_per_s")
+        out.append(
+            TrimEffect(
+                r,
+                base,
+                max(a) - max(b) if a and b else None,
+                pa - pb if pa is not None and pb is not None else None,
+                (oa["outside"] - ob["outside"]) / m.GIB if oa and ob else None,
+                tb / ta if ta and tb else None,
+            )
+        )
+    return out
+
+
+def trims_table(rows: List[Row]) -> Optional[str]:
+    effects = trim_effects(rows)
+    if not effects:
+        return None
+    wu, ws = _weights_unit(rows)
+    gpu = any(m.on_gpu(r.result) for r in rows)
+    what = "per-GPU peak (GiB)" if gpu else f"weights per rank ({wu})"
+    header = (
+        [
+            "configuration",
+            "tp",
+            "trims",
+            f"predicted per rank ({wu})",
+            f"measured per rank ({wu})",
+            "as predicted",
+            f"weights saved per rank ({wu})",
+        ]
+        + ([f"{what} saved", "outside the allocator saved (GiB)"] if gpu else [])
+        + ["correct (rel. err)", "tokens/s (x untrimmed)", "verdict"]
+    )
+    body = []
+    for e in effects:
+        r, v, p = e.row, e.row.values(), e.row.prediction
+        meas = m.weights_per_rank(r.result)
+        exact = (
+            "-" if not (p and meas) else "exact" if list(meas) == list(p.weights) else f"{v['weights_err_pct']:+.1f}%"
+        )
+        exact = exact.replace("+0.0%", "<0.05%")
+        body.append(
+            [
+                untrimmed_label(r.config),
+                r.tp,
+                v["trims"],
+                _ranks(p.weights, ws) if p else "-",
+                _ranks(meas, ws),
+                exact,
+                _num(None if e.weights is None else e.weights / m.GIB, 2, ws),
+            ]
+            + ([_num(e.per_device), _num(e.outside)] if gpu else [])
+            + [
+                _correct(v),
+                _num(v["tokens_per_s"], 1) + ("" if e.speed is None else f" ({e.speed:.2f}x)"),
+                e.verdict(),
+            ]
+        )
+    return md_table(header, body, [False, True, False] + [True] * (len(header) - 6) + [False, True, False])
+
+
+def trim_lines(rows: List[Row]) -> List[str]:
+    """The recommendation's view of the trims: what the best trimmed run saves over the same one untrimmed, and
+    which trim.env settings cut memory at generate slowed by less than 5%."""
+    model = main_model(rows)
+    effects = [e for e in trim_effects(rows) if (e.row.config.get("model") or {}).get("name") == model]
+    if not effects:
+        return []
+    lines = []
+    gpu = any(m.on_gpu(r.result) for r in rows)
+    unit = "per GPU" if gpu else "per rank"
+    model_trims = [e for e in effects if not e.env_only and e.per_device is not None and m.passed(e.row.result)]
+    if model_trims:
+        best = max(model_trims, key=lambda e: (e.per_device, e.row.tp))
+        lines.append(
+            f"Trimmed configurations are compared with the rest: `{best.row.label}` saves "
+            f"{m.human(best.per_device * m.GIB)} {unit} over `{best.base.label}` "
+            f"({m.human(m.per_device_gib(best.base.result) * m.GIB)} -> "
+            f"{m.human(m.per_device_gib(best.row.result) * m.GIB)}), "
+            f"tokens/s {_num(best.base.values()['tokens_per_s'], 1)} -> {_num(best.row.values()['tokens_per_s'], 1)}."
+        )
+    env = [e for e in effects if e.env_only and e.base is not None]
+    good = [e for e in env if e.verdict() == "recommended"]
+    bad = [e for e in env if e.verdict() != "recommended"]
+    if good:
+        lines.append(
+            "trim.env settings that cut memory with generate slowed by less than 5%: "
+            + "; ".join(f"`{e.row.values()['trims']}` at tp={e.row.tp}: {_saved(e, unit)}" for e in good)
+            + "."
+        )
+    if bad:
+        lines.append(
+            "trim.env settings not recommended: "
+            + "; ".join(f"`{e.row.values()['trims']}` at tp={e.row.tp}: {e.verdict()} ({_saved(e, unit)})" for e in bad)
+            + "."
+        )
+    return lines
+
+
+def _saved(e: TrimEffect, unit: str) -> str:
+    speed = "" if e.speed is None else f", tokens/s x{e.speed:.2f}"
+    return (
+        f"{_num(e.per_device)} GiB {unit} saved, {_num(e.outside)} GiB of it outside the allocator{speed}"
+        if e.per_device is not None
+        else "no comparison"
+    )
 
 
 def weights_table(rows: List[Row]) -> str:
@@ -240,6 +478,7 @@ def recommendation(rows: List[Row], extra: List[Extrapolated]) -> List[str]:
             lines.append(_pick_line(title, picks[key], gpu, ""))
     recommended = dict.fromkeys(pick.row.label for pick in picks.values() if pick)
     rows_by_label = {r.label: r for r in rows}
+    lines += trim_lines(rows)
     return lines + [line for label in recommended for line in _floor_check(rows_by_label[label])]
 
 
@@ -300,10 +539,24 @@ def sections(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path
         diagnosis += (
             [f"### `{r.label}`", ""] + (items or [f"- no diagnosis: {r.model_error or 'no measurements'}."]) + [""]
         )
+    trims = trims_table(rows)
     parts = {
         "recommendation": ["## Recommendation", ""] + [f"- {line}" for line in recommendation(rows, extra)] + [""],
         "matrix": ["## Matrix", "", matrix_table(rows), ""],
+        "stacks": stacks_section(rows),
         "weights": weights,
+        "trims": (
+            [
+                "## Trims: each against the same configuration untrimmed",
+                "",
+                trims_table_note(any(m.on_gpu(r.result) for r in rows)),
+                "",
+                trims,
+                "",
+            ]
+            if trims
+            else []
+        ),
         "predicted": ["## Predicted at tp values not run", "", extrapolation_table(extra, gpu, rows), ""],
         "diagnosis": diagnosis,
         "plots": ["## Plots", ""] + [f"![{k}]({PLOTS}/{p.name})" for k, p in figures.items()] + [""],
@@ -327,7 +580,16 @@ def sections(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path
             "",
         ],
     }
-    return {name: "\n".join(lines) for name, lines in parts.items()}
+    return {name: "\n".join(lines) for name, lines in parts.items() if lines}
+
+
+def trims_table_note(gpu: bool) -> str:
+    return (
+        "Predicted: the memory model with the run's trims (dsexp.analysis.memory); measured: the census of each "
+        "rank's device after init; saved: the untrimmed run's figure minus the trimmed one's, same tp"
+        + (", per-GPU figures from NVML" if gpu else "")
+        + ". A trim.env setting is recommended only where it saves memory and generate slows by less than 5%."
+    )
 
 
 def render_markdown(

@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional
 
 from packaging.version import Version
 
+from dsexp.core import trims
 from dsexp.core.checkpoint import checkpoint_problem, folder_config
 from dsexp.core.engines import ENGINES, traits
 from dsexp.core.schema import DEVICES, DTYPES, FORMATS, LAUNCHERS, LOADERS, OFFLOADS, ConfigError, JobConfig
@@ -48,8 +49,23 @@ def resolve_device(spec: JobConfig, gpus: Optional[int] = None) -> str:
 
 
 def model_dims(spec: JobConfig) -> Dict[str, Any]:
-    """Architecture numbers: the preset's dims, or the local folder's config.json."""
-    return folder_config(Path(spec.model.path)) if spec.model.path else dict(spec.model.dims)
+    """Architecture numbers: the local folder's config.json, a preset's dims, or (model=config) the built config's
+    heads and sizes."""
+    m = spec.model
+    if m.path:
+        return folder_config(Path(m.path))
+    if m.config_path or not _is_preset(m.arch):
+        from dsexp.models.presets import config_summary, make_config
+
+        cfg = make_config(m.arch, dict(m.dims), m.dtype, m.config_path, m.trust_remote_code)
+        return {k: v for k, v in config_summary(cfg).items() if v is not None}
+    return dict(m.dims)
+
+
+def _is_preset(arch: Optional[str]) -> bool:
+    from dsexp.models.presets import ARCHS
+
+    return arch in ARCHS
 
 
 def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
@@ -100,6 +116,7 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
         )
 
     _validate_load(spec)
+    _validate_injection_policy(spec)
     if traits(spec.engine.name).zero3 and spec.zero.stage != 3:
         raise ConfigError(
             f"engine={spec.engine.name} runs ZeRO stage 3 but zero={spec.zero.name} has stage "
@@ -108,6 +125,7 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
     _validate_model(spec)
     _validate_stack(spec)
     _validate_tp_plan(spec)
+    _validate_trim(spec)
     if device == "cpu" and spec.engine.name == "init_inference" and spec.engine.kernel_inject:
         layers = _kernel_injected_layers(spec)
         if layers:
@@ -140,6 +158,31 @@ def _validate_load(spec: JobConfig) -> None:
         )
 
 
+def _validate_trim(spec: JobConfig) -> None:
+    """Each trim only where it can apply; trim.env only with the settings dsexp knows (values become strings)."""
+    t, engine = spec.trim, spec.engine
+    for key in trims.AUTOTP_ONLY:
+        if not getattr(t, key):
+            continue
+        if engine.name != "init_inference":
+            raise ConfigError(
+                f"trim.{key}=true changes DeepSpeed's AutoTP call and needs engine=init_inference; "
+                f"engine={engine.name} does not run it (trim.dedupe_buffers applies to every engine)"
+            )
+        if engine.kernel_inject:
+            raise ConfigError(
+                f"trim.{key}=true needs AutoTP: engine.kernel_inject=true replaces layers with DeepSpeed kernels "
+                "instead; set engine.kernel_inject=false"
+            )
+    env = {}
+    for key, value in dict(t.env or {}).items():
+        problem = trims.env_problem(str(key), value)
+        if problem:
+            raise ConfigError(problem)
+        env[str(key)] = trims.env_value(value)
+    t.env = env
+
+
 def _meta_model(spec: JobConfig):
     """The run's model on the meta device (no weights), to ask it what an engine needs."""
     from dsexp.models.kernel_policy import folder_meta_model, preset_meta_model
@@ -147,7 +190,9 @@ def _meta_model(spec: JobConfig):
     m = spec.model
     if m.path:
         return folder_meta_model(str(Path(m.path).expanduser()), m.trust_remote_code)
-    return preset_meta_model(m.arch, json.dumps(dict(m.dims), sort_keys=True), m.dtype)
+    return preset_meta_model(
+        m.arch, json.dumps(dict(m.dims), sort_keys=True), m.dtype, m.config_path, m.trust_remote_code
+    )
 
 
 def _kernel_injected_layers(spec: JobConfig):
@@ -191,15 +236,29 @@ def _validate_model(spec: JobConfig) -> None:
         problem = checkpoint_problem(folder)
         if problem:
             raise ConfigError(f"model.path={m.path!r}: {problem}")
+    elif m.config_path:
+        _validate_config_folder(m.config_path, m.trust_remote_code)
     elif not m.arch:
-        raise ConfigError(f"model={m.name}: set model.path to a local folder or model.arch to generate one")
+        raise ConfigError(
+            f"model={m.name}: set model.path to a local folder, model.config_path to a folder holding a "
+            "config.json, or model.arch to generate one"
+        )
     else:
-        from dsexp.models.presets import ARCHS
+        from dsexp.models.presets import ARCHS, arch_problem
 
-        _one_of("model.arch", m.arch, tuple(ARCHS))
+        problem = arch_problem(m.arch)
+        if problem:
+            raise ConfigError(f"model.arch={m.arch!r}: {problem}")
         if m.arch in ARCHS and ARCHS[m.arch].remote_code and not m.trust_remote_code:
             raise ConfigError(f"model.arch={m.arch} loads through remote code; set model.trust_remote_code=true")
-    dims = model_dims(spec)
+    try:
+        dims = model_dims(spec)
+    except Exception as e:  # transformers refused the dims (inconsistent sizes, a broken config folder)
+        where = f"model.config_path={m.config_path!r}" if m.config_path else f"model.arch={m.arch!r}"
+        raise ConfigError(
+            f"model={m.name}: transformers cannot build a config from {where} and model.dims={dict(m.dims)}: "
+            f"{type(e).__name__}: {e}"
+        ) from e
     kv = dims.get("num_key_value_heads") or dims.get("num_attention_heads")
     engine = traits(spec.engine.name)
     if kv and spec.tp > int(kv) and engine.splits_weights:
@@ -213,6 +272,40 @@ def _validate_model(spec: JobConfig) -> None:
             f"engine={spec.engine.name} splits attention evenly: tp={spec.tp} must divide the "
             f"model's {kv} key/value heads"
         )
+
+
+def _validate_config_folder(config_path: str, trust_remote_code: bool) -> None:
+    folder = Path(config_path).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(f"model.config_path={config_path!r} does not exist or is not a folder")
+    if not (folder / "config.json").is_file():
+        raise ConfigError(
+            f"model.config_path={config_path!r} has no config.json (a config folder holds config.json and "
+            "optionally the modeling code it maps to)"
+        )
+    try:
+        cfg = folder_config(folder)
+    except ValueError as e:
+        raise ConfigError(f"model.config_path={config_path!r}: config.json is not valid JSON ({e})") from e
+    if cfg.get("auto_map") and not trust_remote_code:
+        raise ConfigError(
+            f"model.config_path={config_path!r} maps its classes to shipped code (auto_map in config.json); "
+            "set model.trust_remote_code=true explicitly to allow running it"
+        )
+    if not cfg.get("auto_map") and not cfg.get("model_type"):
+        raise ConfigError(f"model.config_path={config_path!r}: config.json has neither model_type nor auto_map")
+
+
+def _validate_injection_policy(spec: JobConfig) -> None:
+    p = spec.engine.injection_policy
+    if isinstance(p, str) and p not in ("auto", "infer"):
+        raise ConfigError(
+            f"engine.injection_policy={p!r} is not allowed; choose auto (the model preset's policy), infer "
+            "(dsexp's: known layouts, then DeepSpeed's parser, then the module structure), null (DeepSpeed's "
+            "parser) or {LayerClass: [row-parallel linears]}"
+        )
+    if p is not None and not isinstance(p, (str, dict)) and not hasattr(p, "items"):
+        raise ConfigError(f"engine.injection_policy={p!r}: expected auto, infer, null or {{LayerClass: [linears]}}")
 
 
 # What an engine needs of the software the ranks run on: (package, oldest version, why).
@@ -230,19 +323,34 @@ ENGINE_NEEDS = {
 }
 
 
+# What a trim needs of the software the ranks run on, as ENGINE_NEEDS.
+TRIM_NEEDS = {
+    "shard_head": (
+        "deepspeed",
+        "0.15",
+        "DeepSpeed 0.14 splits a head (set_lm_head) only when init_inference loads a checkpoint: measured on 0.14.4, "
+        "the alias changes nothing on an eager load",
+    ),
+    "shard_embedding": (
+        "deepspeed",
+        "0.19.8",
+        "DeepSpeed's VocabParallelEmbedding is not in 0.14.4 (measured in 0.19.8)",
+    ),
+}
+
+
 def _validate_stack(spec: JobConfig) -> None:
-    """A stack's pins against what the engine needs (the pins themselves are checked when the stack is prepared,
-    before any job: dsexp.job.stacks)."""
-    need = ENGINE_NEEDS.get(spec.engine.name)
-    if not need:
-        return
-    package, oldest, why = need
-    pinned = getattr(spec.stack, package)
-    if pinned and str(pinned)[0].isdigit() and Version(str(pinned)) < Version(oldest):
-        raise ConfigError(
-            f"engine={spec.engine.name} with stack.{package}={pinned}: {why}; "
-            f"pin {package} >= {oldest} or choose another engine"
-        )
+    """A stack's pins against what the engine and the trims need (the pins themselves are checked when the stack is
+    prepared, before any job: dsexp.job.stacks)."""
+    needs = [(f"engine={spec.engine.name}", ENGINE_NEEDS.get(spec.engine.name))]
+    needs += [(f"trim.{key}=true", need) for key, need in TRIM_NEEDS.items() if getattr(spec.trim, key)]
+    for who, need in needs:
+        if not need:
+            continue
+        package, oldest, why = need
+        pinned = getattr(spec.stack, package)
+        if pinned and str(pinned)[0].isdigit() and Version(str(pinned)) < Version(oldest):
+            raise ConfigError(f"{who} with stack.{package}={pinned}: {why}; pin {package} >= {oldest} or leave it out")
 
 
 def validate_nodes(spec: JobConfig) -> None:

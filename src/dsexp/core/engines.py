@@ -5,7 +5,7 @@ memory model's placers name the same engines, and that every `impl` is a rank-si
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 
 @dataclass(frozen=True)
@@ -74,11 +74,18 @@ def traits(name: str) -> EngineTraits:
     return ENGINES[name]
 
 
+INFER = "infer"  # engine.injection_policy=infer: dsexp finds the policy (dsexp.models.policy) on the model itself
+
+
 def effective_policy(
     injection_policy: Any, kernel_inject: bool, model_policy: Optional[Dict[str, List[str]]]
-) -> Optional[Dict[str, List[str]]]:
+) -> Union[None, str, Dict[str, List[str]]]:
     """The AutoTP injection policy an engine applies. `auto`: the model preset's policy whenever kernel
-    injection is off; null: none (DeepSpeed's own parser); else the user's {layer class: [linears]}."""
+    injection is off; null: none (DeepSpeed's own parser); `infer`: INFER, resolved on the model itself by
+    dsexp.models.policy.infer_policy (known layouts, DeepSpeed's parser, the module structure; a model preset's
+    policy is not used); else the user's {layer class: [linears]}."""
     if injection_policy == "auto":
         return None if kernel_inject else (dict(model_policy) if model_policy else None)
+    if injection_policy == INFER:
+        return None if kernel_inject else INFER
     return dict(injection_policy) if injection_policy else None

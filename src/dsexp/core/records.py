@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
+from dsexp.core import trims
 from dsexp.core.fs import read_json
 from dsexp.core.protocol import live_file, rank_file
 from dsexp.core.schema import stack_label
@@ -159,8 +160,8 @@ def headline(metrics: Dict[str, float], ranks: List[Optional[dict]], new_tokens:
 
 
 def config_label(config: Dict[str, Any]) -> str:
-    """A configuration's short name, everything but tp: variant/model/load/engine/zero/dtype (only what is set), and
-    `@stack` when the ranks ran on a software stack other than the job's own environment."""
+    """A configuration's short name, everything but tp: variant/model/load/engine/zero/dtype/trims (what is set),
+    and `@stack` when the ranks ran on a software stack other than the job's own environment."""
     model, load, eng, zero = (config.get(k) or {} for k in ("model", "load", "engine", "zero"))
     dtype, mdtype = config.get("dtype") or model.get("dtype"), model.get("dtype")
     stack = stack_label(config.get("stack") or {})
@@ -171,6 +172,7 @@ def config_label(config: Dict[str, Any]) -> str:
         (eng.get("name") or "") + ("+inject" if eng.get("kernel_inject") else ""),
         None if (zero.get("name") or "none") == "none" else f"zero-{zero.get('name')}",
         f"{dtype}<-{mdtype}" if mdtype and dtype != mdtype else dtype,
+        trims.label(config.get("trim")),
     ]
     return "/".join(str(p) for p in parts if p) + ("" if stack == "current" else f"@{stack}")
 

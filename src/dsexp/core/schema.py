@@ -28,8 +28,9 @@ class ConfigError(ValueError):
 @dataclass
 class ModelConfig:
     name: str = REQUIRED
-    arch: Optional[str] = "llama"
+    arch: Optional[str] = "llama"  # a dsexp preset or any transformers model_type (model=config)
     path: Optional[str] = None
+    config_path: Optional[str] = None  # a folder holding config.json (+ remote code): random weights at its shapes
     dtype: str = "bf16"
     trust_remote_code: bool = False
     shard_mb: float = 100
@@ -84,12 +85,34 @@ class ProbeConfig:
     sample_ms: float = 10.0
     see_memory_usage: bool = True
     nvidia_smi: bool = False
+    # One tiny all_reduce at the end of `start` (GPU), read before and after: it creates the NCCL communicator, so
+    # the memory it takes is measured apart. null: only when tp > 1 (a 1-rank job has no communicator otherwise).
+    first_collective: Optional[bool] = None
 
 
 @dataclass
 class CheckConfig:
     correctness: bool = True
     rel_err_tol: Optional[float] = None
+
+
+@dataclass
+class TrimConfig:
+    """What stays replicated on every GPU, removed (`trim=` group; each key alone or with the others).
+
+    dedupe_buffers: identical non-persistent buffers (per-layer rotary tables) share one tensor on each device.
+    shard_head: AutoTP splits the output head whatever its attribute name (DeepSpeed's LmHeadLinearAllreduce).
+    shard_embedding: DeepSpeed's VocabParallelEmbedding for the input embedding (vocabulary rows split).
+    world_group: AutoTP all-reduces on the world process group (tp == world size): DeepSpeed creates no second
+    communicator. env: environment variables for the ranks (NCCL, CUDA module loading, allocator, cuBLAS).
+    """
+
+    name: str = "none"
+    dedupe_buffers: bool = False
+    shard_head: bool = False
+    shard_embedding: bool = False
+    world_group: bool = False
+    env: Dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -129,6 +152,7 @@ class JobConfig:
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     check: CheckConfig = field(default_factory=CheckConfig)
+    trim: TrimConfig = field(default_factory=TrimConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     stack: StackConfig = field(default_factory=StackConfig)
     tp: int = 1
@@ -187,6 +211,15 @@ STACK_PRESETS: Dict[str, Dict[str, str]] = {
         "numpy": "1.26.4",
     },
 }
+
+
+def version_tuple(text: str) -> tuple:
+    """ "0.14.4" -> (0, 14, 4); local parts and suffixes ("2.11.0+cu130", "1.0rc1") are dropped."""
+    parts = []
+    for piece in str(text).split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
 
 
 def dtype_conversion(model_dtype: str, dtype: str) -> Optional[str]:

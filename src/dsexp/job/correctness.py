@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 from dsexp.core.fs import file_lock
 from dsexp.core.protocol import logits_file
-from dsexp.core.schema import JobConfig
+from dsexp.core.schema import JobConfig, TrimConfig
 from dsexp.job.roles import role_spec, run_role
 
 # Relative L2 error of the first-step logits a correct run may show. Measured on CPU (gloo), tp=2 vs the tp=1
@@ -125,7 +125,8 @@ def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) ->
         t0 = time.perf_counter()
         ref_dir = job_dir / "reference"
         (rec,) = run_role(
-            role_spec(spec, tp=1, launcher__nodes=1, launcher__hostfile=None),
+            # the reference is shared by every trim (and cached without them): no trim, no trim.env
+            role_spec(spec, tp=1, launcher__nodes=1, launcher__hostfile=None, trim=TrimConfig()),
             runtime,
             ref_dir,
             "reference",

@@ -236,7 +236,10 @@ def _from_error(err: dict) -> Dict[str, Any]:
     else:
         cause = "engine_error"
     message = f"{err.get('type')}: {err.get('message')}" if err.get("message") else str(err.get("type"))
-    return {"cause": cause, "type": err.get("type"), "message": message}
+    out = {"cause": cause, "type": err.get("type"), "message": message}
+    if err.get("site"):
+        out["site"] = err["site"]  # the model's module the error came from (rank/probes/failure_site.py)
+    return out
 
 
 def _from_silent_stop(

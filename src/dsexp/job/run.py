@@ -73,6 +73,11 @@ def prepare_model(spec: JobConfig) -> Dict[str, Any]:
         fmt=spec.load.format,
         seed=m.seed,
         shard_mb=m.shard_mb,
+        **(
+            {"config_path": str(Path(m.config_path).expanduser().resolve()), "trust_remote_code": m.trust_remote_code}
+            if m.config_path
+            else {}
+        ),
     )
     folder = cached_checkpoint(**args)  # a hit needs no writer process (it imports torch and transformers)
     if folder is not None:

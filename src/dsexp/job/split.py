@@ -50,6 +50,8 @@ def split_key(spec: JobConfig, model_dir: Path, stack: Optional[Dict[str, Any]] 
             "dtype": spec.dtype,
             "engine": asdict(spec.engine),
             "model_policy": spec.model.injection_policy,
+            # the head and embedding trims change which slices a rank keeps (the others change no saved tensor)
+            "trim": {k: getattr(spec.trim, k) for k in ("shard_head", "shard_embedding") if getattr(spec.trim, k)},
             **software,
             "v": SPLIT_VERSION,
         },

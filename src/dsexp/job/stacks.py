@@ -196,7 +196,7 @@ def _build_deepspeed_wheel(pins: Sequence[str], sources: Sequence[str], built: P
 
 def _have_wheel(sources: Sequence[str], name: str, ver: str) -> bool:
     folders = [Path(sources[i + 1]) for i, s in enumerate(sources) if s == "--find-links"]
-    return any(folder.glob(f"{name}-{ver}-*.whl") for folder in folders if folder.is_dir())
+    return any(any(folder.glob(f"{name}-{ver}-*.whl")) for folder in folders if folder.is_dir())
 
 
 def _canon(name: str) -> str:

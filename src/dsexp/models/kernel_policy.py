@@ -9,7 +9,7 @@ no CUDA op; one with such a layer gets DeepSpeed's fused CUDA kernels.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 
 @lru_cache(maxsize=1)
@@ -35,13 +35,15 @@ def kernel_injected_layers(model) -> List[str]:
 
 
 @lru_cache(maxsize=32)
-def preset_meta_model(arch: str, dims_json: str, dtype: str):
-    """A preset's model on the meta device (cached: validation asks several questions of it)."""
+def preset_meta_model(
+    arch: Optional[str], dims_json: str, dtype: str, config_path: Optional[str] = None, trust_remote_code: bool = False
+):
+    """A preset's (or model=config's) model on the meta device (cached: validation asks several questions of it)."""
     import json
 
     from dsexp.models.writer import meta_model
 
-    return meta_model(arch, json.loads(dims_json), dtype)[1]
+    return meta_model(arch, json.loads(dims_json), dtype, config_path, trust_remote_code)[1]
 
 
 @lru_cache(maxsize=32)
@@ -55,8 +57,10 @@ def folder_meta_model(path: str, trust_remote_code: bool):
         return AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
 
 
-def preset_kernel_injected_layers(arch: str, dims_json: str, dtype: str) -> Tuple[str, ...]:
-    return tuple(kernel_injected_layers(preset_meta_model(arch, dims_json, dtype)))
+def preset_kernel_injected_layers(
+    arch: Optional[str], dims_json: str, dtype: str, config_path: Optional[str] = None, trust_remote_code: bool = False
+) -> Tuple[str, ...]:
+    return tuple(kernel_injected_layers(preset_meta_model(arch, dims_json, dtype, config_path, trust_remote_code)))
 
 
 def folder_kernel_injected_layers(path: str, trust_remote_code: bool) -> Tuple[str, ...]:

@@ -7,9 +7,11 @@ shard, so the writer never holds more than one shard in memory.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
+import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +20,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from dsexp.core.fs import build_once
-from dsexp.models.presets import ARCHS, torch_dtype
+from dsexp.models import presets
+from dsexp.models.presets import torch_dtype
 
 DONE_MARK = ".dsexp-complete.json"
 
@@ -32,8 +35,18 @@ class WriteStats:
     weights_s: float = 0.0  # of seconds: drawing and writing the weights (not building the model skeleton)
 
 
-def checkpoint_key(arch: str, dims: Dict[str, Any], dtype: str, fmt: str, seed: int, shard_mb: float) -> str:
-    code = ARCHS[arch].code_digest() if arch in ARCHS and ARCHS[arch].code_digest else None
+def checkpoint_key(
+    arch: Optional[str],
+    dims: Dict[str, Any],
+    dtype: str,
+    fmt: str,
+    seed: int,
+    shard_mb: float,
+    config_path: Optional[str] = None,
+) -> str:
+    """Identity of a written checkpoint: arch, dims, dtype, format, seed, shards, and the content of the config
+    folder (config.json and its code) or of a preset's shipped code."""
+    code = presets.code_digest(arch, config_path)
     blob = json.dumps(
         {
             "arch": arch,
@@ -44,6 +57,7 @@ def checkpoint_key(arch: str, dims: Dict[str, Any], dtype: str, fmt: str, seed: 
             "shard_mb": shard_mb,
             "v": 1,
             **({"code": code} if code else {}),
+            **({"config_folder": True} if config_path else {}),
         },
         sort_keys=True,
     )
@@ -63,9 +77,11 @@ def cached_checkpoint(
     fmt: str = "safetensors",
     seed: int = 0,
     shard_mb: float = 100,
+    config_path: Optional[str] = None,
+    trust_remote_code: bool = False,
 ) -> Optional[Path]:
     """The folder of this checkpoint when a complete copy is cached (a finished copy is final: no lock), else None."""
-    final = checkpoint_dir(cache_dir, name, checkpoint_key(arch, dict(dims), dtype, fmt, seed, shard_mb))
+    final = checkpoint_dir(cache_dir, name, checkpoint_key(arch, dict(dims), dtype, fmt, seed, shard_mb, config_path))
     return final if (final / DONE_MARK).is_file() else None
 
 
@@ -78,14 +94,18 @@ def ensure_checkpoint(
     fmt: str = "safetensors",
     seed: int = 0,
     shard_mb: float = 100,
+    config_path: Optional[str] = None,
+    trust_remote_code: bool = False,
 ) -> WriteStats:
     """Return the folder of this checkpoint, writing it first if no complete copy is cached."""
-    key = checkpoint_key(arch, dict(dims), dtype, fmt, seed, shard_mb)
+    key = checkpoint_key(arch, dict(dims), dtype, fmt, seed, shard_mb, config_path)
     final = checkpoint_dir(cache_dir, name, key)
 
     def build(tmp: Path) -> Dict[str, Any]:
         t0 = time.perf_counter()
-        nbytes, weights_s = write_checkpoint(tmp, arch, dict(dims), dtype, fmt, seed, shard_mb)
+        nbytes, weights_s = write_checkpoint(
+            tmp, arch, dict(dims), dtype, fmt, seed, shard_mb, config_path, trust_remote_code
+        )
         return {"bytes": nbytes, "seconds": time.perf_counter() - t0, "weights_s": weights_s, "key": key}
 
     done, hit = build_once(final, DONE_MARK, build)
@@ -94,24 +114,50 @@ def ensure_checkpoint(
     return WriteStats(final, done["bytes"], done["seconds"], cache_hit=False, weights_s=done["weights_s"])
 
 
-def meta_model(arch: str, dims: Dict[str, Any], dtype: str):
+def meta_model(
+    arch: Optional[str],
+    dims: Dict[str, Any],
+    dtype: str,
+    config_path: Optional[str] = None,
+    trust_remote_code: bool = False,
+    real_buffers: bool = False,
+):
     """The model of this architecture built on the meta device (no memory), with its HF config, its tensors in
-    `dtype` as from_pretrained(dtype=...) makes them (buffers the modeling code builds in fp32 stay fp32)."""
+    `dtype` as from_pretrained(dtype=...) makes them (buffers the modeling code builds in fp32 stay fp32).
+    real_buffers: parameters on meta, buffers computed for real (their values, as a load=meta rank builds them)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    cfg = ARCHS[arch].make_config(dims, dtype)
-    # Calling a model class directly builds in torch's default dtype (fp32) whatever the config says;
-    # _from_config (what AutoModel.from_config calls) applies the dtype, also for a remote-code class.
-    build = _model_class(arch, cfg)._from_config if ARCHS[arch].remote_code else AutoModelForCausalLM.from_config
-    with torch.device("meta"):
+    cfg = presets.make_config(arch, dims, dtype, config_path, trust_remote_code)
+    if not config_path and presets.remote_code(arch):
+        # Calling a model class directly builds in torch's default dtype (fp32) whatever the config says;
+        # _from_config (what AutoModel.from_config calls) applies the dtype, also for a remote-code class.
+        build = _model_class(arch, cfg)._from_config
+    else:
+        remote = presets.remote_code(arch, config_path)
+        build = functools.partial(AutoModelForCausalLM.from_config, trust_remote_code=remote)
+    if real_buffers:
+        from accelerate import init_empty_weights
+
+        place = init_empty_weights(include_buffers=False)
+    else:
+        place = torch.device("meta")
+    with place:
         model = build(cfg, dtype=torch_dtype(dtype))
+    if not getattr(cfg, "architectures", None):
+        cfg.architectures = [type(model).__name__]
     return cfg, model
 
 
-def tensor_specs(arch: str, dims: Dict[str, Any], dtype: str) -> Tuple[Any, List[Tuple[str, tuple]]]:
+def tensor_specs(
+    arch: Optional[str],
+    dims: Dict[str, Any],
+    dtype: str,
+    config_path: Optional[str] = None,
+    trust_remote_code: bool = False,
+) -> Tuple[Any, List[Tuple[str, tuple]]]:
     """The HF config and the (name, shape) of every tensor a checkpoint of this model holds."""
-    cfg, model = meta_model(arch, dims, dtype)
+    cfg, model = meta_model(arch, dims, dtype, config_path, trust_remote_code)
     seen, specs = set(), []
     for name, t in model.state_dict(keep_vars=True).items():
         if id(t) in seen:  # tied weights are stored once
@@ -128,13 +174,24 @@ def _model_class(arch: str, cfg):
 
 
 def write_checkpoint(
-    folder: Path, arch: str, dims: Dict[str, Any], dtype: str, fmt: str, seed: int, shard_mb: int
+    folder: Path,
+    arch: Optional[str],
+    dims: Dict[str, Any],
+    dtype: str,
+    fmt: str,
+    seed: int,
+    shard_mb: int,
+    config_path: Optional[str] = None,
+    trust_remote_code: bool = False,
 ) -> Tuple[int, float]:
     """Write config.json and the weight shards (+ index) into folder; return bytes of weights and the seconds
-    spent drawing and writing them."""
+    spent drawing and writing them. A config folder's code files are copied in beside them."""
     folder.mkdir(parents=True)
-    cfg, specs = tensor_specs(arch, dims, dtype)
-    if ARCHS[arch].remote_code:
+    cfg, specs = tensor_specs(arch, dims, dtype, config_path, trust_remote_code)
+    if config_path:
+        for src in presets.code_files(config_path):
+            shutil.copyfile(src, folder / src.name)
+    elif presets.remote_code(arch):
         from dsexp.models.internlm2 import write_remote_code
 
         write_remote_code(folder)

@@ -8,17 +8,14 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Dict, Tuple
 
+from dsexp.core.schema import version_tuple
+
 
 @lru_cache(maxsize=None)
 def _version(module: str) -> Tuple[int, ...]:
     import importlib
 
-    text = importlib.import_module(module).__version__
-    parts = []
-    for piece in text.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+    return version_tuple(importlib.import_module(module).__version__)
 
 
 def transformers_version() -> Tuple[int, ...]:

@@ -64,28 +64,38 @@ def import_stack(ctx: RankContext) -> None:
 
 
 def _start_distributed(ctx: RankContext, rec: PhaseRecorder) -> dict:
-    """Import torch and DeepSpeed, take the device, join the process group; return how long each part took."""
+    """Import torch and DeepSpeed, take the device, join the process group; return how long each part took and,
+    on a GPU, the memory outside PyTorch's allocator after the CUDA context and after the first collective."""
     import_stack(ctx)
     import deepspeed
     import torch
 
+    from dsexp.rank.probes.gpu import outside_reading
+
     t1 = time.perf_counter()
+    outside = {}
     if ctx.runtime.get("device") == "cuda":
         torch.cuda.set_device(ctx.local_rank)
         ctx.device = f"cuda:{ctx.local_rank}"
         rec.attach_cuda(ctx.local_rank)
+        outside["context"] = outside_reading(ctx.local_rank, rec.nvml)
     t2 = time.perf_counter()
     deepspeed.init_distributed(dist_backend="nccl" if ctx.on_gpu else "gloo", verbose=False)
     if ctx.world_size > 1:
         rec.align = torch.distributed.barrier  # every later phase starts on all ranks together
-    return {"imports_s": t1 - T_PROCESS, "device_s": t2 - t1, "rendezvous_s": time.perf_counter() - t2}
+    first = ctx.spec.probe.first_collective
+    if ctx.on_gpu and (ctx.world_size > 1 if first is None else first):
+        torch.distributed.all_reduce(torch.ones(1, device=ctx.device))  # creates and connects the communicator
+        outside["communicator"] = outside_reading(ctx.local_rank, rec.nvml)
+    out = {"imports_s": t1 - T_PROCESS, "device_s": t2 - t1, "rendezvous_s": time.perf_counter() - t2}
+    return {**out, "outside": outside} if outside else out
 
 
 def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
     from dsexp.rank.engines import get_engine
     from dsexp.rank.generation import run_generate
     from dsexp.rank.loading import get_loader
-    from dsexp.rank.probes.weights import residency, resident_bytes, tensor_layout, weight_census
+    from dsexp.rank.probes.weights import residency, resident_bytes, tensor_bytes, tensor_layout, weight_census
 
     spec, role = ctx.spec, ctx.runtime.get("role")  # None: measured run; "reference"; "split" (load=sharded)
     reference = role == "reference"
@@ -109,11 +119,15 @@ def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
             module, report = loaded.model.to(ctx.device), {"reference": True}
         if loaded.finalize:
             report["finalize"] = loaded.finalize(module)
+        if engine:
+            engine.after_finalize(module, ctx, report)
     del loaded
     census = weight_census(module)
-    rec.annotate_phase("init", weights_device=resident_bytes(census, device_type), weights=census)
+    tensors = tensor_bytes(module, device_type)
+    rec.annotate_phase("init", weights_device=resident_bytes(census, device_type), weights=census, tensors=tensors)
     if engine:
         report.update(residency(full, module, device_type, ctx.torch_dtype.itemsize))
+    rec.note(engine=report)  # kept if generate fails; updated after it
     if census["on_meta"]:
         raise RuntimeError(
             f"{len(census['on_meta'])} tensors are still on the meta device after init: "

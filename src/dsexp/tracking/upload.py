@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from dsexp.analysis import measured as m
-from dsexp.analysis.matrix import Row, recommend
+from dsexp.analysis.matrix import OUTSIDE_COLUMNS, Row, recommend
 from dsexp.analysis.report import PLOTS, SUMMARY_CSV, SUMMARY_MD, write_report
 from dsexp.tracking.runs import Tracker, retry
 
@@ -18,6 +18,7 @@ CHILD_METRICS = {
     "pred.weights_err_pct": "weights_err_pct",
     "pred.floor_gib": "pred_floor_gib",
     "pred.model_gib": "model_gib",
+    **{f"outside.{k}_gib": f"outside_{k}_gib" for k in OUTSIDE_COLUMNS},  # GPU: memory outside the allocator
 }
 HEADLINE_COLUMNS = (
     "gpu_peak_gib",

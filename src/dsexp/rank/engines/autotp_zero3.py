@@ -13,8 +13,9 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from dsexp.models.policy import ds_name
 from dsexp.rank.context import RankContext
-from dsexp.rank.engines.init_inference import effective_policy
+from dsexp.rank.engines.init_inference import applied_policy
 from dsexp.rank.engines.zero_inference import ZeroInference
 
 
@@ -29,7 +30,8 @@ def partition_config(model, policy: Dict[str, List[str]]) -> Dict[str, Any]:
             continue
         for name, child in layer.named_modules():
             if name and isinstance(child, torch.nn.Linear):
-                (rows if name in row_names else cols).add(name)
+                # a policy names a linear as DeepSpeed does ('<parent>.<attr>', '.fc2'), or by its path in the layer
+                (rows if name in row_names or ds_name(name) in row_names else cols).add(name)
     if not rows:
         raise ValueError(f"injection policy {policy} names no Linear layer of the model")
 
@@ -62,9 +64,11 @@ class AutoTPZero3(ZeroInference):
         return [(TPTrainingConfig, "tensor_parallel", ["autotp_size", "partition_config"])]
 
     def apply(self, model, ctx: RankContext, checkpoint: Optional[Any] = None) -> Tuple[Any, Dict[str, Any]]:
-        policy = effective_policy(ctx)
+        policy, inference = applied_policy(ctx, model)
         if policy:  # needs the model's layer classes, so it joins the config only now
             self.ds_config["tensor_parallel"]["partition_config"] = partition_config(model, policy)
         module, report = super().apply(model, ctx, checkpoint)
         report["injection_policy"] = policy
+        if inference is not None:
+            report["policy_inference"] = inference
         return module, report

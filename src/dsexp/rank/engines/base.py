@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from typing import Any, Dict, Optional, Tuple
 
+from dsexp.rank import trims
 from dsexp.rank.context import RankContext
 
 
@@ -20,11 +21,31 @@ class Engine(ABC):
         return {}
 
     def wrap(self, model, ctx: RankContext, checkpoint: Optional[Any] = None) -> Tuple[Any, Dict[str, Any]]:
-        """Return (module to generate with, report of what was done, with the module classes it replaced)."""
+        """Return (module to generate with, report of what was done, with the module classes it replaced).
+
+        trim.dedupe_buffers: the duplicate buffers are held out of the model while the engine places it (one copy
+        of each reaches the device) and put back by `after_finalize`."""
         before = class_census(model)
+        self.held = trims.HeldBuffers(model) if ctx.spec.trim.dedupe_buffers else None
         module, report = self.apply(model, ctx, checkpoint)
         report["modules"] = module_changes(before, class_census(module))
         return module, report
+
+    def after_finalize(self, module, ctx: RankContext, report: Dict[str, Any]) -> None:
+        """After the engine and the loader's fix-ups (buffer restore): the trims that need the final tensors
+        (dedupe_buffers), and the trim.env values the rank saw, into report["trims"]."""
+        t = ctx.spec.trim
+        if not (t.dedupe_buffers or t.env or report.get("trims")):
+            return
+        done = report.setdefault("trims", {})
+        if t.dedupe_buffers:
+            held = getattr(self, "held", None)
+            done["dedupe_buffers"] = trims.dedupe_buffers(module, held, "cuda" if ctx.on_gpu else "cpu")
+            restored = (report.get("finalize") or {}).get("buffers")
+            if restored and held is not None:  # held buffers were not there to restore: they share a restored one
+                restored["not_found"] = [n for n in restored["not_found"] if n not in held.of]
+        if t.env:
+            done["env"] = trims.env_seen(t.env)
 
     @abstractmethod
     def apply(self, model, ctx: RankContext, checkpoint: Optional[Any] = None) -> Tuple[Any, Dict[str, Any]]:

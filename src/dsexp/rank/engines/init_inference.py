@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from dsexp.core.engines import INFER
 from dsexp.core.engines import effective_policy as core_effective_policy
+from dsexp.rank import trims
 from dsexp.rank.compat import config_fields
 from dsexp.rank.context import RankContext
 from dsexp.rank.engines.base import Engine
@@ -31,9 +33,22 @@ def resolve_policy(policy: Optional[Dict[str, Any]], model) -> Optional[Dict[typ
     return out
 
 
-def effective_policy(ctx: RankContext) -> Optional[Dict[str, Any]]:
+def effective_policy(ctx: RankContext) -> Any:
+    """The user's or preset's {layer class: [linears]}, None, or INFER (resolved on the model: `applied_policy`)."""
     e = ctx.spec.engine
     return core_effective_policy(e.injection_policy, e.kernel_inject, ctx.spec.model.injection_policy)
+
+
+def applied_policy(ctx: RankContext, model) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str, Any]]]:
+    """(policy the engine runs with, how it was found): with engine.injection_policy=infer, dsexp's answer
+    ({"policy", "source": known|deepspeed|inferred, "why", "rule", "agrees"}); else the configured one and None."""
+    policy = effective_policy(ctx)
+    if policy != INFER:
+        return policy, None
+    from dsexp.models.policy import infer_policy
+
+    found = infer_policy(model)
+    return found["policy"], found
 
 
 def zero_block(ctx: RankContext):
@@ -73,8 +88,9 @@ class InitInference(Engine):
             replace_with_kernel_inject=e.kernel_inject,
             max_out_tokens=e.max_out_tokens,
         )
-        policy = effective_policy(ctx)
-        if policy:
+        policy, inference = applied_policy(ctx, model)
+        # DeepSpeed's own parser's policy is left for DeepSpeed to find and apply, exactly as without one
+        if policy and not (inference and inference["source"] == "deepspeed"):
             kwargs["injection_policy"] = resolve_policy(policy, model)
         if e.replace_method is not None:
             kwargs["replace_method"] = e.replace_method
@@ -86,15 +102,48 @@ class InitInference(Engine):
         if checkpoint is not None:
             kwargs["checkpoint"] = checkpoint
         report: Dict[str, Any] = {"call": {k: _printable(v) for k, v in kwargs.items()}, "injection_policy": policy}
+        if inference is not None:
+            report["policy_inference"] = inference
         if e.kernel_inject:
             from dsexp.models.kernel_policy import kernel_injected_layers
 
             report["kernel_policy_layers"] = kernel_injected_layers(model)  # empty: injection replaces nothing
+        grain = getattr(kwargs["tensor_parallel"], "tp_grain_size", 64)  # DeepSpeed 0.14 has no grain (nor VPE)
+        done, alias = self._before_init(model, ctx, checkpoint, grain)
         self.tracer = FieldReadTracer([DeepSpeedInferenceConfig, DeepSpeedTPConfig, DeepSpeedZeroConfig]).start()
         engine = deepspeed.init_inference(model, **kwargs)
         self.user_fields = sorted(k for k in kwargs if k != "dtype") + ["dtype"]
         self.zero_fields = zero_field_names(ctx) if zero is not None else []
-        return engine.module, report
+        module = engine.module
+        if alias:
+            done["shard_head"] = trims.unalias_head(module, alias, done["shard_head"])
+        if ctx.spec.trim.shard_embedding and "shard_embedding" not in done:
+            done["shard_embedding"] = trims.shard_embedding(module, engine.mp_group, grain, "after init_inference")
+        if done:
+            report["trims"] = done
+        return module, report
+
+    @staticmethod
+    def _before_init(model, ctx: RankContext, checkpoint, grain: int) -> Tuple[Dict[str, Any], Optional[str]]:
+        """The trims that act before init_inference: the group DeepSpeed is handed, a VocabParallelEmbedding built
+        while the weights are still on the host (or on meta, filled later by dsexp), the head's alias. Returns (what
+        was done, the aliased head attribute or None)."""
+        t, tp, done = ctx.spec.trim, ctx.world_size, {}
+        if tp == 1:
+            skip = {"skipped": "tp=1: AutoTP does not run, there is nothing to split"}
+            done.update({k: dict(skip) for k in ("shard_head", "shard_embedding", "world_group") if getattr(t, k)})
+            return done, None
+        embed_first = t.shard_embedding and checkpoint is None  # DeepSpeed's checkpoint loader fills nn.Embedding only
+        if t.world_group or embed_first:
+            group, info = trims.preset_group(t.world_group, tp)
+            if t.world_group:
+                done["world_group"] = info
+            if embed_first:
+                done["shard_embedding"] = trims.shard_embedding(model, group, grain, "before init_inference")
+        alias = None
+        if t.shard_head:
+            alias, done["shard_head"] = trims.alias_head(model)
+        return done, alias
 
     def finish(self, report: Dict[str, Any]) -> Dict[str, Any]:
         tracer = getattr(self, "tracer", None)

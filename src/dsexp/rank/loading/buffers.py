@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Dict, List, Optional
 
+from dsexp.core.trims import owner_of
 from dsexp.rank.compat import dtype_kwargs
 
 
@@ -100,21 +101,13 @@ def _state(current, expected) -> str:
     return "same"
 
 
-def _owner(module, name: str):
-    owner_name, _, leaf = name.rpartition(".")
-    try:
-        return module.get_submodule(owner_name), leaf
-    except AttributeError:  # the engine replaced the owner (kernel injection)
-        return None, leaf
-
-
 def restore(module, expected: Dict[str, Any], device: str) -> Dict[str, Any]:
     """Put the expected buffers back where they differ (on the buffer's device; meta ones on `device`); return
     {restored: {name: how it was wrong}, not_found: [names], bytes}."""
     fixed: Dict[str, str] = {}
     gone = []
     for name, want in expected.items():
-        owner, leaf = _owner(module, name)
+        owner, leaf = owner_of(module, name)
         current = owner._buffers.get(leaf) if owner is not None else None
         if current is None:
             gone.append(name)

@@ -75,6 +75,22 @@ def torch_snapshot(device_index: int) -> Dict[str, int]:
     }
 
 
+def outside_reading(device_index: int, nvml: NvmlDevice) -> Dict[str, Optional[int]]:
+    """This process's device memory outside PyTorch's allocator now: NVML process used - torch reserved (None
+    where NVML cannot see our PID). The synchronize creates the CUDA context if nothing has yet."""
+    import torch
+
+    torch.cuda.synchronize(device_index)
+    proc, reserved = nvml.process_used(), torch.cuda.memory_reserved(device_index)
+    return {
+        "nvml_process_used": proc,
+        "nvml_device_used": nvml.used(),
+        "gpu_reserved": reserved,
+        "gpu_alloc": torch.cuda.memory_allocated(device_index),
+        "outside": None if proc is None else proc - reserved,
+    }
+
+
 def reset_torch_peaks(device_index: int) -> None:
     import torch
 

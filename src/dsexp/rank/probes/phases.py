@@ -27,6 +27,7 @@ import psutil
 from dsexp.core.fs import write_json_atomic
 from dsexp.core.protocol import live_file, rank_file
 from dsexp.rank.probes import gpu as gpu_probe
+from dsexp.rank.probes.failure_site import failure_site
 from dsexp.rank.probes.host import host_snapshot
 from dsexp.rank.probes.sampler import PeakSampler
 
@@ -142,6 +143,7 @@ class PhaseRecorder:
                 "message": str(error)[:2000],
                 "traceback": traceback.format_exc()[-4000:],
                 "time": time.time(),
+                "site": failure_site(error),  # the model's module it came from, if any
             }
             self.record["status"] = "failed"
         self.flush()

@@ -1,13 +1,15 @@
 """What DeepSpeed's own `see_memory_usage` prints, captured so users can map their numbers onto ours.
 
 It prints on rank 0 only once torch.distributed is initialised, its GPU figures are torch's
-allocator view in GiB (labelled GB), and its CPU figure is node-wide (total - available).
+allocator view in GiB (labelled GB), and its CPU figure is node-wide (total - available). DeepSpeed 0.19 prints
+it to stdout; 0.14 (the seed's) logs it through its "DeepSpeed" logger: both are captured.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import re
 from typing import Any, Dict
 
@@ -26,8 +28,14 @@ def capture(message: str) -> Dict[str, Any]:
     from deepspeed.runtime.utils import see_memory_usage
 
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        see_memory_usage(message, force=True)
+    handler = logging.StreamHandler(buf)
+    logger = logging.getLogger("DeepSpeed")
+    logger.addHandler(handler)
+    try:
+        with contextlib.redirect_stdout(buf):
+            see_memory_usage(message, force=True)
+    finally:
+        logger.removeHandler(handler)
     return parse(buf.getvalue())
 
 

@@ -62,6 +62,33 @@ def residency(full: Dict[str, Dict[str, Tuple[int, ...]]], module, device_type: 
     }
 
 
+def tensor_bytes(module, device_type: str) -> Dict[str, int]:
+    """{tensor name: local bytes on this rank's device} for every parameter and buffer, each storage counted once.
+
+    The local part is what this rank holds: its ZeRO-3 partition, its DTensor shard, the plain tensor otherwise.
+    A storage two names share (a tied weight: transformers TP lists it under both names) is counted under the first
+    name only; tensors on another device (offloaded, meta) are left out. Compact: names and integers only."""
+    out: Dict[str, int] = {}
+    seen = set()
+    named = [
+        *module.named_parameters(remove_duplicate=False),
+        *module.named_buffers(remove_duplicate=False),
+    ]
+    for name, t in named:
+        if t is None:
+            continue
+        loc = _local(t)
+        if loc.device.type != device_type:
+            continue
+        nbytes = loc.numel() * loc.element_size()
+        key = (loc.untyped_storage().data_ptr(), loc.storage_offset(), tuple(loc.shape)) if nbytes else ("id", id(t))
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = nbytes
+    return out
+
+
 def weight_census(module) -> Dict[str, Any]:
     """Bytes of parameters and buffers by device type, meta leftovers by name, module classes."""
     params: Counter = Counter()

@@ -1,0 +1,68 @@
+"""Remote code as its authors published it: InternLM2's rotary buffers are computed in __init__ only, which
+transformers >= 5 leaves uninitialised. dsexp recomputes them on every load (eager, meta, sharded) and records it;
+a tp=1 reference that is still not finite is `reference_invalid`, naming the buffers."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsexp.rank.compat import transformers_version
+
+from conftest import run_dsexp, sweep_results
+
+
+@pytest.fixture(scope="module")
+def loads(tmp_path_factory, cache_dir):
+    cwd = tmp_path_factory.mktemp("published")
+    run_dsexp(
+        [
+            "-m",
+            "experiment=autotp",
+            "model=internlm2_tiny",
+            "tp=2",
+            "load=eager,meta,sharded",
+            "hydra.sweep.dir=multirun/s",
+        ],
+        cwd,
+        cache_dir,
+    )
+    return {r["config"]["load"]["name"]: r for r in sweep_results(cwd / "multirun" / "s")}
+
+
+@pytest.mark.parametrize("load", ["eager", "meta", "sharded"])
+def test_every_load_is_correct_with_its_buffers_recomputed(loads, load):
+    res = loads[load]
+    assert res["status"] == "ok" and res["correctness"]["passed"], res.get("failure")
+    for rank in res["ranks"]:
+        after_load = rank["phases"]["load"]["loader"]["buffers"]
+        after_engine = rank["engine"]["finalize"]["buffers"]["restored"]
+        assert after_load["checked"] == 3 * 2  # inv_freq, cos and sin tables in each of the 2 layers
+        if load == "eager" and transformers_version() >= (5,):  # from_pretrained left all of them uninitialised
+            assert len(after_load["recomputed"]) == after_load["checked"]
+        if load != "eager":  # built from the constructor on meta: right after load, changed by the engine
+            assert after_load["from_constructor"] and after_load["recomputed"] == {}
+            assert after_engine and set(after_engine.values()) <= {"cast", "changed", "nonfinite", "meta"}
+
+
+def test_a_nan_reference_is_reference_invalid_naming_the_buffers(tmp_path, cache_dir):
+    """Buffers left as loaded (deterministically NaN here: the test-only poison_buffers fault, in the reference
+    run too) make the tp=1 reference NaN: its own cause, never an infinite error."""
+    run_dsexp(
+        [
+            "-m",
+            "experiment=autotp",
+            "model=internlm2_tiny",
+            "tp=2",
+            "load.restore_buffers=false",
+            "fault={kind: poison_buffers, roles: true}",
+            f"cache_dir={tmp_path / 'cache'}",
+            "hydra.sweep.dir=multirun/nan",
+        ],
+        tmp_path,
+        cache_dir,
+    )
+    (res,) = sweep_results(tmp_path / "multirun" / "nan")
+    failure = res["failure"]
+    assert (res["status"], failure["cause"]) == ("failed", "reference_invalid")
+    assert "not finite" in failure["message"] and "rotary_emb.inv_freq" in failure["message"]
+    assert "on stack current" in failure["message"] and "inf" not in str(res.get("correctness") or "")
