@@ -129,7 +129,7 @@ def test_scancel_while_the_ranks_run_is_recorded_and_the_sweep_goes_on(slurm_clu
     )
     sweep = tmp_path / "sw"
     try:
-        wait_for("job 0's ranks in generate", lambda: rank_in(sweep / "0", 1, "generate"))
+        wait_for("both ranks of job 0 in generate", lambda: all(rank_in(sweep / "0", r, "generate") for r in (0, 1)))
         jid = wait_for(
             "job 0 in squeue", lambda: slurm_cluster.run("squeue", "-h", "-t", "R", "-o", "%i").stdout.split()
         )
@@ -154,11 +154,11 @@ def test_scancel_while_the_ranks_run_is_recorded_and_the_sweep_goes_on(slurm_clu
 
 
 def test_node_down_is_recorded_and_a_job_pending_on_it_hits_the_deadline(slurm_cluster, tmp_path, cache_dir):
-    args = [*SLURM, "tp=2,1", SLEEP_IN_GENERATE, "hydra.launcher.pending_deadline_s=10", "hydra.sweep.dir=sw"]
+    args = [*SLURM, "tp=2,1", SLEEP_IN_GENERATE, "hydra.launcher.pending_deadline_s=5", "hydra.sweep.dir=sw"]
     proc = dsexp_background(slurm_cluster, args, tmp_path, cache_dir)
     sweep = tmp_path / "sw"
     try:
-        wait_for("job 0's ranks in generate", lambda: rank_in(sweep / "0", 1, "generate"))
+        wait_for("both ranks of job 0 in generate", lambda: all(rank_in(sweep / "0", r, "generate") for r in (0, 1)))
         t_down = time.time()
         slurm_cluster.run("scontrol", "update", "nodename=n1", "state=down", "reason=dsexp-test")
         assert proc.wait(timeout=240) == 0, (tmp_path / "dsexp.log").read_text()[-3000:]
@@ -169,7 +169,7 @@ def test_node_down_is_recorded_and_a_job_pending_on_it_hits_the_deadline(slurm_c
         wait_for("n1 idle again", lambda: slurm_cluster.node_states().get("n1") == "idle", timeout=60)
     lost, stuck = sweep_results(sweep)
     assert lost["failure"]["cause"] == "node_failed" and lost["slurm"]["state"] == "NODE_FAIL"
-    assert lost["failure"]["ranks_at_stop"] == {"rank0": "generate", "rank1": "generate"}
+    assert lost["failure"]["ranks_at_stop"] == {"rank0": "generate", "rank1": "generate"}, lost["failure"]
     assert stuck["failure"]["cause"] == "node_failed" and stuck["slurm"]["state"] == "CANCELLED"
     assert (
         "pending on DOWN/DRAINED nodes" in stuck["failure"]["message"]
@@ -184,9 +184,10 @@ def test_node_down_is_recorded_and_a_job_pending_on_it_hits_the_deadline(slurm_c
 
 
 def test_slurm_time_limit_is_recorded_and_the_sweep_goes_on(slurm_cluster, tmp_path, cache_dir):
-    """timeout_min=1 and no early USR2 (signal_delay_s=0): SLURM's own limit ends the sleeping job (TIMEOUT)."""
+    """timeout_min=1 and no early USR2 (signal_delay_s=0): SLURM's own limit ends the sleeping job (TIMEOUT). One
+    CPU a job, so the other job runs meanwhile (its ranks are not slowed: the sleeping job's ranks are idle)."""
     t0 = time.monotonic()
-    limits = ["hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=0"]
+    limits = ["hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=0", "hydra.launcher.cpus_per_task=1"]
     dsexp(slurm_cluster, [*SLURM, "tp=2,1", SLEEP_IN_GENERATE, *limits, "hydra.sweep.dir=sw"], tmp_path, cache_dir)
     limited, ok = sweep_results(tmp_path / "sw")
     f = limited["failure"]
