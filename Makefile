@@ -7,9 +7,11 @@ SWEEP   ?= tp=1,2 load=eager
 UI_PORT ?= 5000
 BENCH   ?=
 SERVER_PORT ?= 5001
+SLURM_DIR ?= /tmp/dsexp-slurm
+SLURM_NODES ?= 1
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: help install sweep test lint test-all ui server bench clean
+.PHONY: help install sweep test lint test-all test-slurm ui server bench bench-slurm clean slurm-up slurm-down
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -37,8 +39,15 @@ lint: install  ## ruff check + ruff format --check
 test-all: install  ## also the slow tests (headless Chromium UI check, fault matrix, cluster launcher)
 	$(BIN)/python -m pytest -m 'not gpu'
 
-bench: install  ## dsexp's own speed on this machine -> results/<machine>/bench.{json,md} (BENCH="--only overhead")
+test-slurm: install  ## the tests on a real local SLURM cluster (root; .ci/install-slurm.sh installs slurm-wlm, munge)
+	$(BIN)/python -m pytest -m slurm
+
+bench: install  ## dsexp's own speed on this machine -> results/<machine>/bench.{json,md} (BENCH="--only overhead"), then bench-slurm
 	$(BIN)/python benchmarks/run.py $(BENCH)
+	$(BIN)/python benchmarks/slurm.py
+
+bench-slurm: install  ## SLURM's submit-to-start time per dsexp job on a throwaway local cluster -> results/<machine>/slurm_bench.{json,md}
+	$(BIN)/python benchmarks/slurm.py
 
 ui: install  ## MLflow UI on http://127.0.0.1:$(UI_PORT) for ./mlflow.db
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port $(UI_PORT)
@@ -51,3 +60,10 @@ server: install  ## MLflow tracking server on http://127.0.0.1:$(SERVER_PORT) (s
 
 clean:  ## remove sweep outputs and the local MLflow store (not the model cache)
 	rm -rf multirun outputs mlflow.db mlartifacts mlruns
+
+slurm-up:  ## a throwaway local SLURM cluster in /tmp/dsexp-slurm (root; installs slurm-wlm, munge): eval "$(make -s slurm-up)"
+	.ci/install-slurm.sh
+	$(PY) scripts/slurm_cluster.py start --dir $(SLURM_DIR) --nodes $(SLURM_NODES)
+
+slurm-down:  ## stop it: exactly the daemons slurm-up started; removes its folder
+	$(PY) scripts/slurm_cluster.py stop --dir $(SLURM_DIR)

@@ -11,6 +11,8 @@ from typing import List
 
 import pytest
 
+from helpers.slurm import slurm_cluster, slurm_cluster_2nodes  # noqa: F401  (fixtures: a real SLURM cluster)
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 

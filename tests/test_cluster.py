@@ -3,6 +3,7 @@ write, the multi-node rank commands, per-node metrics, and tracking into a real 
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -18,6 +19,26 @@ from conftest import compose
 from helpers.cluster import fake_slurm_bin, mlflow_server
 
 SLURM = ["hydra/launcher=dsexp_slurm", "hydra.launcher.partition=gpu"]
+
+
+@pytest.fixture(autouse=True)
+def no_slurm_controller(monkeypatch):
+    """SLURM's answers are the test's own here (a cluster may be up on this machine): by default sinfo knows
+    nothing, so requests are as configured."""
+    from dsexp.job import slurm
+
+    monkeypatch.setattr(slurm, "partition_nodes", lambda partition=None, fresh=False: None)
+
+
+def cpu_partition(monkeypatch, cpus=2, mem_mb=24105, gpus=0, nodes=1):
+    """sinfo answers: `nodes` nodes of `cpus` CPUs, `mem_mb` MiB and `gpus` GPUs (this machine's, by default)."""
+    from dsexp.job import slurm
+
+    info = [
+        {"name": f"n{i + 1}", "partition": "debug", "cpus": cpus, "mem_mb": mem_mb, "gpus": gpus, "state": "idle"}
+        for i in range(nodes)
+    ]
+    monkeypatch.setattr(slurm, "partition_nodes", lambda partition=None, fresh=False: info)
 
 
 def launcher_params(*overrides):
@@ -312,3 +333,206 @@ def test_http_store_takes_job_runs_and_serves_their_artifacts(server, tmp_path):
     assert [a.path for a in client.list_artifacts(rid, "ranks")] == ["ranks/rank0.json"]
     stored = list((root / "artifacts").rglob("rank0.json"))
     assert len(stored) == 1 and stored[0].read_text() == '{"rank": 0}'
+
+
+# --- SLURM on nodes without GPUs: sizing, requeue, what the sweep process records (dsexp.job.slurm) ---
+
+
+def slurm_request(*overrides):
+    from dsexp.job.cluster_launchers import slurm_request
+
+    return slurm_request(compose(["hydra/launcher=dsexp_slurm", *overrides], hydra=True))
+
+
+@pytest.mark.parametrize("tp,cpus,mem", [(1, "2", "5GB"), (2, "2", "6GB")])
+def test_sbatch_on_a_partition_without_gpus_asks_for_none_and_sizes_cpus_and_memory(
+    tp, cpus, mem, tmp_path, monkeypatch
+):
+    cpu_partition(monkeypatch)  # this machine: 2 CPUs, 24105 MiB, no GRES
+    params, problems = slurm_request(f"tp={tp}", "model=tiny", f"hydra.sweep.dir={tmp_path}")  # device=auto
+    assert problems == [] and params["gpus_per_node"] is None
+    script = sbatch_script(params, monkeypatch)
+    flags = sbatch_flags(script)
+    assert not any("gpu" in f or "gres" in f for f in flags), flags
+    assert flags["cpus-per-task"] == cpus and flags["mem"] == mem  # tp + 1 CPUs, capped at the node's 2
+    assert flags["no-requeue"] is True  # a requeued measurement would run twice
+    lines = script.splitlines()
+    assert lines.index("export DSEXP_SLURM_STARTED=$(date +%s.%N)") < next(
+        i for i, line in enumerate(lines) if line.startswith("srun ")
+    )
+
+
+def test_slurm_sizing_without_sinfo_follows_the_config(tmp_path):
+    from dsexp.job.cluster_launchers import checkpoint_gib
+
+    cpu = slurm_request("tp=4", "device=cpu", f"hydra.sweep.dir={tmp_path}")[0]
+    assert (cpu["gpus_per_node"], cpu["cpus_per_task"], cpu["mem_gb"]) == (None, 5, 8)  # 3 + 4 * (1 + ~0)
+    gpu = slurm_request("tp=4", "model=internlm2_20b_shapes", f"hydra.sweep.dir={tmp_path}")[0]
+    weights = checkpoint_gib(compose(["model=internlm2_20b_shapes"]).model)
+    assert weights == pytest.approx(37.74, rel=0.03)  # the README's figure for these shapes
+    assert gpu["gpus_per_node"] == 4 and gpu["mem_gb"] == math.ceil(3 + weights + 4 * (1 + weights))
+    requeue = slurm_request("hydra.launcher.requeue=true", f"hydra.sweep.dir={tmp_path}")[0]
+    assert "no-requeue" not in requeue["additional_parameters"]
+
+
+def test_slurm_defaults_are_capped_and_explicit_requests_are_checked_against_the_nodes(tmp_path, monkeypatch):
+    cpu_partition(monkeypatch, cpus=4, mem_mb=16000)
+    big = slurm_request("tp=8", "model=internlm2_20b_shapes", "device=cpu", f"hydra.sweep.dir={tmp_path}")
+    assert (big[0]["cpus_per_task"], big[0]["mem_gb"], big[1]) == (4, 15, [])  # defaults: capped at the node
+    params, problems = slurm_request(
+        "hydra.launcher.cpus_per_task=8", "hydra.launcher.mem_gb=64", "launcher.nodes=2", "tp=2", "device=cuda"
+    )
+    assert len(problems) == 4, problems
+    assert "cpus_per_task=8: the largest node of partition debug (the default) has 4 CPUs" in problems[0]
+    assert "mem_gb=64" in problems[1] and "at most mem_gb=15" in problems[1]
+    assert "gpus_per_node=1" in problems[2] and "no GPUs" in problems[2] and "device=cpu" in problems[2]
+    assert "nodes=2" in problems[3] and "1 node(s)" in problems[3]
+
+
+def test_sweep_is_refused_before_submitting_what_no_node_has(monkeypatch):
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
+
+    from dsexp.compose.sweep import validate_sweep
+
+    from conftest import CONF
+
+    cpu_partition(monkeypatch)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        ok = validate_sweep(
+            hcompose("config", overrides=["hydra/launcher=dsexp_slurm", "tp=2"], return_hydra_config=True)
+        )
+        bad = validate_sweep(
+            hcompose(
+                "config",
+                overrides=["hydra/launcher=dsexp_slurm", "tp=1", "hydra.launcher.cpus_per_task=3"],
+                return_hydra_config=True,
+            )
+        )
+    assert ok == [] and len(bad) == 1 and "cpus_per_task=3" in bad[0][1] and "has 2 CPUs" in bad[0][1]
+
+
+def test_slurm_facts_from_the_job_environment():
+    from dsexp.job import slurm
+
+    env = {
+        "SLURM_JOB_ID": "14",
+        "SLURM_ARRAY_JOB_ID": "12",
+        "SLURM_ARRAY_TASK_ID": "2",
+        "SLURMD_NODENAME": "n1",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+        "DSEXP_SLURM_STARTED": "1700000000.25",
+    }
+    facts = slurm.env_facts(env)
+    assert facts["job_id"] == "12_2" and facts["raw_job_id"] == 14 and facts["node"] == "n1"
+    assert facts["nodelist"] == "n[1-2]" and facts["started_at"] == 1700000000.25
+    assert slurm.env_facts({}) is None
+    assert slurm.gres_gpus("gpu:h100:8(S:0-1),shard:4") == 8 and slurm.gres_gpus("(null)") == 0
+
+
+def slurm_record(state, **extra):
+    return {
+        "JobId": "7",
+        "JobState": state,
+        "NodeList": "n1",
+        "SubmitTime": "2026-01-01T00:00:00",
+        "StartTime": "2026-01-01T00:00:03",
+        "EndTime": "2026-01-01T00:01:00",
+        "ExitCode": "0:15",
+        "Reason": "None",
+        **extra,
+    }
+
+
+def test_slurm_times_submit_to_start_and_sbatch_to_start():
+    from dsexp.job import slurm
+
+    started = slurm.epoch("2026-01-01T00:00:03") + 0.4
+    f = slurm.facts(slurm_record("COMPLETED"), started - 5.0, {"job_id": "7", "started_at": started}, started + 2)
+    assert f["submit_to_start_s"] == 3.0 and f["sbatch_to_start_s"] == pytest.approx(5.0)
+    assert f["sbatch_to_task_s"] == pytest.approx(7.0) and f["state"] == "COMPLETED" and f["reason"] is None
+    never = slurm.facts(slurm_record("CANCELLED", NodeList="(null)"), None, {"job_id": "7"})
+    assert "submit_to_start_s" not in never  # cancelled while pending: SLURM's StartTime is its end
+
+
+def test_how_slurm_ended_a_job_becomes_its_cause():
+    from dsexp.job import slurm
+
+    reached = {"ranks_at_stop": {"rank0": "generate", "rank1": "generate"}, "memory_reached": {"rank0": {}}}
+    interrupted = {"status": "failed", "failure": {"cause": "interrupted", "type": "Interrupted", "message": "x"}}
+    out = slurm.merge_outcome(interrupted, {"job_id": "7", "state": "CANCELLED"}, reached)
+    f = out["failure"]
+    assert (f["cause"], f["job_cause"], f["slurm_state"], f["phase"]) == (
+        "slurm_cancelled",
+        "interrupted",
+        "CANCELLED",
+        "generate",
+    )
+    assert "rank0 in generate" in f["message"] and out["slurm"]["state"] == "CANCELLED"
+    assert slurm.merge_outcome(None, {"state": "NODE_FAIL"}, {"ranks_at_stop": {}})["failure"]["cause"] == "node_failed"
+    assert slurm.merge_outcome(None, {"state": "TIMEOUT"}, {})["failure"]["cause"] == "time_limit"
+    timed_out = "FailedJobError: ... UncompletedJobError: Job not requeued because: timed-out too many times."
+    assert slurm.merge_outcome(None, {"state": "FAILED"}, {}, timed_out)["failure"]["cause"] == "time_limit"
+    assert slurm.merge_outcome(None, {"state": "FAILED"}, {})["failure"]["cause"] == "slurm_failed"
+    late = slurm.merge_outcome(None, {"state": "CANCELLED"}, {}, deadline="pending on DOWN nodes for 900 s")
+    assert late["failure"]["cause"] == "node_failed" and late["failure"]["message"].startswith("pending on DOWN")
+    ok = {"status": "ok", "headline": {"load_s": 1.0}}
+    assert slurm.merge_outcome(ok, {"state": "CANCELLED"}, reached)["status"] == "ok"  # measured before the end
+    own = {"status": "failed", "failure": {"cause": "load_error", "message": "bad file"}}
+    assert slurm.merge_outcome(own, {"state": "COMPLETED"}, reached)["failure"] == own["failure"]
+
+
+def test_submitits_time_limit_error_is_a_time_limit():
+    from dsexp.job import failures, slurm
+    from dsexp.job.run import _preparation_cause
+
+    class UncompletedJobError(Exception):
+        pass
+
+    e = UncompletedJobError("Job not requeued because: timed-out too many times.")
+    assert slurm.is_time_limit_error(e) and _preparation_cause(e) == "time_limit"
+    assert {"slurm_cancelled", "node_failed", "time_limit", "slurm_failed", "slurm_rejected"} <= set(failures.CAUSES)
+
+
+def test_earlier_submissions_are_found_from_submitits_pickles(tmp_path):
+    from submitit.core.utils import DelayedSubmission
+
+    from dsexp.job.cluster_launchers import earlier_submissions
+
+    folder = tmp_path / ".submitit"
+    for jid, num in (("12_0", 0), ("12_1", 3), ("15", 3)):
+        (folder / jid).mkdir(parents=True)
+        DelayedSubmission(print, ["tp=1"], "hydra.sweep.dir", num, f"job_id_for_{num}", {}).dump(
+            folder / jid / f"{jid}_submitted.pkl"
+        )
+    (folder / "12").mkdir()
+    (folder / "12" / "12_submission.sh").write_text("#!/bin/bash\n")
+    found = earlier_submissions(str(folder / "%j"))
+    assert {n: [jid for jid, _ in subs] for n, subs in found.items()} == {0: ["12_0"], 3: ["12_1", "15"]}
+    assert found[0][0][1] == (folder / "12" / "12_submission.sh").stat().st_mtime  # the sbatch call
+
+
+def test_sweep_table_shows_slurm_job_node_and_state():
+    from dsexp.compose.callbacks import format_table
+
+    res = {
+        "job_dir": "/s/0",
+        "status": "failed",
+        "failure": {"cause": "node_failed"},
+        "config": {"tp": 2, "model": {"name": "tiny"}},
+        "slurm": {"job_id": "12_0", "node": "n1", "state": "NODE_FAIL", "submit_to_start_s": 3.0},
+    }
+    table = format_table([res])
+    assert "slurm_job" in table.splitlines()[0] and "12_0" in table and "NODE_FAIL" in table
+    assert "failed:node_failed" in table and "slurm_job" not in format_table([{**res, "slurm": None}])
+
+
+def test_a_partition_slurm_does_not_have_is_refused_before_submitting(monkeypatch):
+    from dsexp.job import slurm
+
+    monkeypatch.setattr(slurm, "partition_nodes", lambda partition=None, fresh=False: [])
+    monkeypatch.setattr(slurm, "partitions", lambda: ["debug", "gpu"])
+    problems = slurm_request("hydra.launcher.partition=nope")[1]
+    assert problems == [
+        "hydra.launcher.partition=nope: SLURM has no such partition (or it has no nodes); sinfo lists: debug, gpu"
+    ]

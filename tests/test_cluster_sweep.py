@@ -12,21 +12,11 @@ import pytest
 from dsexp.tracking.runs import read_sweep_state
 
 from conftest import run_dsexp, sweep_results
-from helpers.cluster import fake_slurm_bin, mlflow_server
+from helpers.cluster import comparable, fake_slurm_bin, mlflow_server
 
 pytestmark = pytest.mark.slow
 
 SWEEP = ["-m", "tp=1,2", "model=tiny"]
-
-
-def comparable(res):
-    """What must not depend on the launcher: the config (less tracking) and the weights each rank holds."""
-    config = {k: v for k, v in res["config"].items() if k != "tracking"}
-    weights = [
-        (rk["rank"], rk["phases"]["load"]["weights_device"], rk["phases"]["init"]["weights_device"])
-        for rk in res["ranks"]
-    ]
-    return res["key"], config, weights, res["ranks"][0]["generate"]["tokens"]
 
 
 def test_submitit_local_sweep_into_an_mlflow_server_matches_the_basic_launcher(tmp_path_factory, cache_dir):
@@ -48,7 +38,7 @@ def test_submitit_local_sweep_into_an_mlflow_server_matches_the_basic_launcher(t
         logs = sorted((cwd / "multirun" / "sub" / ".submitit").glob("*/*_0_log.out"))
         assert len(logs) == 2 and all("dsexp: ok" in p.read_text() for p in logs)
         assert proc.stdout.count("array of 1: nodes=1") == 2  # Hydra logs to stdout
-        assert "tiny/eager/init_inference/tp2" in proc.stdout  # the end-of-sweep table
+        assert "tiny/eager/init_inference/bf16/tp2" in proc.stdout  # the end-of-sweep table
 
         client = MlflowClient(uri)
         exp = client.get_experiment_by_name("dsexp")

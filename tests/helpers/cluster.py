@@ -24,7 +24,6 @@ FAKE_SRUN = """#!/bin/bash
 # fake srun: run the command once per "node", all on this machine (so every rank is local to it)
 n=1
 while [[ $1 == --* ]]; do case $1 in --nodes=*) n=${1#--nodes=};; esac; shift; done
-export LOCAL_SIZE=$(( ${LOCAL_SIZE:-1} * n ))
 pids=()
 for ((i = 0; i < n; i++)); do SLURM_NODEID=$i SLURM_PROCID=$i "$@" & pids+=($!); done
 rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; exit $rc
@@ -49,6 +48,16 @@ FAKE_SCONTROL = """#!/bin/bash
 [[ "$1 $2" == "show hostnames" && -n "$3" ]] || { echo "fake scontrol: unexpected $*" >&2; exit 2; }
 printf '%s\\n' {hosts}
 """
+
+
+def comparable(res: dict):
+    """What must not depend on the launcher: the config (less tracking) and the weights each rank holds."""
+    config = {k: v for k, v in res["config"].items() if k != "tracking"}
+    weights = [
+        (rk["rank"], rk["phases"]["load"]["weights_device"], rk["phases"]["init"]["weights_device"])
+        for rk in res["ranks"]
+    ]
+    return res["key"], config, weights, res["ranks"][0]["generate"]["tokens"]
 
 
 def fake_slurm_bin(folder: Path, hosts: List[str]) -> Path:

@@ -143,7 +143,7 @@ def format_cache_use(results: List[Dict[str, Any]]) -> str:
 
 
 def format_table(results: List[Dict[str, Any]]) -> str:
-    """One row a job, headline metrics; failed jobs show their cause."""
+    """One row a job, headline metrics; failed jobs show their cause; SLURM jobs their id, node and final state."""
     cols = [
         "job",
         "config",
@@ -174,5 +174,12 @@ def format_table(results: List[Dict[str, Any]]) -> str:
             + ["shared" if shared and k.startswith("node_") else _fmt(h.get(k)) for k in cols[3:-1]]
             + [_fmt(corr.get("logits_rel_err"), 4) if corr.get("logits_rel_err") is not None else "-"]
         )
+    if any(res.get("slurm") for res in results):  # SLURM jobs: their id, node and SLURM's final state
+        rows[0] += ["slurm_job", "node", "slurm_state", "queued_s"]
+        for row, res in zip(rows[1:], results):
+            sl = res.get("slurm") or {}
+            row += [sl.get("job_id") or "-", sl.get("node") or sl.get("nodelist") or "-", sl.get("state") or "-"]
+            row.append(_fmt(sl.get("submit_to_start_s"), 0) if sl.get("submit_to_start_s") is not None else "-")
+        cols = rows[0]
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(cols))]
     return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths)) for r in rows)

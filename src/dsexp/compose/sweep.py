@@ -41,6 +41,9 @@ def check_sweep(config: DictConfig) -> Tuple[List[Tuple[List[str], str]], List[T
             )
             gpus = requested_gpus(job_cfg)
             spec = validate(to_schema(job_cfg), gpus)
+            slurm_problems = slurm_request_problems(job_cfg)
+            if slurm_problems:
+                raise ConfigError("; ".join(slurm_problems))
             if spec.launcher.pack and gpus is not None:
                 raise ConfigError(
                     "launcher.pack=true shares out the GPUs of this machine; with a SLURM launcher "
@@ -78,6 +81,16 @@ def prepare_stacks(specs: List[Tuple[List[str], JobConfig]]) -> List[Tuple[List[
         for combo, s in specs
         if failed[(stack_key(s.stack), s.cache_dir)]
     ]
+
+
+def slurm_request_problems(job_cfg: DictConfig) -> List[str]:
+    """With hydra/launcher=dsexp_slurm: what the job asks for that no node of its partition has (sinfo)."""
+    launcher = OmegaConf.select(job_cfg, "hydra.launcher")
+    if launcher is None or not str(launcher.get("_target_", "")).endswith("DsexpSlurmLauncher"):
+        return []
+    from dsexp.job.cluster_launchers import slurm_request
+
+    return slurm_request(job_cfg)[1]
 
 
 def requested_gpus(job_cfg: DictConfig) -> Optional[int]:

@@ -5,29 +5,120 @@ one job array with those resources, so `gpus_per_node: ${tp}` would give a tp=8 
 default tp. These launchers resolve `hydra.launcher` for each job (as the job itself will see it) and
 submit one array per distinct request; jobs keep their sweep numbers. Each job then runs in submitit
 exactly as the plugin runs it (its `__call__`): the same dsexp job code as with the basic launcher.
+
+On SLURM (`DsexpSlurmLauncher`) the sweep process also:
+
+- sizes each request against the partition (sinfo): no GPUs on nodes without GPU GRES when `device` is
+  cpu or auto; `cpus_per_task` and `mem_gb` from the job (dsexp's defaults are capped at the largest node);
+- submits with `--no-requeue` (`hydra.launcher.requeue=false`): a requeued measurement would run twice;
+- on a resumed sweep (same command, same `hydra.sweep.dir`) submits only what is unfinished: jobs with an
+  ok result are skipped, jobs still queued or running from the earlier sweep process (found through
+  submitit's `<sweep>/.submitit/*/*_submitted.pkl` and squeue) are waited for, not submitted again;
+- waits for every job itself, polling squeue (submitit's own wait has no deadline and notices a job SLURM
+  killed only 30-40 s late): a job pending on DOWN/DRAINED nodes for `pending_deadline_s` is cancelled;
+- when a job has ended, merges SLURM's final state into its result.json (dsexp.job.slurm.merge_outcome) and
+  MLflow: a job SLURM cancelled, lost with its node or stopped at its time limit is a failed result with its
+  cause, and the sweep goes on (Hydra's multirun would stop at the first job that raises).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
+import math
 import os
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from hydra.core.config_store import ConfigStore
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, filter_overrides
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
-from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
-from omegaconf import DictConfig, OmegaConf
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dsexp.core.schema import per_node
-
-# `${dsexp.per_node:${tp},${launcher.nodes}}`: GPUs each node of a job needs (the presets use it).
-OmegaConf.register_new_resolver("dsexp.per_node", per_node, replace=True)
+from dsexp.job import slurm
 
 log = logging.getLogger(__name__)
 _INIT_KEYS = ("submitit_folder", "max_num_timeout")
+# dsexp's own keys in hydra.launcher (not submitit's): how the sweep process treats the jobs
+_DSEXP_KEYS = ("requeue", "pending_deadline_s", "poll_s", "settle_s")
+_DEFAULT_MARK = "dsexp.slurm_"  # a value left to dsexp's sizing resolvers (capped at the node); else the user's
+_GIB = 2**30
+
+
+@dataclass
+class DsexpSlurmQueueConf(SlurmQueueConf):
+    """submitit_slurm's keys plus dsexp's (conf/hydra/launcher/dsexp_slurm.yaml sets them all)."""
+
+    _target_: str = "hydra_plugins.dsexp_launcher.dsexp_launcher.DsexpSlurmLauncher"
+    requeue: bool = False  # false: sbatch --no-requeue (SLURM would rerun a job whose node failed, from scratch)
+    pending_deadline_s: float = 900.0  # cancel a job pending this long on DOWN/DRAINED nodes; <= 0: wait forever
+    poll_s: float = 2.0  # how often the sweep process asks squeue about its jobs
+    settle_s: float = 45.0  # after SLURM ends a job, wait this long for its own result.json (KillWait + margin)
+
+
+ConfigStore.instance().store(
+    group="hydra/launcher", name="dsexp_slurm_schema", node=DsexpSlurmQueueConf, provider="dsexp"
+)
+
+
+# --- sizing resolvers (conf/hydra/launcher/dsexp_slurm.yaml) ---
+
+
+def slurm_gpus(device: Any, tp: Any, nodes: Any, partition: Any = None) -> Optional[int]:
+    """GPUs per node for a job: none for device=cpu, and none for device=auto where the partition's nodes have
+    no GPU (sinfo's GRES), so a GPU-less cluster is not asked for GPUs it would refuse at submit."""
+    if str(device) == "cpu":
+        return None
+    if str(device) == "auto":
+        nodes_info = slurm.partition_nodes(str(partition) if partition else None)
+        if nodes_info is not None and not any(n["gpus"] for n in nodes_info):
+            return None
+    return per_node(int(tp), int(nodes))
+
+
+def slurm_cpus(tp: Any, nodes: Any) -> int:
+    """One CPU per rank on the node, plus one for the job process (the launcher caps it at the largest node)."""
+    return per_node(int(tp), int(nodes)) + 1
+
+
+def slurm_mem_gb(tp: Any, nodes: Any, model: Any) -> int:
+    """Host memory per node (GiB): 3 for the job process and the tp=1 reference, the checkpoint once (its page
+    cache is charged to the job), and per rank 1 plus a private copy of the weights (an eager load that
+    converts dtypes makes one). An upper bound for the largest case; capped at the largest node."""
+    weights = checkpoint_gib(model)
+    return math.ceil(3 + weights + per_node(int(tp), int(nodes)) * (1 + weights))
+
+
+def checkpoint_gib(model: Any) -> float:
+    """The model's weights (GiB): the files of model.path, else counted from the preset's dims."""
+    m = OmegaConf.to_container(model, resolve=True) if OmegaConf.is_config(model) else dict(model or {})
+    if m.get("path"):
+        folder = Path(str(m["path"])).expanduser()
+        files = [p for ext in ("*.safetensors", "*.bin", "*.pt") for p in folder.glob(ext)] if folder.is_dir() else []
+        return sum(p.stat().st_size for p in files) / _GIB
+    d = m.get("dims") or {}
+    try:
+        h, inter, layers = int(d["hidden_size"]), int(d["intermediate_size"]), int(d["num_hidden_layers"])
+        heads, vocab = int(d["num_attention_heads"]), int(d["vocab_size"])
+        kv = int(d.get("num_key_value_heads") or heads)
+    except (KeyError, TypeError, ValueError):
+        return 0.0
+    per_layer = h * h + 2 * h * (h // heads) * kv + h * h + 3 * h * inter + 2 * h
+    params = layers * per_layer + 2 * vocab * h + h
+    return params * {"fp32": 4}.get(str(m.get("dtype")), 2) / _GIB
+
+
+OmegaConf.register_new_resolver("dsexp.per_node", per_node, replace=True)  # GPUs each node of a job needs
+OmegaConf.register_new_resolver("dsexp.slurm_gpus", slurm_gpus, replace=True)
+OmegaConf.register_new_resolver("dsexp.slurm_cpus", slurm_cpus, replace=True)
+OmegaConf.register_new_resolver("dsexp.slurm_mem_gb", slurm_mem_gb, replace=True)
 
 
 def launcher_params(cfg: DictConfig) -> Dict[str, Any]:
@@ -37,11 +128,70 @@ def launcher_params(cfg: DictConfig) -> Dict[str, Any]:
     return params
 
 
+def slurm_request(cfg: DictConfig) -> Tuple[Dict[str, Any], List[str]]:
+    """A SLURM job's launcher parameters sized against its partition, and what no node of it can satisfy.
+
+    dsexp's defaults (cpus_per_task, mem_gb from the resolvers) are capped at the largest node; a value the
+    user set that no node has is a problem (said before anything is submitted), as is a GPU request on a
+    partition without GPUs. Without sinfo (or a controller) the parameters are returned as configured."""
+    params = launcher_params(cfg)
+    raw = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
+    problems: List[str] = []
+    params["setup"] = [slurm.STARTED_SETUP, *(params.get("setup") or [])]
+    if not params.get("requeue", False):
+        extra = dict(params.get("additional_parameters") or {})
+        if "requeue" not in extra:
+            extra.setdefault("no-requeue", True)
+        params["additional_parameters"] = extra
+    nodes_info = slurm.partition_nodes(params.get("partition"))
+    if nodes_info == []:
+        known = slurm.partitions()
+        problems.append(
+            f"hydra.launcher.partition={params.get('partition')}: SLURM has no such partition (or it has no nodes)"
+            + (f"; sinfo lists: {', '.join(known)}" if known else "")
+        )
+    if not nodes_info:
+        return params, problems
+    where = f"partition {params.get('partition') or nodes_info[0]['partition'] + ' (the default)'}"
+    cpus = max((n["cpus"] or 0) for n in nodes_info)
+    mem_mb = max((n["mem_mb"] or 0) for n in nodes_info)
+    gpus = max(n["gpus"] for n in nodes_info)
+    if cpus and params.get("cpus_per_task") and params["cpus_per_task"] > cpus:
+        if _DEFAULT_MARK in str(raw.get("cpus_per_task")):
+            params["cpus_per_task"] = cpus
+        else:
+            problems.append(
+                f"hydra.launcher.cpus_per_task={params['cpus_per_task']}: the largest node of {where} has {cpus} CPUs"
+            )
+    if mem_mb and params.get("mem_gb") and params["mem_gb"] * 1024 > mem_mb:
+        if _DEFAULT_MARK in str(raw.get("mem_gb")):
+            params["mem_gb"] = mem_mb // 1024
+        else:
+            problems.append(
+                f"hydra.launcher.mem_gb={params['mem_gb']}: the largest node of {where} has {mem_mb} MiB "
+                f"(at most mem_gb={mem_mb // 1024})"
+            )
+    want = params.get("gpus_per_node") or 0
+    if want and gpus < want:
+        have = "no GPUs (sinfo: no gpu GRES)" if not gpus else f"at most {gpus} GPUs a node"
+        problems.append(
+            f"hydra.launcher.gpus_per_node={want}: the nodes of {where} have {have}; "
+            "to run on their CPUs set device=cpu (or device=auto)"
+        )
+    nodes = int(params.get("nodes") or 1)
+    if nodes > len(nodes_info):
+        problems.append(f"hydra.launcher.nodes={nodes} (launcher.nodes): {where} has {len(nodes_info)} node(s)")
+    return params, problems
+
+
 class PerJobResources:
     """Mixin for the plugin's launchers: per-job `hydra.launcher`, one submitit array per resource request."""
 
+    def job_config(self, overrides: Sequence[str]) -> DictConfig:
+        return self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+
     def job_params(self, overrides: Sequence[str]) -> Dict[str, Any]:
-        return launcher_params(self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides)))
+        return launcher_params(self.job_config(overrides))
 
     def executor(self, params: Dict[str, Any]):
         """The submitit executor for these parameters, set up the way the plugin sets up its own."""
@@ -53,41 +203,378 @@ class PerJobResources:
         executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **init)
         shared = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(
-            **{k if k in shared else f"{self._EXECUTOR}_{k}": v for k, v in params.items() if k not in _INIT_KEYS}
+            **{
+                k if k in shared else f"{self._EXECUTOR}_{k}": v
+                for k, v in params.items()
+                if k not in _INIT_KEYS and k not in _DSEXP_KEYS
+            }
         )
         return executor
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+    def prepare_sweep_dir(self) -> Path:
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if "mode" in self.config.hydra.sweep:
             os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
         log.info(f"Submitit '{self._EXECUTOR}' sweep output dir : {sweep_dir}")
-        groups: Dict[str, List[int]] = {}
-        params: Dict[str, Dict[str, Any]] = {}
-        for i, overrides in enumerate(job_overrides):
-            p = self.job_params(overrides)
-            key = json.dumps(p, sort_keys=True, default=str)
-            groups.setdefault(key, []).append(i)
-            params[key] = p
-        jobs: List[Any] = [None] * len(job_overrides)
-        for key, idxs in groups.items():
-            p = params[key]
-            log.info(f"\tarray of {len(idxs)}: nodes={p.get('nodes')} gpus_per_node={p.get('gpus_per_node')}")
-            args = []
-            for i in idxs:
-                idx = initial_job_idx + i
-                log.info(f"\t#{idx} : {' '.join(filter_overrides(job_overrides[i]))}")
-                args.append(
-                    (list(job_overrides[i]), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
+        return sweep_dir
+
+    def submit_groups(self, items: List[Tuple[int, Sequence[str], Dict[str, Any]]]):
+        """Submit (job number, overrides, params) items, one array per distinct params; yields
+        (the items of one array, its jobs or the exception sbatch raised, the time of the sbatch call)."""
+        groups: Dict[str, List[Tuple[int, Sequence[str], Dict[str, Any]]]] = {}
+        for item in items:
+            groups.setdefault(json.dumps(item[2], sort_keys=True, default=str), []).append(item)
+        for group in groups.values():
+            p = group[0][2]
+            log.info(
+                f"\tarray of {len(group)}: nodes={p.get('nodes')} gpus_per_node={p.get('gpus_per_node')}"
+                + (
+                    f" cpus_per_task={p.get('cpus_per_task')} mem_gb={p.get('mem_gb')}"
+                    if self._EXECUTOR == "slurm"
+                    else ""
                 )
-            for i, job in zip(idxs, self.executor(p).map_array(self, *zip(*args))):
-                jobs[i] = job
-        return [job.results()[0] for job in jobs]
+            )
+            args = []
+            for idx, overrides, _ in group:
+                log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+                args.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
+            sbatch_at = time.time()
+            try:
+                yield group, self.executor(p).map_array(self, *zip(*args)), sbatch_at
+            except Exception as e:  # sbatch refused (the local executor never does)
+                if self._EXECUTOR != "slurm":
+                    raise
+                yield group, e, sbatch_at
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        self.prepare_sweep_dir()
+        items = [(initial_job_idx + i, ov, self.job_params(ov)) for i, ov in enumerate(job_overrides)]
+        jobs: Dict[int, Any] = {}
+        for group, submitted, _ in self.submit_groups(items):
+            for (idx, _, _), job in zip(group, submitted):
+                jobs[idx] = job
+        return [jobs[initial_job_idx + i].results()[0] for i in range(len(job_overrides))]
+
+
+@dataclass
+class _Job:
+    """One job of a SLURM sweep, as the sweep process follows it."""
+
+    num: int
+    overrides: List[str]
+    params: Dict[str, Any]
+    job_dir: Optional[Path]
+    key: Optional[str]
+    tp: int
+    config: Dict[str, Any]
+    rerun: bool = False
+    problems: List[str] = field(default_factory=list)
+    job: Any = None  # submitit's SlurmJob
+    slurm_id: Optional[str] = None
+    sbatch_at: Optional[float] = None
+    reattached: bool = False
+    pending_since: Optional[float] = None
+    deadline: Optional[str] = None
+    ended_at: Optional[float] = None
+    final: Optional[Dict[str, str]] = None  # SLURM's record once the job has ended ({}: SLURM forgot it)
+    settle_until: float = 0.0
+    seen: str = ""
+    ret: Optional[JobReturn] = None
+
+
+class SlurmSweep:
+    """DsexpSlurmLauncher.launch: plan (resume), submit, wait (with deadlines), record what SLURM says."""
+
+    def __init__(self, launcher: "DsexpSlurmLauncher", job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
+        self.launcher = launcher
+        self.sweep_dir = launcher.prepare_sweep_dir()
+        self.jobs = [self.plan(initial_job_idx + i, list(ov)) for i, ov in enumerate(job_overrides)]
+        cpu_only = [j.num for j in self.jobs if j.config.get("device") == "cpu" and not j.params.get("gpus_per_node")]
+        if cpu_only:
+            log.info(f"\tjobs {cpu_only} run on CPU and ask SLURM for no GPU (device=cpu, or no GPU in the partition)")
+
+    def plan(self, num: int, overrides: List[str]) -> _Job:
+        from dsexp.compose.config import plain, to_schema
+        from dsexp.compose.validate import validate
+        from dsexp.job.run import job_key
+
+        cfg = self.launcher.job_config(overrides)
+        params, problems = slurm_request(cfg)
+        with open_dict(cfg.hydra.job):
+            cfg.hydra.job.num = num
+        try:
+            job_dir: Optional[Path] = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        except Exception:  # a subdir naming something only the job knows (hydra.job.id): no resume for it
+            job_dir = None
+        try:
+            spec = validate(to_schema(cfg), int(params.get("gpus_per_node") or 0))  # as the sweep's start did
+            key, config, tp, rerun = job_key(spec), asdict(spec), spec.tp, spec.rerun
+        except Exception:  # the sweep's start validated every job; this one changed since (recorded when it runs)
+            key, config, tp, rerun = None, plain(cfg), int(cfg.get("tp") or 1), bool(cfg.get("rerun"))
+        return _Job(num, overrides, params, job_dir, key, tp, config, rerun, problems)
+
+    # --- the sweep ---
+
+    def run(self) -> List[JobReturn]:
+        earlier = earlier_submissions(self.jobs[0].params["submitit_folder"]) if self.jobs else {}
+        todo = []
+        for j in self.jobs:
+            if self.resume(j, earlier.get(j.num, [])):
+                continue
+            if j.problems:  # cannot run on this cluster (checked at the sweep's start too)
+                self.finish(j, error_text="; ".join(j.problems), cause_note="slurm_rejected")
+                continue
+            todo.append(j)
+        by_num = {j.num: j for j in todo}
+        for group, submitted, sbatch_at in self.launcher.submit_groups([(j.num, j.overrides, j.params) for j in todo]):
+            if isinstance(submitted, Exception):
+                for idx, _, _ in group:
+                    self.finish(
+                        by_num[idx], error_text=f"sbatch refused the job: {submitted}", cause_note="slurm_rejected"
+                    )
+                continue
+            for (idx, _, _), job in zip(group, submitted):
+                j = by_num[idx]
+                j.job, j.slurm_id, j.sbatch_at = job, job.job_id, sbatch_at
+                log.info(f"\t#{idx} : SLURM job {j.slurm_id}")
+        try:
+            self.wait()
+        except KeyboardInterrupt:
+            left = [j.slurm_id for j in self.jobs if j.ret is None and j.slurm_id]
+            log.warning(
+                f"\tstopped waiting; SLURM jobs {left} go on: the same command (same hydra.sweep.dir) waits for them "
+                "again and submits only what is unfinished, or scancel them"
+            )
+            raise
+        return [j.ret for j in self.jobs]
+
+    def resume(self, j: _Job, earlier: List[Tuple[str, float]]) -> bool:
+        """A job an earlier sweep process already submitted: wait for it if SLURM still has it queued or running,
+        record its end if that sweep process died before it could; skip a job whose result is ok. True if
+        nothing is to be submitted."""
+        from dsexp.core.fs import read_json
+        from dsexp.job.run import find_ok_result
+
+        if earlier:
+            jid, at = earlier[-1]
+            if slurm.active([jid]):
+                j.job, j.slurm_id, j.sbatch_at, j.reattached = self.slurm_job(jid, j), jid, at, True
+                log.info(
+                    f"\t#{j.num} : SLURM job {jid} of an earlier sweep process is still queued or running: waiting"
+                )
+                return True
+            res = read_json(j.job_dir / "result.json") if j.job_dir else None
+            mine = res is None or (res.get("slurm") or {}).get("job_id") == jid
+            if mine and not (res or {}).get("slurm", {}).get("state"):  # ended after that process died
+                j.slurm_id, j.sbatch_at, j.reattached = jid, at, True
+                j.job = self.slurm_job(jid, j)
+                self.finish(j, error_text=self.outcome_error(j))
+                j.job = j.ret = None
+        if j.key and not j.rerun:
+            prior = find_ok_result(self.sweep_dir, j.key)
+            if prior is not None:
+                log.info(f"\t#{j.num} : already ok in {prior.get('job_dir')}: not submitted")
+                j.ret = self.job_return(j, prior.get("headline"))
+                return True
+        return False
+
+    def slurm_job(self, jid: str, j: _Job):
+        from submitit.slurm.slurm import SlurmJob
+
+        tasks = list(range(int(j.params.get("nodes") or 1) * int(j.params.get("tasks_per_node") or 1)))
+        return SlurmJob(folder=j.params["submitit_folder"], job_id=jid, tasks=tasks)
+
+    def wait(self) -> None:
+        """Until every submitted job has ended: poll squeue; a job gone from it has ended (scontrol/sacct give its
+        final state); a job pending on DOWN/DRAINED nodes past pending_deadline_s is cancelled. Once SLURM says a
+        job ended, its own process may still be finishing (SLURM sends SIGTERM, and SIGKILL KillWait later; a
+        NODE_FAIL is declared at once): its record waits up to settle_s for the job's own result.json."""
+        waiting = [j for j in self.jobs if j.job is not None and j.ret is None]
+        poll = min([float(j.params.get("poll_s") or 2.0) for j in waiting] or [2.0])
+        while waiting:
+            now = time.monotonic()
+            queued = slurm.active(j.slurm_id for j in waiting if j.final is None)
+            for j in waiting:
+                if j.final is None:
+                    self.follow(j, queued.get(j.slurm_id), now)
+                if j.final is not None and self.settled(j, now):
+                    self.finish(j, error_text=self.outcome_error(j), record=j.final or None)
+            waiting = [j for j in waiting if j.ret is None]
+            if waiting:
+                time.sleep(poll)
+
+    def follow(self, j: _Job, st: Optional[Dict[str, str]], now: float) -> None:
+        """One poll of a job still in SLURM's hands: note its state, apply the pending deadline, see it end."""
+        if st is None:  # not in squeue's answer: ended, or squeue failed (ask scontrol/sacct)
+            rec = slurm.record(j.slurm_id)
+            state = (rec or {}).get("JobState")
+            if state in slurm.TERMINAL:
+                allocated = slurm.node_list(rec.get("NodeList")) is not None
+                settle = 15.0 if state == "COMPLETED" else float(j.params.get("settle_s") or 0) if allocated else 0.0
+                j.final, j.settle_until = rec, now + settle
+                return
+            if rec is None:  # SLURM knows nothing of it (anymore): give it a minute, then record that
+                j.ended_at = j.ended_at or now
+                if now - j.ended_at > 60:
+                    j.final, j.settle_until = {}, now
+                return
+            st = {"state": state or "?", "reason": rec.get("Reason", ""), "nodes": rec.get("NodeList", "")}
+        j.ended_at = None
+        if st["state"] != j.seen:
+            j.seen = st["state"]
+            reason = st["reason"] if st["reason"] not in ("", "None") else ""
+            log.info(f"\t#{j.num} : SLURM job {j.slurm_id} {st['state']} {reason}".rstrip())
+        self.check_deadline(j, st, now)
+
+    def settled(self, j: _Job, now: float) -> bool:
+        """Whether the ended job's own process is done writing: its result pickles (all tasks) are there, or it
+        has written its result.json (a job stopped by SLURM writes no pickle), or settle_s has passed."""
+        if now >= j.settle_until or self.pickles_ready(j):
+            return True
+        return (
+            (j.final or {}).get("JobState") != "COMPLETED"
+            and j.job_dir is not None
+            and (slurm.own_result(j.job_dir, j.slurm_id) is not None)
+        )
+
+    def check_deadline(self, j: _Job, st: Dict[str, str], now: float) -> None:
+        deadline = float(j.params.get("pending_deadline_s") or 0)
+        if st["state"] != "PENDING" or deadline <= 0 or j.deadline:
+            return
+        if not slurm.stuck_on_down_nodes(st["reason"], j.params.get("partition"), int(j.params.get("nodes") or 1)):
+            j.pending_since = None
+            return
+        j.pending_since = j.pending_since or now
+        if now - j.pending_since >= deadline:
+            j.deadline = (
+                f"pending on DOWN/DRAINED nodes for {now - j.pending_since:.0f} s "
+                f"(reason {st['reason']}; hydra.launcher.pending_deadline_s={deadline:g}): cancelled by dsexp"
+            )
+            log.warning(f"\t#{j.num} : SLURM job {j.slurm_id} {j.deadline}")
+            slurm.cancel(j.slurm_id)
+
+    def pickles_ready(self, j: _Job) -> bool:
+        tasks = [j.job.task(i) for i in range(j.job.num_tasks)] if j.job is not None else []
+        return bool(tasks) and all(t.paths.result_pickle.exists() for t in tasks)
+
+    def outcome_error(self, j: _Job) -> str:
+        """What submitit's result pickle says went wrong ('' for a success or no pickle)."""
+        if not self.pickles_ready(j):
+            return ""
+        try:
+            ret = j.job.results()[0]
+        except Exception as e:  # FailedJobError: the job raised (e.g. submitit's time-limit handler)
+            return str(e)[-4000:]
+        if isinstance(ret, JobReturn) and ret.status == JobStatus.FAILED:
+            return f"{type(ret._return_value).__name__}: {ret._return_value}"[-4000:]
+        return ""
+
+    # --- recording ---
+
+    def finish(
+        self,
+        j: _Job,
+        error_text: str = "",
+        record: Optional[Dict[str, str]] = None,
+        cause_note: Optional[str] = None,
+    ) -> None:
+        """The job has ended (or could not be submitted): complete its result.json with SLURM's account, bring
+        MLflow up to date, and give Hydra a completed JobReturn so the sweep goes on."""
+        result = self.record(j, error_text, record, cause_note)
+        if j.slurm_id:
+            state = (result.get("slurm") or {}).get("state")
+            how = result.get("status") + (f" ({result['failure']['cause']})" if result.get("failure") else "")
+            log.info(f"\t#{j.num} : SLURM job {j.slurm_id} ended {state}: {how}")
+        j.ret = self.job_return(j, result.get("headline"))
+
+    def record(self, j: _Job, error_text: str, rec: Optional[Dict[str, str]], cause_note: Optional[str]) -> Dict:
+        from dsexp.core.fs import read_json, write_json_atomic
+        from dsexp.core.records import SCHEMA_VERSION
+        from dsexp.job import failures
+        from dsexp.job.run import archive_attempt, attempt_summary
+        from dsexp.tracking.runs import record_cluster_outcome, resolve_uri
+
+        if j.job_dir is None:
+            return {}
+        j.job_dir.mkdir(parents=True, exist_ok=True)
+        path = j.job_dir / "result.json"
+        res = read_json(path)
+        mine = slurm.own_result(j.job_dir, j.slurm_id) if res and j.slurm_id else None
+        if mine is None:  # the job wrote nothing (killed before it could, or never started): a result from SLURM
+            if res is not None:  # an earlier attempt's: keep it, as a retried job does
+                earlier, reached = archive_attempt(j.job_dir), {}
+            else:
+                earlier, reached = attempt_summary(j.job_dir), failures.reached(j.job_dir, j.tp)
+            base = {
+                "schema": SCHEMA_VERSION,
+                "key": j.key,
+                "job_dir": str(j.job_dir),
+                "config": j.config,
+                "status": "failed",
+                "attempt": len(earlier) + 1,
+                "attempt_id": uuid.uuid4().hex,
+                "earlier_attempts": earlier,
+            }
+        else:
+            base, reached = mine, failures.reached(j.job_dir, j.tp)
+        if cause_note == "slurm_rejected":  # never reached SLURM's queue
+            result = {
+                **base,
+                "failure": {
+                    "cause": "slurm_rejected",
+                    "rank": None,
+                    "phase": None,
+                    "type": "sbatch",
+                    "message": error_text[:2000],
+                },
+            }
+        else:
+            rec = rec if rec is not None else (slurm.record(j.slurm_id) if j.slurm_id else None)
+            own = (mine or {}).get("slurm") or {"job_id": j.slurm_id}
+            facts = slurm.facts(rec, j.sbatch_at, own, ((mine or {}).get("clock") or {}).get("task"))
+            result = slurm.merge_outcome(base, facts, reached, error_text, j.deadline)
+            result["slurm"]["resumed"] = j.reattached or None
+        result.setdefault("clock", {})["recorded_by_sweep"] = time.time()
+        write_json_atomic(path, result)
+        cfg = self.launcher.config
+        uri = resolve_uri(cfg.tracking.uri, Path(os.getcwd()))
+        record_cluster_outcome(result, j.job_dir, self.sweep_dir, uri, cfg.tracking.experiment)
+        return result
+
+    def job_return(self, j: _Job, value: Any) -> JobReturn:
+        ret = JobReturn(overrides=list(j.overrides), working_dir=str(j.job_dir) if j.job_dir else None)
+        ret.status, ret.return_value, ret.task_name = JobStatus.COMPLETED, value, "dsexp"
+        return ret
+
+
+def earlier_submissions(submitit_folder: str) -> Dict[int, List[Tuple[str, float]]]:
+    """{job number: [(SLURM job id, time of its sbatch call), ...] oldest first} for every job submitit submitted
+    into this folder pattern (`<sweep>/.submitit/%j`): each `<id>_submitted.pkl` holds the job's arguments, the
+    third being Hydra's job number. The sbatch call's time is that of the submission file submitit writes just
+    before calling sbatch."""
+    from submitit.core.utils import DelayedSubmission
+
+    out: Dict[int, List[Tuple[str, float]]] = {}
+    pattern = str(submitit_folder)
+    for pkl in glob.glob(os.path.join(glob.escape(pattern).replace("%j", "*"), "*_submitted.pkl")):
+        jid = Path(pkl).name[: -len("_submitted.pkl")]
+        try:
+            num = int(DelayedSubmission.load(pkl).args[2])
+        except Exception:  # not a Hydra job, or unreadable: not ours to resume
+            continue
+        array = jid.split("_")[0]
+        script = Path(pattern.replace("%j", array)) / f"{array}_submission.sh"
+        at = (script if script.exists() else Path(pkl)).stat().st_mtime
+        out.setdefault(num, []).append((jid, at))
+    for subs in out.values():
+        subs.sort(key=lambda s: tuple(int(x) for x in s[0].split("_") if x.isdigit()))
+    return out
 
 
 class DsexpSlurmLauncher(PerJobResources, plugin.SlurmLauncher):
-    pass
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        return SlurmSweep(self, job_overrides, initial_job_idx).run()
 
 
 class DsexpLocalLauncher(PerJobResources, plugin.LocalLauncher):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from dsexp.core.protocol import STACK_IMPORT_ERROR
-from dsexp.core.records import PHASES, phase_quantities
+from dsexp.core.records import PHASES, phase_quantities, read_rank_records
 
 CAUSES = (
     "oom_gpu",
@@ -36,6 +36,12 @@ CAUSES = (
     "interrupted",
     "stack_error",
     "reference_invalid",
+    # the cluster ended the job (dsexp.job.slurm): recorded by the sweep process from SLURM's final state
+    "slurm_cancelled",
+    "node_failed",
+    "time_limit",
+    "slurm_failed",
+    "slurm_rejected",
 )
 
 _OOM_GPU = re.compile(
@@ -311,6 +317,22 @@ def _node_fill(rec: Optional[dict]) -> Optional[float]:
 
         total = psutil.virtual_memory().total
     return used / total if used else None
+
+
+def reached(job_dir: Path, world_size: int) -> Dict[str, Any]:
+    """What the ranks of a job stopped from outside (Ctrl-C, SIGTERM, SLURM) had reached, from their files: the
+    phase each unfinished rank was in, the memory each reached and the last lines of every log. No rank files
+    at all (stopped while the job was still preparing): ranks_at_stop is empty."""
+    ranks = read_rank_records(job_dir, world_size)
+    if not any(ranks):
+        return {"ranks_at_stop": {}, "log_tails": log_tails(job_dir, world_size)}
+    return {
+        "ranks_at_stop": {
+            f"rank{r}": _phase_at_stop(rec) for r, rec in enumerate(ranks) if not (rec and rec.get("status") == "ok")
+        },
+        "memory_reached": memory_reached(ranks),
+        "log_tails": log_tails(job_dir, world_size),
+    }
 
 
 REACHED = ("host_rss", "host_anon", "nvml_device_used", "gpu_reserved", "gpu_alloc")

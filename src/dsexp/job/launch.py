@@ -88,8 +88,9 @@ def rank_env(
         "TOKENIZERS_PARALLELISM": "false",
     }
     if device == "cpu":
-        # DeepSpeed's CPU accelerator; its shared-memory all-reduce needs LOCAL_SIZE under torchrun.
-        env.update(DS_ACCELERATOR="cpu", LOCAL_SIZE=str(local), CUDA_VISIBLE_DEVICES="")
+        # DeepSpeed's CPU accelerator; its shared-memory all-reduce needs LOCAL_SIZE under torchrun: the ranks
+        # sharing this host's memory, which are all of them when every "node" is this machine
+        env.update(DS_ACCELERATOR="cpu", LOCAL_SIZE=str(_ranks_on_this_host(spec)), CUDA_VISIBLE_DEVICES="")
     else:
         env["DS_ACCELERATOR"] = "cuda"
         if visible is not None:
@@ -97,6 +98,19 @@ def rank_env(
     env.update(stacks.rank_env(stack))
     env.update({k: trims.env_value(v) for k, v in (spec.trim.env or {}).items()})  # validated: trims.env_problem
     return env
+
+
+def _ranks_on_this_host(spec: JobConfig) -> int:
+    """Ranks on this machine: ranks_per_node, or all tp ranks when the job's nodes are one machine (two slurmd
+    on one host). DeepSpeed 0.19.8's CPU shared-memory all-reduce is used only when LOCAL_SIZE is the world
+    size, and crashes (SIGSEGV) on ranks spread over hosts: it has no fallback to gloo then."""
+    if spec.launcher.nodes > 1 and spec.launcher.name == "torchrun":
+        try:
+            if multinode.single_machine(multinode.slurm_hosts()):
+                return spec.tp
+        except (RuntimeError, OSError, subprocess.SubprocessError):
+            pass
+    return spec.ranks_per_node
 
 
 def kill_group(pgid: int, grace_s: float, leader: Optional[subprocess.Popen] = None) -> None:

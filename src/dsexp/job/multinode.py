@@ -46,6 +46,40 @@ def slurm_hosts() -> List[str]:
     return out.stdout.split()
 
 
+def node_address(node: str) -> str:
+    """An address other nodes can reach `node` at: its name if that resolves, else SLURM's NodeAddr for it
+    (NodeName need not be a hostname: e.g. several slurmd on one machine, `NodeName=n1 NodeAddr=127.0.0.1`)."""
+    import socket
+
+    try:
+        socket.getaddrinfo(node, None)
+        return node
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return node
+    for field in out.stdout.split() if out.returncode == 0 else []:
+        if field.startswith("NodeAddr=") and field[len("NodeAddr=") :]:
+            return field[len("NodeAddr=") :]
+    return node
+
+
+def single_machine(hosts: List[str]) -> bool:
+    """Whether every node of the allocation is this one machine (several slurmd on one host, or fake nodes):
+    their addresses all resolve to one IP."""
+    import socket
+
+    ips = set()
+    for host in hosts:
+        try:
+            ips.add(socket.getaddrinfo(node_address(host), None, socket.AF_INET)[0][4][0])
+        except OSError:
+            return False
+    return len(ips) == 1
+
+
 def hostfile_hosts(path: Path) -> Dict[str, int]:
     """{host: slots} of a DeepSpeed hostfile, parsed by DeepSpeed itself."""
     from deepspeed.launcher.runner import fetch_hostfile
@@ -77,7 +111,7 @@ def torchrun_command(
         f"--nnodes={nodes}",
         f"--nproc-per-node={spec.ranks_per_node}",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={hosts[0]}:{port}",
+        f"--rdzv-endpoint={node_address(hosts[0])}:{port}",
         f"--rdzv-id=dsexp-{Path(job_dir).name}-{port}",
         "-m",
         WORKER_MODULE,

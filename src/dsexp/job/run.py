@@ -30,7 +30,7 @@ from dsexp.core.checkpoint import checkpoint_problem
 from dsexp.core.fs import read_json, write_json_atomic
 from dsexp.core.protocol import RESULT, STACK_IMPORT_ERROR, write_job_file
 from dsexp.core.schema import JobConfig, dtype_conversion
-from dsexp.job import correctness, failures, teardown
+from dsexp.job import correctness, failures, slurm, teardown
 from dsexp.job.launch import run_ranks
 from dsexp.job.roles import RoleFailed
 from dsexp.job.stacks import StackError, prepare_stack
@@ -117,6 +117,11 @@ def archive_attempt(job_dir: Path) -> List[Dict[str, Any]]:
         dest.mkdir(parents=True)
         for path in leftovers:
             path.rename(dest / path.name)
+    return attempt_summary(job_dir)
+
+
+def attempt_summary(job_dir: Path) -> List[Dict[str, Any]]:
+    """One entry per earlier attempt archived under .dsexp/attempts/ (status, cause, key, MLflow run)."""
     summary = []
     for folder in sorted((job_dir / ATTEMPTS).glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
         res = read_json(folder / RESULT) or {}
@@ -167,6 +172,9 @@ def run_job(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
         "earlier_attempts": earlier,
         "stale_reaped": stale,
     }
+    allocation = slurm.env_facts()  # run as a SLURM job: its id and node (the final state is added by the sweep)
+    if allocation:
+        result["slurm"] = allocation
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     t0 = time.perf_counter()
@@ -174,17 +182,17 @@ def run_job(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
         with _packing(spec, job_dir, sweep_dir) as packed:
             result["packed"] = packed
             _execute(spec, job_dir, result)
-    except Exception as e:  # preparation failed: still a result
-        cause = _preparation_cause(e)
-        result.update(
-            status="failed",
-            failure={
-                "cause": cause,
-                "type": type(e).__name__,
-                "message": str(e)[:2000],
-                "traceback": traceback.format_exc()[-4000:],
-            },
-        )
+    except Exception as e:  # preparation failed (or SLURM's time limit came): still a result
+        failure = {
+            "cause": _preparation_cause(e),
+            "type": type(e).__name__,
+            "message": str(e)[:2000],
+            "traceback": traceback.format_exc()[-4000:],
+        }
+        if failure["cause"] == "time_limit":  # stopped from outside, like an interrupt: what had the ranks reached?
+            failure["message"] = f"SLURM's time limit is near (submitit got its signal): {e}"[:2000]
+            failure.update(failures.reached(job_dir, spec.tp))
+        result.update(status="failed", failure=failure)
     except KeyboardInterrupt as e:  # the ranks are already torn down (launch's finally); record, then stop
         result.update(
             status="failed",
@@ -192,6 +200,7 @@ def run_job(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
                 "cause": "interrupted",
                 "type": type(e).__name__,
                 "message": f"the job was interrupted ({e or 'Ctrl-C'})",
+                **failures.reached(job_dir, spec.tp),
             },
         )
         raise
@@ -202,7 +211,12 @@ def run_job(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
         result["clock"] = {"started": result["started"], "ended": time.time()}
         if result.get("packed") is None:
             result.pop("packed", None)
-        write_json_atomic(job_dir / RESULT, result)
+        if allocation and slurm.recorded_by_sweep(job_dir, allocation["job_id"]):
+            # SLURM declared the job over (its node failed) and the sweep recorded it while this process was
+            # still being stopped: keep that record (it is in MLflow) and put this late view beside it
+            write_json_atomic(job_dir / ".dsexp" / "late-result.json", result)
+        else:
+            write_json_atomic(job_dir / RESULT, result)
     return result
 
 
@@ -265,6 +279,9 @@ def record_invalid(config: Dict[str, Any], job_dir: Path, message: str) -> Dict[
         "earlier_attempts": archive_attempt(job_dir),
         "failure": {"cause": "invalid_config", "rank": None, "phase": None, "type": "ConfigError", "message": message},
     }
+    allocation = slurm.env_facts()
+    if allocation:
+        result["slurm"] = allocation
     write_json_atomic(job_dir / RESULT, result)
     return result
 
@@ -281,7 +298,10 @@ def incorrect_output_message(c: Dict[str, Any], ranks: List[Optional[dict]]) -> 
 
 
 def _preparation_cause(e: Exception) -> str:
-    """The cause class of a job that failed before its measured ranks ran."""
+    """The cause class of a job that failed before its measured ranks ran (or was stopped by SLURM's time limit:
+    submitit raises in the job when SLURM signals that the limit is near)."""
+    if slurm.is_time_limit_error(e):
+        return "time_limit"
     if isinstance(e, CheckpointError):
         return "load_error"
     if isinstance(e, StackError) or (isinstance(e, RoleFailed) and e.error.get("type") == STACK_IMPORT_ERROR):

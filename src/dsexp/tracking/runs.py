@@ -1,8 +1,10 @@
-"""MLflow: one parent run per sweep, one child run per job. Only the Hydra job process writes here.
+"""MLflow: one parent run per sweep, one child run per job. The Hydra job process writes its run; on a cluster the
+sweep process adds what only SLURM knows once the job has ended (record_cluster_outcome).
 
 Each job's run holds the flattened config as params, `<phase>.<quantity>.<aggregate>` metrics, the
-headline metrics, tags `dsexp.status`/`dsexp.cause`/`dsexp.error`, and the job folder (rank JSON and
-logs) as artifacts. A sqlite store is used by absolute path, so jobs and sweeps agree on one store.
+headline metrics, tags `dsexp.status`/`dsexp.cause`/`dsexp.error` (and `dsexp.slurm.job_id`/`node`/`state`
+for a SLURM job), and the job folder (rank JSON and logs) as artifacts. A sqlite store is used by absolute
+path, so jobs and sweeps agree on one store.
 
 Several sweeps may share a store: its creation is serialised by a file lock beside the database,
 writes retry on lock contention, and a job attempt is logged at most once (runs carry the attempt's
@@ -170,6 +172,7 @@ class Tracker:
             tags["mlflow.parentRunId"] = parent_id
         if node_shared(result):  # packed with other jobs: node-wide figures are theirs too
             tags["dsexp.node_shared"] = "true"
+        tags.update(slurm_tags(result))
         run = retry(lambda: self.client.create_run(self.experiment_id, run_name=run_name, tags=tags))
         rid = run.info.run_id
         self.log_params(rid, {**flatten(result.get("config", {})), **software_params(result)})
@@ -197,6 +200,16 @@ class Tracker:
         retry(lambda: self.client.log_artifacts(run_id, str(path), artifact_path))
 
 
+SLURM_TAGS = {"job_id": "job_id", "node": "node", "nodelist": "nodelist", "state": "state", "partition": "partition"}
+SLURM_METRICS = ("submit_to_start_s", "sbatch_to_start_s", "sbatch_to_task_s")
+
+
+def slurm_tags(result: Dict[str, Any]) -> Dict[str, str]:
+    """`dsexp.slurm.<job_id|node|nodelist|state|partition>` of a job that ran as a SLURM job."""
+    facts = result.get("slurm") or {}
+    return {f"dsexp.slurm.{tag}": str(facts[k]) for tag, k in SLURM_TAGS.items() if facts.get(k) not in (None, "")}
+
+
 def software_params(result: Dict[str, Any]) -> Dict[str, Any]:
     """`software.<package>`: the versions rank 0 actually imported, and `software.stack`: the stack's label."""
     versions = (result.get("software") or {}).get("versions") or {}
@@ -215,6 +228,8 @@ def job_metrics(result: Dict[str, Any]) -> Dict[str, float]:
     if corr:
         out["correct"] = float(bool(corr.get("passed")))
     out["ok"] = float(result.get("status") == "ok")
+    slurm = result.get("slurm") or {}
+    out.update({f"slurm.{k}": slurm[k] for k in SLURM_METRICS if slurm.get(k) is not None})
     return out
 
 
@@ -289,4 +304,39 @@ def track_job(result: Dict[str, Any], job_dir: Path, sweep_dir: Optional[Path], 
     except Exception as e:
         result["tracking"] = {"uri": uri, "experiment": experiment, "error": f"{type(e).__name__}: {e}"[:2000]}
     result.setdefault("clock", {})["tracked"] = time.time()
+    write_json_atomic(Path(job_dir) / "result.json", result)
+
+
+def record_cluster_outcome(
+    result: Dict[str, Any], job_dir: Path, sweep_dir: Optional[Path], uri: str, experiment: str
+) -> None:
+    """After a cluster job ended (the sweep process, dsexp.job.cluster_launchers): bring MLflow up to date with
+    what SLURM said. A run the job logged itself gets the SLURM tags and metrics, and its status and cause if
+    SLURM's account changed them; a job that could not log (cancelled, its node lost) is logged now. Never
+    raises; the outcome goes into result.json["tracking"] as with track_job."""
+    from dsexp.core.fs import write_json_atomic
+
+    run_id = (result.get("tracking") or {}).get("run_id")
+    if not run_id:
+        track_job(result, job_dir, sweep_dir, uri, experiment)
+        return
+    state = read_sweep_state(sweep_dir)
+    if state:
+        uri, experiment = state["uri"], state["experiment"]
+    try:
+        tracker = Tracker(uri, experiment)
+        tags = {"dsexp.status": result.get("status", "?"), **slurm_tags(result)}
+        failure = result.get("failure") or {}
+        if failure:
+            tags["dsexp.cause"] = str(failure.get("cause"))
+            tags["dsexp.error"] = str(failure.get("message"))[:4000]
+        for k, v in tags.items():
+            retry(lambda k=k, v=v: tracker.client.set_tag(run_id, k, v))
+        slurm = result.get("slurm") or {}
+        tracker.log_metrics(run_id, {f"slurm.{k}": slurm[k] for k in SLURM_METRICS if slurm.get(k) is not None})
+        if result.get("status") != "ok":
+            tracker.set_status(run_id, "FAILED")
+        result["tracking"]["slurm_synced"] = time.time()
+    except Exception as e:
+        result["tracking"]["slurm_sync_error"] = f"{type(e).__name__}: {e}"[:2000]
     write_json_atomic(Path(job_dir) / "result.json", result)

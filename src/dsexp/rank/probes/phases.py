@@ -62,6 +62,7 @@ class PhaseRecorder:
             "world_size": world_size,
             "pid": os.getpid(),
             "hostname": socket.gethostname(),
+            "slurm_node": os.environ.get("SLURMD_NODENAME"),  # the SLURM node (several slurmd may share a host)
             "device": "cpu",
             "status": "running",
             "phases": {},
