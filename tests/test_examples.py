@@ -11,17 +11,7 @@ import sys
 from dsexp.models.writer import ensure_checkpoint
 
 from conftest import ROOT
-
-DIMS = dict(
-    hidden_size=256,
-    intermediate_size=512,
-    num_hidden_layers=2,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    vocab_size=1024,
-    max_position_embeddings=512,
-    rope_theta=10000.0,
-)
+from helpers.analysis_cases import INTERNLM2_TINY as DIMS
 
 
 def run(folder, tp: int, tmp_path) -> dict:

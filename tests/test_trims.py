@@ -24,19 +24,9 @@ from dsexp.core.trims import identical, label
 from dsexp.job.launch import rank_env
 
 from conftest import ROOT, compose, run_dsexp, sweep_results
-from helpers.analysis_cases import GIB, MIB, config, result
+from helpers.analysis_cases import GIB, INTERNLM2_TINY, MIB, config, result
 
 TRIMS = ("dedupe_buffers", "shard_head", "shard_embedding", "world_group")
-INTERNLM2_TINY = dict(
-    hidden_size=256,
-    intermediate_size=512,
-    num_hidden_layers=2,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    vocab_size=1024,
-    max_position_embeddings=512,
-    rope_theta=10000.0,
-)
 POLICY = {"InternLM2DecoderLayer": ["attention.wo", "feed_forward.w2"]}
 
 

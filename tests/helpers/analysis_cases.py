@@ -22,6 +22,8 @@ TINY = dict(
     max_position_embeddings=512,
     rope_theta=10000.0,
 )
+# conf/model/internlm2_tiny.yaml's dims: 8 heads over 4 KV heads, so tp=4 keeps a KV head per rank
+INTERNLM2_TINY = {**TINY, "num_attention_heads": 8, "num_key_value_heads": 4}
 # ~450 M params: large enough (>= 256 MiB) for the host-memory rules; built on the meta device only.
 MEDIUM = dict(
     hidden_size=1024,
