@@ -44,9 +44,9 @@ def test_every_load_is_correct_with_its_buffers_recomputed(loads, load):
             assert after_engine and set(after_engine.values()) <= {"cast", "changed", "nonfinite", "meta"}
 
 
-def test_a_nan_reference_is_reference_invalid_naming_the_buffers(tmp_path, cache_dir):
-    """Buffers left as loaded (deterministically NaN here: the test-only poison_buffers fault, in the reference
-    run too) make the tp=1 reference NaN: its own cause, never an infinite error."""
+def poisoned_reference(tmp_path, cache_dir, value: str) -> dict:
+    """A tp=2 job whose buffers, in the reference run too, are left as loaded and filled with `value` (the
+    test-only poison_buffers fault: what transformers >= 5 leaves, made deterministic)."""
     run_dsexp(
         [
             "-m",
@@ -54,15 +54,33 @@ def test_a_nan_reference_is_reference_invalid_naming_the_buffers(tmp_path, cache
             "model=internlm2_tiny",
             "tp=2",
             "load.restore_buffers=false",
-            "fault={kind: poison_buffers, roles: true}",
+            f"fault={{kind: poison_buffers, value: {value}, roles: true}}",
             f"cache_dir={tmp_path / 'cache'}",
-            "hydra.sweep.dir=multirun/nan",
+            "hydra.sweep.dir=multirun/poisoned",
         ],
         tmp_path,
         cache_dir,
     )
-    (res,) = sweep_results(tmp_path / "multirun" / "nan")
+    (res,) = sweep_results(tmp_path / "multirun" / "poisoned")
+    return res
+
+
+def test_a_nan_reference_is_reference_invalid_naming_the_buffers(tmp_path, cache_dir):
+    """NaN buffers make the tp=1 reference NaN: its own cause, never an infinite error."""
+    res = poisoned_reference(tmp_path, cache_dir, "nan")
     failure = res["failure"]
     assert (res["status"], failure["cause"]) == ("failed", "reference_invalid")
     assert "not finite" in failure["message"] and "rotary_emb.inv_freq" in failure["message"]
     assert "on stack current" in failure["message"] and "inf" not in str(res.get("correctness") or "")
+
+
+def test_a_finite_reference_from_wrong_buffers_is_reference_invalid(tmp_path, cache_dir):
+    """Zeroed tables (what fresh memory gave on the H200) give finite logits that are not the model's; every wrong
+    load then agrees with the wrong reference, so only the buffers' check can tell: reference_invalid, naming
+    them and how they differ."""
+    res = poisoned_reference(tmp_path, cache_dir, "0")
+    failure = res["failure"]
+    assert (res["status"], failure["cause"]) == ("failed", "reference_invalid"), failure
+    assert "differ from what the model's constructor computes" in failure["message"]
+    assert "rotary_emb.cos_cached (changed)" in failure["message"]
+    assert "restore_buffers=true" in failure["message"]

@@ -85,19 +85,44 @@ def describe_nonfinite(t) -> str:
 
 
 class ReferenceInvalid(RuntimeError):
-    """The tp=1 reference itself is not finite: nothing can be checked against it (cause reference_invalid)."""
+    """The tp=1 reference cannot stand for the model: its logits are not finite, or its buffers were left as
+    loaded and differ from what the model's constructor computes (cause reference_invalid)."""
+
+
+def left_wrong(buffers: Dict[str, Any]) -> Dict[str, str]:
+    """{name: how} for the buffers a load left differing from the constructor's and nobody put back (a dtype cast
+    is a numerics choice, not a wrong value)."""
+    return {n: s for n, s in (buffers.get("left_as_loaded") or {}).items() if s != "cast"}
+
+
+def _names(states: Dict[str, str], limit: int = 8) -> str:
+    shown = ", ".join(f"{n} ({s})" for n, s in sorted(states.items())[:limit])
+    return shown + (f" and {len(states) - limit} more" if len(states) > limit else "")
 
 
 def reference_problem(logits, rec: Dict[str, Any], stack: str) -> Optional[str]:
-    """Why a reference cannot be used (its logits are not finite, and what was not finite after its load), or None."""
-    if not nonfinite_count(logits):
-        return None
+    """Why a reference cannot be used, or None: its logits are not finite (and what was not finite after its
+    load), or its buffers are not the model's (left as loaded: finite logits from wrong tables are still wrong)."""
     load = ((rec.get("phases") or {}).get("load") or {}).get("loader") or {}
-    bufs = (load.get("buffers") or {}).get("nonfinite_as_loaded") or []
+    bufs = load.get("buffers") or {}
+    wrong = left_wrong(bufs)
+    if not nonfinite_count(logits):
+        if not wrong:
+            return None
+        return (
+            f"the tp=1 reference's buffers differ from what the model's constructor computes, left as loaded "
+            f"(load.restore_buffers=false) on stack {stack}: {_names(wrong)}; its logits are finite but not the "
+            f"model's (load.restore_buffers=true recomputes them)"
+        )
+    nonfinite = bufs.get("nonfinite_as_loaded") or []
+    after = (
+        f"not finite after load: buffers {', '.join(nonfinite[:8])}"
+        if nonfinite
+        else "every buffer was finite after load"
+    )
+    if bufs.get("recomputed"):
+        after += f" (recomputed: {', '.join(sorted(bufs['recomputed'])[:8])})"
     tensors = rec.get("nonfinite") or []
-    after = f"not finite after load: buffers {', '.join(bufs[:8])}" if bufs else "every buffer was finite after load"
-    if (load.get("buffers") or {}).get("recomputed"):
-        after += f" (recomputed: {', '.join(sorted(load['buffers']['recomputed'])[:8])})"
     held = f"; not finite at generate: {', '.join(tensors[:8])}" if tensors else ""
     return (
         f"the tp=1 reference's first-step logits are not finite ({describe_nonfinite(logits)}) "

@@ -2,7 +2,8 @@
 
 `fault={rank: 1, phase: load, kind: raise|exit|sigkill|sleep|alloc_host|alloc_gpu}` in the config.
 `kind: poison_buffers` is not a crash: right after from_pretrained it fills the model's non-persistent buffers with
-NaN, deterministically, as transformers >= 5 leaves them uninitialised for remote code; `roles: true` makes it
+NaN (or `value: 0`: the zeros fresh memory holds, finite but wrong, as seen on the H200), deterministically, as
+transformers >= 5 leaves them uninitialised for remote code; `roles: true` makes it
 fire in the tp=1 reference run too (other faults never do).
 Used by the reliability tests to check that every failure becomes a recorded, classified result.
 `once: true` makes the fault transient: it fires on the first attempt of a job only (a marker in the
@@ -53,7 +54,8 @@ def maybe_inject(fault: Optional[Dict[str, Any]], rank: int, phase: str, job_dir
 
 
 def poison_buffers(fault: Optional[Dict[str, Any]], rank: int, model) -> None:
-    """kind=poison_buffers: NaN in every floating non-persistent buffer of this rank's freshly loaded model."""
+    """kind=poison_buffers: NaN (or fault.value) in every floating non-persistent buffer of this rank's freshly
+    loaded model."""
     if not fault or fault.get("kind") != "poison_buffers" or int(fault.get("rank", 0)) != rank:
         return
     import torch
@@ -63,7 +65,7 @@ def poison_buffers(fault: Optional[Dict[str, Any]], rank: int, model) -> None:
             buf = mod._buffers.get(name)
             if buf is not None and buf.is_floating_point():
                 with torch.no_grad():
-                    buf.fill_(float("nan"))
+                    buf.fill_(float(fault.get("value", "nan")))
 
 
 def _alloc_host(cap_mb: int) -> None:

@@ -19,7 +19,7 @@ the engine has wrapped the model they are put back again wherever the engine cha
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from dsexp.core.trims import owner_of
 from dsexp.rank.compat import dtype_kwargs
@@ -101,10 +101,10 @@ def _state(current, expected) -> str:
     return "same"
 
 
-def restore(module, expected: Dict[str, Any], device: str) -> Dict[str, Any]:
-    """Put the expected buffers back where they differ (on the buffer's device; meta ones on `device`); return
-    {restored: {name: how it was wrong}, not_found: [names], bytes}."""
-    fixed: Dict[str, str] = {}
+def differences(module, expected: Dict[str, Any]) -> Tuple[Dict[str, str], List[str]]:
+    """({name: how the module's buffer differs from the expected one}, [expected names the module lacks]); the
+    module is left as it is."""
+    states: Dict[str, str] = {}
     gone = []
     for name, want in expected.items():
         owner, leaf = owner_of(module, name)
@@ -114,8 +114,18 @@ def restore(module, expected: Dict[str, Any], device: str) -> Dict[str, Any]:
             continue
         state = _state(current, want)
         if state != "same":
-            owner._buffers[leaf] = want.to(device if current.is_meta else current.device)
-            fixed[name] = state
+            states[name] = state
+    return states, gone
+
+
+def restore(module, expected: Dict[str, Any], device: str) -> Dict[str, Any]:
+    """Put the expected buffers back where they differ (on the buffer's device; meta ones on `device`); return
+    {restored: {name: how it was wrong}, not_found: [names], bytes}."""
+    fixed, gone = differences(module, expected)
+    for name in fixed:
+        owner, leaf = owner_of(module, name)
+        current = owner._buffers[leaf]
+        owner._buffers[leaf] = expected[name].to(device if current.is_meta else current.device)
     return {"restored": fixed, "not_found": gone, "bytes": sum(b.numel() * b.element_size() for b in expected.values())}
 
 
@@ -148,6 +158,20 @@ def built_report(originals: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
+def check_after_load(model, ctx) -> Dict[str, Any]:
+    """With load.restore_buffers=false: how a freshly loaded model's buffers differ from its constructor's (a
+    twin's), recorded and left as they are. Uninitialised memory is often zeros, finite but wrong (seen on the
+    H200: the same logits for every wrong load), so a finiteness check alone misses it."""
+    expected = snapshot(build_on_meta(ctx))
+    wrong, gone = differences(model, expected)
+    return {
+        "left_as_loaded": wrong,
+        "checked": len(expected),
+        "nonfinite_as_loaded": nonfinite(non_persistent_buffers(model)),
+        "not_found": gone,
+    }
+
+
 def restoring(ctx, originals: Dict[str, Any], fix: Optional[Callable[[Any], Dict[str, Any]]] = None):
     """A loader's `finalize`: its own fix-up `fix` (what it did, as a dict), then, with load.restore_buffers,
     the buffers put back as they were right after the load (under "buffers")."""
@@ -156,6 +180,8 @@ def restoring(ctx, originals: Dict[str, Any], fix: Optional[Callable[[Any], Dict
         report = fix(module) if fix else {}
         if ctx.spec.load.restore_buffers:
             report["buffers"] = restore(module, originals, ctx.device)
+        else:  # what the engine left differing from the constructor's buffers, kept as it is
+            report["buffers"] = {"left_by_engine": differences(module, originals)[0]}
         return report
 
     return finalize

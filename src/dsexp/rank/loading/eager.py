@@ -31,9 +31,6 @@ class EagerLoader(Loader):
         model = from_pretrained(ctx, **hf_kwargs).eval()
         poison_buffers(ctx.spec.fault, ctx.rank, model)  # test-only: buffers as transformers >= 5 may leave them
         if not ctx.spec.load.restore_buffers:
-            return Loaded(
-                model,
-                info={"buffers": {"nonfinite_as_loaded": buffers.nonfinite(buffers.non_persistent_buffers(model))}},
-            )
+            return Loaded(model, info={"buffers": buffers.check_after_load(model, ctx)})
         originals, report = buffers.recompute_after_load(model, ctx)
         return Loaded(model, finalize=buffers.restoring(ctx, originals), info={"buffers": report})
