@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from dsexp.compose.config import to_schema
+from dsexp.core.records import config_label
 from dsexp.rank.compat import transformers_version
 
-from conftest import run_dsexp, sweep_results
+from conftest import compose, run_dsexp, sweep_results
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +44,17 @@ def test_every_load_is_correct_with_its_buffers_recomputed(loads, load):
         if load != "eager":  # built from the constructor on meta: right after load, changed by the engine
             assert after_load["from_constructor"] and after_load["recomputed"] == {}
             assert after_engine and set(after_engine.values()) <= {"cast", "changed", "nonfinite", "meta"}
+
+
+def test_a_load_keeping_its_buffers_as_loaded_has_its_own_label():
+    """restore_buffers=false is another configuration (its numerics differ): never the same row as the default."""
+    import dataclasses
+
+    def label(*overrides):
+        return config_label(dataclasses.asdict(to_schema(compose(["experiment=autotp", *overrides]))))
+
+    assert label("load.restore_buffers=false") == label().replace("/eager/", "/eager+buffers_as_loaded/")
+    assert "buffers_as_loaded" not in label("load=meta")
 
 
 def poisoned_reference(tmp_path, cache_dir, value: str) -> dict:

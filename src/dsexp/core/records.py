@@ -161,14 +161,17 @@ def headline(metrics: Dict[str, float], ranks: List[Optional[dict]], new_tokens:
 
 def config_label(config: Dict[str, Any]) -> str:
     """A configuration's short name, everything but tp: variant/model/load/engine/zero/dtype/trims (what is set),
-    and `@stack` when the ranks ran on a software stack other than the job's own environment."""
+    and `@stack` when the ranks ran on a software stack other than the job's own environment. A load that keeps
+    the buffers as loaded (load.restore_buffers=false) is marked `+buffers_as_loaded`."""
     model, load, eng, zero = (config.get(k) or {} for k in ("model", "load", "engine", "zero"))
     dtype, mdtype = config.get("dtype") or model.get("dtype"), model.get("dtype")
     stack = stack_label(config.get("stack") or {})
     parts = [
         config.get("variant"),
         model_label(model),
-        (load.get("name") or "eager") + ("-bin" if load.get("format") == "bin" else ""),
+        (load.get("name") or "eager")
+        + ("-bin" if load.get("format") == "bin" else "")
+        + ("+buffers_as_loaded" if load.get("restore_buffers") is False else ""),
         (eng.get("name") or "") + ("+inject" if eng.get("kernel_inject") else ""),
         None if (zero.get("name") or "none") == "none" else f"zero-{zero.get('name')}",
         f"{dtype}<-{mdtype}" if mdtype and dtype != mdtype else dtype,

@@ -44,7 +44,7 @@ class LoadConfig:
     name: str = "eager"
     format: str = "safetensors"
     shard_dir: Optional[str] = None  # sharded: where split checkpoints are cached (null: <cache_dir>/shards)
-    restore_buffers: bool = True  # put back non-persistent buffers (RoPE) the engine cast or left empty
+    restore_buffers: bool = True  # recompute non-persistent buffers (RoPE) after load and engine; False: record only
 
 
 @dataclass
