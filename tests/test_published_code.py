@@ -5,6 +5,7 @@ a tp=1 reference that is still not finite is `reference_invalid`, naming the buf
 from __future__ import annotations
 
 import pytest
+import transformers
 
 from dsexp.compose.config import to_schema
 from dsexp.core.records import config_label
@@ -85,6 +86,7 @@ def test_a_nan_reference_is_reference_invalid_naming_the_buffers(tmp_path, cache
     assert (res["status"], failure["cause"]) == ("failed", "reference_invalid")
     assert "not finite" in failure["message"] and "rotary_emb.inv_freq" in failure["message"]
     assert "on stack current" in failure["message"] and "inf" not in str(res.get("correctness") or "")
+    assert res["software"]["versions"]["transformers"] == transformers.__version__  # what its reference ran on
 
 
 def test_a_finite_reference_from_wrong_buffers_is_reference_invalid(tmp_path, cache_dir):

@@ -86,7 +86,12 @@ def describe_nonfinite(t) -> str:
 
 class ReferenceInvalid(RuntimeError):
     """The tp=1 reference cannot stand for the model: its logits are not finite, or its buffers were left as
-    loaded and differ from what the model's constructor computes (cause reference_invalid)."""
+    loaded and differ from what the model's constructor computes (cause reference_invalid). `software`: what the
+    reference's rank imported (the job's own ranks never ran)."""
+
+    def __init__(self, message: str, software: Optional[Dict[str, Any]] = None):
+        super().__init__(message)
+        self.software = software
 
 
 def left_wrong(buffers: Dict[str, Any]) -> Dict[str, str]:
@@ -161,7 +166,7 @@ def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) ->
         logits = torch.load(logits_file(ref_dir))
         problem = reference_problem(logits, rec, (runtime.get("stack") or {}).get("label", "current"))
         if problem:
-            raise ReferenceInvalid(problem)
+            raise ReferenceInvalid(problem, rec.get("software"))
         tmp = path.with_suffix(".tmp")
         torch.save({"first_logits": logits, "tokens": rec["generate"]["tokens"]}, tmp)
         tmp.replace(path)

@@ -192,6 +192,8 @@ def run_job(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
         if failure["cause"] == "time_limit":  # stopped from outside, like an interrupt: what had the ranks reached?
             failure["message"] = f"SLURM's time limit is near (submitit got its signal): {e}"[:2000]
             failure.update(failures.reached(job_dir, spec.tp))
+        if isinstance(e, correctness.ReferenceInvalid):  # the versions its reference ran on
+            result["software"] = e.software
         result.update(status="failed", failure=failure)
     except KeyboardInterrupt as e:  # the ranks are already torn down (launch's finally); record, then stop
         result.update(
