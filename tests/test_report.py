@@ -162,6 +162,8 @@ def test_report_from_mlflow_parent_run(tmp_path):
     assert client.get_run(parent).data.tags["dsexp.recommendation"].startswith("autotp/m8")
     exp = client.get_experiment_by_name("exp")
     assert f"mlflow.sharedViewState.dsexp-{parent}" in exp.tags
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI's classic runs view
+    assert f"viewStateShareKey=dsexp-{parent}&workflowType=machine_learning" in md  # the link opens that view
     runs = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
     assert len(runs) == 2 and all("dsexp.diagnosis" in r.data.tags for r in runs)
     assert any("pred.weights_gib" in r.data.metrics for r in runs)

@@ -110,6 +110,9 @@ def ensure_store(uri: str) -> None:
     _READY_STORES.add(uri)
 
 
+EXPERIMENT_KIND = "mlflow.experimentKind"
+
+
 class Tracker:
     def __init__(self, uri: str, experiment: str):
         from mlflow.tracking import MlflowClient
@@ -125,7 +128,12 @@ class Tracker:
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
             return exp.experiment_id
-        return self.client.create_experiment(name, artifact_location=_experiment_artifacts(self.uri, name))
+        # MLflow 3's UI opens an experiment of unknown kind as GenAI "evaluation runs": say what these runs are
+        return self.client.create_experiment(
+            name,
+            artifact_location=_experiment_artifacts(self.uri, name),
+            tags={EXPERIMENT_KIND: "custom_model_development"},
+        )
 
     def start_parent(self, name: str, tags: Dict[str, str]) -> str:
         run = retry(

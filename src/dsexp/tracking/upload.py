@@ -78,7 +78,8 @@ def mlflow_view(tracker, parent: Dict[str, Any], rows: List[Row]) -> Optional[st
     except Exception as e:
         print(f"dsexp report: could not save the MLflow view: {e}", file=sys.stderr)
         return None
-    return f"#/experiments/{tracker.experiment_id}/runs?viewStateShareKey={key}"
+    # workflowType: MLflow 3's UI otherwise opens its GenAI pages, which have no runs table
+    return f"#/experiments/{tracker.experiment_id}/runs?viewStateShareKey={key}&workflowType=machine_learning"
 
 
 def log_to_mlflow(tracker, parent: Dict[str, Any], out: Path, rows: List[Row]) -> None:
