@@ -131,3 +131,18 @@ def test_model_type_checkpoint_has_the_exact_shapes(tmp_path):
     want = {n: tuple(p.shape) for n, p in model.state_dict().items() if n in shapes}
     assert shapes == want and any(len(s) == 3 for s in shapes.values())  # the experts are 3-D parameters
     assert json.loads((st.path / "config.json").read_text())["architectures"] == ["Qwen2MoeForCausalLM"]
+
+
+def test_shared_buffers_of_a_config_folder_come_from_its_own_config(tmp_path):
+    """The memory model's shared-buffer map (trim.dedupe_buffers) of a config-only folder whose run folder is not on
+    this machine: built from the folder's config.json and code, as the placement is (not from arch + dims)."""
+    from dsexp.analysis.architecture import duplicate_buffers, model_source
+
+    folder = internlm2_config_folder(tmp_path / "cfg")
+    model = {"name": "config", "arch": None, "dims": {}, "config_path": str(folder), "trust_remote_code": True}
+    shared = duplicate_buffers(model_source({"model": model}, None), "bf16")
+    # 2 layers, each with its own inv_freq and cos/sin tables: layer 1's three are layer 0's
+    assert shared == {
+        f"model.layers.1.attention.rotary_emb.{b}": f"model.layers.0.attention.rotary_emb.{b}"
+        for b in ("inv_freq", "cos_cached", "sin_cached")
+    }

@@ -52,22 +52,33 @@ def meta_model(source: Dict[str, Any], dtype: str):
 
 @functools.lru_cache(maxsize=16)
 def _build(source_json: str, dtype: str):
+    return _construct(json.loads(source_json), dtype, real_buffers=False)
+
+
+def _construct(source: Dict[str, Any], dtype: str, real_buffers: bool):
+    """The model of this source with its parameters on meta; its buffers on meta too, or computed for real."""
     import torch
 
     from dsexp.models.presets import torch_dtype
 
-    source = json.loads(source_json)
     if "arch" in source:
         from dsexp.models.writer import meta_model as preset_meta_model
 
         return preset_meta_model(
-            source["arch"], source["dims"], dtype, source.get("config_path"), source.get("trust_remote_code", False)
+            source["arch"],
+            source["dims"],
+            dtype,
+            source.get("config_path"),
+            source.get("trust_remote_code", False),
+            real_buffers=real_buffers,
         )[1]
+    from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
     trust = source["trust_remote_code"]
     cfg = AutoConfig.from_pretrained(source["folder"], trust_remote_code=trust)
-    with torch.device("meta"):
+    place = init_empty_weights(include_buffers=False) if real_buffers else torch.device("meta")
+    with place:
         return AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust, dtype=torch_dtype(dtype))
 
 
@@ -83,21 +94,8 @@ def _duplicates(source_json: str, dtype: str):
     import torch
 
     from dsexp.core.trims import duplicate_buffers
-    from dsexp.models.presets import torch_dtype
 
-    source = json.loads(source_json)
-    if "arch" in source:
-        from dsexp.models.writer import meta_model as preset_meta_model
-
-        model = preset_meta_model(source["arch"], source["dims"], dtype, real_buffers=True)[1]
-    else:
-        from accelerate import init_empty_weights
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        trust = source["trust_remote_code"]
-        cfg = AutoConfig.from_pretrained(source["folder"], trust_remote_code=trust)
-        with init_empty_weights(include_buffers=False):
-            model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust, dtype=torch_dtype(dtype))
+    model = _construct(json.loads(source_json), dtype, real_buffers=True)
     found = tuple(sorted(duplicate_buffers(model, torch.equal).items()))
     del model
     return found
