@@ -54,13 +54,13 @@ def test_folder_ships_remote_code_and_auto_map(folder):
 
 def loaded(folder, dtype=torch.bfloat16):
     """from_pretrained, then dsexp's buffer recomputation (what every dsexp load does)."""
-    from dsexp.rank.loading.buffers import recompute_after_load
+    from dsexp.rank.loading.buffers import after_load
 
     m = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, **dtype_kwargs(dtype)).eval()
     ctx = SimpleNamespace(
         model_dir=folder, torch_dtype=dtype, spec=SimpleNamespace(model=SimpleNamespace(trust_remote_code=True))
     )
-    return m, recompute_after_load(m, ctx)[1]
+    return m, after_load(m, ctx, recompute=True)[1]
 
 
 def test_loads_via_trust_remote_code_and_generates(folder):

@@ -92,12 +92,12 @@ def owner_of(module, name: str) -> Tuple[Any, str]:
         return None, leaf
 
 
-def non_persistent_buffers(model) -> Iterator[Tuple[str, Any, str, Any]]:
+def non_persistent_buffers(model, include_meta: bool = False) -> Iterator[Tuple[str, Any, str, Any]]:
     """(qualified name, owner module, attribute, tensor) of every non-persistent buffer of a torch module that holds
-    data (not on meta). Duck-typed: this module imports no torch."""
+    data (not on meta, unless include_meta). Duck-typed: this module imports no torch."""
     for mod_name, mod in model.named_modules():
         for leaf, buf in mod._buffers.items():
-            if buf is not None and leaf in mod._non_persistent_buffers_set and not buf.is_meta:
+            if buf is not None and leaf in mod._non_persistent_buffers_set and (include_meta or not buf.is_meta):
                 yield (f"{mod_name}.{leaf}" if mod_name else leaf), mod, leaf, buf
 
 

@@ -60,12 +60,12 @@ def poison_buffers(fault: Optional[Dict[str, Any]], rank: int, model) -> None:
         return
     import torch
 
-    for mod in model.modules():
-        for name in mod._non_persistent_buffers_set:
-            buf = mod._buffers.get(name)
-            if buf is not None and buf.is_floating_point():
-                with torch.no_grad():
-                    buf.fill_(float(fault.get("value", "nan")))
+    from dsexp.core.trims import non_persistent_buffers
+
+    with torch.no_grad():
+        for _, _, _, buf in non_persistent_buffers(model):
+            if buf.is_floating_point():
+                buf.fill_(float(fault.get("value", "nan")))
 
 
 def _alloc_host(cap_mb: int) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from dsexp.core.trims import non_persistent_buffers as core_non_persistent_buffers
 from dsexp.core.trims import owner_of
 from dsexp.rank.compat import dtype_kwargs
 
@@ -58,14 +59,8 @@ def outside_zero3():
 
 
 def non_persistent_buffers(model) -> Dict[str, Any]:
-    """{qualified name: tensor} for every buffer its module registered with persistent=False."""
-    out = {}
-    for mod_name, mod in model.named_modules():
-        for name in mod._non_persistent_buffers_set:
-            buf = mod._buffers.get(name)
-            if buf is not None:
-                out[f"{mod_name}.{name}" if mod_name else name] = buf
-    return out
+    """{qualified name: tensor} for every buffer its module registered with persistent=False (meta ones too)."""
+    return {name: buf for name, _, _, buf in core_non_persistent_buffers(model, include_meta=True)}
 
 
 def snapshot(model) -> Dict[str, Any]:
@@ -118,32 +113,41 @@ def differences(module, expected: Dict[str, Any]) -> Tuple[Dict[str, str], List[
     return states, gone
 
 
-def restore(module, expected: Dict[str, Any], device: str) -> Dict[str, Any]:
-    """Put the expected buffers back where they differ (on the buffer's device; meta ones on `device`); return
-    {restored: {name: how it was wrong}, not_found: [names], bytes}."""
-    fixed, gone = differences(module, expected)
-    for name in fixed:
+def put_back(module, expected: Dict[str, Any], names, device: str) -> None:
+    """Put these expected buffers back (on the buffer's device; meta ones on `device`)."""
+    for name in names:
         owner, leaf = owner_of(module, name)
         current = owner._buffers[leaf]
         owner._buffers[leaf] = expected[name].to(device if current.is_meta else current.device)
+
+
+def restore(module, expected: Dict[str, Any], device: str) -> Dict[str, Any]:
+    """Put the expected buffers back where they differ; return {restored: {name: how it was wrong}, not_found:
+    [names], bytes}."""
+    fixed, gone = differences(module, expected)
+    put_back(module, expected, fixed, device)
     return {"restored": fixed, "not_found": gone, "bytes": sum(b.numel() * b.element_size() for b in expected.values())}
 
 
-def recompute_after_load(model, ctx) -> Dict[str, Any]:
-    """Compare a freshly loaded model's non-persistent buffers with its constructor's (a twin's) and put back every
-    one that differs; return (the expected buffers, now in the model, for the restore after the engine; report)."""
+def after_load(model, ctx, recompute: bool) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """Compare a freshly loaded model's non-persistent buffers with its constructor's (a twin's); with `recompute`,
+    put back every one that differs (report key `recomputed`), else record them and leave them as they are
+    (`left_as_loaded`: uninitialised memory is often zeros, finite but wrong, as seen on the H200, so a finiteness
+    check alone misses it). Return (the model's buffers now, for the restore after the engine; report)."""
     import time
 
     t0 = time.perf_counter()
     expected = snapshot(build_on_meta(ctx))
-    as_loaded = non_persistent_buffers(model)
-    report = restore(model, expected, "cpu")
+    nonfinite_as_loaded = nonfinite(non_persistent_buffers(model))
+    wrong, gone = differences(model, expected)
+    if recompute:
+        put_back(model, expected, wrong, "cpu")
     kept = non_persistent_buffers(model)  # the model's own where they were right, the twin's where they were not
     return kept, {
-        "recomputed": report["restored"],
+        ("recomputed" if recompute else "left_as_loaded"): wrong,
         "checked": len(expected),
-        "nonfinite_as_loaded": nonfinite(as_loaded),
-        "not_found": report["not_found"],
+        "nonfinite_as_loaded": nonfinite_as_loaded,
+        "not_found": gone,
         "seconds": time.perf_counter() - t0,
     }
 
@@ -155,20 +159,6 @@ def built_report(originals: Dict[str, Any]) -> Dict[str, Any]:
         "checked": len(originals),
         "nonfinite_as_loaded": nonfinite(originals),
         "from_constructor": True,
-    }
-
-
-def check_after_load(model, ctx) -> Dict[str, Any]:
-    """With load.restore_buffers=false: how a freshly loaded model's buffers differ from its constructor's (a
-    twin's), recorded and left as they are. Uninitialised memory is often zeros, finite but wrong (seen on the
-    H200: the same logits for every wrong load), so a finiteness check alone misses it."""
-    expected = snapshot(build_on_meta(ctx))
-    wrong, gone = differences(model, expected)
-    return {
-        "left_as_loaded": wrong,
-        "checked": len(expected),
-        "nonfinite_as_loaded": nonfinite(non_persistent_buffers(model)),
-        "not_found": gone,
     }
 
 

@@ -30,7 +30,8 @@ class EagerLoader(Loader):
     def load(self, ctx: RankContext, hf_kwargs: Dict[str, Any]) -> Loaded:
         model = from_pretrained(ctx, **hf_kwargs).eval()
         poison_buffers(ctx.spec.fault, ctx.rank, model)  # test-only: buffers as transformers >= 5 may leave them
-        if not ctx.spec.load.restore_buffers:
-            return Loaded(model, info={"buffers": buffers.check_after_load(model, ctx)})
-        originals, report = buffers.recompute_after_load(model, ctx)
-        return Loaded(model, finalize=buffers.restoring(ctx, originals), info={"buffers": report})
+        recompute = ctx.spec.load.restore_buffers
+        originals, report = buffers.after_load(model, ctx, recompute)
+        # without recompute nothing is put back after the engine either (and the as-loaded tensors are not held)
+        finalize = buffers.restoring(ctx, originals) if recompute else None
+        return Loaded(model, finalize=finalize, info={"buffers": report})
