@@ -65,8 +65,7 @@ def seconds(values: List[float]) -> Dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)} if values else {}
 
 
-def bench(work: Path, jobs: int) -> Dict[str, Any]:
-    sc = cluster_script()
+def bench(sc, work: Path, jobs: int) -> Dict[str, Any]:
     t0 = time.perf_counter()
     with sc.start_cluster(work / "cluster", nodes=1, port=free_port(sc)) as cluster:
         up_s = time.perf_counter() - t0
@@ -128,8 +127,6 @@ def fmt(v: Any, nd: int = 2) -> str:
 
 
 def render(data: Dict[str, Any]) -> str:
-    if data.get("skipped"):
-        return f"# SLURM submit-to-start ({data['machine']})\n\nskipped: {data['skipped']}"
     out = [
         f"# SLURM submit-to-start ({data['machine']}, {data['time']})",
         "",
@@ -185,14 +182,15 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="dsexp-bench-slurm-") as tmp:
         try:
-            data.update(bench(Path(tmp), args.jobs))
+            data.update(bench(sc, Path(tmp), args.jobs))
         finally:
             if args.keep:
                 shutil.copytree(tmp, args.keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors"))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "slurm_bench.json").write_text(json.dumps(data, indent=1))
-    (folder / "slurm_bench.md").write_text(render(data) + "\n")
-    print(render(data))
+    text = render(data)
+    (folder / "slurm_bench.md").write_text(text + "\n")
+    print(text)
     print(f"\nwrote {folder / 'slurm_bench.json'} and slurm_bench.md")
     return 0
 

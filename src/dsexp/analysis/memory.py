@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from dsexp.analysis import architecture as arch
 from dsexp.core.engines import ENGINES, INFER, effective_policy, traits
-from dsexp.core.trims import MODEL_TRIMS
+from dsexp.core.trims import active as active_trims
 from dsexp.models.kernel_policy import kernel_policy_classes, tp_plan
 
 
@@ -107,7 +107,7 @@ class Strategy:
             max_out_tokens=int(eng.get("max_out_tokens") or 0),
             conversion=conversion,
             restore_buffers=load.get("restore_buffers", True) is not False,
-            trims={k: bool((c.get("trim") or {}).get(k)) for k in MODEL_TRIMS if (c.get("trim") or {}).get(k)},
+            trims=dict.fromkeys(active_trims(c.get("trim") or {}), True),
             deepspeed=((result.get("software") or {}).get("versions") or {}).get("deepspeed")
             or (c.get("stack") or {}).get("deepspeed"),
         )

@@ -203,7 +203,7 @@ OUTSIDE_HEADER = "context + comm + load/init + generate + device (+ unexplained)
 
 
 def _outside_cell(v: Dict[str, Any]) -> str:
-    parts = [v[f"outside_{k}_gib"] for k in ("context", "communicator", "engine", "generate", "device_reserve")]
+    parts = [v[f"outside_{k}_gib"] for k in m.OUTSIDE_PARTS]
     if all(p is None for p in parts):
         return "-"
     left = v["outside_unexplained_gib"]

@@ -189,12 +189,6 @@ def model_label(model: Dict[str, Any]) -> Optional[str]:
     return name
 
 
-def first_error(ranks: List[Optional[dict]]) -> Optional[dict]:
-    """The earliest failure among the ranks (by time), with its rank."""
-    errs = [dict(r["error"], rank=r["rank"]) for r in ranks if r and r.get("error")]
-    return min(errs, key=lambda e: e.get("time", 0.0)) if errs else None
-
-
 def node_shared(result: Dict[str, Any]) -> bool:
     """True if other jobs of the sweep ran while this one did (launcher.pack): its node-wide figures are not its own."""
     return bool((result.get("packed") or {}).get("overlapped_with"))

@@ -57,16 +57,6 @@ def folder_meta_model(path: str, trust_remote_code: bool):
         return AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
 
 
-def preset_kernel_injected_layers(
-    arch: Optional[str], dims_json: str, dtype: str, config_path: Optional[str] = None, trust_remote_code: bool = False
-) -> Tuple[str, ...]:
-    return tuple(kernel_injected_layers(preset_meta_model(arch, dims_json, dtype, config_path, trust_remote_code)))
-
-
-def folder_kernel_injected_layers(path: str, trust_remote_code: bool) -> Tuple[str, ...]:
-    return tuple(kernel_injected_layers(folder_meta_model(path, trust_remote_code)))
-
-
 def tp_plan(model) -> dict:
     """The model's transformers tensor-parallel plan: its config's base_model_tp_plan and its own _tp_plan."""
     base = getattr(model.config, "base_model_tp_plan", None) or {}

@@ -35,7 +35,7 @@ class Engine(ABC):
         """After the engine and the loader's fix-ups (buffer restore): the trims that need the final tensors
         (dedupe_buffers), and the trim.env values the rank saw, into report["trims"]."""
         t = ctx.spec.trim
-        if not (t.dedupe_buffers or t.env or report.get("trims")):
+        if not (t.dedupe_buffers or t.env):
             return
         done = report.setdefault("trims", {})
         if t.dedupe_buffers:

@@ -9,8 +9,9 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Dict, Optional
 
+from dsexp.core.schema import DISTRIBUTIONS
+
 PACKAGES = ("torch", "transformers", "deepspeed", "accelerate", "safetensors", "tokenizers", "numpy", "huggingface_hub")
-DISTRIBUTIONS = {"huggingface_hub": "huggingface-hub"}
 
 
 def imported_version(module: str) -> Optional[str]:
