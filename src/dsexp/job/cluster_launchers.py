@@ -500,7 +500,7 @@ class SlurmSweep:
         j.job_dir.mkdir(parents=True, exist_ok=True)
         path = j.job_dir / "result.json"
         res = read_json(path)
-        mine = slurm.own_result(j.job_dir, j.slurm_id) if res and j.slurm_id else None
+        mine = res if j.slurm_id and slurm.written_by(res, j.slurm_id) else None
         if mine is None:  # the job wrote nothing (killed before it could, or never started): a result from SLURM
             if res is not None:  # an earlier attempt's: keep it, as a retried job does
                 earlier, reached = archive_attempt(j.job_dir), {}
@@ -517,7 +517,8 @@ class SlurmSweep:
                 "earlier_attempts": earlier,
             }
         else:
-            base, reached = mine, failures.reached(j.job_dir, j.tp)
+            # an ok result stays as the job wrote it (slurm.merge_outcome): no need to read the ranks' files
+            base, reached = mine, ({} if mine.get("status") == "ok" else failures.reached(j.job_dir, j.tp))
         if cause_note == "slurm_rejected":  # never reached SLURM's queue
             result = {
                 **base,

@@ -111,10 +111,15 @@ def env_facts(env: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
     return out
 
 
+def written_by(res: Optional[Dict[str, Any]], jid: str) -> bool:
+    """Whether this result was written by SLURM job `jid` (not by an earlier attempt)."""
+    return bool(res) and (res.get("slurm") or {}).get("job_id") == jid
+
+
 def own_result(job_dir: Path, jid: str) -> Optional[Dict[str, Any]]:
     """The job's result.json if SLURM job `jid` wrote it (else None: not yet, or an earlier attempt's)."""
     res = read_json(Path(job_dir) / "result.json")
-    return res if res and (res.get("slurm") or {}).get("job_id") == jid else None
+    return res if written_by(res, jid) else None
 
 
 def recorded_by_sweep(job_dir: Path, jid: str) -> bool:

@@ -167,20 +167,15 @@ class Tracker:
                 retry(lambda: self.client.delete_run(prior.info.run_id))
         tags = {
             "dsexp.kind": "job",
-            "dsexp.status": result.get("status", "?"),
             "dsexp.key": result.get("key", ""),
             "dsexp.attempt": str(result.get("attempt", 1)),
             "dsexp.attempt_id": attempt_id or "",
+            **outcome_tags(result),
         }
-        failure = result.get("failure") or {}
-        if failure:
-            tags["dsexp.cause"] = str(failure.get("cause"))
-            tags["dsexp.error"] = str(failure.get("message"))[:4000]
         if parent_id:
             tags["mlflow.parentRunId"] = parent_id
         if node_shared(result):  # packed with other jobs: node-wide figures are theirs too
             tags["dsexp.node_shared"] = "true"
-        tags.update(slurm_tags(result))
         run = retry(lambda: self.client.create_run(self.experiment_id, run_name=run_name, tags=tags))
         rid = run.info.run_id
         self.log_params(rid, {**flatten(result.get("config", {})), **software_params(result)})
@@ -208,14 +203,30 @@ class Tracker:
         retry(lambda: self.client.log_artifacts(run_id, str(path), artifact_path))
 
 
-SLURM_TAGS = {"job_id": "job_id", "node": "node", "nodelist": "nodelist", "state": "state", "partition": "partition"}
+SLURM_TAGS = ("job_id", "node", "nodelist", "state", "partition")
 SLURM_METRICS = ("submit_to_start_s", "sbatch_to_start_s", "sbatch_to_task_s")
 
 
 def slurm_tags(result: Dict[str, Any]) -> Dict[str, str]:
     """`dsexp.slurm.<job_id|node|nodelist|state|partition>` of a job that ran as a SLURM job."""
     facts = result.get("slurm") or {}
-    return {f"dsexp.slurm.{tag}": str(facts[k]) for tag, k in SLURM_TAGS.items() if facts.get(k) not in (None, "")}
+    return {f"dsexp.slurm.{k}": str(facts[k]) for k in SLURM_TAGS if facts.get(k) not in (None, "")}
+
+
+def slurm_metrics(result: Dict[str, Any]) -> Dict[str, float]:
+    """`slurm.<submit_to_start_s|...>`: SLURM's timings of the job, where known."""
+    facts = result.get("slurm") or {}
+    return {f"slurm.{k}": facts[k] for k in SLURM_METRICS if facts.get(k) is not None}
+
+
+def outcome_tags(result: Dict[str, Any]) -> Dict[str, str]:
+    """How the job ended: `dsexp.status`, its cause and error if it failed, and SLURM's facts."""
+    tags = {"dsexp.status": result.get("status", "?")}
+    failure = result.get("failure") or {}
+    if failure:
+        tags["dsexp.cause"] = str(failure.get("cause"))
+        tags["dsexp.error"] = str(failure.get("message"))[:4000]
+    return {**tags, **slurm_tags(result)}
 
 
 def software_params(result: Dict[str, Any]) -> Dict[str, Any]:
@@ -236,8 +247,7 @@ def job_metrics(result: Dict[str, Any]) -> Dict[str, float]:
     if corr:
         out["correct"] = float(bool(corr.get("passed")))
     out["ok"] = float(result.get("status") == "ok")
-    slurm = result.get("slurm") or {}
-    out.update({f"slurm.{k}": slurm[k] for k in SLURM_METRICS if slurm.get(k) is not None})
+    out.update(slurm_metrics(result))
     return out
 
 
@@ -333,15 +343,9 @@ def record_cluster_outcome(
         uri, experiment = state["uri"], state["experiment"]
     try:
         tracker = Tracker(uri, experiment)
-        tags = {"dsexp.status": result.get("status", "?"), **slurm_tags(result)}
-        failure = result.get("failure") or {}
-        if failure:
-            tags["dsexp.cause"] = str(failure.get("cause"))
-            tags["dsexp.error"] = str(failure.get("message"))[:4000]
-        for k, v in tags.items():
+        for k, v in outcome_tags(result).items():
             retry(lambda k=k, v=v: tracker.client.set_tag(run_id, k, v))
-        slurm = result.get("slurm") or {}
-        tracker.log_metrics(run_id, {f"slurm.{k}": slurm[k] for k in SLURM_METRICS if slurm.get(k) is not None})
+        tracker.log_metrics(run_id, slurm_metrics(result))
         if result.get("status") != "ok":
             tracker.set_status(run_id, "FAILED")
         result["tracking"]["slurm_synced"] = time.time()
