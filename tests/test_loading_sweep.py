@@ -61,3 +61,39 @@ def test_every_strategy_at_tp1_and_tp2(tmp_path, cache_dir):
     w1 = runs[("sharded", 1)]["ranks"][0]["phases"]["init"]["weights_device"]
     for load in ("eager", "meta", "sharded"):
         assert all(rk["phases"]["init"]["weights_device"] < 0.75 * w1 for rk in runs[(load, 2)]["ranks"])
+
+
+def _tied_head_sweep(tmp_path, cache_dir, stacks: str):
+    run_dsexp(
+        [
+            "-m",
+            "experiment=tiny_qwen2_tied",
+            "engine.injection_policy=infer",
+            f"stack={stacks}",
+            "tp=2",
+            "load=meta,sharded",
+            "hydra.sweep.dir=multirun/tied",
+        ],
+        tmp_path,
+        cache_dir,
+    )
+    return sweep_results(tmp_path / "multirun" / "tied")
+
+
+def test_a_tied_head_loads_from_meta_and_from_slices(tmp_path, cache_dir):
+    """A transformers model whose head is tied to its embedding (Qwen2, tie_word_embeddings): built on meta under
+    init_empty_weights the two come apart, so the head would be left unfilled; dsexp ties them again."""
+    for res in _tied_head_sweep(tmp_path, cache_dir, "current"):
+        _assert_correct(res)
+
+
+@pytest.mark.slow
+def test_a_tied_head_loads_from_meta_and_from_slices_on_the_seed_stack(tmp_path, cache_dir):
+    """On DeepSpeed 0.14 the engine keeps the head tied and `to_empty` unties it in the sharded run: the split's
+    index names the alias and the fill ties it again."""
+    results = {r["config"]["load"]["name"]: r for r in _tied_head_sweep(tmp_path, cache_dir, "seed")}
+    for res in results.values():
+        _assert_correct(res)
+        assert res["software"]["versions"]["deepspeed"] == "0.14.4"
+    fill = results["sharded"]["engine"]["finalize"]["fill"]
+    assert fill["retied"] == ["lm_head.weight"]

@@ -26,7 +26,7 @@ from dsexp.core.fs import build_once
 from dsexp.core.schema import JobConfig, dtype_conversion
 from dsexp.job.roles import role_spec, run_role
 
-SPLIT_VERSION = 1
+SPLIT_VERSION = 2  # 2: the rank index names tied aliases (slices.save_rank_slice)
 DONE_MARK = ".dsexp-split-complete.json"
 
 

@@ -36,6 +36,9 @@ def build_on_meta(ctx):
     cfg = AutoConfig.from_pretrained(str(ctx.model_dir), trust_remote_code=remote)
     with outside_zero3(), init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=remote, **dtype_kwargs(ctx.torch_dtype))
+    # init_empty_weights re-registers every parameter on meta, which unties a tied head from the embedding
+    # (transformers 4.42 and 5.x): tie them again, as from_pretrained does, so the head is filled with it
+    model.tie_weights()
     return model.eval()
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 _INDEX = {"safetensors": "model.safetensors.index.json", "bin": "pytorch_model.bin.index.json"}
 _GLOB = {"safetensors": "*.safetensors", "bin": "pytorch_model*.bin"}
@@ -61,16 +61,19 @@ def tensor_names(path: Path) -> List[str]:
     return list(torch.load(path, map_location="cpu", mmap=True, weights_only=True))
 
 
-def fill(module, files: List[Path]) -> Dict[str, Any]:
+def fill(module, files: List[Path], tied: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """Copy every tensor of `files` into the module's allocated parameters and persistent buffers.
 
     Strict: a name the module lacks, a shape that differs, or a module tensor no file provides is an
     error, so nothing is silently left uninitialised. Tied tensors (one object under several names)
-    count as filled once any of their names is. `copy_` converts dtype and moves to the tensor's device.
+    count as filled once any of their names is. `tied` ({alias: name}): tensors the files' model shared;
+    where the module holds them apart (`to_empty` unties), the alias is made the named tensor again
+    (`retied`). `copy_` converts dtype and moves to the tensor's device.
     """
     import torch
 
     targets = {k: v for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, torch.Tensor)}
+    retied = _retie(module, targets, tied or {})
     meta = [k for k, v in targets.items() if v.is_meta]
     if meta:
         raise RuntimeError(f"cannot fill tensors still on the meta device: {', '.join(meta[:8])}")
@@ -98,4 +101,18 @@ def fill(module, files: List[Path]) -> Dict[str, Any]:
             f"({', '.join(missing[:8])}); {len(unexpected)} file tensors not in the module "
             f"({', '.join(unexpected[:8])})"
         )
-    return {"tensors": count, "bytes_read": nbytes, "files": [str(p) for p in files]}
+    return {"tensors": count, "bytes_read": nbytes, "files": [str(p) for p in files], "retied": retied}
+
+
+def _retie(module, targets: Dict[str, Any], tied: Dict[str, str]) -> List[str]:
+    """Make each alias in `tied` the same tensor as its name again where the module holds two; return them."""
+    from dsexp.core.trims import owner_of
+
+    done = []
+    for alias, name in tied.items():
+        if alias in targets and name in targets and targets[alias] is not targets[name]:
+            owner, leaf = owner_of(module, alias)
+            slot = owner._parameters if leaf in owner._parameters else owner._buffers
+            slot[leaf] = targets[alias] = targets[name]
+            done.append(alias)
+    return done

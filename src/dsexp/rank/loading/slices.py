@@ -2,23 +2,26 @@
 
 The job's split step (`dsexp.job.split`) runs the worker in role "split" on tp ranks; after init each rank
 writes its local `state_dict` (already in the run dtype) as safetensors files of at most CHUNK_BYTES, plus
-an index `rank{NNN}.json`.
+an index `rank{NNN}.json`. A tensor shared under several names (a tied head) is saved once; the index names its
+aliases, so the sharded loader can tie them again where the engine's placement (`to_empty`) untied them.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 from dsexp.rank.context import RankContext
 
 CHUNK_BYTES = 1 << 30  # bounds host memory while a GPU rank copies its slice out for saving
 
 
-def rank_files(shard_dir: Path, rank: int) -> List[Path]:
+def rank_index(shard_dir: Path, rank: int) -> Dict[str, Any]:
+    """This rank's index: its files (paths), and `tied`: {name: the name it was saved under} for tensors the
+    split's model shared under several names (a tied head, saved once)."""
     index = json.loads((Path(shard_dir) / f"rank{rank:03d}.json").read_text())
-    return [Path(shard_dir) / f for f in index["files"]]
+    return {**index, "files": [Path(shard_dir) / f for f in index["files"]], "tied": index.get("tied") or {}}
 
 
 def save_rank_slice(module, ctx: RankContext) -> Dict[str, Any]:
@@ -27,11 +30,16 @@ def save_rank_slice(module, ctx: RankContext) -> Dict[str, Any]:
     from safetensors.torch import save_file
 
     out = Path(ctx.runtime["split_out"])
-    seen, chunks, chunk, size = set(), [], {}, 0
+    seen: Dict[int, str] = {}
+    tied: Dict[str, str] = {}
+    chunks, chunk, size = [], {}, 0
     for name, t in module.state_dict(keep_vars=True).items():
-        if not isinstance(t, torch.Tensor) or id(t) in seen:
+        if not isinstance(t, torch.Tensor):
             continue
-        seen.add(id(t))
+        if id(t) in seen:
+            tied[name] = seen[id(t)]
+            continue
+        seen[id(t)] = name
         if chunk and size + t.numel() * t.element_size() > CHUNK_BYTES:
             chunks.append(chunk)
             chunk, size = {}, 0
@@ -46,6 +54,6 @@ def save_rank_slice(module, ctx: RankContext) -> Dict[str, Any]:
         total += sum(v.numel() * v.element_size() for v in host.values())
         names.append(fname)
         del host
-    index = {"files": names, "tensors": len(seen), "bytes": total, "dtype": ctx.spec.dtype}
+    index = {"files": names, "tensors": len(seen), "bytes": total, "dtype": ctx.spec.dtype, "tied": tied}
     (out / f"rank{ctx.rank:03d}.json").write_text(json.dumps(index))
     return index
