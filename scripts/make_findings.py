@@ -10,6 +10,7 @@ Placeholders in the template:
   {{published:SECTION}}   a report section of the CPU sweep of InternLM2-like code as published
                           (results/cpu/published_code)
   {{published_gpu:SECTION}} the same on the H200 at internlm2_20b_shapes, both stacks (results/h200/published)
+  {{any_model_stacks:SECTION}} transformers' own architectures on both stacks (results/cpu/any_model_stacks)
   {{gpu_stacks}}          the seed's call on each software stack, H200 (scripts/gpu/stack_table.py on
                           results/h200/stacks)
   {{stack_bisect}}        the transformers release bisection (scripts/stack_bisect_table.py on results/cpu/stack_bisect)
@@ -37,6 +38,7 @@ CPU = ROOT / "results" / "cpu" / "tp_scaling" / "sweep"
 TRIMS = ROOT / "results" / "h200" / "trims"
 PUBLISHED = ROOT / "results" / "cpu" / "published_code" / "sweep"
 PUBLISHED_GPU = ROOT / "results" / "h200" / "published"
+ANY_MODEL_STACKS = ROOT / "results" / "cpu" / "any_model_stacks"
 STACKS = ROOT / "results" / "h200" / "stacks" / "sweeps"
 BISECT = ROOT / "results" / "cpu" / "stack_bisect" / "sweep"
 GIB = 2**30
@@ -189,6 +191,8 @@ def render(template: str) -> str:
             return report_section(PUBLISHED, arg)
         if kind == "published_gpu":
             return report_section(PUBLISHED_GPU, arg)
+        if kind == "any_model_stacks":
+            return report_section(ANY_MODEL_STACKS, arg)
         if kind == "gpu_stacks":
             return script_output(ROOT / "scripts" / "gpu" / "stack_table.py", str(STACKS))
         if kind == "stack_bisect":

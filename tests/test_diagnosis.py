@@ -221,3 +221,16 @@ def test_failed_run_gets_no_floor_or_scaling_comparison():
     )
     assert "flat_with_tp" not in findings(tp4, [tp2])[0]
     assert "flat_with_tp" in findings(tp4, [tp2, tp1])[0]
+
+
+def test_a_weights_difference_on_another_transformers_says_the_model_is_built_here():
+    """On a stack the ranks import another transformers than the one the memory model builds with: the
+    diagnosis of a difference says so (Qwen2's rotary tables moved between 4.42 and 5.x)."""
+    import transformers
+
+    from dsexp.analysis.diagnosis import _other_transformers
+
+    assert _other_transformers({"software": {"versions": {"transformers": transformers.__version__}}}) == ""
+    assert _other_transformers({}) == ""
+    note = _other_transformers({"software": {"versions": {"transformers": "4.42.4"}}})
+    assert "ranks ran transformers 4.42.4" in note and transformers.__version__ in note

@@ -212,9 +212,25 @@ def weights_vs_model(f: RunFacts) -> List[Finding]:
             "problem",
             f"weights on each {dev} = {m.human(meas)} ({frac:.0%} of the model) at tp={tp}, but the memory "
             f"model predicts {m.human(pred)} ({pred / full:.0%}), {(meas - pred) / pred:+.1%}"
-            + _differences(f.result, p),
+            + _differences(f.result, p)
+            + _other_transformers(f.result),
         )
     ]
+
+
+def _other_transformers(result: Dict[str, Any]) -> str:
+    """Where the ranks ran another transformers than the one the memory model builds the model with (a stack):
+    modeling code that moved between releases (which module holds the rotary tables, for one) is not modelled."""
+    from importlib.metadata import version
+
+    ran = ((result.get("software") or {}).get("versions") or {}).get("transformers")
+    here = version("transformers")
+    if not ran or ran == here:
+        return ""
+    return (
+        f" (the ranks ran transformers {ran}, the memory model builds the model with {here}, this environment's: "
+        f"modeling code that differs between the two is not modelled)"
+    )
 
 
 def _fractions(value: Any) -> List[float]:
