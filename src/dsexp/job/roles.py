@@ -1,8 +1,8 @@
 """The worker in a supporting role, before the measured ranks: the tp=1 `reference` and the `split` of load=sharded.
 
 Both run the ordinary rank code (`dsexp.rank.worker`) on this node with torchrun and no fault injection; only
-`runtime["role"]` differs. A role run that fails raises, naming the rank and what it reported, so the job records
-a prepare_error instead of measuring against a broken cache.
+`runtime["workload"]` differs (dsexp.rank.workloads). A role run that fails raises, naming the rank and what it
+reported, so the job records a prepare_error instead of measuring against a broken cache.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def run_role(
     ("<what> failed on rank N (see run_dir): <error>") if any rank failed or left something missing."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_job_file(run_dir, spec, {**runtime, "role": role, **(extra or {})})
+    write_job_file(run_dir, spec, {**runtime, "workload": role, **(extra or {})})
     outcome = run_ranks(spec, run_dir, runtime["device"], stack=runtime.get("stack"))
     recs = []
     for r in range(spec.tp):

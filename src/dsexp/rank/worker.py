@@ -1,7 +1,8 @@
-"""One rank: start -> load -> init -> generate, probing memory and time at every phase.
+"""One rank's start-up: output to its log, its config, the probes, the process group; then its workload.
 
 Spawned by the job's launcher (torchrun or `deepspeed --no_local_rank`), never by Hydra: it reads the
-job's resolved config from `<job_dir>/job.json` (dsexp.core.protocol), writes `<job_dir>/ranks/rank{N}.json`
+job's resolved config from `<job_dir>/job.json` (dsexp.core.protocol), runs the job's workload
+(dsexp.rank.workloads: dsexp's pipeline, the tp=1 reference, the split), writes `<job_dir>/ranks/rank{N}.json`
 after every phase and its output to `rank{N}.log`, and never talks to MLflow.
 """
 
@@ -17,12 +18,13 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from dsexp.core.protocol import STACK_SIGNAL, logits_file, rank_log, read_job_file  # noqa: E402
+from dsexp.core.protocol import STACK_SIGNAL, rank_log, read_job_file  # noqa: E402
 from dsexp.rank.context import RankContext  # noqa: E402
 from dsexp.rank.faults import maybe_inject  # noqa: E402
 from dsexp.rank.isolation import hide_job_side_packages  # noqa: E402
 from dsexp.rank.probes.phases import PhaseRecorder  # noqa: E402
 from dsexp.rank.probes.software import software  # noqa: E402
+from dsexp.rank.workloads import get_workload  # noqa: E402
 
 _TERMINATED = None  # kept open: faulthandler writes into it from its signal handler
 
@@ -91,74 +93,6 @@ def _start_distributed(ctx: RankContext, rec: PhaseRecorder) -> dict:
     return {**out, "outside": outside} if outside else out
 
 
-def run_rank(ctx: RankContext, rec: PhaseRecorder) -> None:
-    from dsexp.rank.engines import get_engine
-    from dsexp.rank.generation import run_generate
-    from dsexp.rank.loading import get_loader
-    from dsexp.rank.probes.weights import residency, resident_bytes, tensor_bytes, tensor_layout, weight_census
-
-    spec, role = ctx.spec, ctx.runtime.get("role")  # None: measured run; "reference"; "split" (load=sharded)
-    reference = role == "reference"
-    engine = None if reference else get_engine(spec.engine.name)
-    device_type = "cuda" if ctx.on_gpu else "cpu"
-
-    with rec.phase("load"):
-        maybe_inject(spec.fault, ctx.rank, "load", ctx.job_dir)
-        if engine:
-            engine.before_load(ctx)
-        loaded = get_loader("eager" if role else spec.load.name).load(ctx, engine.load_kwargs(ctx) if engine else {})
-    census = weight_census(loaded.model)
-    rec.annotate_phase("load", weights_device=resident_bytes(census, device_type), weights=census, loader=loaded.info)
-
-    with rec.phase("init"):
-        maybe_inject(spec.fault, ctx.rank, "init", ctx.job_dir)
-        if engine:
-            full = tensor_layout(loaded.model)
-            module, report = engine.wrap(loaded.model, ctx, checkpoint=loaded.checkpoint)
-        else:
-            module, report = loaded.model.to(ctx.device), {"reference": True}
-        if loaded.finalize:
-            report["finalize"] = loaded.finalize(module)
-        if engine:
-            engine.after_finalize(module, ctx, report)
-    del loaded
-    census = weight_census(module)
-    tensors = tensor_bytes(module, device_type)
-    rec.annotate_phase("init", weights_device=resident_bytes(census, device_type), weights=census, tensors=tensors)
-    if engine:
-        report.update(residency(full, module, device_type, ctx.torch_dtype.itemsize))
-    rec.note(engine=report)  # kept if generate fails; updated after it
-    if census["on_meta"]:
-        raise RuntimeError(
-            f"{len(census['on_meta'])} tensors are still on the meta device after init: "
-            f"{', '.join(census['on_meta'][:8])}"
-        )
-    if role == "split":
-        from dsexp.rank.loading.slices import save_rank_slice
-
-        with rec.phase("save"):
-            rec.note(split=save_rank_slice(module, ctx))
-        return
-
-    with rec.phase("generate"):
-        maybe_inject(spec.fault, ctx.rank, "generate", ctx.job_dir)
-        out = run_generate(module, ctx, engine.generate_kwargs(ctx) if engine else {})
-    if engine:
-        report = engine.finish(report)
-    import torch
-
-    if not torch.isfinite(out["first_logits"]).all():  # name what holds NaN/inf (the failure path: a full scan)
-        from dsexp.rank.loading.buffers import nonfinite
-
-        rec.note(nonfinite=nonfinite({**dict(module.named_parameters()), **dict(module.named_buffers())})[:50])
-    if ctx.rank == 0:
-        torch.save(out["first_logits"], logits_file(ctx.job_dir))
-    rec.note(
-        engine=report,
-        generate={"prompt_ids": out["prompt_ids"], "tokens": out["tokens"], "new_tokens": len(out["tokens"])},
-    )
-
-
 def main(argv=None) -> int:
     hide_job_side_packages()  # before torch, DeepSpeed and transformers are imported
     argv = sys.argv[1:] if argv is None else argv
@@ -178,12 +112,13 @@ def main(argv=None) -> int:
         spec.probe.nvidia_smi,
     )
     ctx = RankContext(spec, rank, local_rank, world, job_dir, Path(runtime["model_dir"]), runtime)
+    workload = get_workload(runtime.get("workload", "pipeline"))
     try:
         with rec.phase("start", t0=T_PROCESS):
             maybe_inject(spec.fault, rank, "start", job_dir)
             startup = _start_distributed(ctx, rec)
         rec.annotate_phase("start", **startup)
-        run_rank(ctx, rec)
+        workload.run(ctx, rec)
     except BaseException as e:  # recorded by the phase; the job classifies it
         if rec.record["error"] is None:
             rec.note(

@@ -32,6 +32,12 @@ from dsexp.rank.probes.host import host_snapshot
 from dsexp.rank.probes.sampler import PeakSampler
 
 
+def phase_kind(key: str) -> str:
+    """A phase key's kind: "generate_2" -> "generate" (the second generate call); "generate" -> "generate"."""
+    base, _, n = key.rpartition("_")
+    return base if base and n.isdigit() else key
+
+
 class PhaseRecorder:
     def __init__(
         self,
@@ -85,27 +91,44 @@ class PhaseRecorder:
     @contextlib.contextmanager
     def phase(self, name: str, t0: Optional[float] = None):
         """Measure one phase; an exception is recorded (type, message, traceback) and re-raised."""
-        if self.cuda_index is not None:
-            gpu_probe.reset_torch_peaks(self.cuda_index)
-        if t0 is None:
-            t0 = self._enter(name)
-        self.current = (name, t0)
-        self._beat(self.sampler.peek(), dict(self.sampler.last))  # a rank killed right away still shows the phase
+        key = self.begin(name, t0)
         try:
             yield self
         except BaseException as e:
-            self._end(name, t0, error=e)
+            self.end(key, error=e)
             raise
         else:
-            self._end(name, t0)
+            self.end(key)
 
-    def _enter(self, name: str) -> float:
+    def begin(self, name: str, t0: Optional[float] = None, align: bool = True) -> str:
+        """Open a phase (hooks call this where a library call starts); return its key: the name, or `name_<n>` for
+        its n-th occurrence, so a phase that happens twice is kept twice. align=False: no barrier (a user's
+        script may make a call on some ranks only, and a barrier there would deadlock)."""
+        key = self.key_for(name)
+        if self.cuda_index is not None:
+            gpu_probe.reset_torch_peaks(self.cuda_index)
+        if t0 is None:
+            t0 = self._enter(key, align)
+        self.current = (key, t0)
+        self._beat(self.sampler.peek(), dict(self.sampler.last))  # a rank killed right away still shows the phase
+        return key
+
+    def end(self, key: str, error: Optional[BaseException] = None) -> None:
+        """Close the phase `begin` opened (with the exception it ended with, if any)."""
+        name, t0 = self.current if self.current and self.current[0] == key else (key, time.perf_counter())
+        self._end(name, t0, error=error)  # `current` stays: the live file names the last phase until the next
+
+    def key_for(self, name: str) -> str:
+        n = sum(1 for e in self.record["timeline"] if e.get("kind", e["phase"]) == name) + 1
+        return name if n == 1 else f"{name}_{n}"
+
+    def _enter(self, name: str, align: bool = True) -> float:
         """A phase's start: wait for every rank (`align`), close the gap's peak window; return the phase's t0.
 
         Without the wait, a rank that finished the previous phase first would count, in its next phase, the time
         the others still spent on theirs and on their probes (DeepSpeed's see_memory_usage runs gc.collect on
         rank 0 only): its first collective waits for them."""
-        if self.align is not None:
+        if self.align is not None and align:
             self.current = (name, time.perf_counter())
             t = time.perf_counter()
             try:
@@ -135,7 +158,10 @@ class PhaseRecorder:
 
                 phase["see_memory_usage"] = capture(f"dsexp: after {name}")
         self.record["phases"][name] = phase
-        self.record["timeline"].append({"phase": name, "t0": t0 - self.t_process, "t1": t1 - self.t_process})
+        kind = phase_kind(name)
+        self.record["timeline"].append(
+            {"phase": name, "kind": kind, "t0": t0 - self.t_process, "t1": t1 - self.t_process}
+        )
         if error is not None:
             self.record["error"] = {
                 "phase": name,
