@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from dsexp.core.records import node_shared
+from dsexp.core.records import node_shared, speed_representative
 
 MIB, GIB = 2**20, 2**30
 
@@ -95,10 +95,20 @@ def load_growth(result: Dict[str, Any], kind: str = "anon") -> List[int]:
     return out
 
 
+SPEED = ("load_s", "init_s", "generate_s", "tokens_per_s")
+
+
 def headline(result: Dict[str, Any], name: str) -> Optional[float]:
-    """A headline figure; None for a node-wide one that other jobs packed beside this one shared."""
+    """A headline figure; None for a node-wide one that other jobs packed beside this one shared, and for a speed
+    figure of a run whose ranks shared a GPU (gloo on one device: never compared; `raw_headline` shows it)."""
     if name.startswith("node_") and node_shared(result):
         return None
+    if name in SPEED and not speed_representative(result):
+        return None
+    return raw_headline(result, name)
+
+
+def raw_headline(result: Dict[str, Any], name: str) -> Optional[float]:
     return (result.get("headline") or {}).get(name)
 
 

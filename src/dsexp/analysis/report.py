@@ -189,14 +189,27 @@ def matrix_table(rows: List[Row]) -> str:
                 _num(v["host_peak_gib"]),
                 _num(v["host_anon_peak_gib"]),
                 _num(v["node_host_peak_gib"]),
-                _num(v["load_s"]),
-                _num(v["init_s"]),
-                _num(v["generate_s"]),
-                _num(v["tokens_per_s"], 1),
             ]
+            + _speed_cells(r)
             + ([_outside_cell(v)] if gpu else [])
         )
-    return md_table(header, body, [False, True, False, False] + [True] * (len(header) - 4))
+    table = md_table(header, body, [False, True, False, False] + [True] * (len(header) - 4))
+    if any(not m.speed_representative(r.result) for r in rows):
+        table += f"\n\n{SHARED_GPU_NOTE}"
+    return table
+
+
+SHARED_GPU_NOTE = (
+    "Times in parentheses: the ranks shared one GPU over gloo (launcher.gpus): their memory per rank is real, their "
+    "times are not a multi-GPU machine's and are left out of every speed comparison. NCCL's own buffers: not "
+    "measured (shared GPU)."
+)
+
+
+def _speed_cells(r: Row) -> List[str]:
+    """load, init, generate seconds and tokens/s; in parentheses for a run whose ranks shared a GPU."""
+    cells = [_num(m.raw_headline(r.result, k), 1 if k == "tokens_per_s" else 2) for k in m.SPEED]
+    return cells if m.speed_representative(r.result) else [f"({c})" if c != "-" else c for c in cells]
 
 
 OUTSIDE_HEADER = "context + comm + load/init + generate + device (+ unexplained)"

@@ -17,7 +17,17 @@ from packaging.version import Version
 from dsexp.core import trims
 from dsexp.core.checkpoint import checkpoint_problem, folder_config
 from dsexp.core.engines import ENGINES, traits
-from dsexp.core.schema import DEVICES, DTYPES, FORMATS, LAUNCHERS, LOADERS, OFFLOADS, ConfigError, JobConfig
+from dsexp.core.schema import (
+    DEVICES,
+    DTYPES,
+    FORMATS,
+    LAUNCHERS,
+    LOADERS,
+    OFFLOADS,
+    ConfigError,
+    JobConfig,
+    is_shared,
+)
 
 
 def _one_of(key: str, value: Any, allowed) -> None:
@@ -68,8 +78,10 @@ def _is_preset(arch: Optional[str]) -> bool:
     return arch in ARCHS
 
 
-def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
-    """Raise ConfigError for any setting that cannot work; return spec with `device` resolved."""
+def validate(spec: JobConfig, gpus: Optional[int] = None, gpu_total: Optional[int] = None) -> JobConfig:
+    """Raise ConfigError for any setting that cannot work; return spec with `device` resolved.
+
+    gpus, gpu_total: the visible GPUs and the first one's bytes (None: asked of NVML)."""
     gpus = visible_gpus() if gpus is None else gpus
     _one_of("device", spec.device, DEVICES)
     _one_of("dtype", spec.dtype, DTYPES)
@@ -98,12 +110,7 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
     device = resolve_device(spec, gpus)
     if device == "cuda" and gpus == 0:
         raise ConfigError("device=cuda but no GPU is visible (NVML found none)")
-    on_each = spec.ranks_per_node
-    if device == "cuda" and on_each > gpus:
-        raise ConfigError(
-            f"tp={spec.tp} needs {on_each} GPUs per node but only {gpus} are visible; "
-            f"allowed: tp <= {gpus * spec.launcher.nodes}"
-        )
+    _validate_gpus(spec, device, gpus)
     if spec.zero.offload != "none" and spec.zero.stage != 3:
         raise ConfigError(
             f"zero.offload={spec.zero.offload} needs zero.stage=3 (DeepSpeed offloads parameters only "
@@ -135,7 +142,74 @@ def validate(spec: JobConfig, gpus: Optional[int] = None) -> JobConfig:
                 "set engine.kernel_inject=false or run on a GPU machine"
             )
     spec.device = device
+    if spec.shared_gpu:
+        _validate_shared_fit(spec, gpu_total)
     return spec
+
+
+def _validate_gpus(spec: JobConfig, device: str, gpus: int) -> None:
+    """One GPU per rank, or (launcher.gpus) fewer GPUs that the ranks share: on this node's visible GPUs."""
+    on_each, want = spec.ranks_per_node, spec.launcher.gpus
+    if want is None:
+        if device == "cuda" and on_each > gpus:
+            raise ConfigError(
+                f"tp={spec.tp} needs {on_each} GPUs per node but only {gpus} are visible; "
+                f"allowed: tp <= {gpus * spec.launcher.nodes}, or launcher.gpus={gpus} to let the ranks share them"
+            )
+        return
+    if want < 1:
+        raise ConfigError(f"launcher.gpus={want}: must be >= 1 (null: one GPU per rank)")
+    if device != "cuda":
+        raise ConfigError(
+            f"launcher.gpus={want} shares GPUs between ranks, but device={device}: leave launcher.gpus unset on CPU"
+        )
+    if want > gpus:
+        raise ConfigError(f"launcher.gpus={want} but only {gpus} GPUs are visible; allowed: launcher.gpus <= {gpus}")
+    if spec.launcher.pack:
+        raise ConfigError(
+            "launcher.pack=true gives each job GPUs of its own; with launcher.gpus the ranks share GPUs: "
+            "set launcher.pack=false (or leave launcher.gpus unset)"
+        )
+    if is_shared(want, on_each) and spec.engine.name in SHARED_GPU_REFUSED:
+        raise ConfigError(
+            f"engine={spec.engine.name} with ranks sharing a GPU (launcher.gpus={want} < {on_each} ranks per node): "
+            f"{SHARED_GPU_REFUSED[spec.engine.name]}; give each rank a GPU (leave launcher.gpus unset)"
+        )
+
+
+# Engines that cannot run with ranks sharing a GPU (over gloo), and why: measured on the H200 (results/h200/shared).
+SHARED_GPU_REFUSED: Dict[str, str] = {}
+
+
+def _validate_shared_fit(spec: JobConfig, gpu_total: Optional[int] = None) -> None:
+    """Ranks sharing GPUs: refuse a job whose predicted memory on its busiest GPU exceeds that GPU (the memory model's
+    weights and KV cache per rank, plus a CUDA context per process)."""
+    from dsexp.analysis.memory import shared_gpu_fit
+
+    total = gpu_total if gpu_total is not None else gpu_memory_total()
+    if total is None:
+        return
+    fit = shared_gpu_fit(spec, total)
+    if fit is not None and not fit["fits"]:
+        raise ConfigError(fit["message"])
+
+
+def gpu_memory_total() -> Optional[int]:
+    """Bytes of the first visible GPU (NVML; CUDA_VISIBLE_DEVICES by index or UUID); None without a driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
+        if first.isdigit():
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(first))
+        else:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(first)
+        total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+        pynvml.nvmlShutdown()
+        return total
+    except Exception:
+        return None
 
 
 def _validate_load(spec: JobConfig) -> None:

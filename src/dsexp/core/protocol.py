@@ -19,6 +19,7 @@ WORKER_MODULE = "dsexp.rank.worker"
 TOKEN_ENV = "DSEXP_JOB_TOKEN"  # every process of a job carries it (teardown finds survivors by it)
 STACK_SIGNAL = signal.SIGUSR1  # the worker dumps every thread's stack on it (faulthandler)
 STACK_IMPORT_ERROR = "StackImportError"  # the error type a rank records when its software stack fails to import
+SHARED_GPUS_ENV = "DSEXP_SHARED_GPUS"  # ranks sharing GPUs: the GPUs (CUDA indices as the job saw them) they share
 RESULT = "result.json"
 JOB_FILE = "job.json"
 

@@ -142,11 +142,18 @@ def _max_over(metrics: Dict[str, float], quantity: str, phases=PHASES) -> Option
     return max(vals) if vals else None
 
 
-def headline(metrics: Dict[str, float], ranks: List[Optional[dict]], new_tokens: int) -> Dict[str, Optional[float]]:
-    """The figures a user compares first. Per-device figures are max over ranks; see README for definitions."""
-    gpu_peak = _max_over(metrics, "nvml_device_used_peak_gib") or _max_over(metrics, "gpu_driver_used_gib")
+def headline(
+    metrics: Dict[str, float], ranks: List[Optional[dict]], new_tokens: int, shared_gpu: bool = False
+) -> Dict[str, Optional[float]]:
+    """The figures a user compares first. Per-device figures are max over ranks; see README for definitions.
+
+    shared_gpu (ranks sharing a GPU over gloo): the per-GPU peak is each rank's own (NVML per process, which holds
+    what a rank holds on a GPU of its own but the device's reserve), the device-wide figure is a node figure
+    (`node_gpu_peak_gib`: every rank on it); its times are gloo's on one GPU (`speed_representative`)."""
+    device_peak = _max_over(metrics, "nvml_device_used_peak_gib") or _max_over(metrics, "gpu_driver_used_gib")
+    gpu_peak = _max_over(metrics, "nvml_process_used_peak_gib") if shared_gpu else device_peak
     gen_s = metrics.get("generate.wall_s.max")
-    return {
+    out = {
         "gpu_peak_gib": gpu_peak,
         "gpu_weights_gib": metrics.get("init.weights_device_gib.max"),
         "host_peak_gib": _max_over(metrics, "host_rss_peak_gib"),
@@ -157,6 +164,9 @@ def headline(metrics: Dict[str, float], ranks: List[Optional[dict]], new_tokens:
         "generate_s": gen_s,
         "tokens_per_s": (new_tokens / gen_s) if gen_s else None,
     }
+    if shared_gpu:
+        out["node_gpu_peak_gib"] = device_peak
+    return out
 
 
 def config_label(config: Dict[str, Any]) -> str:
@@ -176,8 +186,24 @@ def config_label(config: Dict[str, Any]) -> str:
         None if (zero.get("name") or "none") == "none" else f"zero-{zero.get('name')}",
         f"{dtype}<-{mdtype}" if mdtype and dtype != mdtype else dtype,
         trims.label(config.get("trim")),
+        shared_gpu_label(config),
     ]
     return "/".join(str(p) for p in parts if p) + ("" if stack == "current" else f"@{stack}")
+
+
+def shared_gpu_label(config: Dict[str, Any]) -> Optional[str]:
+    """`shared_gpu` (or `shared_<n>gpu`) for a GPU run whose ranks share launcher.gpus GPUs per node: its speed is
+    gloo's on shared GPUs, so it is never the same row as a run with a GPU per rank."""
+    gpus = (config.get("launcher") or {}).get("gpus")
+    if gpus is None or config.get("device") == "cpu":
+        return None
+    return "shared_gpu" if int(gpus) == 1 else f"shared_{gpus}gpu"
+
+
+def speed_representative(result: Dict[str, Any]) -> bool:
+    """False for a run whose ranks shared GPUs (gloo on one device): its phase times and tokens/s are not a
+    multi-GPU machine's and stay out of speed comparisons."""
+    return not (result.get("runtime") or {}).get("shared_gpu")
 
 
 def model_label(model: Dict[str, Any]) -> Optional[str]:

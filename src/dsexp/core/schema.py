@@ -72,6 +72,7 @@ class LauncherConfig:
     pack: bool = False
     nodes: int = 1
     hostfile: Optional[str] = None
+    gpus: Optional[int] = None  # GPUs per node the ranks use; fewer than the ranks: they share them (gloo)
 
 
 @dataclass
@@ -167,6 +168,15 @@ class JobConfig:
     @property
     def ranks_per_node(self) -> int:
         return per_node(self.tp, self.launcher.nodes)
+
+    @property
+    def shared_gpu(self) -> bool:
+        """More ranks on a node than GPUs given to them (launcher.gpus): ranks share GPUs, over gloo."""
+        return self.device == "cuda" and is_shared(self.launcher.gpus, self.ranks_per_node)
+
+
+def is_shared(gpus: Optional[int], ranks_per_node: int) -> bool:
+    return gpus is not None and int(gpus) < ranks_per_node
 
 
 def per_node(tp: int, nodes: int) -> int:

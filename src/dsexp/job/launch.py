@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from dsexp.core import trims
-from dsexp.core.protocol import TOKEN_ENV, WORKER_MODULE
+from dsexp.core.protocol import SHARED_GPUS_ENV, TOKEN_ENV, WORKER_MODULE
 from dsexp.core.schema import JobConfig
 from dsexp.job import multinode, stacks, teardown
 
@@ -95,9 +95,18 @@ def rank_env(
         env["DS_ACCELERATOR"] = "cuda"
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
+        if spec.shared_gpu:  # each rank maps itself onto one of these (dsexp.rank.shared_gpu)
+            env.update(shared_env(int(spec.launcher.gpus), visible or os.environ.get("CUDA_VISIBLE_DEVICES")))
     env.update(stacks.rank_env(stack))
     env.update({k: trims.env_value(v) for k, v in (spec.trim.env or {}).items()})  # validated: trims.env_problem
     return env
+
+
+def shared_env(gpus: int, visible: Optional[str]) -> Dict[str, str]:
+    """Ranks sharing GPUs: the variable that tells each rank which GPUs the ranks share (the first `gpus` of the
+    visible ones: CUDA_VISIBLE_DEVICES' entries, or 0..gpus-1); each rank takes one round-robin."""
+    pool = [v.strip() for v in visible.split(",") if v.strip()] if visible else [str(i) for i in range(gpus)]
+    return {SHARED_GPUS_ENV: ",".join(pool[:gpus])}
 
 
 def _ranks_on_this_host(spec: JobConfig) -> int:

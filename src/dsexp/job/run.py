@@ -319,6 +319,8 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     packed = result.get("packed")  # this job's GPUs under launcher.pack=true
     gpus = gpu_indices(packed)
     runtime = {"device": spec.device, "stack": prepare_stack(spec.stack, spec.cache_dir), **prepare_model(spec)}
+    if spec.shared_gpu:
+        runtime["shared_gpu"] = True  # ranks share GPUs over gloo: per-rank memory is real, speed is not
     problem = checkpoint_problem(Path(runtime["model_dir"]))
     if problem:
         raise CheckpointError(f"checkpoint {runtime['model_dir']}: {problem}")
@@ -335,7 +337,7 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     tails = failures.log_tails(job_dir, spec.tp)
     result["ranks"] = ranks
     result["metrics"] = records.aggregate_metrics(ranks)
-    result["headline"] = records.headline(result["metrics"], ranks, spec.generate.new_tokens)
+    result["headline"] = records.headline(result["metrics"], ranks, spec.generate.new_tokens, spec.shared_gpu)
     result["engine"] = (ranks[0] or {}).get("engine") if ranks else None
     result["software"] = (ranks[0] or {}).get("software") if ranks else None
     hangs = (

@@ -24,6 +24,7 @@ from dsexp.rank.faults import maybe_inject  # noqa: E402
 from dsexp.rank.isolation import hide_job_side_packages  # noqa: E402
 from dsexp.rank.probes.phases import PhaseRecorder  # noqa: E402
 from dsexp.rank.probes.software import software  # noqa: E402
+from dsexp.rank.shared_gpu import setup_rank  # noqa: E402
 from dsexp.rank.workloads import get_workload  # noqa: E402
 
 _TERMINATED = None  # kept open: faulthandler writes into it from its signal handler
@@ -76,13 +77,18 @@ def _start_distributed(ctx: RankContext, rec: PhaseRecorder) -> dict:
 
     t1 = time.perf_counter()
     outside = {}
+    shared = ctx.runtime.get("shared_gpu")
+    if shared:
+        from dsexp.rank.shared_gpu import force_gloo
+
+        force_gloo()  # several ranks on one GPU: NCCL refuses them, gloo carries CUDA tensors
     if ctx.runtime.get("device") == "cuda":
         torch.cuda.set_device(ctx.local_rank)
         ctx.device = f"cuda:{ctx.local_rank}"
         rec.attach_cuda(ctx.local_rank)
         outside["context"] = outside_reading(ctx.local_rank, rec.nvml)
     t2 = time.perf_counter()
-    deepspeed.init_distributed(dist_backend="nccl" if ctx.on_gpu else "gloo", verbose=False)
+    deepspeed.init_distributed(dist_backend="nccl" if ctx.on_gpu and not shared else "gloo", verbose=False)
     if ctx.world_size > 1:
         rec.align = torch.distributed.barrier  # every later phase starts on all ranks together
     first = ctx.spec.probe.first_collective
@@ -97,6 +103,7 @@ def main(argv=None) -> int:
     hide_job_side_packages()  # before torch, DeepSpeed and transformers are imported
     argv = sys.argv[1:] if argv is None else argv
     job_dir = Path(argv[0])
+    shared = setup_rank()  # ranks sharing a GPU: this one sees only its GPU, as cuda:0 (before CUDA is used)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     _redirect_output(rank_log(job_dir, rank))
@@ -113,6 +120,8 @@ def main(argv=None) -> int:
     )
     ctx = RankContext(spec, rank, local_rank, world, job_dir, Path(runtime["model_dir"]), runtime)
     workload = get_workload(runtime.get("workload", "pipeline"))
+    if shared:
+        rec.note(shared_gpu=shared)
     try:
         with rec.phase("start", t0=T_PROCESS):
             maybe_inject(spec.fault, rank, "start", job_dir)

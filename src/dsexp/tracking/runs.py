@@ -176,6 +176,8 @@ class Tracker:
             tags["mlflow.parentRunId"] = parent_id
         if node_shared(result):  # packed with other jobs: node-wide figures are theirs too
             tags["dsexp.node_shared"] = "true"
+        if (result.get("runtime") or {}).get("shared_gpu"):  # ranks shared GPUs over gloo: times not representative
+            tags["dsexp.shared_gpu"] = "true"
         run = retry(lambda: self.client.create_run(self.experiment_id, run_name=run_name, tags=tags))
         rid = run.info.run_id
         self.log_params(rid, {**flatten(result.get("config", {})), **software_params(result)})
