@@ -179,3 +179,21 @@ def test_tp2_shares_one_gpu(tmp_path, cache_dir):
     assert [rk["shared_gpu"]["local_rank"] for rk in res["ranks"]] == [0, 1]
     assert {rk["shared_gpu"]["gpu"] for rk in res["ranks"]} == {"0"}
     assert all(rk["phases"]["generate"]["gpu"]["nvml_process_used"] for rk in res["ranks"])
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["experiment=hf_tp"], ["engine=hf_tp", "SIGSEGV in generate"]),
+        (["model=tiny", "engine.kernel_inject=true"], ["kernel_inject", "LlamaDecoderLayer", "AutoTP"]),
+    ],
+)
+def test_engines_that_did_not_run_shared_are_refused_with_the_reason(overrides, words):
+    with pytest.raises(ConfigError) as e:
+        spec_of("tp=2", "launcher.gpus=1", *overrides)
+    assert all(w in str(e.value) for w in words), str(e.value)
+    assert spec_of("tp=1", "launcher.gpus=1", *overrides)  # one rank shares nothing: it runs
+
+
+def test_the_seeds_kernel_injection_runs_shared_since_internlm2_has_no_kernel_policy():
+    assert spec_of("tp=2", "launcher.gpus=1", "experiment=seed_issue_accepted").shared_gpu

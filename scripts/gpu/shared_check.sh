@@ -9,8 +9,9 @@ sweep() {  # sweep NAME SECONDS OVERRIDES...: one sweep with its own time limit,
   local name=$1 limit=$2; shift 2
   echo "=== $name: $* ($(date +%T))"
   timeout -s TERM -k 20 "$limit" python3 -m dsexp -m "$@" launcher.gpus=1 timeout_s=240 hydra.sweep.dir=$ROOT/$name 2>&1 \
-    | grep -E "^dsexp|^[0-9]+ |^job |Error" || true
+    | grep -vE "^\[|^ *$|Warning|warn" | tail -15 || true
   for f in $ROOT/$name/*/result.json; do
+    [ -f "$f" ] || continue
     python3 - "$f" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -22,10 +23,11 @@ print(c.get("variant"), c["engine"]["name"], "tp", c["tp"], c["launcher"]["name"
       (f.get("message") or "")[:300], "| nvml/proc GiB:", [round(p / 2**30, 2) if p else None for p in procs],
       "| shared:", [x.get("shared_gpu", {}).get("local_rank") for x in ranks])
 EOF
-  done
+  done || true
   tar -czf "$OUT/shared_check.tar.gz" --exclude='*.pt' --exclude='*.safetensors' -C /tmp/sweeps shared_check || true
 }
-sweep autotp 150 experiment=autotp model=internlm2_tiny tp=2,4,8
+sweep autotp 150 experiment=autotp model=internlm2_tiny tp=2,4
+sweep autotp8 90 experiment=autotp model=internlm2_tiny tp=8 model.dims.num_key_value_heads=8
 sweep autotp_ds 90 experiment=autotp model=internlm2_tiny tp=2 launcher=deepspeed
 sweep zero3 120 experiment=zero3 model=tiny tp=2
 sweep autotp_zero3 120 experiment=autotp_zero3 model=tiny tp=2

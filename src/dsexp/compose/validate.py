@@ -170,15 +170,29 @@ def _validate_gpus(spec: JobConfig, device: str, gpus: int) -> None:
             "launcher.pack=true gives each job GPUs of its own; with launcher.gpus the ranks share GPUs: "
             "set launcher.pack=false (or leave launcher.gpus unset)"
         )
-    if is_shared(want, on_each) and spec.engine.name in SHARED_GPU_REFUSED:
+    if not is_shared(want, on_each):
+        return
+    why = SHARED_GPU_REFUSED.get(spec.engine.name)
+    if why is None and spec.engine.name == "init_inference" and spec.engine.kernel_inject:
+        layers = _kernel_injected_layers(spec)  # none (InternLM2, the seed's case): injection is a no-op, it runs
+        why = SHARED_KERNEL_INJECTION.format(layers=", ".join(layers)) if layers else None
+    if why:
         raise ConfigError(
-            f"engine={spec.engine.name} with ranks sharing a GPU (launcher.gpus={want} < {on_each} ranks per node): "
-            f"{SHARED_GPU_REFUSED[spec.engine.name]}; give each rank a GPU (leave launcher.gpus unset)"
+            f"engine={spec.engine.name}{'+kernel_inject' if spec.engine.kernel_inject else ''} with ranks sharing a "
+            f"GPU (launcher.gpus={want} < {on_each} ranks per node): {why}; give each rank a GPU (leave launcher.gpus "
+            "unset)"
         )
 
 
-# Engines that cannot run with ranks sharing a GPU (over gloo), and why: measured on the H200 (results/h200/shared).
-SHARED_GPU_REFUSED: Dict[str, str] = {}
+# Engines that cannot run with ranks sharing a GPU (over gloo), and why (H200: results/h200/shared/check).
+SHARED_GPU_REFUSED: Dict[str, str] = {
+    "hf_tp": "transformers' tensor parallelism (DTensor) loaded and placed the model, then crashed with SIGSEGV in "
+    "generate inside torch's dispatch of a DTensor collective over gloo (H200, torch 2.11)",
+}
+SHARED_KERNEL_INJECTION = (
+    "DeepSpeed's inference kernels (kernel injection with a DeepSpeed policy for {layers}) have not been run with "
+    "ranks sharing a GPU (their JIT build outlasted the measurement); AutoTP (engine.kernel_inject=false) runs shared"
+)
 
 
 def _validate_shared_fit(spec: JobConfig, gpu_total: Optional[int] = None) -> None:
