@@ -111,6 +111,18 @@ def validate(spec: JobConfig, gpus: Optional[int] = None, gpu_total: Optional[in
     if device == "cuda" and gpus == 0:
         raise ConfigError("device=cuda but no GPU is visible (NVML found none)")
     _validate_gpus(spec, device, gpus)
+    if spec.workload == "script":
+        _validate_script(spec)
+    else:
+        _validate_pipeline(spec, device)
+    spec.device = device
+    if spec.shared_gpu and spec.workload == "pipeline":
+        _validate_shared_fit(spec, gpu_total)
+    return spec
+
+
+def _validate_pipeline(spec: JobConfig, device: str) -> None:
+    """dsexp's own pipeline: the model, the loading, the engine and its ZeRO block, the trims, the stack's versions."""
     if spec.zero.offload != "none" and spec.zero.stage != 3:
         raise ConfigError(
             f"zero.offload={spec.zero.offload} needs zero.stage=3 (DeepSpeed offloads parameters only "
@@ -121,7 +133,6 @@ def validate(spec: JobConfig, gpus: Optional[int] = None, gpu_total: Optional[in
             "dtype=fp16 on device=cpu: DeepSpeed's CPU accelerator supports fp32 and bf16 only here; "
             "choose dtype=bf16 or dtype=fp32"
         )
-
     _validate_load(spec)
     _validate_injection_policy(spec)
     if traits(spec.engine.name).zero3 and spec.zero.stage != 3:
@@ -141,10 +152,29 @@ def validate(spec: JobConfig, gpus: Optional[int] = None, gpu_total: Optional[in
                 f"{', '.join(layers)} of model={spec.model.name} with CUDA kernels; "
                 "set engine.kernel_inject=false or run on a GPU machine"
             )
-    spec.device = device
-    if spec.shared_gpu:
-        _validate_shared_fit(spec, gpu_total)
-    return spec
+
+
+def _validate_script(spec: JobConfig) -> None:
+    """A user's script: it exists (its path made absolute), its arguments are strings, its fixes are known; the
+    model group only matters where an argument names {model_dir}."""
+    s = spec.script
+    path = Path(str(s.path)).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"script.path={s.path!r} does not exist or is not a file (relative to {os.getcwd()})")
+    s.path = str(path.resolve())
+    bad = [a for a in s.args if not isinstance(a, (str, int, float))]
+    if bad:
+        raise ConfigError(f"script.args: each argument must be a string, got {bad[0]!r}")
+    s.args = [str(a) for a in s.args]
+    if s.max_new_tokens is not None and s.max_new_tokens < 1:
+        raise ConfigError(f"script.max_new_tokens={s.max_new_tokens}: must be >= 1 (null: as the script asks)")
+    from dsexp.rank.workloads.script.fixes import fix_problem
+
+    problem = fix_problem(list(s.fix), spec)
+    if problem:
+        raise ConfigError(problem)
+    if spec.uses_model:
+        _validate_model(spec, heads=False)  # the script's engine is not known before it runs
 
 
 def _validate_gpus(spec: JobConfig, device: str, gpus: int) -> None:
@@ -170,7 +200,7 @@ def _validate_gpus(spec: JobConfig, device: str, gpus: int) -> None:
             "launcher.pack=true gives each job GPUs of its own; with launcher.gpus the ranks share GPUs: "
             "set launcher.pack=false (or leave launcher.gpus unset)"
         )
-    if not is_shared(want, on_each):
+    if not is_shared(want, on_each) or spec.workload == "script":  # a script's engine is seen only when it runs
         return
     why = SHARED_GPU_REFUSED.get(spec.engine.name)
     if why is None and spec.engine.name == "init_inference" and spec.engine.kernel_inject:
@@ -304,7 +334,8 @@ def _validate_tp_plan(spec: JobConfig) -> None:
         )
 
 
-def _validate_model(spec: JobConfig) -> None:
+def _validate_model(spec: JobConfig, heads: bool = True) -> None:
+    """The model group's source, and (heads) tp against its key/value heads for the engine."""
     m = spec.model
     if m.path:
         folder = Path(m.path).expanduser()
@@ -347,6 +378,8 @@ def _validate_model(spec: JobConfig) -> None:
             f"model={m.name}: transformers cannot build a config from {where} and model.dims={dict(m.dims)}: "
             f"{type(e).__name__}: {e}"
         ) from e
+    if not heads:
+        return
     kv = dims.get("num_key_value_heads") or dims.get("num_attention_heads")
     engine = traits(spec.engine.name)
     if kv and spec.tp > int(kv) and engine.splits_weights:

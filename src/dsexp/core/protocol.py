@@ -19,6 +19,8 @@ WORKER_MODULE = "dsexp.rank.worker"
 TOKEN_ENV = "DSEXP_JOB_TOKEN"  # every process of a job carries it (teardown finds survivors by it)
 STACK_SIGNAL = signal.SIGUSR1  # the worker dumps every thread's stack on it (faulthandler)
 STACK_IMPORT_ERROR = "StackImportError"  # the error type a rank records when its software stack fails to import
+SCRIPT_JOB_ENV = "DSEXP_SCRIPT_JOB"  # a user's script's ranks: the job folder (dsexp.rank.bootstrap turns on)
+SCRIPT_ENV = "DSEXP_SCRIPT"  # ... and the script's path (only the process running it is a rank to measure)
 SHARED_GPUS_ENV = "DSEXP_SHARED_GPUS"  # ranks sharing GPUs: the GPUs (CUDA indices as the job saw them) they share
 RESULT = "result.json"
 JOB_FILE = "job.json"
@@ -45,6 +47,11 @@ def live_file(job_dir: Path, rank: int) -> Path:
 
 def rank_log(job_dir: Path, rank: int) -> Path:
     return Path(job_dir) / "ranks" / f"rank{rank}.log"
+
+
+def bootstrap_dir() -> Path:
+    """The folder holding dsexp's sitecustomize (put first on a script's ranks' PYTHONPATH)."""
+    return Path(__file__).resolve().parents[1] / "rank" / "bootstrap"
 
 
 def logits_file(job_dir: Path) -> Path:

@@ -7,6 +7,7 @@ Everything later stages need (analysis, report, MLflow sync) is in result.json.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -30,6 +31,12 @@ HEADLINE = (
     "generate_s",
     "tokens_per_s",
 )
+
+
+def phase_kind(key: str) -> str:
+    """A phase key's kind: "generate_2" -> "generate" (the second generate call); "generate" -> "generate"."""
+    base, _, n = key.rpartition("_")
+    return base if base and n.isdigit() else key
 
 
 def read_rank_records(job_dir: Path, world_size: int) -> List[Optional[dict]]:
@@ -173,6 +180,8 @@ def config_label(config: Dict[str, Any]) -> str:
     """A configuration's short name, everything but tp: variant/model/load/engine/zero/dtype/trims (what is set),
     and `@stack` when the ranks ran on a software stack other than the job's own environment. A load that keeps
     the buffers as loaded (load.restore_buffers=false) is marked `+buffers_as_loaded`."""
+    if (config.get("script") or {}).get("path"):
+        return script_label(config)
     model, load, eng, zero = (config.get(k) or {} for k in ("model", "load", "engine", "zero"))
     dtype, mdtype = config.get("dtype") or model.get("dtype"), model.get("dtype")
     stack = stack_label(config.get("stack") or {})
@@ -188,6 +197,27 @@ def config_label(config: Dict[str, Any]) -> str:
         trims.label(config.get("trim")),
         shared_gpu_label(config),
     ]
+    return "/".join(str(p) for p in parts if p) + ("" if stack == "current" else f"@{stack}")
+
+
+def script_label(config: Dict[str, Any]) -> str:
+    """A user's script's configuration: variant/script:<file> <args>/model (when {model_dir} is used)/fix=.../
+    cap/shared_gpu, and `@stack`. Its arguments are part of it (two argument lists never share a row)."""
+    s = config["script"]
+    model = config.get("model") or {}
+    args = " ".join(str(a).replace("{model_dir}", f"<{model.get('name')}>") for a in s.get("args") or [])
+    if len(args) > 48:
+        args = args[:40] + "~" + hashlib.sha1(args.encode()).hexdigest()[:6]
+    uses_model = any("{model_dir}" in str(a) for a in s.get("args") or [])
+    parts = [
+        config.get("variant"),
+        f"script:{Path(s['path']).name}" + (f" {args}" if args else ""),
+        model_label(model) if uses_model else None,
+        f"fix={'+'.join(s['fix'])}" if s.get("fix") else None,
+        f"max_new_tokens<={s['max_new_tokens']}" if s.get("max_new_tokens") else None,
+        shared_gpu_label(config),
+    ]
+    stack = stack_label(config.get("stack") or {})
     return "/".join(str(p) for p in parts if p) + ("" if stack == "current" else f"@{stack}")
 
 

@@ -117,6 +117,26 @@ class TrimConfig:
 
 
 @dataclass
+class ScriptConfig:
+    """A user's own inference script, run as written on every rank instead of dsexp's pipeline (`script.path`).
+
+    args: its command line; `{model_dir}` in an argument is the model group's checkpoint folder (dsexp writes it).
+    fix: remedies dsexp applies through its hooks (dsexp.rank.workloads.script_fixes); [] runs it as written.
+    max_new_tokens: a cap on what the script's generate calls ask for (null: as written), for quick measurements.
+    local_rank_arg: the DeepSpeed launcher passes --local_rank=N to the script (as `deepspeed script.py` does);
+    false: --no_local_rank. torchrun never passes it."""
+
+    path: Optional[str] = None
+    args: List[str] = field(default_factory=list)
+    fix: List[str] = field(default_factory=list)
+    max_new_tokens: Optional[int] = None
+    local_rank_arg: bool = True
+
+
+MODEL_DIR_ARG = "{model_dir}"
+
+
+@dataclass
 class TrackingConfig:
     uri: Optional[str] = None
     experiment: str = "dsexp"
@@ -156,6 +176,7 @@ class JobConfig:
     trim: TrimConfig = field(default_factory=TrimConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     stack: StackConfig = field(default_factory=StackConfig)
+    script: ScriptConfig = field(default_factory=ScriptConfig)
     tp: int = 1
     dtype: str = "bf16"
     device: str = "auto"
@@ -168,6 +189,16 @@ class JobConfig:
     @property
     def ranks_per_node(self) -> int:
         return per_node(self.tp, self.launcher.nodes)
+
+    @property
+    def workload(self) -> str:
+        """What the ranks run: a user's script (script.path) or dsexp's own pipeline."""
+        return "script" if self.script.path else "pipeline"
+
+    @property
+    def uses_model(self) -> bool:
+        """Whether the model group's checkpoint is used: always by the pipeline, by a script through {model_dir}."""
+        return self.workload == "pipeline" or any(MODEL_DIR_ARG in str(a) for a in self.script.args)
 
     @property
     def shared_gpu(self) -> bool:

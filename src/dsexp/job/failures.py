@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from dsexp.core.protocol import STACK_IMPORT_ERROR
-from dsexp.core.records import PHASES, phase_quantities, read_rank_records
+from dsexp.core.records import PHASES, phase_kind, phase_quantities, read_rank_records
 
 CAUSES = (
     "oom_gpu",
@@ -36,6 +36,10 @@ CAUSES = (
     "interrupted",
     "stack_error",
     "reference_invalid",
+    # a user's script (script.path): it raised or exited non-zero outside the calls dsexp observes; or it ended
+    # without any engine call
+    "script_error",
+    "no_engine_call",
     # the cluster ended the job (dsexp.job.slurm): recorded by the sweep process from SLURM's final state
     "slurm_cancelled",
     "node_failed",
@@ -229,9 +233,13 @@ def _from_error(err: dict) -> Dict[str, Any]:
         cause = "oom_host"
     elif _KERNEL.search(text):
         cause = "kernel_build_error"
-    elif err.get("type") in _REJECTING_TYPES or (err.get("phase") == "init" and _REJECTED.search(text)):
-        cause = "config_rejected"
-    elif err.get("phase") == "load":
+    elif err.get("type") in _REJECTING_TYPES or (
+        (phase_kind(err.get("phase") or "") == "init" or err.get("outside_calls")) and _REJECTED.search(text)
+    ):
+        cause = "config_rejected"  # also a user's script building a config DeepSpeed rejects (outside the call)
+    elif err.get("outside_calls"):
+        cause = "script_error"  # a user's script raised, or exited non-zero, outside the library calls dsexp observes
+    elif phase_kind(err.get("phase") or "") == "load":
         cause = "load_error"
     else:
         cause = "engine_error"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from dsexp.core import trims
-from dsexp.core.protocol import SHARED_GPUS_ENV, TOKEN_ENV, WORKER_MODULE
+from dsexp.core.protocol import SCRIPT_ENV, SCRIPT_JOB_ENV, SHARED_GPUS_ENV, TOKEN_ENV, WORKER_MODULE, bootstrap_dir
 from dsexp.core.schema import JobConfig
 from dsexp.job import multinode, stacks, teardown
 
@@ -47,22 +47,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_command(spec: JobConfig, job_dir: Path, port: Optional[int]) -> List[str]:
-    target = ["-m", WORKER_MODULE, str(job_dir)]
+def rank_target(spec: JobConfig, job_dir: Path, script: Optional[Dict[str, Any]] = None) -> List[str]:
+    """What the launcher starts on every rank, after its own options: dsexp's worker for this job, or the user's
+    script with its arguments (`script`: the job's runtime facts of it). The DeepSpeed launcher passes
+    --local_rank=N to a script unless script.local_rank_arg=false; the worker never takes it."""
+    deepspeed = spec.launcher.name == "deepspeed"
+    if script is None:
+        return (
+            ["--no_local_rank", "--module", WORKER_MODULE, str(job_dir)]
+            if deepspeed
+            else ["-m", WORKER_MODULE, str(job_dir)]
+        )
+    local_rank = [] if (not deepspeed or spec.script.local_rank_arg) else ["--no_local_rank"]
+    return [*local_rank, script["path"], *script["argv"]]
+
+
+def rank_command(
+    spec: JobConfig, job_dir: Path, port: Optional[int], script: Optional[Dict[str, Any]] = None
+) -> List[str]:
+    target = rank_target(spec, job_dir, script)
     if spec.launcher.name == "deepspeed":
         gpus = ["--num_gpus", str(spec.tp)]
-        return [
-            sys.executable,
-            "-m",
-            "deepspeed.launcher.runner",
-            "--no_local_rank",
-            "--master_port",
-            str(port),
-            *gpus,
-            "--module",
-            WORKER_MODULE,
-            str(job_dir),
-        ]
+        return [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", str(port), *gpus, *target]
     return [
         sys.executable,
         "-m",
@@ -75,10 +81,15 @@ def rank_command(spec: JobConfig, job_dir: Path, port: Optional[int]) -> List[st
 
 
 def rank_env(
-    spec: JobConfig, device: str, visible: Optional[str] = None, stack: Optional[Dict[str, Any]] = None
+    spec: JobConfig,
+    device: str,
+    visible: Optional[str] = None,
+    stack: Optional[Dict[str, Any]] = None,
+    job_dir: Optional[Path] = None,
 ) -> Dict[str, str]:
     """Environment the ranks need on top of ours (only these keys are recorded); `stack`: the prepared software
-    stack (dsexp.job.stacks), whose overlay and extension folder the ranks use; `trim.env` last."""
+    stack (dsexp.job.stacks), whose overlay and extension folder the ranks use; `trim.env` last. A script's ranks
+    get dsexp's bootstrap first on PYTHONPATH (ahead of a stack's overlay) and the job folder it records into."""
     local = spec.ranks_per_node  # ranks on this node
     threads = max(1, len(os.sched_getaffinity(0)) // local)  # the CPUs this job may use (a SLURM job: its share)
     env = {
@@ -98,6 +109,10 @@ def rank_env(
         if spec.shared_gpu:  # each rank maps itself onto one of these (dsexp.rank.shared_gpu)
             env.update(shared_env(int(spec.launcher.gpus), visible or os.environ.get("CUDA_VISIBLE_DEVICES")))
     env.update(stacks.rank_env(stack))
+    if spec.workload == "script":
+        rest = env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(bootstrap_dir()), rest) if p)
+        env.update({SCRIPT_JOB_ENV: str(job_dir), SCRIPT_ENV: str(spec.script.path)})
     env.update({k: trims.env_value(v) for k, v in (spec.trim.env or {}).items()})  # validated: trims.env_problem
     return env
 
@@ -143,19 +158,27 @@ def kill_group(pgid: int, grace_s: float, leader: Optional[subprocess.Popen] = N
 
 
 def run_ranks(
-    spec: JobConfig, job_dir: Path, device: str, visible: Optional[str] = None, stack: Optional[Dict[str, Any]] = None
+    spec: JobConfig,
+    job_dir: Path,
+    device: str,
+    visible: Optional[str] = None,
+    stack: Optional[Dict[str, Any]] = None,
+    script: Optional[Dict[str, Any]] = None,
 ) -> LaunchOutcome:
+    """Start the job's ranks (dsexp's worker, or `script`: the user's script as the job prepared it) and wait."""
     nodes = spec.launcher.nodes
     port = free_port() if spec.launcher.name == "deepspeed" or nodes > 1 else None
-    extra = rank_env(spec, device, visible, stack)
-    cmd = multinode.rank_command(spec, job_dir, port, extra) if nodes > 1 else rank_command(spec, job_dir, port)
+    extra = rank_env(spec, device, visible, stack, job_dir)
+    if nodes > 1:
+        cmd = multinode.rank_command(spec, job_dir, port, extra, rank_target(spec, job_dir, script))
+    else:
+        cmd = rank_command(spec, job_dir, port, script)
     token = teardown.new_token()
     env = {**os.environ, **extra, TOKEN_ENV: token}
     log = open(Path(job_dir) / "launcher.log", "ab")
     t0, popen = time.perf_counter(), time.time()
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=str(job_dir)
-    )
+    cwd = script["cwd"] if script else str(job_dir)  # a script runs where the user launched dsexp
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=cwd)
     timed_out, report = False, {"token": token}
     try:
         proc.wait(timeout=spec.timeout_s)

@@ -96,7 +96,12 @@ def write_hostfile(path: Path, hosts: List[str], slots: int) -> Path:
 
 
 def torchrun_command(
-    spec: JobConfig, job_dir: Path, hosts: List[str], port: int, cpus_per_node: Optional[int] = None
+    spec: JobConfig,
+    job_dir: Path,
+    hosts: List[str],
+    port: int,
+    cpus_per_node: Optional[int] = None,
+    target: Optional[List[str]] = None,
 ) -> List[str]:
     """srun: one torchrun per node (--overlap: the job's own step, e.g. submitit's, still holds the nodes)."""
     nodes = spec.launcher.nodes
@@ -113,13 +118,13 @@ def torchrun_command(
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={node_address(hosts[0])}:{port}",
         f"--rdzv-id=dsexp-{Path(job_dir).name}-{port}",
-        "-m",
-        WORKER_MODULE,
-        str(job_dir),
+        *(target or ["-m", WORKER_MODULE, str(job_dir)]),
     ]
 
 
-def deepspeed_command(spec: JobConfig, job_dir: Path, hostfile: Path, master: str, port: int) -> List[str]:
+def deepspeed_command(
+    spec: JobConfig, job_dir: Path, hostfile: Path, master: str, port: int, target: Optional[List[str]] = None
+) -> List[str]:
     return [
         sys.executable,
         "-m",
@@ -134,15 +139,15 @@ def deepspeed_command(spec: JobConfig, job_dir: Path, hostfile: Path, master: st
         master,
         "--master_port",
         str(port),
-        "--no_local_rank",
-        "--module",
-        WORKER_MODULE,
-        str(job_dir),
+        *(target or ["--no_local_rank", "--module", WORKER_MODULE, str(job_dir)]),
     ]
 
 
-def rank_command(spec: JobConfig, job_dir: Path, port: int, env: Dict[str, str]) -> List[str]:
-    """The command that starts all ranks of a multi-node job from this (the first) node."""
+def rank_command(
+    spec: JobConfig, job_dir: Path, port: int, env: Dict[str, str], target: Optional[List[str]] = None
+) -> List[str]:
+    """The command that starts all ranks of a multi-node job from this (the first) node; `target`: what each rank
+    runs after the launcher's options (dsexp.job.launch.rank_target; default: the worker)."""
     job_dir = Path(job_dir)
     if spec.launcher.name == "deepspeed":
         hostfile = (
@@ -152,6 +157,6 @@ def rank_command(spec: JobConfig, job_dir: Path, port: int, env: Dict[str, str])
         )
         hosts = list(hostfile_hosts(hostfile))
         (job_dir / ".deepspeed_env").write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
-        return deepspeed_command(spec, job_dir, hostfile, hosts[0], port)
+        return deepspeed_command(spec, job_dir, hostfile, hosts[0], port, target)
     cpus = os.environ.get("SLURM_CPUS_ON_NODE")
-    return torchrun_command(spec, job_dir, slurm_hosts(), port, int(cpus) if cpus else None)
+    return torchrun_command(spec, job_dir, slurm_hosts(), port, int(cpus) if cpus else None, target)

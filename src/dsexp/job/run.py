@@ -23,14 +23,14 @@ import traceback
 import uuid
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from dsexp.core import records
 from dsexp.core.checkpoint import checkpoint_problem
 from dsexp.core.fs import read_json, write_json_atomic
 from dsexp.core.protocol import RESULT, STACK_IMPORT_ERROR, write_job_file
 from dsexp.core.schema import JobConfig, dtype_conversion
-from dsexp.job import correctness, failures, slurm, teardown
+from dsexp.job import correctness, failures, scripts, slurm, teardown
 from dsexp.job.launch import run_ranks
 from dsexp.job.roles import RoleFailed
 from dsexp.job.stacks import StackError, prepare_stack
@@ -40,10 +40,13 @@ _ATTEMPT_FILES = (RESULT, "job.json", "launcher.log", "ranks", "reference")
 
 
 def job_key(spec: JobConfig) -> str:
-    """Identity of a configuration (what is measured), for resume and cache lookups."""
+    """Identity of a configuration (what is measured), for resume and cache lookups; a script's content is part
+    of it (an edited script is another configuration)."""
     d = asdict(spec)
     for k in ("tracking", "rerun", "timeout_s"):
         d.pop(k, None)
+    if spec.script.path:
+        d["script_sha1"] = scripts.digest(spec.script.path)
     return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -249,7 +252,7 @@ def cache_use(spec: JobConfig, runtime: Dict[str, Any]) -> Dict[str, str]:
         return "none" if hit is None else "hit" if hit else "miss"
 
     return {
-        "checkpoint": state(None if spec.model.path else not runtime.get("checkpoint_written")),
+        "checkpoint": state(None if spec.model.path or not spec.uses_model else not runtime.get("checkpoint_written")),
         "reference": state(runtime.get("reference_cache_hit")),
         "split": state((runtime.get("split") or {}).get("cache_hit")),
     }
@@ -299,6 +302,28 @@ def incorrect_output_message(c: Dict[str, Any], ranks: List[Optional[dict]]) -> 
     )
 
 
+def prepare(spec: JobConfig, job_dir: Path) -> Tuple[Dict[str, Any], Any]:
+    """Before launch: the ranks' software stack, the checkpoint where the workload uses one, and the workload's own
+    preparation (the pipeline: its tp=1 reference and load=sharded's split; a script: its facts, its reference).
+    Returns (the runtime facts the ranks read, the reference to check the output against or None)."""
+    runtime: Dict[str, Any] = {"device": spec.device, "stack": prepare_stack(spec.stack, spec.cache_dir)}
+    if spec.uses_model:
+        runtime.update(prepare_model(spec))
+        problem = checkpoint_problem(Path(runtime["model_dir"]))
+        if problem:
+            raise CheckpointError(f"checkpoint {runtime['model_dir']}: {problem}")
+    if spec.shared_gpu:
+        runtime["shared_gpu"] = True  # ranks share GPUs over gloo: per-rank memory is real, speed is not
+    if spec.workload == "script":
+        runtime.update(workload="script", script=scripts.facts(spec, runtime))
+        ref = scripts.ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
+    else:
+        ref = correctness.ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
+        runtime.update(prepare_load(spec, runtime, job_dir))
+    runtime["cache"] = cache_use(spec, runtime)
+    return runtime, ref
+
+
 def _preparation_cause(e: Exception) -> str:
     """The cause class of a job that failed before its measured ranks ran (or was stopped by SLURM's time limit:
     submitit raises in the job when SLURM signals that the limit is near)."""
@@ -318,26 +343,26 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
 
     packed = result.get("packed")  # this job's GPUs under launcher.pack=true
     gpus = gpu_indices(packed)
-    runtime = {"device": spec.device, "stack": prepare_stack(spec.stack, spec.cache_dir), **prepare_model(spec)}
-    if spec.shared_gpu:
-        runtime["shared_gpu"] = True  # ranks share GPUs over gloo: per-rank memory is real, speed is not
-    problem = checkpoint_problem(Path(runtime["model_dir"]))
-    if problem:
-        raise CheckpointError(f"checkpoint {runtime['model_dir']}: {problem}")
-    ref = correctness.ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
-    runtime.update(prepare_load(spec, runtime, job_dir))
-    runtime["cache"] = cache_use(spec, runtime)
+    runtime, ref = prepare(spec, job_dir)
     write_job_file(job_dir, spec, runtime)
     result["runtime"] = runtime
     result["baseline"] = base = baseline(spec.device, gpus)
-    outcome = run_ranks(spec, job_dir, spec.device, visible=(packed or {}).get("gpus"), stack=runtime["stack"])
+    outcome = run_ranks(
+        spec,
+        job_dir,
+        spec.device,
+        visible=(packed or {}).get("gpus"),
+        stack=runtime["stack"],
+        script=runtime.get("script"),
+    )
     result["launch"] = launch = outcome.to_dict()
     result["teardown"] = {**launch.pop("teardown", {}), **after_teardown(spec.device, base, gpus)}
     ranks = records.read_rank_records(job_dir, spec.tp)
     tails = failures.log_tails(job_dir, spec.tp)
     result["ranks"] = ranks
     result["metrics"] = records.aggregate_metrics(ranks)
-    result["headline"] = records.headline(result["metrics"], ranks, spec.generate.new_tokens, spec.shared_gpu)
+    new_tokens = scripts.new_tokens(ranks) if spec.workload == "script" else spec.generate.new_tokens
+    result["headline"] = records.headline(result["metrics"], ranks, new_tokens, spec.shared_gpu)
     result["engine"] = (ranks[0] or {}).get("engine") if ranks else None
     result["software"] = (ranks[0] or {}).get("software") if ranks else None
     hangs = (
@@ -355,8 +380,14 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
         terminated=failures.terminated_ranks(job_dir, spec.tp),
         oom_killed=(result["teardown"].get("oom_kills") or 0) > (base.get("oom_kills") or 0),
     )
+    if failure is None and spec.workload == "script":
+        failure = scripts.outcome(spec, ranks)  # a script that never reached an engine
     if failure is None:
-        result["correctness"] = correctness.check_output(spec, job_dir, ranks, ref)
+        result["correctness"] = (
+            scripts.check_output(spec, job_dir, runtime, ref)
+            if spec.workload == "script"
+            else correctness.check_output(spec, job_dir, ranks, ref)
+        )
         if result["correctness"] and not result["correctness"]["passed"]:
             c = result["correctness"]
             failure = {

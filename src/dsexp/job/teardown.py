@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 import psutil
 
 from dsexp.core.fs import read_json
-from dsexp.core.protocol import STACK_SIGNAL, TOKEN_ENV, WORKER_MODULE
+from dsexp.core.protocol import SCRIPT_JOB_ENV, STACK_SIGNAL, TOKEN_ENV, WORKER_MODULE
 
 GPU_TOLERANCE = 64 * 2**20  # device memory within this of the baseline counts as released
 SHM_DIR = "/dev/shm"
@@ -49,7 +49,8 @@ def dump_stacks(procs: List[psutil.Process], wait_s: float = 1.0) -> int:
     ranks = []
     for p in procs:
         try:
-            if "LOCAL_RANK" in p.environ() and WORKER_MODULE in p.cmdline():
+            env = p.environ()
+            if "LOCAL_RANK" in env and (WORKER_MODULE in p.cmdline() or SCRIPT_JOB_ENV in env):
                 p.send_signal(STACK_SIGNAL)
                 ranks.append(p)
         except psutil.Error:
@@ -66,11 +67,21 @@ def reap_stale(job_dir: Path, grace_s: float = 5.0) -> List[str]:
     stale = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = p.info["cmdline"] or []
-        if p.pid != os.getpid() and target in cmd and any(WORKER_MODULE in part for part in cmd):
+        if p.pid == os.getpid():
+            continue
+        if (target in cmd and any(WORKER_MODULE in part for part in cmd)) or _script_rank_of(p, target):
             stale.append(p)
     names = [f"{p.pid}:{p.info['cmdline'][0]}" for p in stale]
     _stop(stale, grace_s)
     return names
+
+
+def _script_rank_of(p: psutil.Process, job_dir: str) -> bool:
+    """A user's script's rank (or its launcher) started for this job folder (dsexp.job.scripts)."""
+    try:
+        return p.environ().get(SCRIPT_JOB_ENV) == job_dir
+    except psutil.Error:
+        return False
 
 
 def _stop(procs: List[psutil.Process], grace_s: float) -> List[psutil.Process]:

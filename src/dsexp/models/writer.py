@@ -55,7 +55,7 @@ def checkpoint_key(
             "format": fmt,
             "seed": seed,
             "shard_mb": shard_mb,
-            "v": 1,
+            "v": 2,  # 2: a byte-level tokenizer beside the weights
             **({"code": code} if code else {}),
             **({"config_folder": True} if config_path else {}),
         },
@@ -196,6 +196,7 @@ def write_checkpoint(
 
         write_remote_code(folder)
     cfg.save_pretrained(folder)
+    write_tokenizer(folder)
     shards = list(plan_shards(specs, torch_dtype(dtype).itemsize, shard_mb))
     n = len(shards)
     t0 = time.perf_counter()
@@ -220,6 +221,33 @@ def write_checkpoint(
     index = "model.safetensors.index.json" if fmt == "safetensors" else "pytorch_model.bin.index.json"
     (folder / index).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     return total, time.perf_counter() - t0
+
+
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
+
+
+def write_tokenizer(folder: Path) -> None:
+    """A byte-level tokenizer (3 special tokens + 256 bytes: any model's vocabulary holds it), so a user's script
+    that loads the folder's tokenizer and decodes runs as written. Ids beyond it decode to nothing."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    byte_chars = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *byte_chars])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.save(str(folder / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": "<unk>",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "pad_token": "</s>",
+        "model_max_length": 1 << 20,
+        "model_input_names": ["input_ids", "attention_mask"],
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
 
 
 def plan_shards(specs, itemsize: int, shard_mb: int) -> Iterator[list]:

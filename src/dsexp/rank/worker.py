@@ -12,41 +12,19 @@ import time
 
 T_PROCESS = time.perf_counter()  # before the heavy imports: the start phase includes them
 
-import faulthandler  # noqa: E402
 import os  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from dsexp.core.protocol import STACK_SIGNAL, rank_log, read_job_file  # noqa: E402
+from dsexp.core.protocol import rank_log, read_job_file  # noqa: E402
 from dsexp.rank.context import RankContext  # noqa: E402
 from dsexp.rank.faults import maybe_inject  # noqa: E402
 from dsexp.rank.isolation import hide_job_side_packages  # noqa: E402
+from dsexp.rank.output import redirect_output  # noqa: E402
 from dsexp.rank.probes.phases import PhaseRecorder  # noqa: E402
 from dsexp.rank.probes.software import software  # noqa: E402
 from dsexp.rank.shared_gpu import setup_rank  # noqa: E402
 from dsexp.rank.workloads import get_workload  # noqa: E402
-
-_TERMINATED = None  # kept open: faulthandler writes into it from its signal handler
-
-
-def _redirect_output(log: Path) -> None:
-    """Send this process's stdout/stderr (C level too: NCCL, faults) to the rank's own log."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    faulthandler.enable(file=sys.stderr, all_threads=True)
-    # The job sends SIGUSR1 before killing a hung job: every thread's stack lands in this log.
-    faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
-    # A launcher SIGTERMs the other ranks when one fails: the stacks go to rank{N}.terminated, then the default
-    # action. Done in C, so it works while the rank spins in a collective holding the GIL; the job reads the
-    # file to tell ranks that were stopped from the rank that failed.
-    global _TERMINATED
-    _TERMINATED = open(log.with_suffix(".terminated"), "w")
-    faulthandler.register(signal.SIGTERM, file=_TERMINATED, all_threads=True, chain=True)
 
 
 class StackImportError(ImportError):
@@ -106,7 +84,7 @@ def main(argv=None) -> int:
     shared = setup_rank()  # ranks sharing a GPU: this one sees only its GPU, as cuda:0 (before CUDA is used)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    _redirect_output(rank_log(job_dir, rank))
+    redirect_output(rank_log(job_dir, rank))
     spec, runtime = read_job_file(job_dir)
     rec = PhaseRecorder(
         job_dir,

@@ -26,16 +26,11 @@ import psutil
 
 from dsexp.core.fs import write_json_atomic
 from dsexp.core.protocol import live_file, rank_file
+from dsexp.core.records import phase_kind
 from dsexp.rank.probes import gpu as gpu_probe
 from dsexp.rank.probes.failure_site import failure_site
 from dsexp.rank.probes.host import host_snapshot
 from dsexp.rank.probes.sampler import PeakSampler
-
-
-def phase_kind(key: str) -> str:
-    """A phase key's kind: "generate_2" -> "generate" (the second generate call); "generate" -> "generate"."""
-    base, _, n = key.rpartition("_")
-    return base if base and n.isdigit() else key
 
 
 class PhaseRecorder:

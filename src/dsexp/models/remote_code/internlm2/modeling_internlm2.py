@@ -317,3 +317,39 @@ class InternLM2ForCausalLM(InternLM2PreTrainedModel, GenerationMixin):
             "position_ids": position_ids,
             "use_cache": kwargs.get("use_cache", True),
         }
+
+    @torch.no_grad()
+    def chat(
+        self,
+        tokenizer,
+        query,
+        history=(),
+        streamer=None,
+        max_new_tokens=1024,
+        do_sample=True,
+        temperature=0.8,
+        top_p=0.8,
+        meta_instruction="You are an AI assistant.",
+        **kwargs,
+    ):
+        """A chat turn as the published InternLM2 chat models offer it: the conversation in the ChatML layout
+        (<|im_start|>role ... <|im_end|>), generate, and the new text back with the history extended."""
+        turns = [("system", meta_instruction)] if meta_instruction else []
+        for user, assistant in history:
+            turns += [("user", user), ("assistant", assistant)]
+        turns.append(("user", query))
+        prompt = "".join(f"<|im_start|>{role}\n{text}<|im_end|>\n" for role, text in turns)
+        inputs = tokenizer([prompt + "<|im_start|>assistant\n"], return_tensors="pt")
+        inputs = {k: inputs[k].to(self.device) for k in ("input_ids", "attention_mask") if k in inputs}
+        out = self.generate(
+            **inputs,
+            streamer=streamer,
+            max_new_tokens=max_new_tokens,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_p=top_p,
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+            **kwargs,
+        )
+        response = tokenizer.decode(out[0][inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        return response, [*history, (query, response)]

@@ -1,0 +1,150 @@
+"""The job side of the script workload: a user's script's facts before launch, its world-size-1 reference, and
+how a script that never reached an engine is recorded.
+
+The ranks run the script as written (dsexp.rank.workloads.script); `{model_dir}` in its arguments is the model
+group's checkpoint folder. Its correctness reference is the same script, with the same remedies (script.fix), at
+world size 1: rank 0's first-step logits of its first generate, cached by everything that decides them. A tp=1 job
+is its own reference (its logits are cached when it ends ok); a reference that fails does not stop the job, whose
+own run then shows why (the seed's script is rejected by today's DeepSpeed at every world size).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from dsexp.core.fs import file_lock, read_json
+from dsexp.core.protocol import logits_file, rank_file, write_job_file
+from dsexp.core.schema import MODEL_DIR_ARG, JobConfig
+
+ENGINE_CALLS = ("init",)  # the phases an engine call opens (deepspeed.init_inference / initialize)
+
+
+def digest(path: str) -> str:
+    return hashlib.sha1(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def facts(spec: JobConfig, runtime: Dict[str, Any]) -> Dict[str, Any]:
+    """The script as the ranks will run it: its path and content digest, its arguments with {model_dir} filled in,
+    and the folder it runs in (where dsexp was launched, as the user would run it)."""
+    model_dir = runtime.get("model_dir", "")
+    return {
+        "path": spec.script.path,
+        "name": Path(spec.script.path).name,
+        "sha1": digest(spec.script.path),
+        "argv": [str(a).replace(MODEL_DIR_ARG, model_dir) for a in spec.script.args],
+        "cwd": os.getcwd(),
+    }
+
+
+def reference_path(spec: JobConfig, runtime: Dict[str, Any]) -> Path:
+    """Where the world-size-1 logits of this script, its arguments, remedies, software and device are cached."""
+    script = runtime["script"]
+    stack = runtime.get("stack") or {}
+    key = json.dumps(
+        [script["sha1"], script["argv"], sorted(spec.script.fix), spec.script.max_new_tokens, stack.get("key"),
+         runtime["device"], runtime.get("model_dir")],
+    )  # fmt: skip
+    tag = hashlib.sha1(key.encode()).hexdigest()[:12]
+    return Path(spec.cache_dir).expanduser() / "refs" / f"script-{Path(script['path']).stem}-{tag}.pt"
+
+
+def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Optional[Path]:
+    """The cached world-size-1 logits of this script (run now if missing); None at tp=1 (the job is its own
+    reference) and when the reference run fails or saves no logits (runtime["reference"] says why)."""
+    path = reference_path(spec, runtime)
+    runtime["reference"] = {"path": str(path)}
+    if spec.tp == 1:
+        return None
+    with file_lock(Path(str(path) + ".lock")):
+        if path.is_file():
+            runtime["reference_cache_hit"] = True
+            return path
+        from dsexp.job.launch import run_ranks
+
+        ref_dir = Path(job_dir) / "reference"
+        ref_dir.mkdir(parents=True, exist_ok=True)
+        one = reference_spec(spec)
+        write_job_file(ref_dir, one, runtime)
+        outcome = run_ranks(one, ref_dir, runtime["device"], stack=runtime.get("stack"), script=runtime["script"])
+        rec = read_json(rank_file(ref_dir, 0)) or {}
+        if outcome.returncode != 0 or not logits_file(ref_dir).is_file():
+            error = rec.get("error") or {}
+            runtime["reference"]["failed"] = (
+                f"{error.get('type')} in {error.get('phase')}: {error.get('message')}"
+                if error
+                else "the script saved no first-step logits (no generate call on rank 0)"
+            )[:1000]
+            return None
+        runtime["reference_cache_hit"] = False
+        return store_reference(ref_dir, path)
+
+
+def reference_spec(spec: JobConfig) -> JobConfig:
+    """The job's script at world size 1, on one node, with a GPU of its own."""
+    one = copy.deepcopy(spec)
+    one.tp, one.launcher.nodes, one.launcher.hostfile, one.launcher.gpus = 1, 1, None, None
+    one.launcher.name, one.fault = "torchrun", None
+    return one
+
+
+def store_reference(run_dir: Path, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    shutil.copyfile(logits_file(run_dir), tmp)
+    tmp.replace(path)
+    return path
+
+
+def check_output(spec: JobConfig, job_dir: Path, runtime: Dict[str, Any], ref: Optional[Path]) -> Optional[dict]:
+    """rank 0's first-step logits against the world-size-1 reference, by the dtype's tolerance (a sampling script
+    is compared on these logits, not on its sampled text). A tp=1 run that ended ok becomes the reference."""
+    from dsexp.job.correctness import TOLERANCE, compare
+
+    logits = logits_file(job_dir)
+    if not logits.is_file():
+        return None
+    if spec.tp == 1:
+        store_reference(job_dir, Path(runtime["reference"]["path"]))
+        return {"passed": True, "logits_rel_err": 0.0, "reference": "itself (world size 1)"}
+    if ref is None:
+        return None
+    import torch
+
+    out = compare(torch.load(logits), {"first_logits": torch.load(ref)}, [], spec.dtype, spec.check.rel_err_tol)
+    out.setdefault("tolerance", spec.check.rel_err_tol or TOLERANCE[spec.dtype])
+    return out
+
+
+def outcome(spec: JobConfig, ranks: List[Optional[dict]]) -> Optional[Dict[str, Any]]:
+    """A script whose ranks all ended without error but made no engine call is recorded as such (cause
+    no_engine_call): each rank ran the model on its own, and nothing in it was sharded by an engine."""
+    calls = [((rk or {}).get("script") or {}).get("calls") or [] for rk in ranks]
+    engines = any(_is_engine(c) for cs in calls for c in cs)
+    if engines:
+        return None
+    kinds = ", ".join(sorted({c.get("api", c.get("kind")) for cs in calls for c in cs})) or "nothing dsexp observes"
+    return {
+        "cause": "no_engine_call",
+        "rank": 0,
+        "phase": ((ranks[0] or {}).get("timeline") or [{}])[-1].get("phase") if ranks and ranks[0] else None,
+        "message": (
+            f"the script made no engine call (deepspeed.init_inference, deepspeed.initialize, "
+            f"from_pretrained(tp_plan=...)) on any of its {spec.tp} ranks; it called: {kinds}"
+        ),
+    }
+
+
+def _is_engine(call: Dict[str, Any]) -> bool:
+    return call.get("kind") in ENGINE_CALLS or bool((call.get("kwargs") or {}).get("tp_plan"))
+
+
+def new_tokens(ranks: List[Optional[dict]]) -> int:
+    """Tokens rank 0's first generate call made (tokens/s is over that call's phase, as for dsexp's own jobs)."""
+    calls = (((ranks[0] or {}).get("script") or {}).get("calls") or []) if ranks else []
+    return next((int(c.get("new_tokens") or 0) for c in calls if c.get("phase") == "generate"), 0)
