@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from dsexp.analysis import measured as m
+from dsexp.analysis import scripts
 from dsexp.analysis.memory import Prediction
 
 WEIGHT_TOL = 0.02  # predicted vs measured weights: "as predicted" within 2%
@@ -46,6 +47,8 @@ def diagnose(
     result: Dict[str, Any], prediction: Optional[Prediction], siblings: Optional[List[Dict[str, Any]]] = None
 ) -> List[Finding]:
     facts = RunFacts(result, prediction, [s for s in siblings or [] if m.completed(s)])
+    if scripts.is_script(result):
+        return script_findings(facts)
     if m.completed(result):
         found = [f for rule in RULES for f in rule(facts)]
     else:
@@ -57,6 +60,18 @@ def diagnose(
             for f in rule(facts)
         ]
     return sorted(found, key=lambda f: f.severity != "problem")
+
+
+def script_findings(f: RunFacts) -> List[Finding]:
+    """A user's script: how it failed, the causes its facts show (each with its fix), and the measured weights per
+    rank against the memory model's prediction from the call it made."""
+    causes = [Finding(c["code"], "problem", f"{c['text']}. Fix: {c['fix']}") for c in scripts.causes(f.result)]
+    found = failed(f) + causes
+    if m.init_recorded(f.result):
+        found += weights_vs_model(f)
+    if m.completed(f.result):
+        found += scaling_with_tp(f)
+    return sorted(found, key=lambda x: x.severity != "problem")
 
 
 def text(findings: List[Finding]) -> str:

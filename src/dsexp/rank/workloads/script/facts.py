@@ -47,11 +47,8 @@ def printable(v: Any, depth: int = 0) -> Any:
     """Plain data for a call's argument: pydantic configs as the fields set, classes and dtypes by name."""
     if depth > 4:
         return str(v)[:200]
-    if hasattr(v, "model_dump"):
-        try:
-            return {k: printable(x, depth + 1) for k, x in v.model_dump(exclude_unset=True).items()}
-        except Exception:
-            return str(v)[:200]
+    if hasattr(v, "model_fields_set"):  # a pydantic config (DeepSpeedTPConfig, DeepSpeedZeroConfig): what was set
+        return {k: printable(getattr(v, k, None), depth + 1) for k in sorted(v.model_fields_set)}
     if isinstance(v, dict):
         return {getattr(k, "__name__", str(k)): printable(x, depth + 1) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
