@@ -1,31 +1,330 @@
 """Remedies dsexp applies to a user's script through its hooks (`script.fix=[...]`), without editing it.
 
-Filled in below; `fix_problem` refuses a remedy name dsexp does not know before anything is launched.
+Each remedy acts on the calls the script makes and records what it changed (or why it did not apply here):
+
+host_load        the model stays on the host until the engine places it: from_pretrained's GPU device_map dropped,
+                 .cuda()/.to(<GPU>) before the engine skipped, pipeline(device=<GPU>) built on the host (its device
+                 set back once the engine has placed the model)
+autotp           kernel injection for layers DeepSpeed has no kernel policy for (it would replace and shard nothing)
+                 turned off, with the AutoTP policy dsexp infers (dsexp.models.policy)
+drop_unread      what DeepSpeed never reads or rejects: init_inference's zero= block; a field the installed
+                 DeepSpeed refuses in DeepSpeedZeroConfig (mics_shard_size on 0.19), dropped with the version named
+restore_buffers  the loaded model's non-persistent buffers recomputed from its own constructor (published remote code
+                 whose rotary tables transformers >= 5 leaves uninitialised) and put back after the engine's cast
+meta_load        no private host copy per rank: the model is built on the meta device and init_inference loads each
+                 rank's part from the checkpoint files (AutoTP; needs autotp where the script asks for injection)
+trims            dsexp's trims around init_inference (AutoTP, tp > 1): one communicator, the head and the embedding
+                 sharded, identical buffers shared
+context          PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA starts (GPU runs)
+
+`all` asks for every remedy that applies; one asked by name that cannot apply is refused before launch.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-FIXES: Dict[str, str] = {}
+FIXES: Dict[str, str] = {
+    "host_load": "keep the model on the host until the engine places it",
+    "autotp": "AutoTP with the inferred policy instead of kernel injection DeepSpeed has no policy for",
+    "drop_unread": "drop what DeepSpeed never reads (init_inference's zero=) or rejects (a field its version refuses)",
+    "restore_buffers": "recompute the loaded buffers from the model's own constructor",
+    "meta_load": "build on meta and let init_inference load each rank's part (no private host copy per rank)",
+    "trims": "dsexp's trims: one communicator, head and embedding sharded, identical buffers shared",
+    "context": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+}
+ORDER = tuple(FIXES)
+CONTEXT_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+TRIMS_DEEPSPEED = "0.19.8"  # VocabParallelEmbedding (shard_embedding); shard_head needs >= 0.15
 
 
-def fix_problem(fixes: List[str], spec) -> Optional[str]:
-    unknown = [f for f in fixes if f != "all" and f not in FIXES]
-    if unknown:
-        return f"script.fix: unknown remedy {unknown[0]!r}; choose from: all, {', '.join(FIXES) or '(none yet)'}"
+def resolve(names: List[str]) -> List[str]:
+    return list(ORDER) if "all" in names else [n for n in ORDER if n in names]
+
+
+def not_applicable(name: str, spec) -> Optional[str]:
+    """Why a remedy cannot apply to this job, known before launch (None: it may apply; the run says if it did)."""
+    from dsexp.core.schema import version_tuple
+
+    ds = getattr(spec.stack, "deepspeed", None)
+    if name == "context" and spec.device == "cpu":
+        return "context sets the CUDA caching allocator: there is none on device=cpu"
+    if name == "trims" and ds and str(ds)[0].isdigit() and version_tuple(ds) < version_tuple(TRIMS_DEEPSPEED):
+        return f"trims need DeepSpeed >= {TRIMS_DEEPSPEED} (VocabParallelEmbedding); stack.deepspeed={ds}"
+    if name == "trims" and spec.tp == 1:
+        return "trims split across ranks: at tp=1 there is nothing to split"
     return None
 
 
+def fix_problem(fixes: List[str], spec) -> Optional[str]:
+    """Before launch: an unknown remedy, or one asked for by name that cannot apply here, with the reason."""
+    unknown = [f for f in fixes if f != "all" and f not in FIXES]
+    if unknown:
+        return f"script.fix: unknown remedy {unknown[0]!r}; choose from: all, {', '.join(FIXES)}"
+    for name in fixes:
+        why = None if name == "all" else not_applicable(name, spec)
+        if why:
+            return f"script.fix={name} cannot apply: {why}"
+    return None
+
+
+def context_env(names: List[str], device: str) -> Dict[str, str]:
+    """What the context remedy sets in the rank's environment before torch starts CUDA."""
+    return dict(CONTEXT_ENV) if "context" in resolve(names) and device == "cuda" else {}
+
+
 class Fixes:
+    """The remedies asked for, acting through the session's observed calls (ScriptSession.call)."""
+
     def __init__(self, session, names: List[str]):
-        self.session, self.names = session, names
+        self.session = session
+        self.asked = list(names)
+        self.active = [n for n in resolve(names) if not_applicable(n, session.spec) is None]
+        self.skipped = {n: not_applicable(n, session.spec) for n in resolve(names) if n not in self.active}
+        self.done: Dict[str, List[Any]] = {}
+        self.engine_called = False
+        self.pipelines: List[Tuple[Any, Any]] = []  # (pipeline, the device it asked for) under host_load
+        self.meta = None  # the meta load's Loaded (checkpoint for the engine, finalize after it)
+        self.originals = None  # restore_buffers: the buffers as recomputed right after the load
+        self._pending_device = None  # host_load: the device a pipeline asked for, until it is built
+        for key, value in context_env(self.active, session.runtime.get("device", "cpu")).items():
+            os.environ[key] = value
+            self._record("context", {key: value})
 
-    def before_call(self, kind: str, fact: Dict[str, Any], args: tuple, kwargs: dict):
-        return args, kwargs
+    def on(self, name: str) -> bool:
+        return name in self.active
 
-    def after_call(self, kind: str, fact: Dict[str, Any], out):
-        return out
+    def _record(self, name: str, what: Any) -> None:
+        self.done.setdefault(name, []).append(what)
 
     def report(self) -> Dict[str, Any]:
-        return {"asked": self.names}
+        return {"asked": self.asked, "active": self.active, "not_applicable": self.skipped, "applied": self.done}
+
+    def patches(self) -> Dict[str, Callable]:
+        """Extra post-import patches (module name -> patch) the remedies need."""
+        return {"deepspeed.runtime.zero.config": self._patch_zero_config} if self.on("drop_unread") else {}
+
+    # --- around each observed call ---------------------------------------------------------------------
+
+    def before_call(self, kind: str, fact: Dict[str, Any], fn: Callable, args: tuple, kwargs: dict):
+        """(fn, args, kwargs) to call instead: the remedies' changes to the call the script made."""
+        if kind == "load":
+            return self._before_load(fact, fn, args, kwargs)
+        if kind == "move" and self.on("host_load") and not self.engine_called and _to_gpu(fact.get("target")):
+            model = self.session.model
+            self._record("host_load", f"skipped {fact['api']}({', '.join(map(str, fact.get('target') or []))})")
+            return (lambda *a, **k: model), args, kwargs
+        if kind == "init":
+            self.engine_called = True
+            return fn, args, self._before_engine(fact, args, kwargs)
+        return fn, args, kwargs
+
+    def after_call(self, kind: str, fact: Dict[str, Any], out):
+        if kind == "load":
+            self._after_load(fact, out)
+        elif kind == "init":
+            self._after_engine(fact, out)
+        return out
+
+    # --- load ------------------------------------------------------------------------------------------
+
+    def _before_load(self, fact, fn, args, kwargs):
+        kw = dict(kwargs)
+        if self.on("host_load"):
+            for key in ("device_map", "device"):
+                if key in kw and _to_gpu([kw[key]]):
+                    asked = kw.pop(key)
+                    self._record("host_load", f"{fact['api']}: {key}={asked!r} dropped (loaded on the host)")
+                    if key == "device":
+                        self._pending_device = asked
+        source = fact.get("source")
+        if self.on("meta_load") and fact["api"].endswith("from_pretrained") and _local_folder(source):
+            return self._meta_from_pretrained(source, kw), args, kw
+        return fn, args, kw
+
+    def _meta_from_pretrained(self, source: str, kwargs: dict) -> Callable:
+        """from_pretrained replaced by dsexp's meta build (parameters on meta, buffers from the constructor)."""
+
+        def load(*_args, **_kwargs):
+            from dsexp.rank.loading.meta import MetaLoader
+
+            self.meta = MetaLoader().load(self._ctx(source, kwargs), {})
+            self._record("meta_load", {"source": source, **self.meta.info})
+            return self.meta.model
+
+        return load
+
+    def _after_load(self, fact: Dict[str, Any], out) -> None:
+        if self._pending_device is not None:
+            self.pipelines.append((out, self._pending_device))
+            self._pending_device = None
+        import torch
+
+        model = out if isinstance(out, torch.nn.Module) else getattr(out, "model", None)
+        if self.on("restore_buffers") and self.meta is None and model is not None and _local_folder(fact.get("source")):
+            from dsexp.rank.loading import buffers
+
+            ctx = self._ctx(fact.get("source"), fact.get("kwargs") or {})
+            self.originals, report = buffers.after_load(model, ctx, recompute=True)
+            self._record("restore_buffers", {"after_load": {k: report[k] for k in ("recomputed", "checked")}})
+
+    # --- the engine -----------------------------------------------------------------------------------
+
+    def _before_engine(self, fact: Dict[str, Any], args: tuple, kwargs: dict) -> dict:
+        kw = dict(kwargs)
+        if fact.get("engine") != "init_inference":
+            return kw
+        model = args[0] if args else kw.get("model")
+        if self.on("autotp") and kw.get("replace_with_kernel_inject") and not fact.get("kernel_policy_layers"):
+            policy = (fact.get("autotp_policy") or {}).get("policy")
+            kw["replace_with_kernel_inject"] = False
+            if policy:
+                from dsexp.rank.engines.init_inference import resolve_policy
+
+                kw["injection_policy"] = resolve_policy(policy, model)
+            self._record("autotp", {"replace_with_kernel_inject": False, "injection_policy": policy})
+        if self.on("drop_unread") and "zero" in kw:
+            kw.pop("zero")
+            self._record("drop_unread", "init_inference's zero= block dropped: init_inference never reads it")
+        if self.meta is not None and self.meta.checkpoint is not None and self._world() > 1:
+            if kw.get("replace_with_kernel_inject"):
+                raise RuntimeError(
+                    "script.fix=meta_load: the script keeps kernel injection, whose checkpoint path reads .bin files "
+                    "only; add autotp (or use all)"
+                )
+            kw["checkpoint"] = self.meta.checkpoint
+            self._record("meta_load", "init_inference(checkpoint=...) loads each rank's part from the files")
+        if self.on("trims") and not kw.get("replace_with_kernel_inject") and self._world() > 1:
+            self._trims_before(model, kw)
+        return kw
+
+    def _trims_before(self, model, kw: dict) -> None:
+        import torch.distributed as dist
+
+        from dsexp.core.schema import TrimConfig
+        from dsexp.rank import trims
+        from dsexp.rank.engines.init_inference import InitInference
+
+        if not dist.is_initialized():  # init_inference would do it first thing; the group trim needs it before
+            import deepspeed
+
+            deepspeed.init_distributed()
+            self._record("trims", "deepspeed.init_distributed() before init_inference (it would call it itself)")
+        ctx = self._ctx(None, {})
+        ctx.spec.trim = TrimConfig(
+            name="all", dedupe_buffers=True, shard_head=True, shard_embedding=True, world_group=True
+        )
+        grain = getattr(kw.get("tensor_parallel"), "tp_grain_size", 64)
+        self.held = trims.HeldBuffers(model)
+        self.trim_done, self.alias = InitInference._before_init(model, ctx, kw.get("checkpoint"), grain)
+        self.trim_grain, self.trim_ctx = grain, ctx
+
+    def _after_engine(self, fact: Dict[str, Any], out) -> None:
+        engine = out[0] if isinstance(out, tuple) else out
+        module = getattr(engine, "module", engine)
+        if self.meta is not None and self.meta.finalize is not None:
+            self._record("meta_load", {"after_engine": _plain(self.meta.finalize(module))})
+        elif self.originals is not None:
+            from dsexp.rank.loading import buffers
+
+            device = "cuda" if self.session.on_gpu else "cpu"
+            self._record("restore_buffers", {"after_engine": buffers.restore(module, self.originals, device)})
+        if getattr(self, "trim_ctx", None) is not None:
+            self._trims_after(module, engine)
+        for pipe, device in self.pipelines:
+            import torch
+
+            pipe.device = torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+            self._record("host_load", f"pipeline device set back to {pipe.device} after the engine")
+
+    def _trims_after(self, module, engine) -> None:
+        from dsexp.rank import trims
+
+        done = self.trim_done
+        if self.alias:
+            done["shard_head"] = trims.unalias_head(module, self.alias, done["shard_head"])
+        if "shard_embedding" not in done:
+            done["shard_embedding"] = trims.shard_embedding(
+                module, engine.mp_group, self.trim_grain, "after init_inference"
+            )
+        device = "cuda" if self.session.on_gpu else "cpu"
+        done["dedupe_buffers"] = trims.dedupe_buffers(module, self.held, device)
+        self._record("trims", _plain(done))
+
+    # --- helpers ---------------------------------------------------------------------------------------
+
+    def _world(self) -> int:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+
+    def _ctx(self, source: Optional[str], kwargs: dict):
+        """A RankContext for dsexp's loaders and trims, describing the model the script loads."""
+        import copy
+        from pathlib import Path
+
+        from dsexp.rank.context import RankContext
+
+        s = self.session
+        spec = copy.deepcopy(s.spec)
+        load = next((c for c in s.calls if c.get("kind") == "load"), {})
+        source = source or load.get("source")
+        kw = kwargs or load.get("kwargs") or {}
+        spec.model.path, spec.model.trust_remote_code = source, bool(kw.get("trust_remote_code"))
+        spec.dtype = _dtype_name(kw.get("torch_dtype") or kw.get("dtype")) or "fp32"
+        spec.engine.kernel_inject = False
+        device = f"cuda:{s.local_rank}" if s.on_gpu else "cpu"
+        return RankContext(spec, s.rank, s.local_rank, self._world(), s.rec.path.parents[1], Path(source),
+                           s.runtime, device)  # fmt: skip
+
+    def _patch_zero_config(self, module) -> None:
+        """DeepSpeedZeroConfig(...) with a field this DeepSpeed rejects: built without it, the drop recorded."""
+        cls = module.DeepSpeedZeroConfig
+        orig = cls.__init__
+        fixes = self
+
+        def __init__(self, *args, **data):
+            rejected = [k for k in data if k not in _zero_fields(cls)]
+            if rejected:
+                import deepspeed
+
+                for k in rejected:
+                    data.pop(k)
+                fixes._record(
+                    "drop_unread",
+                    f"DeepSpeedZeroConfig: {', '.join(rejected)} dropped (DeepSpeed {deepspeed.__version__} rejects "
+                    "it; init_inference never reads the ZeRO block anyway)",
+                )
+            orig(self, *args, **data)
+
+        cls.__init__ = __init__
+
+
+def _zero_fields(cls) -> set:
+    from dsexp.rank.compat import config_fields
+
+    fields = config_fields(cls)
+    return set(fields) | {getattr(f, "alias", None) for f in fields.values()} - {None}
+
+
+def _to_gpu(targets) -> bool:
+    """Whether a move / device argument names a GPU (cuda, cuda:N, an int, torch.device('cuda'))."""
+    for t in targets or []:
+        text = str(t)
+        if "cuda" in text or (text.isdigit() and int(text) >= 0) or (isinstance(t, int) and t >= 0):
+            return True
+    return False
+
+
+def _local_folder(source: Any) -> bool:
+    return isinstance(source, str) and os.path.isfile(os.path.join(source, "config.json"))
+
+
+def _dtype_name(value: Any) -> Optional[str]:
+    text = str(value or "").replace("torch.", "")
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(text)
+
+
+def _plain(v: Any) -> Any:
+    from dsexp.rank.workloads.script.facts import printable
+
+    return printable(v)

@@ -69,6 +69,8 @@ def install(session: ScriptSession, shared_gpu: bool) -> None:
         "deepspeed": lambda m: _patch_deepspeed(m, session),
         "deepspeed.runtime.utils": lambda m: _patch_see_memory(m, session),
     }
+    if session.fixes is not None:
+        patches.update(session.fixes.patches())
     if shared_gpu:
         from dsexp.rank.shared_gpu import force_gloo
 

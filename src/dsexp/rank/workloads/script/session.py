@@ -81,7 +81,7 @@ class ScriptSession:
             fact: Dict[str, Any] = {"kind": kind, "api": api, "time": time.time()}
             _collect(fact, before, args, kwargs)
             if self.fixes is not None:
-                args, kwargs = self.fixes.before_call(kind, fact, args, kwargs)
+                fn, args, kwargs = self.fixes.before_call(kind, fact, fn, args, kwargs)
             key = fact["phase"] = self.last_phase = self.rec.begin(kind, align=False)
             try:
                 out = fn(*args, **kwargs)
