@@ -111,11 +111,11 @@ def validate(spec: JobConfig, gpus: Optional[int] = None, gpu_total: Optional[in
     if device == "cuda" and gpus == 0:
         raise ConfigError("device=cuda but no GPU is visible (NVML found none)")
     _validate_gpus(spec, device, gpus)
+    spec.device = device
     if spec.workload == "script":
         _validate_script(spec)
     else:
         _validate_pipeline(spec, device)
-    spec.device = device
     if spec.shared_gpu and spec.workload == "pipeline":
         _validate_shared_fit(spec, gpu_total)
     return spec

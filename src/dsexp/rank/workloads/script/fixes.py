@@ -133,7 +133,7 @@ class Fixes:
         kw = dict(kwargs)
         if self.on("host_load"):
             for key in ("device_map", "device"):
-                if key in kw and _to_gpu([kw[key]]):
+                if key in kw and _places_on_device(key, kw[key]):
                     asked = kw.pop(key)
                     self._record("host_load", f"{fact['api']}: {key}={asked!r} dropped (loaded on the host)")
                     if key == "device":
@@ -313,6 +313,14 @@ def _to_gpu(targets) -> bool:
         if "cuda" in text or (text.isdigit() and int(text) >= 0) or (isinstance(t, int) and t >= 0):
             return True
     return False
+
+
+def _places_on_device(key: str, value: Any) -> bool:
+    """A device_map that places the model itself (a GPU, or accelerate's "auto"/"balanced"/"sequential", which
+    take every GPU there is), or a pipeline device naming a GPU."""
+    if key == "device_map":
+        return value not in (None, "cpu") and value != {"": "cpu"}
+    return _to_gpu([value])
 
 
 def _local_folder(source: Any) -> bool:
