@@ -1,7 +1,7 @@
 # Sourced at the start of every GPU-machine command: install the carried wheels and set the environment.
 # Usage on the device machine (repo root, `.whl` carried): source scripts/gpu/env.sh
 set -eo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ${WHEELS:-.whl}/*.whl
 export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 export TORCH_CUDA_ARCH_LIST=9.0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DSEXP_CACHE=/tmp/dsexp-cache MLFLOW_TRACKING_URI=sqlite:////tmp/dsexp-mlflow.db

@@ -14,6 +14,7 @@ from dsexp.analysis import plots
 from dsexp.analysis.diagnosis import floor_terms
 from dsexp.analysis.matrix import Extrapolated, Row, build_rows, extrapolate, main_model, recommend, untrimmed_label
 from dsexp.analysis.memory import predict
+from dsexp.analysis.script_report import scripts_section
 from dsexp.analysis.sources import results_from_dir
 from dsexp.core.schema import stack_label
 from dsexp.core.trims import active as trims_active
@@ -554,6 +555,7 @@ def sections(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path
         )
     trims = trims_table(rows)
     parts = {
+        "scripts": scripts_section(rows),
         "recommendation": ["## Recommendation", ""] + [f"- {line}" for line in recommendation(rows, extra)] + [""],
         "matrix": ["## Matrix", "", matrix_table(rows), ""],
         "stacks": stacks_section(rows),

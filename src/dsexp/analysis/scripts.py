@@ -55,7 +55,8 @@ def as_pipeline_result(result: Dict[str, Any]) -> Dict[str, Any]:
     if not load or not isinstance(load.get("source"), str):
         raise LookupError("the script loaded no model folder dsexp could read (no from_pretrained/pipeline call)")
     kw = load.get("kwargs") or {}
-    given = (init or {}).get("given") or {}
+    given = (init or {}).get("called_with") or (init or {}).get("given") or {}  # as the remedies made the call
+    applied = applied_fixes(result)
     dtype = _dtype(given.get("dtype")) or _dtype(kw.get("torch_dtype") or kw.get("dtype")) or "fp32"
     model = {"name": "local", "path": load["source"], "trust_remote_code": bool(kw.get("trust_remote_code"))}
     model["dtype"] = _dtype((load.get("config") or {}).get("dtype")) or dtype
@@ -75,17 +76,25 @@ def as_pipeline_result(result: Dict[str, Any]) -> Dict[str, Any]:
         engine, zero = {"name": "zero_inference"}, {"name": "stage3", "stage": 3, "offload": "none"}
     elif kw.get("tp_plan"):
         engine = {"name": "hf_tp"}
+    trims = ((applied.get("trims") or [{}])[-1]) if "trims" in applied else {}
+    trim = {k: True for k in ("dedupe_buffers", "shard_head", "shard_embedding", "world_group") if k in trims}
     config = {
         **(result.get("config") or {}),
         "model": model,
         "engine": engine,
         "zero": zero,
-        "load": {"name": "eager", "format": "safetensors"},
+        "load": {"name": "meta" if "meta_load" in applied else "eager", "format": "safetensors"},
         "dtype": dtype,
-        "trim": {},
+        "trim": trim,
     }
     return {**result, "config": config, "runtime": {**(result.get("runtime") or {}), "conversion": None},
             "engine": report}  # fmt: skip
+
+
+def applied_fixes(result: Dict[str, Any], rank: int = 0) -> Dict[str, Any]:
+    """{remedy: what it did} as the rank recorded it (script.fix)."""
+    rk = next((r for r in result.get("ranks") or [] if r and r.get("rank") == rank), None) or {}
+    return ((rk.get("script") or {}).get("fixes") or {}).get("applied") or {}
 
 
 # --- causes ---------------------------------------------------------------------------------------------

@@ -184,6 +184,7 @@ class Fixes:
 
                 kw["injection_policy"] = resolve_policy(policy, model)
             self._record("autotp", {"replace_with_kernel_inject": False, "injection_policy": policy})
+            self._ensure_distributed("autotp")  # AutoTP asks DeepSpeed's comm for ranks (0.14.4: even at world size 1)
         if self.on("drop_unread") and "zero" in kw:
             kw.pop("zero")
             self._record("drop_unread", "init_inference's zero= block dropped: init_inference never reads it")
@@ -200,17 +201,11 @@ class Fixes:
         return kw
 
     def _trims_before(self, model, kw: dict) -> None:
-        import torch.distributed as dist
-
         from dsexp.core.schema import TrimConfig
         from dsexp.rank import trims
         from dsexp.rank.engines.init_inference import InitInference
 
-        if not dist.is_initialized():  # init_inference would do it first thing; the group trim needs it before
-            import deepspeed
-
-            deepspeed.init_distributed()
-            self._record("trims", "deepspeed.init_distributed() before init_inference (it would call it itself)")
+        self._ensure_distributed("trims")  # the group trim needs it before init_inference would make it
         ctx = self._ctx(None, {})
         ctx.spec.trim = TrimConfig(
             name="all", dedupe_buffers=True, shard_head=True, shard_embedding=True, world_group=True
@@ -253,6 +248,14 @@ class Fixes:
         self._record("trims", _plain(done))
 
     # --- helpers ---------------------------------------------------------------------------------------
+
+    def _ensure_distributed(self, remedy: str) -> None:
+        import deepspeed
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            deepspeed.init_distributed()
+            self._record(remedy, "deepspeed.init_distributed() before init_inference")
 
     def _world(self) -> int:
         return int(os.environ.get("WORLD_SIZE", "1"))

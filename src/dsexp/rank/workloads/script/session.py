@@ -82,6 +82,10 @@ class ScriptSession:
             _collect(fact, before, args, kwargs)
             if self.fixes is not None:
                 fn, args, kwargs = self.fixes.before_call(kind, fact, fn, args, kwargs)
+                if kind == "init":  # the call as the remedies made it (the memory model predicts this one)
+                    from dsexp.rank.workloads.script.facts import printable
+
+                    fact["called_with"] = {k: printable(v) for k, v in kwargs.items() if k != "model"}
             key = fact["phase"] = self.last_phase = self.rec.begin(kind, align=False)
             try:
                 out = fn(*args, **kwargs)

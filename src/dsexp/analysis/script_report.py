@@ -1,0 +1,177 @@
+"""The report's section for users' scripts: each script as written beside each fixed variant (script.fix), per rank
+(device, host) and node, with the correctness verdict and what each remedy saved; the recommendation is the smallest
+set of remedies that reaches the lowest per-device memory with correct output, printed as the lines to change."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from dsexp.analysis import measured as m
+from dsexp.analysis.matrix import Row
+from dsexp.analysis.scripts import first_call, is_script
+
+TIE = 0.01  # per-device figures within 1% are the same memory
+
+
+def _group_key(r: Row) -> Tuple:
+    c = r.config
+    s = c.get("script") or {}
+    return (s.get("path"), tuple(s.get("args") or []), r.tp, (c.get("stack") or {}).get("name"))
+
+
+def _fixes(r: Row) -> Tuple[str, ...]:
+    return tuple((r.config.get("script") or {}).get("fix") or [])
+
+
+def _applied(r: Row) -> List[str]:
+    rk = (r.result.get("ranks") or [None])[0] or {}
+    return sorted(((rk.get("script") or {}).get("fixes") or {}).get("applied") or {})
+
+
+def _per_rank(r: Row, phase_key: str, quantity: str) -> List[Optional[float]]:
+    out = []
+    for rk in r.result.get("ranks") or []:
+        phases = (rk or {}).get("phases") or {}
+        vals = [(ph.get("peaks") or {}).get(quantity) for ph in phases.values()] if phase_key == "*" else []
+        if phase_key != "*":
+            vals = [(phases.get(phase_key) or {}).get(quantity)]
+        vals = [v for v in vals if v is not None]
+        out.append(max(vals) if vals else None)
+    return out
+
+
+def _device_per_rank(r: Row) -> List[Optional[float]]:
+    """GPU: each rank's NVML process peak (its own, ranks sharing a GPU included); CPU: weights after the engine."""
+    if m.on_gpu(r.result):
+        return _per_rank(r, "*", "nvml_process_used_peak")
+    return _per_rank(r, "init", "weights_device")
+
+
+def _gibs(vals: Sequence[Optional[float]], nd: int = 2) -> str:
+    return " / ".join("-" if v is None else m.human(v) for v in vals) or "-"
+
+
+def _correct(r: Row) -> str:
+    c = r.result.get("correctness") or {}
+    if not c:
+        return "-"
+    err = c.get("logits_rel_err")
+    return ("yes" if c.get("passed") else "**no**") + (f" ({err:.1e})" if err is not None else "")
+
+
+def _status(r: Row) -> str:
+    fail = r.result.get("failure") or {}
+    return "ok" if r.result.get("status") == "ok" else f"failed: {fail.get('cause')}"
+
+
+def _best(group: List[Row]) -> Optional[Row]:
+    """Lowest per-device memory with correct output; ties within TIE go to the fewest remedies."""
+    ok = [r for r in group if m.passed(r.result) and max(_device_per_rank(r), key=lambda v: v or 0)]
+    if not ok:
+        return None
+    low = min(max(v or 0 for v in _device_per_rank(r)) for r in ok)
+    tied = [r for r in ok if max(v or 0 for v in _device_per_rank(r)) <= low * (1 + TIE)]
+    return min(tied, key=lambda r: (len(_applied(r)), len(_fixes(r))))
+
+
+def lines_to_change(r: Row) -> List[str]:
+    """The remedies that applied, as the lines a user changes in the script (filled from what the run recorded)."""
+    rk = (r.result.get("ranks") or [None])[0] or {}
+    applied = ((rk.get("script") or {}).get("fixes") or {}).get("applied") or {}
+    init = first_call(r.result, "init") or {}
+    load = first_call(r.result, "load") or {}
+    out = []
+    for name, done in applied.items():
+        if name == "autotp":
+            policy = next((d.get("injection_policy") for d in done if isinstance(d, dict)), None)
+            pol = ", ".join(f"{k}: {tuple(v)}" for k, v in (policy or {}).items())
+            out.append(
+                "deepspeed.init_inference(...): `replace_with_kernel_inject=False, injection_policy={" + pol + "}` "
+                "(classes from the model, e.g. `type(model.model.layers[0])`)"
+            )
+        elif name == "drop_unread":
+            out += [f"{d}" for d in done if isinstance(d, str)]
+        elif name == "host_load":
+            out += [f"{d}" for d in done if isinstance(d, str)]
+        elif name == "meta_load":
+            files = f"<the .safetensors files of {load.get('source')}>"
+            out.append(
+                "load on the meta device instead of from_pretrained: `with deepspeed.OnDevice(dtype=torch.bfloat16, "
+                "device='meta'): model = AutoModelForCausalLM.from_config(config, trust_remote_code=True)`, then "
+                "`deepspeed.init_inference(..., checkpoint={'type': 'ds_model', 'checkpoints': [" + files + "], "
+                "'version': 1.0})`; recompute the rotary tables from the model's own __init__ after it "
+                "(examples/seed_fixed.py, step 1)"
+            )
+        elif name == "restore_buffers":
+            out.append("after from_pretrained, recompute the non-persistent buffers (examples/seed_fixed.py, step 1)")
+        elif name == "trims":
+            out.append("the trims around init_inference (examples/seed_fixed.py, step 2)")
+        elif name == "context":
+            out.append("`os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'` before importing torch")
+    if init and not out:
+        out.append("nothing to change: no remedy applied")
+    return out
+
+
+def scripts_section(rows: List[Row]) -> List[str]:
+    groups: Dict[Tuple, List[Row]] = {}
+    for r in rows:
+        if is_script(r.result):
+            groups.setdefault(_group_key(r), []).append(r)
+    if not groups:
+        return []
+    out = ["## Your script: as written and fixed", ""]
+    for (path, args, tp, stack), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        group.sort(key=lambda r: len(_fixes(r)))
+        base = next((r for r in group if not _fixes(r)), None)
+        head = f"### `{path.rsplit('/', 1)[-1]}{' ' + ' '.join(args) if args else ''}` at tp={tp}" + (
+            f" on stack {stack}" if stack and stack != "current" else ""
+        )
+        out += [head, "", _table(group, base), ""]
+        best = _best(group)
+        if best is not None:
+            which = ", ".join(_applied(best)) or "none (as written)"
+            dev = max(v or 0 for v in _device_per_rank(best))
+            out += [f"Recommended: **script.fix={list(_fixes(best)) or '[]'}** (remedies that applied: {which}), "
+                    f"{m.human(dev)} per rank on the device, correct. Lines to change in the script:", ""]  # fmt: skip
+            out += [f"- {line}" for line in lines_to_change(best)] + [""]
+        else:
+            out += ["No variant ran correct here: see the diagnosis below.", ""]
+    return out
+
+
+def _table(group: List[Row], base: Optional[Row]) -> str:
+    from dsexp.analysis.report import md_table
+
+    gpu = any(m.on_gpu(r.result) for r in group)
+    header = [
+        "script.fix",
+        "status",
+        "correct (rel. err)",
+        f"{'device peak' if gpu else 'device weights'} per rank",
+        "host peak per rank",
+        "node peak",
+        "remedies applied",
+        "saved per rank vs as written",
+    ]
+    body = []
+    for r in group:
+        dev = _device_per_rank(r)
+        saved = "-"
+        if base is not None and r is not base and all(dev) and all(_device_per_rank(base)):
+            saved = m.human(max(_device_per_rank(base)) - max(dev))
+        body.append(
+            [
+                ",".join(_fixes(r)) or "as written",
+                _status(r),
+                _correct(r),
+                _gibs(dev),
+                _gibs(_per_rank(r, "*", "host_rss_peak")),
+                m.human(m.raw_headline(r.result, "node_host_peak_gib") * m.GIB)
+                if m.raw_headline(r.result, "node_host_peak_gib")
+                else "-",
+                ", ".join(_applied(r)) or "-",
+                saved,
+            ]
+        )
+    return md_table(header, body, [False, False, False, True, True, True, False, True])
