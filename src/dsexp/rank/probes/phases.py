@@ -9,7 +9,11 @@ when it was last alive.
 
 Timeline times are seconds after `clock.t0` (epoch seconds: the worker's first line ran then); `clock.created`
 is when the process was created and `clock.finished` when the record was complete, so the job can place a
-rank's start-up and exit on its own clock.
+rank's start-up and exit on its own clock. A phase's t0 and t1 are the stamps of the sampler's readings that
+open and close its peak window, so the phase's peaks come from readings within [t0, t1].
+
+The rank's memory over time (dsexp.rank.probes.series) goes to `rank{N}.series.jsonl`, flushed with the live
+file and the rank file, so a rank that dies keeps its curve up to its last heartbeat.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ import psutil
 
 from dsexp.core.fs import write_json_atomic
 from dsexp.core.protocol import live_file, rank_file
+from dsexp.core.series import GPU_FIELDS, HOST_FIELDS, series_file
 from dsexp.rank.probes import gpu as gpu_probe
 from dsexp.rank.probes.failure_site import failure_site
 from dsexp.rank.probes.host import host_snapshot
 from dsexp.rank.probes.sampler import PeakSampler
+from dsexp.rank.probes.series import MemorySeries
 
 
 def phase_kind(key: str) -> str:
@@ -50,6 +56,7 @@ class PhaseRecorder:
         see_memory_usage: bool = True,
         nvidia_smi: bool = False,
     ):
+        self.job_dir, self.rank = Path(job_dir), rank
         self.path = rank_file(job_dir, rank)
         self.live_path = live_file(job_dir, rank)
         self.current: Optional[tuple] = None  # (phase name, its perf_counter start)
@@ -59,7 +66,10 @@ class PhaseRecorder:
         self.cuda_index: Optional[int] = None
         self.nvml = None
         self.opts = {"see_memory_usage": see_memory_usage, "nvidia_smi": nvidia_smi}
-        self.sampler = PeakSampler(sample_ms / 1000.0, beat=self._beat)
+        clock_t0 = time.time() - (time.perf_counter() - t_process)
+        path = series_file(job_dir, rank)
+        self.series = MemorySeries(path, rank, clock_t0, t_process, HOST_FIELDS, sample_ms / 1000.0)
+        self.sampler = PeakSampler(sample_ms / 1000.0, beat=self._beat, series=self.series)
         if sample_ms > 0:  # 0: no background thread (peaks are the phase-end readings)
             self.sampler.start()
         self.record: Dict[str, Any] = {
@@ -76,7 +86,8 @@ class PhaseRecorder:
             "error": None,
             # the rendezvous endpoint names DeepSpeed's CPU shared-memory segments (the job removes them)
             "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
-            "clock": {"t0": time.time() - (time.perf_counter() - t_process), "created": psutil.Process().create_time()},
+            "clock": {"t0": clock_t0, "created": psutil.Process().create_time()},
+            "series": {"file": str(path.relative_to(self.job_dir))},
         }
         self.flush()
 
@@ -87,6 +98,8 @@ class PhaseRecorder:
         self.sampler.nvml = self.nvml
         self.record["device"] = f"cuda:{index}"
         self.record["gpu_uuid"] = self.nvml.uuid
+        self.series.set_fields(HOST_FIELDS + GPU_FIELDS)
+        self.sampler.allocator = lambda: gpu_probe.allocator_reading(index)
 
     @contextlib.contextmanager
     def phase(self, name: str, t0: Optional[float] = None):
@@ -138,11 +151,12 @@ class PhaseRecorder:
                 raise
             self._waited = time.perf_counter() - t
         self.sampler.take()  # discard the gap between phases
-        return time.perf_counter()
+        return self.sampler.closed_at
 
     def _end(self, name: str, t0: float, error: Optional[BaseException] = None) -> None:
-        t1 = time.perf_counter()
-        phase: Dict[str, Any] = {"wall_s": t1 - t0, "peaks": self.sampler.take(), "host": host_snapshot()}
+        peaks = self.sampler.take()
+        t1 = self.sampler.closed_at
+        phase: Dict[str, Any] = {"wall_s": t1 - t0, "peaks": peaks, "host": host_snapshot()}
         if self._waited is not None:
             phase["wait_s"], self._waited = self._waited, None
         if self.cuda_index is not None:
@@ -182,6 +196,7 @@ class PhaseRecorder:
             {"phase": name, "elapsed_s": time.perf_counter() - t0, "time": time.time(), "peaks": peaks, "host": last},
             fsync=False,
         )
+        self.series.flush()
 
     def note(self, **fields: Any) -> None:
         self.record.update(fields)
@@ -199,10 +214,12 @@ class PhaseRecorder:
             "cpu_s": self.sampler.cpu_s,
             "period_s": self.sampler.period_s,
         }
+        self.record["series"].update(self.series.stats())
         if self.record["status"] == "running":
             self.record["status"] = "ok"
         self.record["clock"]["finished"] = time.time()
         self.flush()
 
     def flush(self) -> None:
+        self.series.flush()
         write_json_atomic(self.path, self.record)
