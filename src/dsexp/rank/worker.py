@@ -17,6 +17,7 @@ import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Optional  # noqa: E402
 
 from dsexp.core.protocol import STACK_SIGNAL, rank_log, read_job_file  # noqa: E402
 from dsexp.rank.context import RankContext  # noqa: E402
@@ -93,6 +94,13 @@ def _start_distributed(ctx: RankContext, rec: PhaseRecorder) -> dict:
     return {**out, "outside": outside} if outside else out
 
 
+def snapshot_options(probe) -> Optional[dict]:
+    """probe.memory_snapshot's limits as the recorder takes them; None when off."""
+    if not probe.memory_snapshot:
+        return None
+    return {"max_entries": int(probe.snapshot_max_entries), "max_bytes": int(probe.snapshot_max_mb * 2**20)}
+
+
 def main(argv=None) -> int:
     hide_job_side_packages()  # before torch, DeepSpeed and transformers are imported
     argv = sys.argv[1:] if argv is None else argv
@@ -110,6 +118,7 @@ def main(argv=None) -> int:
         spec.probe.sample_ms,
         spec.probe.see_memory_usage,
         spec.probe.nvidia_smi,
+        snapshot_options(spec.probe),
     )
     ctx = RankContext(spec, rank, local_rank, world, job_dir, Path(runtime["model_dir"]), runtime)
     workload = get_workload(runtime.get("workload", "pipeline"))

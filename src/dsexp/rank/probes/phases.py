@@ -13,7 +13,9 @@ rank's start-up and exit on its own clock. A phase's t0 and t1 are the stamps of
 open and close its peak window, so the phase's peaks come from readings within [t0, t1].
 
 The rank's memory over time (dsexp.rank.probes.series) goes to `rank{N}.series.jsonl`, flushed with the live
-file and the rank file, so a rank that dies keeps its curve up to its last heartbeat.
+file and the rank file, so a rank that dies keeps its curve up to its last heartbeat. On a GPU with
+`memory_snapshot`, every phase end also dumps a PyTorch memory snapshot (dsexp.rank.probes.snapshots), after
+the phase's own readings, and lists it in the phase's record.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from dsexp.rank.probes.failure_site import failure_site
 from dsexp.rank.probes.host import host_snapshot
 from dsexp.rank.probes.sampler import PeakSampler
 from dsexp.rank.probes.series import MemorySeries
+from dsexp.rank.probes.snapshots import MemorySnapshots
 
 
 def phase_kind(key: str) -> str:
@@ -55,7 +58,9 @@ class PhaseRecorder:
         sample_ms: float = 10.0,
         see_memory_usage: bool = True,
         nvidia_smi: bool = False,
+        memory_snapshot: Optional[Dict[str, int]] = None,
     ):
+        """memory_snapshot: {"max_entries", "max_bytes"} to dump PyTorch memory snapshots on a GPU, else None."""
         self.job_dir, self.rank = Path(job_dir), rank
         self.path = rank_file(job_dir, rank)
         self.live_path = live_file(job_dir, rank)
@@ -65,7 +70,8 @@ class PhaseRecorder:
         self.t_process = t_process
         self.cuda_index: Optional[int] = None
         self.nvml = None
-        self.opts = {"see_memory_usage": see_memory_usage, "nvidia_smi": nvidia_smi}
+        self.snapshots: Optional[MemorySnapshots] = None
+        self.opts = {"see_memory_usage": see_memory_usage, "nvidia_smi": nvidia_smi, "memory_snapshot": memory_snapshot}
         clock_t0 = time.time() - (time.perf_counter() - t_process)
         path = series_file(job_dir, rank)
         self.series = MemorySeries(path, rank, clock_t0, t_process, HOST_FIELDS, sample_ms / 1000.0)
@@ -100,6 +106,10 @@ class PhaseRecorder:
         self.record["gpu_uuid"] = self.nvml.uuid
         self.series.set_fields(HOST_FIELDS + GPU_FIELDS)
         self.sampler.allocator = lambda: gpu_probe.allocator_reading(index)
+        options = self.opts["memory_snapshot"]
+        if options:
+            self.snapshots = MemorySnapshots(self.job_dir, self.rank, options["max_entries"], options["max_bytes"])
+            self.snapshots.start()
 
     @contextlib.contextmanager
     def phase(self, name: str, t0: Optional[float] = None):
@@ -166,6 +176,8 @@ class PhaseRecorder:
                 phase["gpu"]["nvml_process_used"] = self.nvml.process_used()
             if self.opts["nvidia_smi"]:
                 phase["nvidia_smi"] = gpu_probe.nvidia_smi(self.nvml.uuid)
+        if self.snapshots is not None:
+            phase["memory_snapshot"] = self._dump_snapshot(name)
         if self.opts["see_memory_usage"] and error is None:
             with contextlib.suppress(Exception):
                 from dsexp.rank.probes.see_memory import capture
@@ -198,6 +210,12 @@ class PhaseRecorder:
         )
         self.series.flush()
 
+    def _dump_snapshot(self, name: str) -> Dict[str, Any]:
+        try:
+            return self.snapshots.dump(name)
+        except Exception as e:  # a probe must never fail the phase it observes
+            return {"error": f"{type(e).__name__}: {e}"[:500]}
+
     def note(self, **fields: Any) -> None:
         self.record.update(fields)
         self.flush()
@@ -209,6 +227,8 @@ class PhaseRecorder:
     def finish(self, **fields: Any) -> None:
         self.record.update(fields)
         self.sampler.stop()
+        if self.snapshots is not None:
+            self.snapshots.stop()
         self.record["sampler"] = {
             "samples": self.sampler.samples,
             "cpu_s": self.sampler.cpu_s,
