@@ -128,3 +128,19 @@ def test_recorder_series_holds_each_phases_sampled_peak_within_its_times(tmp_pat
     assert load["peaks"]["host_anon_peak"] - load["host"]["host_anon"] > 120 * MIB  # the series saw what was freed
     head = json.loads(series_file(tmp_path, 0).read_text().splitlines()[0])
     assert head["clock_t0"] == rec.record["clock"]["t0"]
+
+
+def test_a_rank_dying_mid_phase_leaves_its_curve_up_to_its_last_heartbeat(tmp_path):
+    rec = PhaseRecorder(tmp_path, 0, 1, 0, time.perf_counter(), sample_ms=5, see_memory_usage=False)
+    try:
+        rec.begin("load")
+        blob = bytearray(80 * MIB)
+        time.sleep(1.3)  # heartbeats every 0.5 s; the phase never ends
+        left = read_series(series_file(tmp_path, 0))  # what a SIGKILL now would leave
+        now = time.perf_counter() - rec.t_process
+    finally:
+        rec.sampler.stop()
+    del blob
+    anon = [p[2] for p in left["points"]]
+    assert max(anon) - anon[0] > 75 * MIB  # the allocation made inside the unfinished phase is in the file
+    assert now - left["points"][-1][0] < MAX_GAP_S + 0.6  # flat since: a point a second, flushed every 0.5 s

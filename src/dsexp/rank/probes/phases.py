@@ -226,6 +226,7 @@ class PhaseRecorder:
 
     def finish(self, **fields: Any) -> None:
         self.record.update(fields)
+        self.sampler.take()  # the series' last point: the rank's end, not its last change
         self.sampler.stop()
         if self.snapshots is not None:
             self.snapshots.stop()
