@@ -32,6 +32,8 @@ def rank_views(result: Dict[str, Any]) -> List[Dict[str, Any]]:
     for rank in sorted(set(records) | set(series)):
         rec, ser = records.get(rank) or {}, series.get(rank)
         t0 = (rec.get("clock") or {}).get("t0") or (ser or {}).get("clock_t0")
+        if t0 is None and rec.get("timeline"):  # a record without a clock (older results): its own zero
+            t0 = 0.0
         if t0 is not None:
             out.append({"rank": rank, "record": rec, "series": ser, "clock_t0": t0})
     return out
