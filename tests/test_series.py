@@ -9,6 +9,7 @@ import time
 
 from dsexp.core.series import column, read_series, series_file
 from dsexp.rank.probes.phases import PhaseRecorder
+from dsexp.rank.probes.sampler import PeakSampler
 from dsexp.rank.probes.series import MAX_GAP_S, MemorySeries
 
 MIB = 2**20
@@ -144,3 +145,21 @@ def test_a_rank_dying_mid_phase_leaves_its_curve_up_to_its_last_heartbeat(tmp_pa
     anon = [p[2] for p in left["points"]]
     assert max(anon) - anon[0] > 75 * MIB  # the allocation made inside the unfinished phase is in the file
     assert now - left["points"][-1][0] < MAX_GAP_S + 0.6  # flat since: a point a second, flushed every 0.5 s
+
+
+def test_allocator_figures_go_to_the_series_only_and_a_failing_read_costs_nothing(tmp_path):
+    s = series(tmp_path, fields=FIELDS + ("gpu_alloc",))
+    sampler = PeakSampler(series=s)
+    sampler.allocator = lambda: {"gpu_alloc": 5 * MIB}
+    sampler.sample(full=True)
+    peaks = sampler.take()
+    assert "gpu_alloc_peak" not in peaks and peaks["host_rss_peak"] > 0  # torch's own peaks stay the record's
+    assert [p.vals[-1] for p in s.points] == [5 * MIB, 5 * MIB]
+
+    def broken():
+        raise RuntimeError("allocator stats unavailable")
+
+    sampler.allocator = broken
+    assert sampler.take()["host_rss_peak"] > 0  # a phase end never fails on the series' extras
+    assert s.points[-1].vals[-1] is None
+    sampler.stop()

@@ -63,8 +63,17 @@ class PeakSampler:
             proc = self.nvml.process_used() if sparse else None
             if proc is not None:
                 vals["nvml_process_used"] = proc
-        extra = self.allocator() if self.allocator is not None and self.series is not None and sparse else {}
+        extra = self._allocator_reading() if sparse else {}
         return vals, extra
+
+    def _allocator_reading(self) -> Dict[str, int]:
+        """The series' allocator figures; never raises (take() runs at every phase end, in the rank's thread)."""
+        if self.allocator is None or self.series is None:
+            return {}
+        try:
+            return self.allocator()
+        except Exception:
+            return {}
 
     def sample(self, full: bool = False) -> None:
         vals, extra = self._read(full)

@@ -59,8 +59,8 @@ class MemorySeries:
     # --- readings (the sampler's thread and, at window ends, the main thread) ---
 
     def add(self, stamp: float, vals: Dict[str, int]) -> None:
-        p = _Point(stamp - self.t_origin, tuple(vals.get(f) for f in self.fields))
-        with self._lock:
+        with self._lock:  # the fields may grow meanwhile (set_fields): read them under the lock
+            p = _Point(stamp - self.t_origin, tuple(vals.get(f) for f in self.fields))
             self._latest = p
             for i, v in enumerate(p.vals):
                 if v is not None and (self._best[i] is None or v > self._best[i].vals[i]):
