@@ -6,11 +6,13 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import time
 from pathlib import Path
 
 import pytest
 
 from dsexp.analysis.snapshots import load, main, site, summarise
+from dsexp.rank.probes.phases import PhaseRecorder
 from dsexp.rank.probes.snapshots import TooBig, _CappedFile
 
 from conftest import run_dsexp, sweep_results
@@ -150,3 +152,14 @@ def test_gpu_job_dumps_a_snapshot_per_rank_and_phase(tmp_path, cache_dir):
         assert "skipped" in listed and "file" not in listed
         assert not (Path(capped["job_dir"]) / f"ranks/snapshots/rank0_{name}.pickle").exists()
     assert not list(Path(capped["job_dir"]).glob("ranks/snapshots/*.tmp"))
+
+
+def test_a_torch_that_cannot_record_is_noted_not_fatal(tmp_path):
+    """This CPU build of torch has no CUDA allocator to record: the rank notes it and goes on without snapshots."""
+    rec = PhaseRecorder(tmp_path, 0, 1, 0, time.perf_counter(), sample_ms=0, see_memory_usage=False)
+    rec._start_snapshots({"max_entries": 10, "max_bytes": 2**20})
+    with rec.phase("load"):
+        pass
+    rec.finish()
+    assert rec.snapshots is None and "memory_snapshot" not in rec.record["phases"]["load"]
+    assert "_cuda_record_memory_history" in rec.record["memory_snapshot_error"]

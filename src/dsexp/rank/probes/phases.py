@@ -106,10 +106,8 @@ class PhaseRecorder:
         self.record["gpu_uuid"] = self.nvml.uuid
         self.series.set_fields(HOST_FIELDS + GPU_FIELDS)
         self.sampler.allocator = lambda: gpu_probe.allocator_reading(index)
-        options = self.opts["memory_snapshot"]
-        if options:
-            self.snapshots = MemorySnapshots(self.job_dir, self.rank, options["max_entries"], options["max_bytes"])
-            self.snapshots.start()
+        if self.opts["memory_snapshot"]:
+            self._start_snapshots(self.opts["memory_snapshot"])
 
     @contextlib.contextmanager
     def phase(self, name: str, t0: Optional[float] = None):
@@ -209,6 +207,16 @@ class PhaseRecorder:
             fsync=False,
         )
         self.series.flush()
+
+    def _start_snapshots(self, options: Dict[str, int]) -> None:
+        """Record the allocator's history from now on; a torch that cannot is noted in the record, not fatal."""
+        snapshots = MemorySnapshots(self.job_dir, self.rank, options["max_entries"], options["max_bytes"])
+        try:
+            snapshots.start()
+        except Exception as e:
+            self.record["memory_snapshot_error"] = f"{type(e).__name__}: {e}"[:500]
+        else:
+            self.snapshots = snapshots
 
     def _dump_snapshot(self, name: str) -> Dict[str, Any]:
         try:
