@@ -1,6 +1,6 @@
 """`make bench`: how fast dsexp itself is on this machine, and how much it disturbs what it measures.
 
-    python benchmarks/run.py [--machine NAME] [--only imports,writer,overhead,sampler] [--big] [--pairs N]
+    python benchmarks/run.py [--machine NAME] [--only imports,writer,overhead,sampler,series] [--big] [--pairs N]
                              [--sampler-model tiny|small] [--overhead-jobs N] [--out DIR] [--keep DIR]
 
 Writes results/<machine>/bench.json and bench.md (machine: `cpu`, or `h200` / `h200x2` from NVML's
@@ -24,10 +24,13 @@ use the benchmark's own cache (empty at the start) and MLflow store in a tempora
   overhead sweep left cached), each pair run back to back with the peak sampler at its default period
   and with it off (`probe.sample_ms=0`), half of the pairs on first and half off first; per phase, the
   geometric mean of the on/off wall-time ratios with a 95% interval, and the CPU share of the sampler
-  thread (its `cpu_s` over the rank's lifetime), which includes keeping and appending the memory series. The
-  series' size per rank per minute is read from the same jobs' series files, and the series alone is timed in
-  this process over 10 simulated minutes of readings at the default period, flat and moving at every reading
-  (its worst case), with a heartbeat flush every 0.5 s.
+  thread (its `cpu_s` over the rank's lifetime), which includes keeping and appending the memory series; the
+  series' size per rank per minute is read from the same jobs' series files.
+- series: the memory series' own cost, in this process, apart from the machine's load: the real sampler thread
+  (reading /proc at the default period, heartbeat every 0.5 s) with the series and without it, alternated
+  (--series-rounds pairs of --series-seconds each), CPU of its thread per reading and as a share of a core; and
+  the series alone fed 10 simulated minutes of readings, flat and moving at every reading (its worst case): its
+  cost, points kept, coarsenings and size.
 - stacks: preparing the seed's software stack (transformers 4.42.4, DeepSpeed 0.14.4, ...) into an empty cache,
   from the package index (or `--wheelhouse DIR`): the first build's time split into building DeepSpeed's wheel,
   resolving and installing; then the same stack again, which must be a cache hit in well under a second.
@@ -56,7 +59,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from dsexp.analysis.overhead import DESCRIPTIONS, NOT_DSEXP, SEGMENTS, breakdown  # noqa: E402
 from dsexp.analysis.sources import results_from_dir  # noqa: E402
 
-SECTIONS = ("imports", "writer", "overhead", "sampler", "stacks")  # run in this order
+SECTIONS = ("imports", "writer", "overhead", "sampler", "series", "stacks")  # run in this order
 SCHEMA = 3  # bench.json of another schema is not merged into
 TARGETS = {"overhead_s": 3.0, "sampler_core_pct": 1.0, "writer_gbps_gpu": 1.0, "stack_hit_s": 0.5}
 RESOLVED, RESOLVED_S = 0.05, 0.05  # "no measurable shift" needs pairs that would show a shift of 5% or 50 ms
@@ -361,9 +364,50 @@ def bench_sampler(workdir: Path, pairs: int, model: str, warm: bool) -> Dict[str
             "jobs": series,
             "bytes_per_min": _summary([60 * x["bytes"] / x["life_s"] for x in series]),
             "points_per_min": _summary([60 * x["points"] / x["life_s"] for x in series]),
-            "simulated": {kind: series_alone(period / 1000, kind) for kind in ("flat", "moving")},
         },
     }
+
+
+def bench_series(rounds: int, seconds: float) -> Dict[str, Any]:
+    period = compose("tiny")["probe"]["sample_ms"] / 1000
+    ab: Dict[str, List[Dict[str, float]]] = {"off": [], "on": []}
+    for i in range(rounds):  # alternate which goes first, so a drift in the machine's load cancels
+        for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
+            ab[mode].append(sampler_thread_cost(period, mode == "on", seconds))
+    per = {mode: _summary([x["us_per_reading"] for x in runs]) for mode, runs in ab.items()}
+    share = {mode: _summary([x["core_pct"] for x in runs]) for mode, runs in ab.items()}
+    added = [on["us_per_reading"] - off["us_per_reading"] for on, off in zip(ab["on"], ab["off"])]
+    return {
+        "period_ms": period * 1000,
+        "rounds": rounds,
+        "seconds": seconds,
+        "runs": ab,
+        "us_per_reading": per,
+        "core_pct": share,
+        "added_us_per_reading": _summary(added),
+        "simulated": {kind: series_alone(period, kind) for kind in ("flat", "moving")},
+    }
+
+
+def sampler_thread_cost(period_s: float, with_series: bool, seconds: float) -> Dict[str, float]:
+    """The rank's sampler thread for `seconds` (main thread asleep), with or without the memory series (flushed
+    at every heartbeat, as PhaseRecorder does): CPU of the thread per reading and as a share of a core."""
+    from dsexp.core.series import HOST_FIELDS
+    from dsexp.rank.probes.sampler import PeakSampler
+    from dsexp.rank.probes.series import MemorySeries
+
+    with tempfile.TemporaryDirectory() as tmp:
+        series = MemorySeries(Path(tmp) / "s.jsonl", 0, time.time(), time.perf_counter(), HOST_FIELDS, period_s)
+        beat = (lambda peaks, last: series.flush()) if with_series else (lambda peaks, last: None)
+        sampler = PeakSampler(period_s, beat=beat, series=series if with_series else None).start()
+        t = time.perf_counter()
+        for _ in range(int(seconds / 2)):  # windows close now and then, as phases end
+            time.sleep(2.0)
+            sampler.take()
+        time.sleep(max(0.0, seconds - (time.perf_counter() - t)))
+        sampler.stop()
+        wall = time.perf_counter() - t
+    return {"us_per_reading": 1e6 * sampler.cpu_s / sampler.samples, "core_pct": 100 * sampler.cpu_s / wall}
 
 
 def series_alone(period_s: float, kind: str, minutes: float = 10.0) -> Dict[str, Any]:
@@ -475,17 +519,53 @@ def _shift_verdict(phases: Dict[str, Dict[str, Any]]) -> str:
 
 
 def series_lines(se: Dict[str, Any]) -> List[str]:
-    """The memory series' part of the sampler section: its size on the jobs, its cost and bound over 10 minutes."""
+    """The memory series' size on the sampler section's jobs."""
     if not se:
         return []
     b, pts = se["bytes_per_min"], se["points_per_min"]
     life = _summary([j["life_s"] for j in se["jobs"]])
-    out = [
-        "### Memory series (ranks/rank{N}.series.jsonl)",
+    return [
+        f"- Memory series on these jobs (ranks living {life['min']:.0f}-{life['max']:.0f} s, mostly imports and "
+        f"loading, where memory moves at every reading): **{b['mean'] / 1e3:.1f} KB per rank per minute** (max "
+        f"{b['max'] / 1e3:.1f}), {pts['mean']:.0f} points a minute; the sampler's CPU above includes keeping and "
+        "appending it (its own cost, apart from the machine's load: Memory series below).",
         "",
-        f"- On these jobs (ranks living {life['min']:.0f}-{life['max']:.0f} s, mostly imports and loading, where "
-        f"memory moves at every reading): **{b['mean'] / 1e3:.1f} KB per rank per minute** (max {b['max'] / 1e3:.1f}), "
-        f"{pts['mean']:.0f} points a minute; the sampler's CPU above includes keeping and appending it.",
+    ]
+
+
+def render_series(se: Dict[str, Any]) -> List[str]:
+    on, off, added = se["core_pct"]["on"], se["core_pct"]["off"], se["added_us_per_reading"]
+    out = [
+        "## Memory series",
+        "",
+        f"The rank's sampler thread in this process at {se['period_ms']:g} ms (heartbeat every 0.5 s, a window "
+        f"closed every 2 s, main thread asleep), with and without the memory series, {se['rounds']} alternated "
+        f"pairs of {se['seconds']:g} s:",
+        "",
+    ]
+    out += _table(
+        ["sampler", "us a reading (mean)", "min", "max", "% of a core (mean)", "max"],
+        [
+            [
+                mode,
+                f"{se['us_per_reading'][mode]['mean']:.1f}",
+                f"{se['us_per_reading'][mode]['min']:.1f}",
+                f"{se['us_per_reading'][mode]['max']:.1f}",
+                f"{se['core_pct'][mode]['mean']:.2f}",
+                f"{se['core_pct'][mode]['max']:.2f}",
+            ]
+            for mode in ("off", "on")
+        ],
+    )
+    out += [
+        f"- The series adds **{added['mean']:.1f} us a reading** (pairs: {added['min']:.1f} to {added['max']:.1f}), "
+        f"{on['mean'] - off['mean']:+.3f} points of a core; with it the sampler thread takes {on['mean']:.2f}% of a "
+        f"core (max {on['max']:.2f}). Target <= {TARGETS['sampler_core_pct']:g}% with the series on: "
+        f"{met(on['max'], TARGETS['sampler_core_pct'], 'points')}.",
+        "",
+        "The series alone over 10 simulated minutes of readings (host fields, a window closed every 30 s, flushed "
+        "every 0.5 s): flat memory (a point a second), and memory moving by 4 MiB at every reading (the worst case: "
+        "the 2000-point cap holds by coarsening).",
         "",
     ]
     rows = [
@@ -501,16 +581,9 @@ def series_lines(se: Dict[str, Any]) -> List[str]:
         ]
         for kind, x in se["simulated"].items()
     ]
-    out += [
-        "The series alone, in this process, over 10 minutes of readings at the default period (host fields, a "
-        "window closed every 30 s, flushed every 0.5 s): flat memory, and memory moving by 4 MiB at every reading "
-        "(its worst case, bounded by the 2000-point cap).",
-        "",
-    ]
-    out += _table(
-        ["readings", "n", "us a reading", "% of a core", "points kept", "coarsenings", "KB", "KB a minute"], rows
+    return out + _table(
+        ["memory", "readings", "us a reading", "% of a core", "points kept", "coarsenings", "KB", "KB a minute"], rows
     )
-    return out
 
 
 def met(value: float, limit: float, unit: str) -> str:
@@ -602,6 +675,8 @@ def render(data: Dict[str, Any]) -> str:
         )
         out += ["Target: no measurable shift of phase times: " + _shift_verdict(sp["ratio_on_off"]), ""]
         out += series_lines(sp.get("series"))
+    if data.get("series"):
+        out += render_series(data["series"])
     wr = data.get("writer")
     if wr:
         out += [
@@ -703,6 +778,8 @@ def main() -> int:
         default="small",
         help="sampler: the jobs' model preset (tiny: no warm-up job after the overhead section)",
     )
+    ap.add_argument("--series-rounds", type=int, default=4, help="series: sampler with/without series pairs")
+    ap.add_argument("--series-seconds", type=float, default=10.0, help="series: seconds of each run of a pair")
     ap.add_argument(
         "--overhead-jobs", type=int, default=4, help="overhead: jobs in the sweep (>= 2; the first is reported apart)"
     )
@@ -742,6 +819,7 @@ def main() -> int:
         "writer": lambda work: bench_writer(["tiny", "small"] + (["internlm2_20b_shapes"] if big else [])),
         "overhead": lambda work: bench_overhead(work, tp, args.overhead_jobs),
         "sampler": lambda work: bench_sampler(work, args.pairs, args.sampler_model, warm),
+        "series": lambda work: bench_series(args.series_rounds, args.series_seconds),
         "stacks": lambda work: bench_stacks(work, args.wheelhouse),
     }
     with tempfile.TemporaryDirectory(prefix="dsexp-bench-") as tmp:
