@@ -3,7 +3,8 @@ and true, side by side. Usage: python scripts/gpu/snapshots_summary.py SWEEP_DIR
 
 Per job: wall time, each phase's wall time (slowest rank), the time between phases (where the dumps happen: start
 to the end of the last phase, minus the phases), per rank and phase the snapshot's size, events and dump time (or
-why it was skipped), and the memory series' size per rank."""
+why it was skipped), the memory series' size per rank and the sampler thread's share of a core per rank (on a GPU it
+also reads NVML and the allocator for the series: the GPU figure for make bench's CPU one)."""
 
 from __future__ import annotations
 
@@ -39,12 +40,19 @@ def job(r: Dict[str, Any]) -> Dict[str, Any]:
         "snapshots": snaps,
         "snapshot_bytes": sum(s.get("bytes", 0) for s in snaps),
         "dump_s": max((sum(s.get("dump_s", 0) for s in snaps if s["rank"] == rk["rank"]) for rk in ranks), default=0),
+        "sampler_core_pct": [sampler_share(rk) for rk in ranks],
         "series_bytes": [s["bytes"] for s in r.get("series") or [] if s],
         "series_points": [len(s["points"]) for s in r.get("series") or [] if s],
         "trace_bytes": (Path(r["job_dir"]) / "trace.json").stat().st_size
         if (Path(r["job_dir"]) / "trace.json").is_file()
         else None,
     }
+
+
+def sampler_share(rk: Dict[str, Any]) -> float:
+    """% of a core the rank's sampler thread took over its life (NVML, the allocator and the series included)."""
+    life = (rk.get("clock") or {}).get("finished", 0) - (rk.get("clock") or {}).get("t0", 0)
+    return 100 * (rk.get("sampler") or {}).get("cpu_s", 0) / life if life > 0 else float("nan")
 
 
 def between_phases(rk: Dict[str, Any]) -> float:
@@ -55,8 +63,8 @@ def between_phases(rk: Dict[str, Any]) -> float:
 def markdown(jobs: List[Dict[str, Any]]) -> str:
     out = [
         "| snapshots | status | job wall s | start s | load s | init s | generate s | between phases s | dumps s "
-        "(slowest rank) | snapshot MB | GPU peak GiB | series KB per rank |",
-        "|" + "---|" * 12,
+        "(slowest rank) | snapshot MB | GPU peak GiB | series KB per rank | sampler % of a core per rank |",
+        "|" + "---|" * 13,
     ]
     for j in jobs:
         p = j["phase_s"]
@@ -64,7 +72,8 @@ def markdown(jobs: List[Dict[str, Any]]) -> str:
             f"| {j['memory_snapshot']} | {j['status']}{'' if not j['cause'] else ' (' + j['cause'] + ')'} "
             f"| {j['wall_s']:.1f} | {p['start']:.1f} | {p['load']:.2f} | {p['init']:.2f} | {p['generate']:.2f} "
             f"| {j['between_phases_s']:.2f} | {j['dump_s']:.2f} | {j['snapshot_bytes'] / 1e6:.1f} "
-            f"| {j['gpu_peak_gib'] or float('nan'):.2f} | {', '.join(f'{b / 1e3:.0f}' for b in j['series_bytes'])} |"
+            f"| {j['gpu_peak_gib'] or float('nan'):.2f} | {', '.join(f'{b / 1e3:.0f}' for b in j['series_bytes'])} "
+            f"| {', '.join(f'{x:.2f}' for x in j['sampler_core_pct'])} |"
         )
     out += ["", "| rank | phase | file | MB | events | dump s | skipped |", "|---|---|---|---|---|---|---|"]
     for j in jobs:
