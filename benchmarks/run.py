@@ -1,6 +1,6 @@
 """`make bench`: how fast dsexp itself is on this machine, and how much it disturbs what it measures.
 
-    python benchmarks/run.py [--machine NAME] [--only imports,writer,overhead,sampler] [--big] [--pairs N]
+    python benchmarks/run.py [--machine NAME] [--only imports,writer,overhead,sampler,series] [--big] [--pairs N]
                              [--sampler-model tiny|small] [--overhead-jobs N] [--out DIR] [--keep DIR]
 
 Writes results/<machine>/bench.json and bench.md (machine: `cpu`, or `h200` / `h200x2` from NVML's
@@ -24,7 +24,13 @@ use the benchmark's own cache (empty at the start) and MLflow store in a tempora
   overhead sweep left cached), each pair run back to back with the peak sampler at its default period
   and with it off (`probe.sample_ms=0`), half of the pairs on first and half off first; per phase, the
   geometric mean of the on/off wall-time ratios with a 95% interval, and the CPU share of the sampler
-  thread (its `cpu_s` over the rank's lifetime).
+  thread (its `cpu_s` over the rank's lifetime), which includes keeping and appending the memory series; the
+  series' size per rank per minute is read from the same jobs' series files.
+- series: the memory series' own cost, in this process, apart from the machine's load: the real sampler thread
+  (reading /proc at the default period, heartbeat every 0.5 s) with the series and without it, alternated
+  (--series-rounds pairs of --series-seconds each), CPU of its thread per reading and as a share of a core; and
+  the series alone fed 10 simulated minutes of readings, flat and moving at every reading (its worst case): its
+  cost, points kept, coarsenings and size.
 - stacks: preparing the seed's software stack (transformers 4.42.4, DeepSpeed 0.14.4, ...) into an empty cache,
   from the package index (or `--wheelhouse DIR`): the first build's time split into building DeepSpeed's wheel,
   resolving and installing; then the same stack again, which must be a cache hit in well under a second.
@@ -53,7 +59,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from dsexp.analysis.overhead import DESCRIPTIONS, NOT_DSEXP, SEGMENTS, breakdown  # noqa: E402
 from dsexp.analysis.sources import results_from_dir  # noqa: E402
 
-SECTIONS = ("imports", "writer", "overhead", "sampler", "stacks")  # run in this order
+SECTIONS = ("imports", "writer", "overhead", "sampler", "series", "stacks")  # run in this order
 SCHEMA = 3  # bench.json of another schema is not merged into
 TARGETS = {"overhead_s": 3.0, "sampler_core_pct": 1.0, "writer_gbps_gpu": 1.0, "stack_hit_s": 0.5}
 RESOLVED, RESOLVED_S = 0.05, 0.05  # "no measurable shift" needs pairs that would show a shift of 5% or 50 ms
@@ -321,7 +327,7 @@ def bench_sampler(workdir: Path, pairs: int, model: str, warm: bool) -> Dict[str
         ]
     ratios: Dict[str, List[float]] = {p: [] for p in ("load", "init", "generate", "work")}
     off_s: Dict[str, List[float]] = {p: [] for p in ratios}
-    shares, per_sample, rate = [], [], []
+    shares, per_sample, rate, series = [], [], [], []
     for on, off in pairs_run:
         assert on["config"]["probe"]["sample_ms"] > 0 == off["config"]["probe"]["sample_ms"]
         assert on["config"]["variant"] == off["config"]["variant"]
@@ -339,6 +345,9 @@ def bench_sampler(workdir: Path, pairs: int, model: str, warm: bool) -> Dict[str
             shares.append(100 * s["cpu_s"] / life)
             per_sample.append(1e6 * s["cpu_s"] / s["samples"])
             rate.append(s["samples"] / life)
+        for rk, ser in zip(on["ranks"], on.get("series") or []):
+            life = rk["clock"]["finished"] - rk["clock"]["t0"]
+            series.append({"life_s": life, "points": len(ser["points"]), "bytes": ser["bytes"]})
     shift = {
         p: {**_summary(v), **paired_ratio(v), "pairs": v, "off_s": statistics.mean(off_s[p])} for p, v in ratios.items()
     }
@@ -351,6 +360,89 @@ def bench_sampler(workdir: Path, pairs: int, model: str, warm: bool) -> Dict[str
         "samples_per_s": _summary(rate),
         "expected_samples_per_s": 1000 / period,
         "ratio_on_off": shift,
+        "series": {
+            "jobs": series,
+            "bytes_per_min": _summary([60 * x["bytes"] / x["life_s"] for x in series]),
+            "points_per_min": _summary([60 * x["points"] / x["life_s"] for x in series]),
+        },
+    }
+
+
+def bench_series(rounds: int, seconds: float) -> Dict[str, Any]:
+    period = compose("tiny")["probe"]["sample_ms"] / 1000
+    ab: Dict[str, List[Dict[str, float]]] = {"off": [], "on": []}
+    for i in range(rounds):  # alternate which goes first, so a drift in the machine's load cancels
+        for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
+            ab[mode].append(sampler_thread_cost(period, mode == "on", seconds))
+    per = {mode: _summary([x["us_per_reading"] for x in runs]) for mode, runs in ab.items()}
+    share = {mode: _summary([x["core_pct"] for x in runs]) for mode, runs in ab.items()}
+    added = [on["us_per_reading"] - off["us_per_reading"] for on, off in zip(ab["on"], ab["off"])]
+    return {
+        "period_ms": period * 1000,
+        "rounds": rounds,
+        "seconds": seconds,
+        "runs": ab,
+        "us_per_reading": per,
+        "core_pct": share,
+        "added_us_per_reading": _summary(added),
+        "simulated": {kind: series_alone(period, kind) for kind in ("flat", "moving")},
+    }
+
+
+def sampler_thread_cost(period_s: float, with_series: bool, seconds: float) -> Dict[str, float]:
+    """The rank's sampler thread for `seconds` (main thread asleep), with or without the memory series (flushed
+    at every heartbeat, as PhaseRecorder does): CPU of the thread per reading and as a share of a core."""
+    from dsexp.core.series import HOST_FIELDS
+    from dsexp.rank.probes.sampler import PeakSampler
+    from dsexp.rank.probes.series import MemorySeries
+
+    with tempfile.TemporaryDirectory() as tmp:
+        series = MemorySeries(Path(tmp) / "s.jsonl", 0, time.time(), time.perf_counter(), HOST_FIELDS, period_s)
+        beat = (lambda peaks, last: series.flush()) if with_series else (lambda peaks, last: None)
+        sampler = PeakSampler(period_s, beat=beat, series=series if with_series else None).start()
+        t = time.perf_counter()
+        for _ in range(int(seconds / 2)):  # windows close now and then, as phases end
+            time.sleep(2.0)
+            sampler.take()
+        time.sleep(max(0.0, seconds - (time.perf_counter() - t)))
+        sampler.stop()
+        wall = time.perf_counter() - t
+    return {"us_per_reading": 1e6 * sampler.cpu_s / sampler.samples, "core_pct": 100 * sampler.cpu_s / wall}
+
+
+def series_alone(period_s: float, kind: str, minutes: float = 10.0) -> Dict[str, Any]:
+    """The memory series fed `minutes` of readings at `period_s` (host fields; flat, or moving by 4 MiB at every
+    reading), a window closed every 30 s, flushed every 0.5 s: its CPU per reading and per minute, and its size."""
+    import random
+
+    from dsexp.core.series import HOST_FIELDS, read_series
+    from dsexp.rank.probes.series import MemorySeries
+
+    rng = random.Random(0)
+    n, window, beat = int(minutes * 60 / period_s), int(30 / period_s), int(0.5 / period_s)
+    vals = {"host_rss": 800 * 2**20, "host_anon": 600 * 2**20, "node_used": 20 * 2**30}
+    with tempfile.TemporaryDirectory() as tmp:
+        s = MemorySeries(Path(tmp) / "s.jsonl", 0, time.time(), 0.0, HOST_FIELDS, period_s)
+        c0 = time.thread_time()
+        for i in range(1, n + 1):
+            if kind == "moving":
+                vals = {k: v + rng.choice((-4, 4)) * 2**20 for k, v in vals.items()}
+            s.add(i * period_s, vals)
+            if i % window == 0:
+                s.close_window()
+            if i % beat == 0:
+                s.flush()
+        cpu = time.thread_time() - c0
+        s.flush()
+        size = read_series(s.path)["bytes"]
+    return {
+        "minutes": minutes,
+        "readings": n,
+        "us_per_reading": 1e6 * cpu / n,
+        "core_pct": 100 * cpu / (minutes * 60),
+        "points": len(s.points),
+        "level": s.level,
+        "bytes": size,
     }
 
 
@@ -424,6 +516,74 @@ def _shift_verdict(phases: Dict[str, Dict[str, Any]]) -> str:
             f"beyond {', '.join(blurred)} (more pairs or a quieter machine)."
         )
     return f"met (every 95% interval holds 1 and would show a shift of {100 * RESOLVED:g}% or {RESOLVED_S:g} s)."
+
+
+def series_lines(se: Dict[str, Any]) -> List[str]:
+    """The memory series' size on the sampler section's jobs."""
+    if not se:
+        return []
+    b, pts = se["bytes_per_min"], se["points_per_min"]
+    life = _summary([j["life_s"] for j in se["jobs"]])
+    return [
+        f"- Memory series on these jobs (ranks living {life['min']:.0f}-{life['max']:.0f} s, mostly imports and "
+        f"loading, where memory moves at every reading): **{b['mean'] / 1e3:.1f} KB per rank per minute** (max "
+        f"{b['max'] / 1e3:.1f}), {pts['mean']:.0f} points a minute; the sampler's CPU above includes keeping and "
+        "appending it (its own cost, apart from the machine's load: Memory series below).",
+        "",
+    ]
+
+
+def render_series(se: Dict[str, Any]) -> List[str]:
+    on, off, added = se["core_pct"]["on"], se["core_pct"]["off"], se["added_us_per_reading"]
+    out = [
+        "## Memory series",
+        "",
+        f"The rank's sampler thread in this process at {se['period_ms']:g} ms (heartbeat every 0.5 s, a window "
+        f"closed every 2 s, main thread asleep), with and without the memory series, {se['rounds']} alternated "
+        f"pairs of {se['seconds']:g} s:",
+        "",
+    ]
+    out += _table(
+        ["sampler", "us a reading (mean)", "min", "max", "% of a core (mean)", "max"],
+        [
+            [
+                mode,
+                f"{se['us_per_reading'][mode]['mean']:.1f}",
+                f"{se['us_per_reading'][mode]['min']:.1f}",
+                f"{se['us_per_reading'][mode]['max']:.1f}",
+                f"{se['core_pct'][mode]['mean']:.2f}",
+                f"{se['core_pct'][mode]['max']:.2f}",
+            ]
+            for mode in ("off", "on")
+        ],
+    )
+    out += [
+        f"- The series adds **{added['mean']:.1f} us a reading** (pairs: {added['min']:.1f} to {added['max']:.1f}), "
+        f"{on['mean'] - off['mean']:+.3f} points of a core; with it the sampler thread takes {on['mean']:.2f}% of a "
+        f"core (max {on['max']:.2f}). Target <= {TARGETS['sampler_core_pct']:g}% with the series on: "
+        f"{met(on['max'], TARGETS['sampler_core_pct'], 'points')}.",
+        "",
+        "The series alone over 10 simulated minutes of readings (host fields, a window closed every 30 s, flushed "
+        "every 0.5 s): flat memory (a point a second), and memory moving by 4 MiB at every reading (the worst case: "
+        "the 2000-point cap holds by coarsening).",
+        "",
+    ]
+    rows = [
+        [
+            kind,
+            f"{x['readings']}",
+            f"{x['us_per_reading']:.1f}",
+            f"{x['core_pct']:.3f}",
+            f"{x['points']}",
+            f"{x['level']}",
+            f"{x['bytes'] / 1e3:.1f}",
+            f"{x['bytes'] / 1e3 / x['minutes']:.1f}",
+        ]
+        for kind, x in se["simulated"].items()
+    ]
+    return out + _table(
+        ["memory", "readings", "us a reading", "% of a core", "points kept", "coarsenings", "KB", "KB a minute"], rows
+    )
 
 
 def met(value: float, limit: float, unit: str) -> str:
@@ -514,6 +674,9 @@ def render(data: Dict[str, Any]) -> str:
             ],
         )
         out += ["Target: no measurable shift of phase times: " + _shift_verdict(sp["ratio_on_off"]), ""]
+        out += series_lines(sp.get("series"))
+    if data.get("series"):
+        out += render_series(data["series"])
     wr = data.get("writer")
     if wr:
         out += [
@@ -615,6 +778,8 @@ def main() -> int:
         default="small",
         help="sampler: the jobs' model preset (tiny: no warm-up job after the overhead section)",
     )
+    ap.add_argument("--series-rounds", type=int, default=4, help="series: sampler with/without series pairs")
+    ap.add_argument("--series-seconds", type=float, default=10.0, help="series: seconds of each run of a pair")
     ap.add_argument(
         "--overhead-jobs", type=int, default=4, help="overhead: jobs in the sweep (>= 2; the first is reported apart)"
     )
@@ -654,6 +819,7 @@ def main() -> int:
         "writer": lambda work: bench_writer(["tiny", "small"] + (["internlm2_20b_shapes"] if big else [])),
         "overhead": lambda work: bench_overhead(work, tp, args.overhead_jobs),
         "sampler": lambda work: bench_sampler(work, args.pairs, args.sampler_model, warm),
+        "series": lambda work: bench_series(args.series_rounds, args.series_seconds),
         "stacks": lambda work: bench_stacks(work, args.wheelhouse),
     }
     with tempfile.TemporaryDirectory(prefix="dsexp-bench-") as tmp:

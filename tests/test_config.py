@@ -60,6 +60,9 @@ def test_tp_is_a_plain_int():
         (["load.format=gguf"], 0, "load.format"),
         (["probe.sample_ms=50"], 0, "probe.sample_ms"),
         (["probe.sample_ms=-1"], 0, "or 0 to turn the background sampler off"),
+        (["probe.memory_snapshot=true"], 0, "probe.memory_snapshot=true on device=cpu"),
+        (["probe.memory_snapshot=true", "device=cpu"], 2, "probe.memory_snapshot=true on device=cpu"),
+        (["probe.memory_snapshot=true", "probe.snapshot_max_mb=0"], 1, "probe.snapshot_max_mb=0"),
         (["model=local", "model.path=/does/not/exist"], 0, "model.path='/does/not/exist' does not exist"),
     ],
 )
@@ -71,6 +74,12 @@ def test_bad_settings_name_the_key(overrides, gpus, needle):
 
 def test_sampler_period_zero_turns_it_off():
     assert spec_of("probe.sample_ms=0", gpus=0).probe.sample_ms == 0
+
+
+def test_memory_snapshot_is_off_by_default_and_accepted_on_a_gpu():
+    assert spec_of(gpus=0).probe.memory_snapshot is False
+    spec = spec_of("probe.memory_snapshot=true", gpus=1)
+    assert spec.device == "cuda" and spec.probe.memory_snapshot
 
 
 def test_wrong_type_names_the_key():

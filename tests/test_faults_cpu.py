@@ -12,6 +12,7 @@ writes the table in results/cpu/fault_matrix.md and the README's reliability sec
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -20,6 +21,7 @@ import psutil
 import pytest
 
 from dsexp.job import teardown
+from dsexp.job.run import ATTEMPTS
 
 from conftest import ROOT, run_dsexp, sweep_results
 from helpers.tables import publish
@@ -138,6 +140,25 @@ def test_hard_death_keeps_the_phase_it_died_in(fast_run):
     assert res["metrics"]["init.host_rss_gib.rank1"] > 0 and res["metrics"]["load.host_rss_gib.rank1"] > 0
     assert rank0["last_alive"] and rank0["status"] != "ok"
     assert res["failure"]["ranks_at_stop"]["rank1"] == "init"
+
+
+def test_a_killed_ranks_curve_and_trace_survive_it(fast_run):
+    """The failed job's series and trace come from what its ranks left: rank 1's curve runs to its last heartbeat
+    (it died entering init), and its track in trace.json ends with the init it died in, partial."""
+    res = fast_run["first"]["results"][1]
+    rank1, series1 = res["ranks"][1], res["series"][1]
+    died = rank1["last_alive"] - rank1["clock"]["t0"]
+    load_end = next(e["t1"] for e in rank1["timeline"] if e["phase"] == "load")
+    last = series1["points"][-1][0]
+    assert load_end <= last <= died + 0.01 and died - last < 1.0  # flushed at every heartbeat (0.5 s)
+    assert res["series"][0]["points"][-1][0] > load_end  # rank 0, stopped by the launcher, left its curve too
+    # the rerun archived this attempt's files with it
+    trace = json.loads((Path(res["job_dir"]) / ATTEMPTS / "1" / res["trace"]).read_text())
+    pid1 = next(e["pid"] for e in trace["traceEvents"] if e["ph"] == "M" and e["args"].get("name") == "rank 1")
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == pid1]
+    assert [s["name"] for s in slices] == ["start", "load", "init"] and slices[-1]["args"]["partial"] is True
+    counters = [e for e in trace["traceEvents"] if e["ph"] == "C" and e["pid"] == pid1]
+    assert len(counters) == 3 * len(series1["points"]) and max(c["ts"] for c in counters) >= slices[1]["ts"]
 
 
 def matrix_rows(run: Dict[str, object], faults) -> List[List[str]]:

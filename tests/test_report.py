@@ -109,11 +109,16 @@ def test_predictions_at_tp_4_and_8_come_from_the_model(report):
 
 
 def test_plots_are_pngs_with_the_floor_drawn(report):
-    out, _ = report
-    for name in ("per_device_vs_tp.png", "host_vs_tp.png", "timeline.png"):
+    out, results = report
+    memory = [f"memory_{i:02d}.png" for i in range(len(results))]  # every run's phases (no series here: no curves)
+    for name in ("per_device_vs_tp.png", "host_vs_tp.png", *memory):
         data = (out / "plots" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
-    assert "![per_device](plots/per_device_vs_tp.png)" in (out / "summary.md").read_text()
+    md = (out / "summary.md").read_text()
+    assert "![per_device](plots/per_device_vs_tp.png)" in md and "timeline.png" not in md
+    section = md.split("## Memory over time")[1].split("\n## ")[0]
+    assert re.findall(r"\(plots/(memory_\d+\.png)\)", section) == memory
+    assert section.count("(failed: incorrect_output)") == 2 and "ui.perfetto.dev" in section
 
 
 def test_params_read_back_from_mlflow_strings():

@@ -49,8 +49,10 @@ def test_end_of_sweep_report_recommends_and_diagnoses_every_run(sweep):
     rows = list(csv.DictReader((sweep_dir / "summary.csv").open()))
     assert [r["tp"] for r in rows] == ["1", "2"] and all(r["diagnosis"] for r in rows)
     assert all(abs(float(r["weights_err_pct"])) <= 2 for r in rows)
-    for name in ("per_device_vs_tp.png", "host_vs_tp.png", "timeline.png"):
+    for name in ("per_device_vs_tp.png", "host_vs_tp.png", "memory_00.png", "memory_01.png"):
         assert (sweep_dir / "plots" / name).stat().st_size > 10_000
+    memory = md.split("## Memory over time")[1].split("\n## ")[0]
+    assert "### `tiny/eager/init_inference/bf16 tp=2` (ok)\n\n![memory over time](plots/memory_01.png)" in memory
 
 
 def test_parent_run_carries_the_report_and_the_cli_reads_mlflow_back(sweep, tmp_path):
@@ -71,7 +73,15 @@ def test_parent_run_carries_the_report_and_the_cli_reads_mlflow_back(sweep, tmp_
         "tiny/eager/init_inference/bf16/tp2",
     ]
     assert all(abs(r.data.metrics["pred.weights_err_pct"]) <= 2 for r in children)
+    for run in children:  # each job run: its trace, its ranks' series and, from the report, its plot
+        root = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"trace.json", "memory_over_time.png", "result.json"} <= root
+        ranks = {a.path for a in client.list_artifacts(run.info.run_id, "ranks")}
+        assert "ranks/rank0.series.jsonl" in ranks
     out = tmp_path / "from-mlflow"
     assert main(["--experiment", "dsexp", "--tracking-uri", uri, "--out", str(out), "--no-mlflow"]) == 0
     md = (out / "summary.md").read_text()
     assert "`tiny/eager/init_inference/bf16` at tp=2" in md and md.count("as predicted") >= 2
+    # rebuilt from MLflow alone (result.json carries the series): the same plots, curves and all
+    for name in ("memory_00.png", "memory_01.png"):
+        assert (out / "plots" / name).stat().st_size > 0.8 * (sweep_dir / "plots" / name).stat().st_size

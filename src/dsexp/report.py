@@ -13,7 +13,18 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-SECTIONS = ("recommendation", "matrix", "stacks", "trims", "weights", "predicted", "diagnosis", "plots", "definitions")
+SECTIONS = (
+    "recommendation",
+    "matrix",
+    "stacks",
+    "trims",
+    "weights",
+    "predicted",
+    "diagnosis",
+    "plots",
+    "memory",
+    "definitions",
+)
 
 
 def parse(argv: Optional[List[str]]) -> argparse.Namespace:

@@ -34,7 +34,12 @@ SEGMENTS = (
     ("rank_wrapup", "work_end", "finished", "after generate: its probes, logits and rank file written (slowest rank)"),
     ("rank_exit", "finished", "exited", "the ranks' processes and the launcher exit"),
     ("teardown", "exited", "done", "teardown: survivors reaped, ports checked, shared memory removed"),
-    ("aggregate", "done", "ended", "aggregation: rank records, metrics, failure check, correctness, result.json"),
+    (
+        "aggregate",
+        "done",
+        "ended",
+        "aggregation: rank records, metrics, failure check, correctness, trace.json, result.json",
+    ),
     ("mlflow", "ended", "tracked", "MLflow logging: run, params, metrics, artifacts"),
 )
 DESCRIPTIONS = {name: text for name, _, _, text in SEGMENTS}

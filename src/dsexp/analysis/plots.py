@@ -1,11 +1,14 @@
-"""PNG plots of a sweep: per-device memory vs tp (floor drawn in), host memory vs tp, one run's phase timeline."""
+"""PNG plots of a sweep: per-device memory vs tp (floor drawn in), host memory vs tp, and each job's memory over time
+with its phases."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from dsexp.analysis import measured as m
+from dsexp.analysis import trace
+from dsexp.core.series import column
 
 Series = Dict[str, Dict[str, List[Tuple[int, float]]]]  # strategy -> {"measured": [(tp, GiB)], "predicted": [...]}
 PHASE_COLORS = {"start": "#9e9e9e", "load": "#1f77b4", "init": "#ff7f0e", "generate": "#2ca02c"}
@@ -95,32 +98,136 @@ def host_vs_tp(per_rank: Series, node: Series, path: Path) -> Path:
     return path
 
 
-def timeline(result: Dict, path: Path, title: Optional[str] = None) -> Optional[Path]:
-    """One bar per rank, one segment per phase (seconds since the rank's process started), host peak in each."""
-    ranks = [r for r in m.ranks(result) if r.get("timeline")]
-    if not ranks:
+HOST_LINES = (("host_rss", "host RSS", "-"), ("host_anon", "host anon (private)", "--"))
+DEVICE_LINES = (
+    ("nvml_device_used", "NVML device used", "-"),
+    ("nvml_process_used", "NVML process used", "--"),
+    ("gpu_reserved", "torch reserved", "-."),
+    ("gpu_alloc", "torch allocated", ":"),
+)
+OTHER_PHASES = ("#8c564b", "#9467bd", "#e377c2", "#17becf", "#bcbd22")
+
+
+def phase_color(kind: str) -> str:
+    """start/load/init/generate as in the other plots; any other kind (a user's phase) a colour of its own."""
+    if kind in PHASE_COLORS:
+        return PHASE_COLORS[kind]
+    return OTHER_PHASES[sum(map(ord, kind)) % len(OTHER_PHASES)]
+
+
+def memory_timeline(result: Dict, path: Path, title: Optional[str] = None) -> Optional[Path]:
+    """Memory against time, one row per rank (host; on a GPU also the device), the node's used memory below;
+    each rank's phases as shaded bands (hatched: the phase a dead rank was in), on one time axis (seconds after
+    the first rank's process started). None when no rank left a timeline or a series."""
+    views = [v for v in trace.rank_views(result) if v["series"] or v["record"].get("timeline")]
+    if not views:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.9 * len(ranks)))
-    for i, rk in enumerate(ranks):
-        for seg in rk["timeline"]:
-            ph, t0, t1 = seg["phase"], seg["t0"], seg["t1"]
-            ax.broken_barh([(t0, t1 - t0)], (i - 0.35, 0.7), color=PHASE_COLORS.get(ph, "#777777"))
-            peak = m.phase(rk, ph).get("peaks", {}).get("host_rss_peak")
-            if peak is not None and (t1 - t0) > 0.06 * _span(ranks):
-                ax.text((t0 + t1) / 2, i, f"{ph}\n{m.human(peak)}", ha="center", va="center", fontsize=7, color="white")
-    ax.set_yticks(range(len(ranks)))
-    ax.set_yticklabels([f"rank {rk.get('rank', i)}" for i, rk in enumerate(ranks)])
-    ax.set_xlabel("time since the rank's process started (s)")
-    ax.set_title(f"{title or 'Phase timeline'}\n(each segment: phase and the rank's host RSS peak in it)", fontsize=10)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PHASE_COLORS.values()]
-    ax.legend(handles, list(PHASE_COLORS), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.grid(True, axis="x", alpha=0.3)
+    origin = min(v["clock_t0"] for v in views)
+    device = any("nvml_device_used" in (v["series"] or {}).get("fields", ()) for v in views)
+    columns = [HOST_LINES] + ([DEVICE_LINES] if device else [])
+    unit, scale = m.display_unit(_values_gib(views))
+    fig, axes = plt.subplots(
+        len(views) + 1,
+        len(columns),
+        figsize=(7.5 * len(columns) + 2.5, 1.2 + 2.1 * len(views) + 1.6),
+        sharex=True,
+        squeeze=False,
+        gridspec_kw={"height_ratios": [3] * len(views) + [2]},
+    )
+    span = _time_span(views, origin)
+    for row, view in enumerate(views):
+        shift = view["clock_t0"] - origin
+        for col, lines in enumerate(columns):
+            ax = axes[row][col]
+            _bands(ax, view, shift, span if col == 0 else None)
+            for field, label, style in lines:
+                pts = column(view["series"] or {}, field)
+                ax.plot([shift + t for t, _ in pts], [v / m.GIB * scale for _, v in pts], style, lw=1.4, label=label)
+            ax.set_ylabel(f"rank {view['rank']} ({unit})")
+            ax.grid(True, alpha=0.3)
+            ax.set_ylim(bottom=0)
+            _mark_peak(ax, view, shift, lines[0][0], scale, unit, span)
+    kinds = dict.fromkeys(s["kind"] for v in views for s in trace.phase_spans(v["record"], v["clock_t0"]))
+    for col in range(len(columns)):
+        ax = axes[0][col]
+        ax.set_title("host memory of the rank" if col == 0 else "device memory of the rank", fontsize=10)
+        handles, labels = ax.get_legend_handles_labels()
+        handles += [plt.Rectangle((0, 0), 1, 1, color=phase_color(k), alpha=0.3) for k in kinds]
+        ax.legend(handles, labels + list(kinds), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _node_row(axes[-1], views, origin, scale, unit)
+    fig.suptitle(title or "Memory over time", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
 
-def _span(ranks: Sequence[Dict]) -> float:
-    return max((s["t1"] for rk in ranks for s in rk["timeline"]), default=1.0) or 1.0
+def _values_gib(views) -> List[float]:
+    return [v / m.GIB for view in views for row in (view["series"] or {}).get("points", ()) for v in row[1:] if v]
+
+
+def _time_span(views, origin: float) -> Tuple[float, float]:
+    ends = [
+        view["clock_t0"] - origin + t
+        for view in views
+        for t in [p[0] for p in (view["series"] or {}).get("points", ())[-1:]]
+        + [s["t1"] for s in trace.phase_spans(view["record"], view["clock_t0"])]
+    ]
+    return 0.0, max(ends, default=1.0) or 1.0
+
+
+def _bands(ax, view: Dict, shift: float, span: Optional[Tuple[float, float]]) -> None:
+    """The rank's phases, shaded; named (span given) where the band is wide enough for its name."""
+    for s in trace.phase_spans(view["record"], view["clock_t0"]):
+        color = phase_color(s["kind"])
+        x0, x1 = shift + s["t0"], shift + s["t1"]
+        ax.axvspan(x0, x1, color=color, alpha=0.18, lw=0, hatch="//" if s["partial"] else None)
+        if span and (x1 - x0) >= 0.07 * (span[1] - span[0]):
+            name = s["key"] + (" (died)" if s["partial"] else "")
+            ax.text(x0, 1.0, " " + name, transform=ax.get_xaxis_transform(), fontsize=8, va="top", color=color)
+
+
+def phase_at(view: Dict, t: float) -> str:
+    """The phase a time falls in, else the one it follows ("after load"), else "before start"."""
+    spans = trace.phase_spans(view["record"], view["clock_t0"])
+    inside = next((s["key"] for s in spans if s["t0"] < t <= s["t1"]), None)
+    if inside:
+        return inside
+    before = [s for s in spans if s["t1"] < t]
+    return f"after {before[-1]['key']}" if before else "before the first phase"
+
+
+def _mark_peak(ax, view: Dict, shift: float, field: str, scale: float, unit: str, span) -> None:
+    """The rank's highest reading of `field`, and the phase it fell in (placed inwards near the right edge)."""
+    pts = column(view["series"] or {}, field)
+    if not pts:
+        return
+    t, v = max(pts, key=lambda p: p[1])
+    x, y = shift + t, v / m.GIB * scale
+    right = x > span[0] + 0.7 * (span[1] - span[0])
+    ax.plot([x], [y], "o", color="black", ms=4)
+    ax.annotate(
+        f"peak {y:.3g} {unit} ({phase_at(view, t)})",
+        (x, y),
+        fontsize=8,
+        xytext=(-6 if right else 6, -12),
+        textcoords="offset points",
+        ha="right" if right else "left",
+    )
+
+
+def _node_row(axes, views, origin: float, scale: float, unit: str) -> None:
+    """The node's used memory (total - available: every process on the machine) as each rank read it."""
+    for ax in axes[1:]:
+        ax.axis("off")
+    ax = axes[0]
+    for view in views:
+        pts = column(view["series"] or {}, "node_used")
+        shift = view["clock_t0"] - origin
+        xs, ys = [shift + t for t, _ in pts], [v / m.GIB * scale for _, v in pts]
+        ax.plot(xs, ys, lw=1.0, label=f"read by rank {view['rank']}")
+    ax.set_ylabel(f"node used ({unit})")
+    ax.set_xlabel("seconds since the job's first rank started")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)

@@ -20,7 +20,17 @@ from dsexp.core.schema import stack_label
 from dsexp.core.trims import active as trims_active
 
 SUMMARY_MD, SUMMARY_CSV, PLOTS = "summary.md", "summary.csv", "plots"
-FILES = {"per_device": "per_device_vs_tp.png", "host": "host_vs_tp.png", "timeline": "timeline.png"}
+FILES = {"per_device": "per_device_vs_tp.png", "host": "host_vs_tp.png"}
+TRACE_NOTE = (
+    "Each job's folder also holds `trace.json`, the same curves and phases as a Chrome trace (a track per rank, "
+    "phases as slices, memory as counters): open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing; "
+    "it is in the job's MLflow run too."
+)
+
+
+def memory_plot(index: int) -> str:
+    """The file name of the n-th run's memory-over-time plot in plots/ (attached to its MLflow run as well)."""
+    return f"memory_{index:02d}.png"
 
 
 def write_report(
@@ -42,8 +52,9 @@ def write_report(
     (out / PLOTS).mkdir(parents=True, exist_ok=True)
     extra = extrapolate(rows)
     figures = write_plots(rows, extra, out / PLOTS)
+    memory = write_memory_plots(rows, out / PLOTS)
     parent, view = mlflow.view(rows) if mlflow else (None, None)
-    parts = sections(rows, extra, figures)
+    parts = sections(rows, extra, figures, memory)
     (out / SUMMARY_MD).write_text(render_markdown(rows, parts, source or str(sweep_dir), parent, view))
     frame(rows).to_csv(out / SUMMARY_CSV, index=False)
     if mlflow:
@@ -535,7 +546,9 @@ def _floor_check(row: Row) -> List[str]:
     ]
 
 
-def sections(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path]) -> Dict[str, str]:
+def sections(
+    rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path], memory: Optional[Dict[int, Path]] = None
+) -> Dict[str, str]:
     """The report's sections by name (markdown, heading included); `python -m dsexp.report --print NAME` prints one."""
     gpu = any(m.on_gpu(r.result) for r in rows)
     weights = ["## Weights per rank: predicted vs measured", "", weights_table(rows), ""]
@@ -575,6 +588,7 @@ def sections(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path
         "predicted": ["## Predicted at tp values not run", "", extrapolation_table(extra, gpu, rows), ""],
         "diagnosis": diagnosis,
         "plots": ["## Plots", ""] + [f"![{k}]({PLOTS}/{p.name})" for k, p in figures.items()] + [""],
+        "memory": memory_section(rows, memory or {}),
         "definitions": [
             "## Definitions",
             "",
@@ -596,6 +610,30 @@ def sections(rows: List[Row], extra: List[Extrapolated], figures: Dict[str, Path
         ],
     }
     return {name: "\n".join(lines) for name, lines in parts.items() if lines}
+
+
+def memory_section(rows: List[Row], memory: Dict[int, Path]) -> List[str]:
+    """Each run's memory against time, per rank, with its phases (failed runs too: up to where their ranks got)."""
+    if not memory:
+        return []
+    out = ["## Memory over time", "", MEMORY_NOTE, "", TRACE_NOTE, ""]
+    for i, path in memory.items():
+        r = rows[i]
+        out += [f"### `{r.label}` ({_status_word(r.result)})", "", f"![memory over time]({PLOTS}/{path.name})", ""]
+    return out
+
+
+MEMORY_NOTE = (
+    "Per rank, what the background sampler read every 10 ms, kept where a value moved by more than 0.2% (1 MiB at "
+    "least) or a second passed, with every phase's peak reading: host RSS and its private (anonymous) part, on a GPU "
+    "NVML's device and process figures and torch's reserved and allocated; below, the node's used memory (every "
+    "process on the machine). Shaded: the rank's phases (hatched: the one a rank died in)."
+)
+
+
+def _status_word(result: Dict[str, Any]) -> str:
+    failure = result.get("failure") or {}
+    return "ok" if result.get("status") == "ok" else f"failed: {failure.get('cause') or result.get('status')}"
 
 
 def trims_table_note(gpu: bool) -> str:
@@ -672,16 +710,21 @@ def write_plots(rows: List[Row], extra: List[Extrapolated], folder: Path) -> Dic
         for s in series.values():
             if s["predicted"] and s["measured"]:
                 s["predicted"].insert(0, max(s["measured"], key=lambda p: p[0]))
-    figures = {
+    return {
         "per_device": plots.per_device_vs_tp(per_dev, gpu, folder / FILES["per_device"]),
         "host": plots.host_vs_tp(host, node, folder / FILES["host"]),
     }
-    pick = _timeline_run(rows)
-    if pick is not None:
-        t = plots.timeline(pick.result, folder / FILES["timeline"], f"Phase timeline: {pick.label}")
-        if t:
-            figures["timeline"] = t
-    return figures
+
+
+def write_memory_plots(rows: List[Row], folder: Path) -> Dict[int, Path]:
+    """{row index: its memory-over-time plot}, for every run whose ranks left a timeline or a series."""
+    out = {}
+    for i, r in enumerate(rows):
+        title = f"Memory over time: {r.label} ({_status_word(r.result)})"
+        path = _safe(lambda: plots.memory_timeline(r.result, folder / memory_plot(i), title))
+        if path is not None:
+            out[i] = path
+    return out
 
 
 def _floors(rows: List[Row], extra: List[Extrapolated], gpu: bool) -> Dict[str, list]:
@@ -709,8 +752,3 @@ def _safe(fn: Callable):
         return fn()
     except Exception:
         return None
-
-
-def _timeline_run(rows: List[Row]) -> Optional[Row]:
-    best = recommend(rows)["per_device"]
-    return best.row if best else next((r for r in sorted(rows, key=lambda r: -r.tp) if m.ranks(r.result)), None)

@@ -128,6 +128,7 @@ def _validate_pipeline(spec: JobConfig, device: str) -> None:
             f"zero.offload={spec.zero.offload} needs zero.stage=3 (DeepSpeed offloads parameters only "
             f"in stage 3), got zero.stage={spec.zero.stage}; set zero.stage=3 or zero.offload=none"
         )
+    _validate_snapshot(spec, device)
     if device == "cpu" and spec.dtype == "fp16":
         raise ConfigError(
             "dtype=fp16 on device=cpu: DeepSpeed's CPU accelerator supports fp32 and bf16 only here; "
@@ -254,6 +255,24 @@ def gpu_memory_total() -> Optional[int]:
         return total
     except Exception:
         return None
+
+
+def _validate_snapshot(spec: JobConfig, device: str) -> None:
+    """probe.memory_snapshot records PyTorch's CUDA caching allocator: there is none on a CPU run."""
+    probe = spec.probe
+    if not probe.memory_snapshot:
+        return
+    if device == "cpu":
+        raise ConfigError(
+            "probe.memory_snapshot=true on device=cpu: PyTorch memory snapshots record the CUDA caching allocator, "
+            "which a CPU run does not use; the memory-over-time series (ranks/rank{N}.series.jsonl, trace.json) "
+            "is recorded on every device; run on a GPU machine or set probe.memory_snapshot=false"
+        )
+    if probe.snapshot_max_entries < 1 or probe.snapshot_max_mb <= 0:
+        raise ConfigError(
+            f"probe.snapshot_max_entries={probe.snapshot_max_entries}, probe.snapshot_max_mb={probe.snapshot_max_mb}: "
+            "both must be > 0"
+        )
 
 
 def _validate_load(spec: JobConfig) -> None:

@@ -60,6 +60,20 @@ def write_json_atomic(path: Path, data: Any, fsync: bool = True) -> None:
         raise
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace a file's text at once (temp file + rename, no fsync): a reader sees the old text or the new."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def read_json(path: Path) -> Optional[dict]:
     try:
         with open(path) as f:

@@ -89,6 +89,11 @@ class ProbeConfig:
     # One tiny all_reduce at the end of `start` (GPU), read before and after: it creates the NCCL communicator, so
     # the memory it takes is measured apart. null: only when tp > 1 (a 1-rank job has no communicator otherwise).
     first_collective: Optional[bool] = None
+    # GPU: a PyTorch memory snapshot per rank and phase (ranks/snapshots/rank{N}_{phase}.pickle, for
+    # pytorch.org/memory_viz): at most snapshot_max_entries allocator events a phase, no file over snapshot_max_mb.
+    memory_snapshot: bool = False
+    snapshot_max_entries: int = 50000
+    snapshot_max_mb: float = 256.0
 
 
 @dataclass

@@ -30,13 +30,14 @@ from dsexp.core.checkpoint import checkpoint_problem
 from dsexp.core.fs import read_json, write_json_atomic
 from dsexp.core.protocol import RESULT, STACK_IMPORT_ERROR, write_job_file
 from dsexp.core.schema import JobConfig, dtype_conversion
+from dsexp.core.series import read_job_series
 from dsexp.job import correctness, failures, scripts, slurm, teardown
 from dsexp.job.launch import run_ranks
 from dsexp.job.roles import RoleFailed
 from dsexp.job.stacks import StackError, prepare_stack
 
 ATTEMPTS = Path(".dsexp") / "attempts"
-_ATTEMPT_FILES = (RESULT, "job.json", "launcher.log", "ranks", "reference")
+_ATTEMPT_FILES = (RESULT, "job.json", "launcher.log", "ranks", "reference", "trace.json")
 
 
 def job_key(spec: JobConfig) -> str:
@@ -212,6 +213,7 @@ def run_job(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
+        write_job_trace(job_dir, result, spec.tp)
         result["wall_s"] = time.perf_counter() - t0
         result["clock"] = {"started": result["started"], "ended": time.time()}
         if result.get("packed") is None:
@@ -223,6 +225,23 @@ def run_job(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
         else:
             write_json_atomic(job_dir / RESULT, result)
     return result
+
+
+def write_job_trace(job_dir: Path, result: Dict[str, Any], world_size: int) -> None:
+    """trace.json from what the ranks left, whatever the outcome (a job stopped from outside has not read their
+    records or series yet: they are read here); result["trace"] names it. Never raises: the result comes first."""
+    if not (job_dir / "ranks").is_dir():
+        return
+    try:
+        from dsexp.analysis.trace import TRACE, write_trace
+
+        if "series" not in result:
+            result["series"] = read_job_series(job_dir, world_size)
+        view = result if result.get("ranks") else {**result, "ranks": records.read_rank_records(job_dir, world_size)}
+        if write_trace(view, job_dir / TRACE):
+            result["trace"] = TRACE
+    except Exception as e:
+        result["trace_error"] = f"{type(e).__name__}: {e}"[:500]
 
 
 def _packing(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path]):
@@ -360,6 +379,7 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     ranks = records.read_rank_records(job_dir, spec.tp)
     tails = failures.log_tails(job_dir, spec.tp)
     result["ranks"] = ranks
+    result["series"] = read_job_series(job_dir, spec.tp)
     result["metrics"] = records.aggregate_metrics(ranks)
     new_tokens = scripts.new_tokens(ranks) if spec.workload == "script" else spec.generate.new_tokens
     result["headline"] = records.headline(result["metrics"], ranks, new_tokens, spec.shared_gpu)

@@ -22,6 +22,7 @@ from dsexp.rank.faults import maybe_inject  # noqa: E402
 from dsexp.rank.isolation import hide_job_side_packages  # noqa: E402
 from dsexp.rank.output import redirect_output  # noqa: E402
 from dsexp.rank.probes.phases import PhaseRecorder  # noqa: E402
+from dsexp.rank.probes.snapshots import snapshot_options  # noqa: E402
 from dsexp.rank.probes.software import software  # noqa: E402
 from dsexp.rank.shared_gpu import setup_rank  # noqa: E402
 from dsexp.rank.workloads import get_workload  # noqa: E402
@@ -95,6 +96,7 @@ def main(argv=None) -> int:
         spec.probe.sample_ms,
         spec.probe.see_memory_usage,
         spec.probe.nvidia_smi,
+        snapshot_options(spec.probe),
     )
     ctx = RankContext(spec, rank, local_rank, world, job_dir, Path(runtime["model_dir"]), runtime)
     workload = get_workload(runtime.get("workload", "pipeline"))

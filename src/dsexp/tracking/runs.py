@@ -204,6 +204,16 @@ class Tracker:
     def log_artifact_dir(self, run_id: str, path: Path, artifact_path: Optional[str] = None) -> None:
         retry(lambda: self.client.log_artifacts(run_id, str(path), artifact_path))
 
+    def log_artifact_as(self, run_id: str, path: Path, name: str) -> None:
+        """One file, under another name at the run's artifact root (MLflow keeps a file's own name)."""
+        import shutil
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = Path(tmp) / name
+            shutil.copyfile(path, copy)
+            retry(lambda: self.client.log_artifact(run_id, str(copy)))
+
 
 SLURM_TAGS = ("job_id", "node", "nodelist", "state", "partition")
 SLURM_METRICS = ("submit_to_start_s", "sbatch_to_start_s", "sbatch_to_task_s")

@@ -10,9 +10,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from dsexp.analysis import measured as m
 from dsexp.analysis.matrix import OUTSIDE_COLUMNS, Row, recommend
-from dsexp.analysis.report import PLOTS, SUMMARY_CSV, SUMMARY_MD, write_report
+from dsexp.analysis.report import PLOTS, SUMMARY_CSV, SUMMARY_MD, memory_plot, write_report
 from dsexp.tracking.runs import Tracker, retry
 
+CHILD_MEMORY_PLOT = "memory_over_time.png"  # each job run's own copy of its plot from the report
 CHILD_METRICS = {
     "pred.weights_gib": "pred_weights_gib",
     "pred.weights_err_pct": "weights_err_pct",
@@ -83,8 +84,8 @@ def mlflow_view(tracker, parent: Dict[str, Any], rows: List[Row]) -> Optional[st
 
 
 def log_to_mlflow(tracker, parent: Dict[str, Any], out: Path, rows: List[Row]) -> None:
-    """Report files as artifacts of the parent run (report/), the recommendation on it; prediction and
-    diagnosis on each child run logged in the same store."""
+    """Report files as artifacts of the parent run (report/), the recommendation on it; prediction, diagnosis and
+    the memory-over-time plot on each child run logged in the same store."""
     client, rid = tracker.client, parent["run_id"]
     for name in (SUMMARY_MD, SUMMARY_CSV):
         retry(lambda: client.log_artifact(rid, str(out / name), "report"))
@@ -105,7 +106,7 @@ def log_to_mlflow(tracker, parent: Dict[str, Any], out: Path, rows: List[Row]) -
                 "best_host_peak_gib": m.headline(best.result, "host_peak_gib") or float("nan"),
             },
         )
-    for r in rows:
+    for i, r in enumerate(rows):
         tracking = r.result.get("tracking") or {}
         child = tracking.get("run_id")
         if not child or tracking.get("uri") not in (None, parent["uri"]):
@@ -113,6 +114,9 @@ def log_to_mlflow(tracker, parent: Dict[str, Any], out: Path, rows: List[Row]) -
         v = r.values()
         tracker.log_metrics(child, {name: v[k] for name, k in CHILD_METRICS.items() if v[k] is not None})
         retry(lambda: client.set_tag(child, "dsexp.diagnosis", v["diagnosis"][:4900] or "-"))
+        plot = out / PLOTS / memory_plot(i)
+        if plot.is_file():
+            tracker.log_artifact_as(child, plot, CHILD_MEMORY_PLOT)
 
 
 class ParentRun:

@@ -91,6 +91,21 @@ def outside_reading(device_index: int, nvml: NvmlDevice) -> Dict[str, Optional[i
     }
 
 
+def allocator_reading(device_index: int) -> Dict[str, int]:
+    """torch's allocated and reserved bytes now, for the memory series: host-side counters, no synchronize (the
+    sampler's thread reads them while the rank computes). One call builds the allocator's nested stats dict, not
+    the flattened one torch.cuda.memory_allocated builds from it."""
+    import torch
+
+    stats = torch.cuda.memory_stats_as_nested_dict(device_index)
+    if not stats:  # the allocator is not initialised yet
+        return {}
+    return {
+        "gpu_alloc": stats["allocated_bytes"]["all"]["current"],
+        "gpu_reserved": stats["reserved_bytes"]["all"]["current"],
+    }
+
+
 def reset_torch_peaks(device_index: int) -> None:
     import torch
 

@@ -9,7 +9,13 @@ when it was last alive.
 
 Timeline times are seconds after `clock.t0` (epoch seconds: the worker's first line ran then); `clock.created`
 is when the process was created and `clock.finished` when the record was complete, so the job can place a
-rank's start-up and exit on its own clock.
+rank's start-up and exit on its own clock. A phase's t0 and t1 are the stamps of the sampler's readings that
+open and close its peak window, so the phase's peaks come from readings within [t0, t1].
+
+The rank's memory over time (dsexp.rank.probes.series) goes to `rank{N}.series.jsonl`, flushed with the live
+file and the rank file, so a rank that dies keeps its curve up to its last heartbeat. On a GPU with
+`memory_snapshot`, every phase end also dumps a PyTorch memory snapshot (dsexp.rank.probes.snapshots), after
+the phase's own readings, and lists it in the phase's record.
 """
 
 from __future__ import annotations
@@ -27,10 +33,13 @@ import psutil
 from dsexp.core.fs import write_json_atomic
 from dsexp.core.protocol import live_file, rank_file
 from dsexp.core.records import phase_kind
+from dsexp.core.series import GPU_FIELDS, HOST_FIELDS, series_file
 from dsexp.rank.probes import gpu as gpu_probe
 from dsexp.rank.probes.failure_site import failure_site
 from dsexp.rank.probes.host import host_snapshot
 from dsexp.rank.probes.sampler import PeakSampler
+from dsexp.rank.probes.series import MemorySeries
+from dsexp.rank.probes.snapshots import MemorySnapshots
 
 
 class PhaseRecorder:
@@ -44,7 +53,10 @@ class PhaseRecorder:
         sample_ms: float = 10.0,
         see_memory_usage: bool = True,
         nvidia_smi: bool = False,
+        memory_snapshot: Optional[Dict[str, int]] = None,
     ):
+        """memory_snapshot: {"max_entries", "max_bytes"} to dump PyTorch memory snapshots on a GPU, else None."""
+        self.job_dir, self.rank = Path(job_dir), rank
         self.path = rank_file(job_dir, rank)
         self.live_path = live_file(job_dir, rank)
         self.current: Optional[tuple] = None  # (phase name, its perf_counter start)
@@ -53,8 +65,12 @@ class PhaseRecorder:
         self.t_process = t_process
         self.cuda_index: Optional[int] = None
         self.nvml = None
-        self.opts = {"see_memory_usage": see_memory_usage, "nvidia_smi": nvidia_smi}
-        self.sampler = PeakSampler(sample_ms / 1000.0, beat=self._beat)
+        self.snapshots: Optional[MemorySnapshots] = None
+        self.opts = {"see_memory_usage": see_memory_usage, "nvidia_smi": nvidia_smi, "memory_snapshot": memory_snapshot}
+        clock_t0 = time.time() - (time.perf_counter() - t_process)
+        path = series_file(job_dir, rank)
+        self.series = MemorySeries(path, rank, clock_t0, t_process, HOST_FIELDS, sample_ms / 1000.0)
+        self.sampler = PeakSampler(sample_ms / 1000.0, beat=self._beat, series=self.series)
         if sample_ms > 0:  # 0: no background thread (peaks are the phase-end readings)
             self.sampler.start()
         self.record: Dict[str, Any] = {
@@ -71,7 +87,8 @@ class PhaseRecorder:
             "error": None,
             # the rendezvous endpoint names DeepSpeed's CPU shared-memory segments (the job removes them)
             "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
-            "clock": {"t0": time.time() - (time.perf_counter() - t_process), "created": psutil.Process().create_time()},
+            "clock": {"t0": clock_t0, "created": psutil.Process().create_time()},
+            "series": {"file": str(path.relative_to(self.job_dir))},
         }
         self.flush()
 
@@ -82,6 +99,10 @@ class PhaseRecorder:
         self.sampler.nvml = self.nvml
         self.record["device"] = f"cuda:{index}"
         self.record["gpu_uuid"] = self.nvml.uuid
+        self.series.set_fields(HOST_FIELDS + GPU_FIELDS)
+        self.sampler.allocator = lambda: gpu_probe.allocator_reading(index)
+        if self.opts["memory_snapshot"]:
+            self._start_snapshots(self.opts["memory_snapshot"])
 
     @contextlib.contextmanager
     def phase(self, name: str, t0: Optional[float] = None):
@@ -133,11 +154,12 @@ class PhaseRecorder:
                 raise
             self._waited = time.perf_counter() - t
         self.sampler.take()  # discard the gap between phases
-        return time.perf_counter()
+        return self.sampler.closed_at
 
     def _end(self, name: str, t0: float, error: Optional[BaseException] = None) -> None:
-        t1 = time.perf_counter()
-        phase: Dict[str, Any] = {"wall_s": t1 - t0, "peaks": self.sampler.take(), "host": host_snapshot()}
+        peaks = self.sampler.take()
+        t1 = self.sampler.closed_at
+        phase: Dict[str, Any] = {"wall_s": t1 - t0, "peaks": peaks, "host": host_snapshot()}
         if self._waited is not None:
             phase["wait_s"], self._waited = self._waited, None
         if self.cuda_index is not None:
@@ -147,6 +169,8 @@ class PhaseRecorder:
                 phase["gpu"]["nvml_process_used"] = self.nvml.process_used()
             if self.opts["nvidia_smi"]:
                 phase["nvidia_smi"] = gpu_probe.nvidia_smi(self.nvml.uuid)
+        if self.snapshots is not None:
+            phase["memory_snapshot"] = self._dump_snapshot(name)
         if self.opts["see_memory_usage"] and error is None:
             with contextlib.suppress(Exception):
                 from dsexp.rank.probes.see_memory import capture
@@ -177,6 +201,23 @@ class PhaseRecorder:
             {"phase": name, "elapsed_s": time.perf_counter() - t0, "time": time.time(), "peaks": peaks, "host": last},
             fsync=False,
         )
+        self.series.flush()
+
+    def _start_snapshots(self, options: Dict[str, int]) -> None:
+        """Record the allocator's history from now on; a torch that cannot is noted in the record, not fatal."""
+        snapshots = MemorySnapshots(self.job_dir, self.rank, options["max_entries"], options["max_bytes"])
+        try:
+            snapshots.start()
+        except Exception as e:
+            self.record["memory_snapshot_error"] = f"{type(e).__name__}: {e}"[:500]
+        else:
+            self.snapshots = snapshots
+
+    def _dump_snapshot(self, name: str) -> Dict[str, Any]:
+        try:
+            return self.snapshots.dump(name)
+        except Exception as e:  # a probe must never fail the phase it observes
+            return {"error": f"{type(e).__name__}: {e}"[:500]}
 
     def note(self, **fields: Any) -> None:
         self.record.update(fields)
@@ -188,16 +229,21 @@ class PhaseRecorder:
 
     def finish(self, **fields: Any) -> None:
         self.record.update(fields)
+        self.sampler.take()  # the series' last point: the rank's end, not its last change
         self.sampler.stop()
+        if self.snapshots is not None:
+            self.snapshots.stop()
         self.record["sampler"] = {
             "samples": self.sampler.samples,
             "cpu_s": self.sampler.cpu_s,
             "period_s": self.sampler.period_s,
         }
+        self.record["series"].update(self.series.stats())
         if self.record["status"] == "running":
             self.record["status"] = "ok"
         self.record["clock"]["finished"] = time.time()
         self.flush()
 
     def flush(self) -> None:
+        self.series.flush()
         write_json_atomic(self.path, self.record)

@@ -8,13 +8,19 @@ rank's live file). NVML's per-process figure is read every PROCESS_EVERY reading
 `take()` (its query lists every process on the device); the device figure every time. Without
 `start()` there is no thread: each window's peak is the reading `take()` makes at its end
 (`probe.sample_ms=0`, for measuring what the sampler itself costs).
+
+With a `series` (dsexp.rank.probes.series) every reading also goes to the rank's memory-over-time series, with
+the allocator's figures where `allocator` reads them (as often as NVML's per-process figure; they are the series'
+only: the phase records carry torch's own peaks). Each reading is stamped when it is committed, under the lock
+that assigns it to a window, and `take()` reads, commits and closes the window in one step: its stamp
+(`closed_at`) is the window's end, and every reading of the window, in the peaks and in the series, lies before.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 from dsexp.rank.probes.host import ProcFiles
 
@@ -28,9 +34,13 @@ class PeakSampler:
         nvml=None,
         beat: Optional[Callable[[Dict[str, int], Dict[str, int]], None]] = None,
         beat_s: float = 0.5,
+        series=None,
     ):
         self.period_s = period_s
         self.nvml = nvml
+        self.series = series
+        self.allocator: Optional[Callable[[], Dict[str, int]]] = None  # GPU: torch's allocated/reserved now
+        self.closed_at = time.perf_counter()  # stamp of the reading that closed the last window
         self.beat, self.beat_s = beat, beat_s
         self.last: Dict[str, int] = {}
         self._peaks: Dict[str, int] = {}
@@ -41,26 +51,46 @@ class PeakSampler:
         self.cpu_s = 0.0
         self._proc = ProcFiles()
 
-    def _read(self, full: bool) -> Dict[str, int]:
+    def _read(self, full: bool) -> Tuple[Dict[str, int], Dict[str, int]]:
+        """(readings with peaks, readings for the series only)."""
         vals = self._proc.read()
+        sparse = full or self.samples % PROCESS_EVERY == 0
         if self.nvml is not None:
             used = self.nvml.used()
             if used is not None:
                 vals["nvml_device_used"] = used
             # The process list is NVML's slowest query; the device figure (the headline peak) is read every time.
-            proc = self.nvml.process_used() if full or self.samples % PROCESS_EVERY == 0 else None
+            proc = self.nvml.process_used() if sparse else None
             if proc is not None:
                 vals["nvml_process_used"] = proc
-        return vals
+        extra = self._allocator_reading() if sparse else {}
+        return vals, extra
+
+    def _allocator_reading(self) -> Dict[str, int]:
+        """The series' allocator figures; never raises (take() runs at every phase end, in the rank's thread)."""
+        if self.allocator is None or self.series is None:
+            return {}
+        try:
+            return self.allocator()
+        except Exception:
+            return {}
 
     def sample(self, full: bool = False) -> None:
-        vals = self._read(full)
+        vals, extra = self._read(full)
         self.last = vals
         with self._lock:
-            for k, v in vals.items():
-                if v > self._peaks.get(k, -1):
-                    self._peaks[k] = v
-            self.samples += 1
+            self._commit(vals, extra)
+
+    def _commit(self, vals: Dict[str, int], extra: Dict[str, int]) -> float:
+        """Count a reading into the open window (caller holds the lock); return its stamp."""
+        stamp = time.perf_counter()
+        for k, v in vals.items():
+            if v > self._peaks.get(k, -1):
+                self._peaks[k] = v
+        self.samples += 1
+        if self.series is not None:
+            self.series.add(stamp, {**vals, **extra} if extra else vals)
+        return stamp
 
     def _run(self) -> None:
         next_beat = time.monotonic()
@@ -87,10 +117,15 @@ class PeakSampler:
             return {f"{k}_peak": v for k, v in self._peaks.items()}
 
     def take(self) -> Dict[str, int]:
-        """Peaks of the window just ended (including a final, full read now); opens a new window."""
-        self.sample(full=True)
+        """Peaks of the window just ended (including a final, full read now); opens a new window. `closed_at`: the
+        final reading's stamp."""
+        vals, extra = self._read(full=True)
+        self.last = vals
         with self._lock:
+            self.closed_at = self._commit(vals, extra)
             peaks, self._peaks = self._peaks, {}
+            if self.series is not None:
+                self.series.close_window()
         return {f"{k}_peak": v for k, v in peaks.items()}
 
     def stop(self) -> None:

@@ -23,6 +23,7 @@ def start() -> None:
 
     from dsexp.rank.output import redirect_output
     from dsexp.rank.probes.phases import PhaseRecorder
+    from dsexp.rank.probes.snapshots import snapshot_options
     from dsexp.rank.shared_gpu import setup_rank
     from dsexp.rank.workloads.script import hooks
     from dsexp.rank.workloads.script.session import ScriptSession
@@ -36,7 +37,7 @@ def start() -> None:
     spec, runtime = read_job_file(job_dir)
     rec = PhaseRecorder(
         job_dir, rank, world, local_rank, t_process, spec.probe.sample_ms, see_memory_usage=False,
-        nvidia_smi=spec.probe.nvidia_smi,
+        nvidia_smi=spec.probe.nvidia_smi, memory_snapshot=snapshot_options(spec.probe),
     )  # fmt: skip
     rec.note(workload="script", argv=list(sys.argv), **({"shared_gpu": shared} if shared else {}))
     session = ScriptSession(rec, spec, runtime, rank, local_rank)
