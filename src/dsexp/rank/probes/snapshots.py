@@ -15,7 +15,7 @@ import os
 import pickle
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 RECORD = {"enabled": "all", "context": "all", "stacks": "python"}
 
