@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from dsexp.analysis import measured as m
 from dsexp.analysis import plots
 from dsexp.analysis.diagnosis import floor_terms
+from dsexp.analysis.markdown import md_table
 from dsexp.analysis.matrix import Extrapolated, Row, build_rows, extrapolate, main_model, recommend, untrimmed_label
 from dsexp.analysis.memory import predict
 from dsexp.analysis.script_report import scripts_section
@@ -73,17 +74,6 @@ def frame(rows: List[Row]):
     import pandas as pd
 
     return pd.DataFrame([r.values() for r in rows])
-
-
-def md_table(header: Sequence[str], body: Sequence[Sequence[Any]], right: Sequence[bool]) -> str:
-    """A GitHub markdown table; numeric columns right-aligned. Cells are already formatted strings."""
-
-    def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if r else "---" for r in right) + "|"]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in body]
-    return "\n".join(lines)
 
 
 def _num(v: Optional[float], nd: int = 2, scale: float = 1.0) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from dsexp.analysis import measured as m
+from dsexp.analysis.markdown import md_table
 from dsexp.analysis.matrix import Row
 from dsexp.analysis.scripts import first_call, is_script
 
@@ -141,8 +142,6 @@ def scripts_section(rows: List[Row]) -> List[str]:
 
 
 def _table(group: List[Row], base: Optional[Row]) -> str:
-    from dsexp.analysis.report import md_table
-
     gpu = any(m.on_gpu(r.result) for r in group)
     header = [
         "script.fix",

@@ -21,11 +21,11 @@ from dsexp.core.protocol import SCRIPT_JOB_ENV, rank_log, read_job_file
 def start() -> None:
     from pathlib import Path
 
+    import dsexp.rank.workloads.script.hooks as hooks
     from dsexp.rank.output import redirect_output
     from dsexp.rank.probes.phases import PhaseRecorder
     from dsexp.rank.probes.snapshots import snapshot_options
     from dsexp.rank.shared_gpu import setup_rank
-    from dsexp.rank.workloads.script import hooks
     from dsexp.rank.workloads.script.session import ScriptSession
 
     t_process = _process_start()

@@ -21,7 +21,7 @@ import importlib.abc
 import sys
 from typing import Callable, Dict
 
-from dsexp.rank.workloads.script import facts
+import dsexp.rank.workloads.script.facts as facts
 from dsexp.rank.workloads.script.session import ScriptSession
 
 
