@@ -12,7 +12,7 @@ source scripts/gpu/env.sh
 set +e
 ROOT=/tmp/sweeps/shared
 mkdir -p $ROOT
-M="model=internlm2_20b_shapes engine.injection_policy=infer launcher.gpus=1 generate.new_tokens=8 timeout_s=300"
+M="model=internlm2_20b_shapes launcher.gpus=1 generate.new_tokens=8 timeout_s=300"
 M="$M probe.see_memory_usage=false probe.first_collective=true"
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 pack() {
@@ -28,11 +28,11 @@ sweep() {  # sweep NAME OVERRIDES...
     | grep -E "^dsexp: (ok|failed)|^[0-9]+ |^job " || true
   pack
 }
-sweep autotp2 experiment=autotp tp=2 trim=none probe.memory_snapshot=false,true
-sweep autotp2_trim experiment=autotp tp=2 trim=all
+sweep autotp2 experiment=autotp engine.injection_policy=infer tp=2 trim=none probe.memory_snapshot=false,true
+sweep autotp2_trim experiment=autotp engine.injection_policy=infer tp=2 trim=all
 sweep zero3 experiment=zero3 tp=2
-sweep autotp4 experiment=autotp tp=4 trim=all,none
-sweep autotp8 experiment=autotp tp=8 trim=all,none
+sweep autotp4 experiment=autotp engine.injection_policy=infer tp=4 trim=all,none
+sweep autotp8 experiment=autotp engine.injection_policy=infer tp=8 trim=all,none
 python3 scripts/gpu/snapshots_summary.py $ROOT/autotp2 "$OUT/snapshots_overhead" || true
 python3 -m dsexp.analysis.snapshots $ROOT/autotp2 --top 20 --out "$OUT/snapshot_summary.json" || true
 nvidia-smi --query-gpu=memory.used --format=csv
