@@ -149,6 +149,38 @@ def _outside(gpu: Dict[str, Any]) -> Optional[int]:
     return None if proc is None else proc - ((gpu or {}).get("gpu_reserved") or 0)
 
 
+def shared_gpu(result: Dict[str, Any]) -> bool:
+    return bool((result.get("runtime") or {}).get("shared_gpu"))
+
+
+def device_reserve(result: Dict[str, Any], rk: Dict[str, Any]) -> Optional[int]:
+    """What the device holds apart from this rank's process: NVML device used - process used at `start`; where ranks
+    share the GPU that figure holds the other ranks too, so it is the device's use before the job started."""
+    if shared_gpu(result):
+        before = (result.get("baseline") or {}).get("gpu_used") or []
+        gpu = str((rk.get("shared_gpu") or {}).get("gpu", "0"))
+        return before[int(gpu)] if gpu.isdigit() and int(gpu) < len(before) else None
+    start = (phase(rk, "start").get("gpu")) or {}
+    if start.get("nvml_device_used") is None:
+        return None
+    return start["nvml_device_used"] - (start.get("nvml_process_used") or 0)
+
+
+def per_gpu_peak(result: Dict[str, Any], rk: Dict[str, Any]) -> Optional[int]:
+    """The rank's GPU at its peak as NVML counts a device: the device's figure; where ranks share the GPU, the rank's
+    own process peak plus the device's use before the job (what a GPU of its own would have shown)."""
+    phases = (rk.get("phases") or {}).values()
+    if shared_gpu(result):
+        procs = [(ph.get("peaks") or {}).get("nvml_process_used_peak") or (ph.get("gpu") or {}).get("nvml_process_used")
+                 for ph in phases]  # fmt: skip
+        proc = max((p for p in procs if p is not None), default=None)
+        reserve = device_reserve(result, rk)
+        return None if proc is None else proc + (reserve or 0)
+    peaks = [(ph.get("peaks") or {}).get("nvml_device_used_peak") or (ph.get("gpu") or {}).get("nvml_device_used")
+             for ph in phases]  # fmt: skip
+    return max((p for p in peaks if p is not None), default=None)
+
+
 def outside_parts(result: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """Where the device memory outside PyTorch's allocator goes, on the rank with the highest NVML peak (bytes).
 
@@ -181,12 +213,8 @@ def outside_parts(result: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         for name, level in levels:
             parts[name] = None if level is None else level - previous
             previous = previous if level is None else level
-        parts["device_reserve"] = start["nvml_device_used"] - (start.get("nvml_process_used") or 0)
-        peaks = [
-            (ph.get("peaks") or {}).get("nvml_device_used_peak") or (ph.get("gpu") or {}).get("nvml_device_used")
-            for ph in phases.values()
-        ]
-        peak = max((p for p in peaks if p is not None), default=None)
+        parts["device_reserve"] = device_reserve(result, rk)
+        peak = per_gpu_peak(result, rk)
         allocator = max(((ph.get("gpu") or {}).get("gpu_reserved_peak") or 0 for ph in phases.values()), default=0)
         total = sum(v for v in parts.values() if v is not None)
         row = {

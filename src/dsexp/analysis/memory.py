@@ -679,6 +679,8 @@ def nonpytorch_overhead(result: Dict[str, Any]) -> Optional[int]:
     communicator, cuBLAS workspaces, which mostly appear after `start`) plus what the device itself holds apart
     from the process at `start` (NVML device used - process used). Runs without per-process NVML figures fall
     back to the device memory in use after `start`."""
+    from dsexp.analysis.measured import device_reserve
+
     vals = []
     for rk in result.get("ranks") or []:
         phases = (rk or {}).get("phases") or {}
@@ -688,8 +690,9 @@ def nonpytorch_overhead(result: Dict[str, Any]) -> Optional[int]:
             for g in ((ph or {}).get("gpu") or {} for ph in phases.values())
             if g.get("nvml_process_used")
         ]
-        if outside and start.get("nvml_device_used") is not None and start.get("nvml_process_used") is not None:
-            vals.append(max(outside) + start["nvml_device_used"] - start["nvml_process_used"])
+        reserve = device_reserve(result, rk or {})
+        if outside and reserve is not None:
+            vals.append(max(outside) + reserve)
         elif (start.get("nvml_device_used") or start.get("gpu_driver_used")) is not None:
             vals.append(start.get("nvml_device_used") or start.get("gpu_driver_used"))
     return max(vals) if vals else None
