@@ -10,10 +10,11 @@ rank's live file). NVML's per-process figure is read every PROCESS_EVERY reading
 (`probe.sample_ms=0`, for measuring what the sampler itself costs).
 
 With a `series` (dsexp.rank.probes.series) every reading also goes to the rank's memory-over-time series, with
-the allocator's figures where `allocator` reads them (as often as NVML's per-process figure; they are the series'
-only: the phase records carry torch's own peaks). Each reading is stamped when it is committed, under the lock
-that assigns it to a window, and `take()` reads, commits and closes the window in one step: its stamp
-(`closed_at`) is the window's end, and every reading of the window, in the peaks and in the series, lies before.
+the allocator's figures where `allocator` reads them (one reading in ALLOCATOR_EVERY and at every `take()`; they
+are the series' only: the phase records carry torch's own peaks). Each reading is stamped when it is committed,
+under the lock that assigns it to a window, and `take()` reads, commits and closes the window in one step: its
+stamp (`closed_at`) is the window's end, and every reading of the window, in the peaks and in the series, lies
+before.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from typing import Callable, Dict, Optional, Tuple
 from dsexp.rank.probes.host import ProcFiles
 
 PROCESS_EVERY = 5  # readings per NVML per-process reading
+# readings per allocator reading (the series' torch allocated/reserved): one call builds the allocator's whole stats
+# dict, and run once every 10 ms the sampler's Python costs several times what it does warm
+ALLOCATOR_EVERY = 10
 
 
 class PeakSampler:
@@ -63,7 +67,7 @@ class PeakSampler:
             proc = self.nvml.process_used() if sparse else None
             if proc is not None:
                 vals["nvml_process_used"] = proc
-        extra = self._allocator_reading() if sparse else {}
+        extra = self._allocator_reading() if full or self.samples % ALLOCATOR_EVERY == 0 else {}
         return vals, extra
 
     def _allocator_reading(self) -> Dict[str, int]:
