@@ -189,7 +189,7 @@ def init_before(session):
             given["config"] = printable(config)
             fields += sorted(config) if isinstance(config, dict) else []
         out: Dict[str, Any] = {"engine": "init_inference", "given": given, "placement_before": placement(model)}
-        out.update(_model_facts(model))
+        out.update(_model_facts(model, bool(kwargs.get("replace_with_kernel_inject"))))
         out["classes_before"] = _classes(model)
         _trace_fields(session, fields)
         return out
@@ -207,7 +207,7 @@ def initialize_before(args: tuple, kwargs: dict) -> Dict[str, Any]:
         "zero_stage": zero.get("stage") if isinstance(zero, dict) else None,
     }
     if model is not None:
-        out.update(placement_before=placement(model), classes_before=_classes(model), **_model_facts(model))
+        out.update(placement_before=placement(model), classes_before=_classes(model), **_model_facts(model, False))
     return out
 
 
@@ -239,16 +239,20 @@ def _classes(model) -> Dict[str, int]:
     return dict(class_census(model))
 
 
-def _model_facts(model) -> Dict[str, Any]:
-    """What kernel injection and AutoTP find in the model: DeepSpeed's kernel-policy layers (none: injection
-    replaces nothing) and the AutoTP policy (dsexp.models.policy: known layouts, DeepSpeed's parser, the structure)."""
+def _model_facts(model, kernel_inject: bool = False) -> Dict[str, Any]:
+    """What kernel injection would find in the model (DeepSpeed's kernel-policy layers; none: it replaces nothing)
+    and, where it finds none, the AutoTP policy to use instead (dsexp.models.policy: known layouts, DeepSpeed's
+    parser, the structure). Asked only when kernel injection is asked for: both take a second or two."""
+    out: Dict[str, Any] = {"model_class": type(model).__name__, "config": config_summary(model.config)}
+    if not kernel_inject:
+        return out
     from dsexp.models.kernel_policy import kernel_injected_layers
     from dsexp.models.policy import infer_policy
 
-    out: Dict[str, Any] = {"model_class": type(model).__name__, "config": config_summary(model.config)}
     out["kernel_policy_layers"] = kernel_injected_layers(model)
-    found = infer_policy(model)
-    out["autotp_policy"] = {k: found.get(k) for k in ("policy", "source", "why")}
+    if not out["kernel_policy_layers"]:
+        found = infer_policy(model)
+        out["autotp_policy"] = {k: found.get(k) for k in ("policy", "source", "why")}
     return out
 
 
