@@ -6,7 +6,7 @@ was recorded (every run that got through init), and equal tensor by tensor.
 
 Fast: the matrix's census, recorded by the slow test in tests/data/arch_matrix_census.json, against the memory
 model (no launch), and one real run of the InternLM2 layout with no policy given (infer) beside phi3 (fused qkv
-and gate-up, which fails in generate). Slow: the whole matrix, which writes the README table.
+and gate-up, which fails in generate). Slow: the whole matrix, which writes the table in docs/user-guide.md.
 """
 
 from __future__ import annotations
@@ -140,7 +140,13 @@ def write_table(autotp: Dict[str, dict], hf: Dict[str, dict]) -> str:
         lines.append("| " + " | ".join(c.replace("|", "/").replace("\n", " ") for c in row) + " |")
     errs = [weights_error(r) for r in [*autotp.values(), *hf.values()] if m.init_recorded(r)]
     table = "\n".join(lines) + f"\n\nMemory model vs census: worst {max(errs):.2%} over {len(errs)} runs.\n"
-    return publish(table, TABLE, "tests/test_arch_matrix.py::test_architecture_matrix", "arch-matrix")
+    return publish(
+        table,
+        TABLE,
+        "tests/test_arch_matrix.py::test_architecture_matrix",
+        "arch-matrix",
+        ROOT / "docs" / "user-guide.md",
+    )
 
 
 def census_record(res: Dict[str, Any]) -> Dict[str, Any]:

@@ -7,7 +7,7 @@ The faults are `once: true` (transient), so the retries succeed.
 
 The default test runs a subset (no fault, sigkill; a raising rank is in test_tracking_reliability's
 end-to-end test). The slow test runs every fault kind and
-writes the table in results/cpu/fault_matrix.md and the README's reliability section.
+writes the table in results/cpu/fault_matrix.md and in docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -198,7 +198,13 @@ def write_matrix(rows: List[List[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     table = "\n".join(lines) + "\n"
-    return publish(table, MATRIX, "tests/test_faults_cpu.py::test_full_fault_matrix", "fault-matrix")
+    return publish(
+        table,
+        MATRIX,
+        "tests/test_faults_cpu.py::test_full_fault_matrix",
+        "fault-matrix",
+        ROOT / "docs" / "reliability.md",
+    )
 
 
 @pytest.mark.slow

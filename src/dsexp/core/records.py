@@ -143,7 +143,7 @@ def _max_over(metrics: Dict[str, float], quantity: str, phases=PHASES) -> Option
 
 
 def headline(metrics: Dict[str, float], ranks: List[Optional[dict]], new_tokens: int) -> Dict[str, Optional[float]]:
-    """The figures a user compares first. Per-device figures are max over ranks; see README for definitions."""
+    """The figures a user compares first. Per-device figures are max over ranks; definitions: docs/user-guide.md."""
     gpu_peak = _max_over(metrics, "nvml_device_used_peak_gib") or _max_over(metrics, "gpu_driver_used_gib")
     gen_s = metrics.get("generate.wall_s.max")
     return {
