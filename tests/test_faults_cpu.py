@@ -65,6 +65,7 @@ def run_twice(tmp_path: Path, cache_dir: Path, faults, timeout_s: float) -> Dict
         "check.correctness=false",
         f"timeout_s={timeout_s}",
         "hydra.sweep.dir=multirun/faults",
+        "debug=fault",
         "fault=" + ",".join(fault_arg(f) for f, _, _ in faults),
     ]
     out: Dict[str, object] = {"sweep_dir": sweep_dir}
@@ -236,6 +237,7 @@ def test_sigterm_to_the_sweep_tears_its_ranks_down(tmp_path, cache_dir):
             "tp=2",
             "check.correctness=false",
             "timeout_s=600",
+            "debug=fault",
             "fault={rank:1,phase:load,kind:sleep}",
             "hydra.run.dir=out",
         ],

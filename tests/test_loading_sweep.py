@@ -67,7 +67,7 @@ def _tied_head_sweep(tmp_path, cache_dir, stacks: str):
     run_dsexp(
         [
             "-m",
-            "experiment=tiny_qwen2_tied",
+            "model=tiny_qwen2_tied",
             "engine.injection_policy=infer",
             f"stack={stacks}",
             "tp=2",

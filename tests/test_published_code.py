@@ -68,6 +68,7 @@ def poisoned_reference(tmp_path, cache_dir, value: str) -> dict:
             "model=internlm2_tiny",
             "tp=2",
             "load.restore_buffers=false",
+            "debug=fault",
             f"fault={{kind: poison_buffers, value: {value}, roles: true}}",
             f"cache_dir={tmp_path / 'cache'}",
             "hydra.sweep.dir=multirun/poisoned",
