@@ -24,7 +24,7 @@ from dsexp.analysis.diagnosis import diagnose, tensor_differences
 from dsexp.analysis.memory import predict
 from dsexp.core.records import config_label
 
-from conftest import CONF, ROOT, run_dsexp, sweep_results
+from helpers.run import CONF, ROOT, run_dsexp, sweep_results
 from helpers.tables import publish
 
 PRESETS = sorted(p.stem for p in (CONF / "model").glob("tiny_*.yaml"))

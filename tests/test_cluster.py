@@ -15,8 +15,8 @@ from dsexp.core import records
 from dsexp.core.schema import ConfigError
 from dsexp.job import multinode
 
-from conftest import compose
 from helpers.cluster import fake_slurm_bin, mlflow_server
+from helpers.run import compose
 
 SLURM = ["hydra/launcher=dsexp_slurm", "hydra.launcher.partition=gpu"]
 
@@ -139,7 +139,7 @@ def test_sweep_validation_counts_the_gpus_slurm_will_give():
 
     from dsexp.compose.sweep import validate_sweep
 
-    from conftest import CONF
+    from helpers.run import CONF
 
     job = ["tp=2", "engine.kernel_inject=true", "dtype=fp16"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -153,7 +153,8 @@ def test_sweep_validation_counts_the_gpus_slurm_will_give():
     assert len(uneven) == 1 and "launcher.nodes=2" in uneven[0][1]
 
 
-def spec_of(*overrides):
+def composed(*overrides):
+    """The JobConfig as composed, not validated (validation would ask this machine's GPUs)."""
     return to_schema(compose(list(overrides)))
 
 
@@ -167,7 +168,7 @@ def spec_of(*overrides):
 )
 def test_multinode_settings_are_checked(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
-        validate(spec_of(*overrides), gpus=0)
+        validate(composed(*overrides), gpus=0)
 
 
 @pytest.fixture
@@ -184,7 +185,7 @@ def test_torchrun_multinode_command(allocation):
     import sys
 
     job_dir = allocation / "job"
-    spec = spec_of("tp=8", "launcher.nodes=2")
+    spec = composed("tp=8", "launcher.nodes=2")
     assert multinode.slurm_hosts() == ["gpu-a1", "gpu-a2"]
     assert multinode.rank_command(spec, job_dir, 29511, {"OMP_NUM_THREADS": "8"}) == [
         "srun",
@@ -213,7 +214,7 @@ def test_deepspeed_multinode_command_from_the_allocation(allocation):
 
     job_dir = allocation / "job"
     job_dir.mkdir()
-    spec = spec_of("launcher=deepspeed", "tp=8", "launcher.nodes=2")
+    spec = composed("launcher=deepspeed", "tp=8", "launcher.nodes=2")
     cmd = multinode.rank_command(spec, job_dir, 29512, {"OMP_NUM_THREADS": "8", "DS_ACCELERATOR": "cuda"})
     assert cmd == [
         sys.executable,
@@ -246,7 +247,7 @@ def test_deepspeed_multinode_command_from_a_given_hostfile(tmp_path, monkeypatch
     hostfile.write_text("# two boxes\nbox7 slots=8\nbox9 slots=8\n")
     job_dir = tmp_path / "job"
     job_dir.mkdir()
-    spec = spec_of("launcher=deepspeed", "tp=8", "launcher.nodes=2", f"launcher.hostfile={hostfile}")
+    spec = composed("launcher=deepspeed", "tp=8", "launcher.nodes=2", f"launcher.hostfile={hostfile}")
     validate_nodes(spec)
     cmd = multinode.rank_command(spec, job_dir, 29513, {})
     assert cmd[cmd.index("--hostfile") + 1] == str(hostfile) and cmd[cmd.index("--master_addr") + 1] == "box7"
@@ -257,7 +258,7 @@ def test_torchrun_multinode_outside_slurm_says_what_is_missing(tmp_path, monkeyp
     monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
     monkeypatch.delenv("SLURM_NODELIST", raising=False)
     with pytest.raises(RuntimeError, match="needs a SLURM allocation"):
-        multinode.rank_command(spec_of("tp=2", "launcher.nodes=2"), tmp_path, 29514, {})
+        multinode.rank_command(composed("tp=2", "launcher.nodes=2"), tmp_path, 29514, {})
 
 
 def test_only_the_first_submitit_task_runs_the_job(monkeypatch):
@@ -395,7 +396,7 @@ def test_sweep_is_refused_before_submitting_what_no_node_has(monkeypatch):
 
     from dsexp.compose.sweep import validate_sweep
 
-    from conftest import CONF
+    from helpers.run import CONF
 
     cpu_partition(monkeypatch)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):

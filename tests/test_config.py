@@ -9,14 +9,9 @@ import pytest
 import yaml
 
 from dsexp.compose.config import to_schema
-from dsexp.compose.validate import validate
 from dsexp.core.schema import ConfigError
 
-from conftest import CONF, ROOT, compose
-
-
-def spec_of(*overrides, gpus=0):
-    return validate(to_schema(compose(list(overrides))), gpus=gpus)
+from helpers.run import CONF, ROOT, compose, spec_of
 
 
 def test_default_composes_to_cpu_tiny_eager():

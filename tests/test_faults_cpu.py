@@ -21,7 +21,7 @@ import pytest
 
 from dsexp.job import teardown
 
-from conftest import ROOT, run_dsexp, sweep_results
+from helpers.run import ROOT, run_dsexp, sweep_results
 from helpers.tables import publish
 
 # (fault, expected cause, expected phase); rank 1 of 2 always.

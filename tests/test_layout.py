@@ -9,7 +9,7 @@ from typing import Dict, Set
 
 import pytest
 
-from conftest import CONF, ROOT
+from helpers.run import CONF, ROOT
 
 SRC = ROOT / "src" / "dsexp"
 # What each package may import from dsexp (itself included): the stages only ever look back.
@@ -131,7 +131,7 @@ def test_loaders_are_one_set():
 
 
 def test_a_real_rank_imports_nothing_of_the_job_side(tiny_sweep):
-    from conftest import sweep_results
+    from helpers.run import sweep_results
 
     _, sweep_dir, _ = tiny_sweep
     ranks = [rk for res in sweep_results(sweep_dir) for rk in res["ranks"]]
@@ -140,3 +140,19 @@ def test_a_real_rank_imports_nothing_of_the_job_side(tiny_sweep):
         loaded = set(rk["software"]["modules"])
         assert {"torch", "deepspeed", "transformers", "dsexp"} <= loaded
         assert not loaded & set(JOB_SIDE_ONLY), sorted(loaded & set(JOB_SIDE_ONLY))
+
+
+def test_tests_import_shared_code_from_helpers_never_from_conftest():
+    """conftest.py holds fixtures; what tests share as code is in tests/helpers/ (pytest loads conftest itself)."""
+    offenders = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] == "conftest"]
+    assert not offenders

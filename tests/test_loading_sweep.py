@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_dsexp, sweep_results
+from helpers.run import run_dsexp, sweep_results
 
 
 def _by_load(results):

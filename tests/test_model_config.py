@@ -9,12 +9,11 @@ import shutil
 import pytest
 
 from dsexp.compose.config import to_schema
-from dsexp.compose.validate import validate
 from dsexp.core.schema import ConfigError
 from dsexp.models.internlm2 import REMOTE_CODE_DIR, REMOTE_FILES
 from dsexp.models.writer import checkpoint_key, ensure_checkpoint, meta_model
 
-from conftest import CONF, compose
+from helpers.run import CONF, compose, spec_of
 
 MISTRAL = {
     "hidden_size": 128,
@@ -25,10 +24,6 @@ MISTRAL = {
     "vocab_size": 256,
     "max_position_embeddings": 128,
 }
-
-
-def spec_of(*overrides, gpus=0):
-    return validate(to_schema(compose(list(overrides))), gpus=gpus)
 
 
 def dims_arg(dims):

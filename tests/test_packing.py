@@ -21,7 +21,7 @@ from dsexp.core import records
 from dsexp.core.schema import ConfigError
 from dsexp.job import packing
 
-from conftest import CONF, compose, run_dsexp, sweep_results
+from helpers.run import CONF, compose, run_dsexp, sweep_results
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ from dsexp.models.policy import (
 )
 from dsexp.models.writer import meta_model
 
-from conftest import CONF
 from helpers.analysis_cases import TINY, config, result, strategy
+from helpers.run import CONF
 
 ILM2 = {"InternLM2DecoderLayer": ["attention.wo", "feed_forward.w2"]}
 MATRIX = sorted(p.stem for p in (CONF / "experiment").glob("tiny_*.yaml"))

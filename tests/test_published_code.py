@@ -11,7 +11,7 @@ from dsexp.compose.config import to_schema
 from dsexp.core.records import config_label
 from dsexp.rank.compat import transformers_version
 
-from conftest import compose, run_dsexp, sweep_results
+from helpers.run import compose, run_dsexp, sweep_results
 
 
 @pytest.fixture(scope="module")

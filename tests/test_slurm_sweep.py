@@ -18,8 +18,8 @@ from typing import Callable, Dict, List
 
 import pytest
 
-from conftest import run_dsexp, sweep_results
 from helpers.cluster import comparable, mlflow_server
+from helpers.run import run_dsexp, sweep_results
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 

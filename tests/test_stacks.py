@@ -16,7 +16,7 @@ from dsexp.compose.config import to_schema
 from dsexp.core.schema import STACK_PACKAGES, STACK_PRESETS, StackConfig, stack_label, stack_pins
 from dsexp.job import stacks
 
-from conftest import CONF, compose, run_dsexp, sweep_results
+from helpers.run import CONF, compose, run_dsexp, sweep_results
 
 ACCELERATE = "1.13.0"  # any release other than the job environment's, small and pure Python
 

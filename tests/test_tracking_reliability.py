@@ -14,7 +14,7 @@ import pytest
 from dsexp.compose.config import to_schema
 from dsexp.core.fs import read_json, write_json_atomic
 
-from conftest import compose, run_dsexp, sweep_results
+from helpers.run import compose, run_dsexp, sweep_results
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
