@@ -88,7 +88,7 @@ def machine_name() -> str:
 
 
 def gpu_count() -> int:
-    from dsexp.compose.validate import visible_gpus
+    from dsexp.job.devices import visible_gpus
 
     return visible_gpus()
 
@@ -359,7 +359,7 @@ def bench_sampler(workdir: Path, pairs: int, model: str, warm: bool) -> Dict[str
 
 def bench_stacks(workdir: Path, wheelhouse: str = None) -> Dict[str, Any]:
     from dsexp.core.schema import STACK_PRESETS, StackConfig
-    from dsexp.job.stacks import prepare_stack
+    from dsexp.job.overlay import prepare_stack
 
     stack = StackConfig(name="seed", **STACK_PRESETS["seed"], wheelhouse=wheelhouse)
     cache = str(workdir / "stack-cache")

@@ -87,7 +87,7 @@ def bench(sc, work: Path, jobs: int) -> Dict[str, Any]:
         sweep_s = time.perf_counter() - t1
         if proc.returncode:
             raise RuntimeError(f"the sweep failed ({proc.returncode}):\n{(work / 'dsexp.log').read_text()[-3000:]}")
-        from dsexp.job.slurm import epoch
+        from dsexp.job.cluster.slurm import epoch
 
         rows, previous_end = [], None
         for res in sorted(results_from_dir(work / "sw"), key=lambda r: epoch((r.get("slurm") or {}).get("start_time"))):

@@ -200,7 +200,7 @@ def test_slurm_time_limit_is_recorded_and_the_sweep_goes_on(slurm_cluster, tmp_p
 
 
 def slurm_epoch(stamp: str) -> float:
-    from dsexp.job.slurm import epoch
+    from dsexp.job.cluster.slurm import epoch
 
     return epoch(stamp)
 

@@ -86,8 +86,8 @@ def test_four_concurrent_writers_into_a_new_store_lose_no_run(tmp_path):
 def test_sync_logs_only_what_is_missing_and_never_twice(tmp_path):
     from mlflow.tracking import MlflowClient
 
+    from dsexp.tracking.relog import main, sync_sweep
     from dsexp.tracking.runs import Tracker
-    from dsexp.tracking.sync import main, sync_sweep
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sweep = tmp_path / "sweep"

@@ -1,7 +1,7 @@
 # Sourced at the start of every GPU-machine command: install the carried wheels and set the environment.
 # Usage on the device machine (repo root, `.whl` carried): source scripts/gpu/env.sh
 # `.whl` holds the wheels dsexp's job environment needs and the machine's image lacks (DeepSpeed, hydra-core,
-# omegaconf, mlflow-skinny, pydantic and what they import; the list: JOB_WHEELS in src/dsexp/job/stacks.py). Fill
+# omegaconf, mlflow-skinny, pydantic and what they import; the list: JOB_WHEELS in src/dsexp/job/overlay.py). Fill
 # it beforehand on a machine that reaches PyPI, from the repo root (it is git-ignored):
 #   .venv/bin/python -m dsexp.stacks fill-job .whl --python-version 3.12
 set -eo pipefail

@@ -28,7 +28,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         q.add_argument("overrides", nargs="*", help="e.g. stack=seed stack.transformers=4.46.3")
     args = ap.parse_args(argv)
 
-    from dsexp.job.stacks import StackError, fill, fill_job, prepare_stack
+    from dsexp.job.overlay import StackError, fill, fill_job, prepare_stack
 
     try:
         if args.cmd == "fill-job":

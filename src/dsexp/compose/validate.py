@@ -8,7 +8,6 @@ Engine rules come from the engine traits table (dsexp.core.engines).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -18,27 +17,12 @@ from dsexp.core import trims
 from dsexp.core.checkpoint import checkpoint_problem, folder_config
 from dsexp.core.engines import ENGINES, traits
 from dsexp.core.schema import DEVICES, DTYPES, FORMATS, LAUNCHERS, LOADERS, OFFLOADS, ConfigError, JobConfig
+from dsexp.job.devices import visible_gpus
 
 
 def _one_of(key: str, value: Any, allowed) -> None:
     if value not in allowed:
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
-
-
-def visible_gpus() -> int:
-    """GPUs this process may use (NVML, narrowed by CUDA_VISIBLE_DEVICES); 0 without a driver."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        n = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-    except Exception:
-        return 0
-    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if vis is not None:
-        n = min(n, len([v for v in vis.split(",") if v.strip() not in ("", "-1")]))
-    return n
 
 
 def resolve_device(spec: JobConfig, gpus: Optional[int] = None) -> str:
@@ -341,7 +325,7 @@ TRIM_NEEDS = {
 
 def _validate_stack(spec: JobConfig) -> None:
     """A stack's pins against what the engine and the trims need (the pins themselves are checked when the stack is
-    prepared, before any job: dsexp.job.stacks)."""
+    prepared, before any job: dsexp.job.overlay)."""
     needs = [(f"engine={spec.engine.name}", ENGINE_NEEDS.get(spec.engine.name))]
     needs += [(f"trim.{key}=true", need) for key, need in TRIM_NEEDS.items() if getattr(spec.trim, key)]
     for who, need in needs:

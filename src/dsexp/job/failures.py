@@ -36,7 +36,7 @@ CAUSES = (
     "interrupted",
     "stack_error",
     "reference_invalid",
-    # the cluster ended the job (dsexp.job.slurm): recorded by the sweep process from SLURM's final state
+    # the cluster ended the job (dsexp.job.cluster.slurm): recorded by the sweep process from SLURM's final state
     "slurm_cancelled",
     "node_failed",
     "time_limit",

@@ -20,7 +20,8 @@ from typing import Any, Dict, List, Optional
 from dsexp.core import trims
 from dsexp.core.protocol import TOKEN_ENV, WORKER_MODULE
 from dsexp.core.schema import JobConfig
-from dsexp.job import multinode, stacks, teardown
+from dsexp.job import overlay, teardown
+from dsexp.job.cluster import multinode
 
 
 @dataclass
@@ -78,7 +79,7 @@ def rank_env(
     spec: JobConfig, device: str, visible: Optional[str] = None, stack: Optional[Dict[str, Any]] = None
 ) -> Dict[str, str]:
     """Environment the ranks need on top of ours (only these keys are recorded); `stack`: the prepared software
-    stack (dsexp.job.stacks), whose overlay and extension folder the ranks use; `trim.env` last."""
+    stack (dsexp.job.overlay), whose overlay and extension folder the ranks use; `trim.env` last."""
     local = spec.ranks_per_node  # ranks on this node
     threads = max(1, len(os.sched_getaffinity(0)) // local)  # the CPUs this job may use (a SLURM job: its share)
     env = {
@@ -95,7 +96,7 @@ def rank_env(
         env["DS_ACCELERATOR"] = "cuda"
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
-    env.update(stacks.rank_env(stack))
+    env.update(overlay.rank_env(stack))
     env.update({k: trims.env_value(v) for k, v in (spec.trim.env or {}).items()})  # validated: trims.env_problem
     return env
 

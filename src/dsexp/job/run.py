@@ -30,10 +30,11 @@ from dsexp.core.checkpoint import checkpoint_problem
 from dsexp.core.fs import read_json, write_json_atomic
 from dsexp.core.protocol import RESULT, STACK_IMPORT_ERROR, write_job_file
 from dsexp.core.schema import JobConfig, dtype_conversion
-from dsexp.job import correctness, failures, slurm, teardown
+from dsexp.job import correctness, failures, teardown
+from dsexp.job.cluster import slurm
 from dsexp.job.launch import run_ranks
+from dsexp.job.overlay import StackError, prepare_stack
 from dsexp.job.roles import RoleFailed
-from dsexp.job.stacks import StackError, prepare_stack
 
 ATTEMPTS = Path(".dsexp") / "attempts"
 _ATTEMPT_FILES = (RESULT, "job.json", "launcher.log", "ranks", "reference")
@@ -226,7 +227,7 @@ def _packing(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path]):
     """launcher.pack=true in a sweep: hold GPUs of the job's own for the whole job (see dsexp.packing)."""
     if not spec.launcher.pack or sweep_dir is None:
         return contextlib.nullcontext()
-    from dsexp.job import packing
+    from dsexp.job.cluster import packing
 
     return packing.claim(sweep_dir, job_dir, spec.ranks_per_node)
 
@@ -314,7 +315,7 @@ def _preparation_cause(e: Exception) -> str:
 
 
 def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
-    from dsexp.job.packing import gpu_indices
+    from dsexp.job.cluster.packing import gpu_indices
 
     packed = result.get("packed")  # this job's GPUs under launcher.pack=true
     gpus = gpu_indices(packed)
