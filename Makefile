@@ -63,7 +63,7 @@ clean:  ## remove sweep outputs and the local MLflow store (not the model cache)
 
 slurm-up:  ## a throwaway local SLURM cluster in /tmp/dsexp-slurm (root; installs slurm-wlm, munge): eval "$(make -s slurm-up)"
 	.ci/install-slurm.sh
-	$(PY) scripts/slurm_cluster.py start --dir $(SLURM_DIR) --nodes $(SLURM_NODES)
+	$(PY) tests/helpers/slurm_cluster.py start --dir $(SLURM_DIR) --nodes $(SLURM_NODES)
 
 slurm-down:  ## stop it: exactly the daemons slurm-up started; removes its folder
-	$(PY) scripts/slurm_cluster.py stop --dir $(SLURM_DIR)
+	$(PY) tests/helpers/slurm_cluster.py stop --dir $(SLURM_DIR)

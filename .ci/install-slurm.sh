@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI: install Debian's SLURM (slurmctld, slurmd, clients) and munge, quietly and only if missing.
 # Idempotent: a second call with everything present does nothing (no apt-get update either).
-# The test fixture (tests/helpers/slurm.py via scripts/slurm_cluster.py) starts its own daemons from
+# The test fixture (tests/helpers/slurm.py via tests/helpers/slurm_cluster.py) starts its own daemons from
 # a temp folder, so the packaged services must not be started here: a policy-rc.d that refuses
 # service starts is put in place for the install (unless one already exists) and removed afterwards.
 set -euo pipefail

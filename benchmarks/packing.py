@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import ROOT, dsexp, machine_name, results  # noqa: E402
 
 from dsexp.analysis.packed import compare, render  # noqa: E402
-from dsexp.job.packing import gpu_pool  # noqa: E402
+from dsexp.job.cluster.packing import gpu_pool  # noqa: E402
 
 
 def timed_sweep(args: List[str], workdir: Path, name: str) -> float:

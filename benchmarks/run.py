@@ -94,7 +94,7 @@ def machine_name() -> str:
 
 
 def gpu_count() -> int:
-    from dsexp.compose.validate import visible_gpus
+    from dsexp.job.devices import visible_gpus
 
     return visible_gpus()
 
@@ -393,8 +393,8 @@ def sampler_thread_cost(period_s: float, with_series: bool, seconds: float) -> D
     """The rank's sampler thread for `seconds` (main thread asleep), with or without the memory series (flushed
     at every heartbeat, as PhaseRecorder does): CPU of the thread per reading and as a share of a core."""
     from dsexp.core.series import HOST_FIELDS
+    from dsexp.rank.probes.memory_series import MemorySeries
     from dsexp.rank.probes.sampler import PeakSampler
-    from dsexp.rank.probes.series import MemorySeries
 
     with tempfile.TemporaryDirectory() as tmp:
         series = MemorySeries(Path(tmp) / "s.jsonl", 0, time.time(), time.perf_counter(), HOST_FIELDS, period_s)
@@ -416,7 +416,7 @@ def series_alone(period_s: float, kind: str, minutes: float = 10.0) -> Dict[str,
     import random
 
     from dsexp.core.series import HOST_FIELDS, read_series
-    from dsexp.rank.probes.series import MemorySeries
+    from dsexp.rank.probes.memory_series import MemorySeries
 
     rng = random.Random(0)
     n, window, beat = int(minutes * 60 / period_s), int(30 / period_s), int(0.5 / period_s)
@@ -451,7 +451,7 @@ def series_alone(period_s: float, kind: str, minutes: float = 10.0) -> Dict[str,
 
 def bench_stacks(workdir: Path, wheelhouse: str = None) -> Dict[str, Any]:
     from dsexp.core.schema import STACK_PRESETS, StackConfig
-    from dsexp.job.stacks import prepare_stack
+    from dsexp.job.overlay import prepare_stack
 
     stack = StackConfig(name="seed", **STACK_PRESETS["seed"], wheelhouse=wheelhouse)
     cache = str(workdir / "stack-cache")

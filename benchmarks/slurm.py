@@ -2,7 +2,7 @@
 
     python benchmarks/slurm.py [--jobs N] [--machine NAME] [--out DIR] [--keep DIR]
 
-Starts a throwaway one-node SLURM cluster (scripts/slurm_cluster.py: munged, slurmctld, slurmd from a temp
+Starts a throwaway one-node SLURM cluster (tests/helpers/slurm_cluster.py: munged, slurmctld, slurmd from a temp
 folder, stopped at the end), runs `python -m dsexp -m hydra/launcher=dsexp_slurm tp=1 model=tiny variant=...`
 with N jobs (one array; each job asks for the node's 2 CPUs, so they run one after another) and reports per
 job what dsexp records in `result.json["slurm"]`:
@@ -41,7 +41,7 @@ from dsexp.analysis.sources import results_from_dir  # noqa: E402
 
 
 def cluster_script():
-    spec = importlib.util.spec_from_file_location("slurm_cluster", ROOT / "scripts" / "slurm_cluster.py")
+    spec = importlib.util.spec_from_file_location("slurm_cluster", ROOT / "tests" / "helpers" / "slurm_cluster.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["slurm_cluster"] = module
     spec.loader.exec_module(module)
@@ -87,7 +87,7 @@ def bench(sc, work: Path, jobs: int) -> Dict[str, Any]:
         sweep_s = time.perf_counter() - t1
         if proc.returncode:
             raise RuntimeError(f"the sweep failed ({proc.returncode}):\n{(work / 'dsexp.log').read_text()[-3000:]}")
-        from dsexp.job.slurm import epoch
+        from dsexp.job.cluster.slurm import epoch
 
         rows, previous_end = [], None
         for res in sorted(results_from_dir(work / "sw"), key=lambda r: epoch((r.get("slurm") or {}).get("start_time"))):

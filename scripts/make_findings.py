@@ -51,7 +51,7 @@ SEED_REPORTED = [("seed issue, 2 GPUs", 92.87, 37.74), ("seed issue, 4 GPUs", 16
 def report_sections(sweeps: Path) -> Dict[str, str]:
     """Every section of the report on these sweeps, as `python -m dsexp.report SWEEPS --no-mlflow` writes it;
     built once per sweeps folder (into a scratch folder: the committed summary stays as it is)."""
-    from dsexp.analysis.report import write_report
+    from dsexp.analysis.summary import write_report
 
     with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(sys.stderr):
         return write_report(sweeps, out_dir=Path(out), source=str(sweeps))

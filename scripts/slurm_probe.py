@@ -4,7 +4,7 @@
     sudo .venv/bin/python scripts/slurm_probe.py --group basic --out /tmp/probe-basic.json
     groups: basic (ok, ids, arrays, resources, submit-to-start), cancel, timeout, down, two_nodes
 
-Each group starts its own cluster (scripts/slurm_cluster.py) on its own ports and stops it at the end.
+Each group starts its own cluster (tests/helpers/slurm_cluster.py) on its own ports and stops it at the end.
 A scenario submits through `submitit.AutoExecutor(cluster="slurm")` (as hydra-submitit-launcher does),
 waits for `job.result()` in a thread, polls SLURM (scontrol / jobcomp) and submitit (job.state, done())
 every 0.5 s and records the changes, applies the fault, and reads the job's logs for signals and ticks.
@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
 import slurm_cluster as sc  # noqa: E402
 import submitit  # noqa: E402
 

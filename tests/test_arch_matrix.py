@@ -6,7 +6,7 @@ was recorded (every run that got through init), and equal tensor by tensor.
 
 Fast: the matrix's census, recorded by the slow test in tests/data/arch_matrix_census.json, against the memory
 model (no launch), and one real run of the InternLM2 layout with no policy given (infer) beside phi3 (fused qkv
-and gate-up, which fails in generate). Slow: the whole matrix, which writes the README table.
+and gate-up, which fails in generate). Slow: the whole matrix, which writes the table in docs/user-guide.md.
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ from dsexp.analysis.diagnosis import diagnose, tensor_differences
 from dsexp.analysis.memory import predict
 from dsexp.core.records import config_label
 
-from conftest import CONF, ROOT, run_dsexp, sweep_results
+from helpers.run import CONF, ROOT, run_dsexp, sweep_results
 from helpers.tables import publish
 
-PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("tiny_*.yaml"))
+PRESETS = sorted(p.stem for p in (CONF / "model").glob("tiny_*.yaml"))
 CENSUS = Path(__file__).parent / "data" / "arch_matrix_census.json"
 TABLE = ROOT / "results" / "cpu" / "arch_matrix.md"
 TOL = 0.02
 
 
 def preset(name: str) -> Dict[str, Any]:
-    text = (CONF / "experiment" / f"{name}.yaml").read_text()
+    text = (CONF / "model" / f"{name}.yaml").read_text()
     features = re.search(r"^# [^:]+: (.*?)\. Tiny shapes", text, re.M)
     return {**yaml.safe_load(text), "features": features.group(1) if features else ""}
 
@@ -42,7 +42,7 @@ def preset(name: str) -> Dict[str, Any]:
 def has_tp_plan(name: str) -> bool:
     from dsexp.models.presets import config_summary, make_config
 
-    mdl = preset(name)["model"]
+    mdl = preset(name)
     return config_summary(make_config(mdl["arch"], mdl["dims"], "bf16"))["tp_plan"]
 
 
@@ -124,7 +124,7 @@ def cell_hf(res: Dict[str, Any]) -> str:
 
 def write_table(autotp: Dict[str, dict], hf: Dict[str, dict]) -> str:
     head = [
-        "architecture (`experiment=`)",
+        "architecture (`model=`)",
         "features",
         "AutoTP policy (`infer`: source)",
         "AutoTP tp=2",
@@ -135,12 +135,18 @@ def write_table(autotp: Dict[str, dict], hf: Dict[str, dict]) -> str:
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in PRESETS:
-        row = [f"`{name}` ({preset(name)['model']['arch']})", preset(name)["features"]]
+        row = [f"`{name}` ({preset(name)['arch']})", preset(name)["features"]]
         row += cell_autotp(autotp[name]) + [cell_hf(hf.get(name))]
         lines.append("| " + " | ".join(c.replace("|", "/").replace("\n", " ") for c in row) + " |")
     errs = [weights_error(r) for r in [*autotp.values(), *hf.values()] if m.init_recorded(r)]
     table = "\n".join(lines) + f"\n\nMemory model vs census: worst {max(errs):.2%} over {len(errs)} runs.\n"
-    return publish(table, TABLE, "tests/test_arch_matrix.py::test_architecture_matrix", "arch-matrix")
+    return publish(
+        table,
+        TABLE,
+        "tests/test_arch_matrix.py::test_architecture_matrix",
+        "arch-matrix",
+        ROOT / "docs" / "user-guide.md",
+    )
 
 
 def census_record(res: Dict[str, Any]) -> Dict[str, Any]:
@@ -169,7 +175,7 @@ def census_record(res: Dict[str, Any]) -> Dict[str, Any]:
 def test_matrix_census_against_the_memory_model():
     """The census of every matrix run that got through init, replayed against the memory model (no launch)."""
     records = json.loads(CENSUS.read_text())
-    assert len({r["config"]["variant"] for r in records}) >= 10
+    assert len({r["config"]["model"]["name"] for r in records}) >= 10
     for rec in records:
         assert weights_error(rec) <= TOL, config_label(rec["config"])
         assert tensor_differences(rec, predict(rec)) == [], config_label(rec["config"])
@@ -180,7 +186,8 @@ def test_internlm2_layout_with_no_policy_gets_one_and_a_fused_projection_failure
     run_dsexp(
         [
             "-m",
-            "experiment=autotp,tiny_phi3",
+            "experiment=autotp",
+            "model=internlm2_tiny,tiny_phi3",
             "engine.injection_policy=infer",
             "tp=2",
             "hydra.sweep.dir=multirun/s",
@@ -212,19 +219,19 @@ def test_architecture_matrix(tmp_path, cache_dir):
     common = ["tp=2", "check.correctness=true"]
     infer = "engine.injection_policy=infer"
     run_dsexp(
-        ["-m", "experiment=" + ",".join(PRESETS), infer, *common, "hydra.sweep.dir=multirun/a"],
+        ["-m", "model=" + ",".join(PRESETS), infer, *common, "hydra.sweep.dir=multirun/a"],
         tmp_path,
         cache_dir,
         timeout=3000,
     )
     run_dsexp(
-        ["-m", "experiment=" + ",".join(hf_presets), "engine=hf_tp", *common, "hydra.sweep.dir=multirun/h"],
+        ["-m", "model=" + ",".join(hf_presets), "engine=hf_tp", *common, "hydra.sweep.dir=multirun/h"],
         tmp_path,
         cache_dir,
         timeout=3000,
     )
-    autotp = {r["config"]["variant"]: r for r in sweep_results(tmp_path / "multirun" / "a")}
-    hf = {r["config"]["variant"]: r for r in sweep_results(tmp_path / "multirun" / "h")}
+    autotp = {r["config"]["model"]["name"]: r for r in sweep_results(tmp_path / "multirun" / "a")}
+    hf = {r["config"]["model"]["name"]: r for r in sweep_results(tmp_path / "multirun" / "h")}
     assert sorted(autotp) == PRESETS and sorted(hf) == sorted(hf_presets) and len(PRESETS) >= 10
     for res in [*autotp.values(), *hf.values()]:
         check_run(res)
@@ -241,7 +248,7 @@ def test_where_census_and_prediction_differ_the_diagnosis_lists_the_tensors():
     """A mixtral run whose experts were (hypothetically) split: the finding names them, predicted -> measured."""
     import copy
 
-    rec = next(r for r in json.loads(CENSUS.read_text()) if r["config"]["variant"] == "tiny_mixtral")
+    rec = next(r for r in json.loads(CENSUS.read_text()) if r["config"]["model"]["name"] == "tiny_mixtral")
     rec = copy.deepcopy(rec)
     for rk in rec["ranks"]:
         init = rk["phases"]["init"]

@@ -13,10 +13,10 @@ from dsexp.compose.config import to_schema
 from dsexp.compose.validate import validate, validate_nodes
 from dsexp.core import records
 from dsexp.core.schema import ConfigError
-from dsexp.job import multinode
+from dsexp.job.cluster import multinode
 
-from conftest import compose
 from helpers.cluster import fake_slurm_bin, mlflow_server
+from helpers.run import compose
 
 SLURM = ["hydra/launcher=dsexp_slurm", "hydra.launcher.partition=gpu"]
 
@@ -25,14 +25,14 @@ SLURM = ["hydra/launcher=dsexp_slurm", "hydra.launcher.partition=gpu"]
 def no_slurm_controller(monkeypatch):
     """SLURM's answers are the test's own here (a cluster may be up on this machine): by default sinfo knows
     nothing, so requests are as configured."""
-    from dsexp.job import slurm
+    from dsexp.job.cluster import slurm
 
     monkeypatch.setattr(slurm, "partition_nodes", lambda partition=None, fresh=False: None)
 
 
 def cpu_partition(monkeypatch, cpus=2, mem_mb=24105, gpus=0, nodes=1):
     """sinfo answers: `nodes` nodes of `cpus` CPUs, `mem_mb` MiB and `gpus` GPUs (this machine's, by default)."""
-    from dsexp.job import slurm
+    from dsexp.job.cluster import slurm
 
     info = [
         {"name": f"n{i + 1}", "partition": "debug", "cpus": cpus, "mem_mb": mem_mb, "gpus": gpus, "state": "idle"}
@@ -42,7 +42,7 @@ def cpu_partition(monkeypatch, cpus=2, mem_mb=24105, gpus=0, nodes=1):
 
 
 def launcher_params(*overrides):
-    from dsexp.job.cluster_launchers import launcher_params
+    from dsexp.compose.launchers import launcher_params
 
     return launcher_params(compose(list(overrides), hydra=True))
 
@@ -139,7 +139,7 @@ def test_sweep_validation_counts_the_gpus_slurm_will_give():
 
     from dsexp.compose.sweep import validate_sweep
 
-    from conftest import CONF
+    from helpers.run import CONF
 
     job = ["tp=2", "engine.kernel_inject=true", "dtype=fp16"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -153,7 +153,8 @@ def test_sweep_validation_counts_the_gpus_slurm_will_give():
     assert len(uneven) == 1 and "launcher.nodes=2" in uneven[0][1]
 
 
-def spec_of(*overrides):
+def composed(*overrides):
+    """The JobConfig as composed, not validated (validation would ask this machine's GPUs)."""
     return to_schema(compose(list(overrides)))
 
 
@@ -167,7 +168,7 @@ def spec_of(*overrides):
 )
 def test_multinode_settings_are_checked(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
-        validate(spec_of(*overrides), gpus=0)
+        validate(composed(*overrides), gpus=0)
 
 
 @pytest.fixture
@@ -184,7 +185,7 @@ def test_torchrun_multinode_command(allocation):
     import sys
 
     job_dir = allocation / "job"
-    spec = spec_of("tp=8", "launcher.nodes=2")
+    spec = composed("tp=8", "launcher.nodes=2")
     assert multinode.slurm_hosts() == ["gpu-a1", "gpu-a2"]
     assert multinode.rank_command(spec, job_dir, 29511, {"OMP_NUM_THREADS": "8"}) == [
         "srun",
@@ -213,7 +214,7 @@ def test_deepspeed_multinode_command_from_the_allocation(allocation):
 
     job_dir = allocation / "job"
     job_dir.mkdir()
-    spec = spec_of("launcher=deepspeed", "tp=8", "launcher.nodes=2")
+    spec = composed("launcher=deepspeed", "tp=8", "launcher.nodes=2")
     cmd = multinode.rank_command(spec, job_dir, 29512, {"OMP_NUM_THREADS": "8", "DS_ACCELERATOR": "cuda"})
     assert cmd == [
         sys.executable,
@@ -246,7 +247,7 @@ def test_deepspeed_multinode_command_from_a_given_hostfile(tmp_path, monkeypatch
     hostfile.write_text("# two boxes\nbox7 slots=8\nbox9 slots=8\n")
     job_dir = tmp_path / "job"
     job_dir.mkdir()
-    spec = spec_of("launcher=deepspeed", "tp=8", "launcher.nodes=2", f"launcher.hostfile={hostfile}")
+    spec = composed("launcher=deepspeed", "tp=8", "launcher.nodes=2", f"launcher.hostfile={hostfile}")
     validate_nodes(spec)
     cmd = multinode.rank_command(spec, job_dir, 29513, {})
     assert cmd[cmd.index("--hostfile") + 1] == str(hostfile) and cmd[cmd.index("--master_addr") + 1] == "box7"
@@ -257,7 +258,7 @@ def test_torchrun_multinode_outside_slurm_says_what_is_missing(tmp_path, monkeyp
     monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
     monkeypatch.delenv("SLURM_NODELIST", raising=False)
     with pytest.raises(RuntimeError, match="needs a SLURM allocation"):
-        multinode.rank_command(spec_of("tp=2", "launcher.nodes=2"), tmp_path, 29514, {})
+        multinode.rank_command(composed("tp=2", "launcher.nodes=2"), tmp_path, 29514, {})
 
 
 def test_only_the_first_submitit_task_runs_the_job(monkeypatch):
@@ -335,11 +336,11 @@ def test_http_store_takes_job_runs_and_serves_their_artifacts(server, tmp_path):
     assert len(stored) == 1 and stored[0].read_text() == '{"rank": 0}'
 
 
-# --- SLURM on nodes without GPUs: sizing, requeue, what the sweep process records (dsexp.job.slurm) ---
+# --- SLURM on nodes without GPUs: sizing, requeue, what the sweep process records (dsexp.job.cluster.slurm) ---
 
 
 def slurm_request(*overrides):
-    from dsexp.job.cluster_launchers import slurm_request
+    from dsexp.compose.launchers import slurm_request
 
     return slurm_request(compose(["hydra/launcher=dsexp_slurm", *overrides], hydra=True))
 
@@ -363,7 +364,7 @@ def test_sbatch_on_a_partition_without_gpus_asks_for_none_and_sizes_cpus_and_mem
 
 
 def test_slurm_sizing_without_sinfo_follows_the_config(tmp_path):
-    from dsexp.job.cluster_launchers import checkpoint_gib
+    from dsexp.job.cluster.slurm_sweep import checkpoint_gib
 
     cpu = slurm_request("tp=4", "device=cpu", f"hydra.sweep.dir={tmp_path}")[0]
     assert (cpu["gpus_per_node"], cpu["cpus_per_task"], cpu["mem_gb"]) == (None, 5, 8)  # 3 + 4 * (1 + ~0)
@@ -395,7 +396,7 @@ def test_sweep_is_refused_before_submitting_what_no_node_has(monkeypatch):
 
     from dsexp.compose.sweep import validate_sweep
 
-    from conftest import CONF
+    from helpers.run import CONF
 
     cpu_partition(monkeypatch)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -413,7 +414,7 @@ def test_sweep_is_refused_before_submitting_what_no_node_has(monkeypatch):
 
 
 def test_slurm_facts_from_the_job_environment():
-    from dsexp.job import slurm
+    from dsexp.job.cluster import slurm
 
     env = {
         "SLURM_JOB_ID": "14",
@@ -445,7 +446,7 @@ def slurm_record(state, **extra):
 
 
 def test_slurm_times_submit_to_start_and_sbatch_to_start():
-    from dsexp.job import slurm
+    from dsexp.job.cluster import slurm
 
     started = slurm.epoch("2026-01-01T00:00:03") + 0.4
     f = slurm.facts(slurm_record("COMPLETED"), started - 5.0, {"job_id": "7", "started_at": started}, started + 2)
@@ -456,7 +457,7 @@ def test_slurm_times_submit_to_start_and_sbatch_to_start():
 
 
 def test_how_slurm_ended_a_job_becomes_its_cause():
-    from dsexp.job import slurm
+    from dsexp.job.cluster import slurm
 
     reached = {"ranks_at_stop": {"rank0": "generate", "rank1": "generate"}, "memory_reached": {"rank0": {}}}
     interrupted = {"status": "failed", "failure": {"cause": "interrupted", "type": "Interrupted", "message": "x"}}
@@ -483,7 +484,8 @@ def test_how_slurm_ended_a_job_becomes_its_cause():
 
 
 def test_submitits_time_limit_error_is_a_time_limit():
-    from dsexp.job import failures, slurm
+    from dsexp.job import failures
+    from dsexp.job.cluster import slurm
     from dsexp.job.run import _preparation_cause
 
     class UncompletedJobError(Exception):
@@ -497,7 +499,7 @@ def test_submitits_time_limit_error_is_a_time_limit():
 def test_earlier_submissions_are_found_from_submitits_pickles(tmp_path):
     from submitit.core.utils import DelayedSubmission
 
-    from dsexp.job.cluster_launchers import earlier_submissions
+    from dsexp.job.cluster.slurm_sweep import earlier_submissions
 
     folder = tmp_path / ".submitit"
     for jid, num in (("12_0", 0), ("12_1", 3), ("15", 3)):
@@ -528,7 +530,7 @@ def test_sweep_table_shows_slurm_job_node_and_state():
 
 
 def test_a_partition_slurm_does_not_have_is_refused_before_submitting(monkeypatch):
-    from dsexp.job import slurm
+    from dsexp.job.cluster import slurm
 
     monkeypatch.setattr(slurm, "partition_nodes", lambda partition=None, fresh=False: [])
     monkeypatch.setattr(slurm, "partitions", lambda: ["debug", "gpu"])

@@ -11,8 +11,8 @@ import pytest
 
 from dsexp.tracking.runs import read_sweep_state
 
-from conftest import run_dsexp, sweep_results
 from helpers.cluster import comparable, fake_slurm_bin, mlflow_server
+from helpers.run import run_dsexp, sweep_results
 
 pytestmark = pytest.mark.slow
 

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
+import yaml
 
 from dsexp.compose.config import to_schema
-from dsexp.compose.validate import validate
 from dsexp.core.schema import ConfigError
 
-from conftest import CONF, compose
-
-
-def spec_of(*overrides, gpus=0):
-    return validate(to_schema(compose(list(overrides))), gpus=gpus)
+from helpers.run import CONF, ROOT, compose, spec_of
 
 
 def test_default_composes_to_cpu_tiny_eager():
@@ -41,6 +38,53 @@ def test_every_group_option_composes(group):
 def test_experiment_presets_compose(preset):
     cfg = compose([f"experiment={preset}"], hydra=True)
     assert to_schema(cfg).model.name
+
+
+def test_experiment_presets_span_several_groups():
+    """experiment/ keeps presets over several groups; one that only picks a model is a model preset (conf/model/)."""
+    for path in sorted((CONF / "experiment").glob("*.yaml")):
+        node = yaml.safe_load(path.read_text())
+        groups = {
+            next(iter(d)).split("/")[-1]
+            for d in node.get("defaults") or []
+            if isinstance(d, dict) and next(iter(d)).startswith("override /")
+        }
+        inherits = [d for d in node.get("defaults") or [] if isinstance(d, str) and d != "_self_"]
+        keys = set(node) - {"defaults", "variant", "model"}
+        assert inherits or groups - {"model"} or keys, f"{path.name} only picks a model: move it to conf/model/"
+
+
+@pytest.mark.parametrize("preset", [p.stem for p in sorted((CONF / "model").glob("tiny_*.yaml"))])
+def test_tiny_architecture_presets_are_model_presets_that_validate(preset):
+    """model=tiny_<arch>: model=config at tiny shapes; transformers builds its config, and tp=2 splits its heads."""
+    spec = spec_of(f"model={preset}", "tp=2")
+    assert (spec.model.name, spec.variant, spec.model.path) == (preset, None, None)
+    from dsexp.models.presets import make_config
+
+    built = make_config(spec.model.arch, spec.model.dims, spec.model.dtype)
+    assert (built.model_type, built.hidden_size, built.num_hidden_layers) == (spec.model.arch, 128, 2)
+
+
+def test_debug_fast_is_a_quick_functional_run():
+    spec = spec_of("debug=fast")
+    assert (spec.probe.sample_ms, spec.check.correctness, spec.generate.new_tokens) == (0, False, 2)
+    assert spec_of().probe.sample_ms == 10 and spec_of().check.correctness  # the default measures
+
+
+def test_fault_is_a_debug_option_not_a_key_of_the_primary_config():
+    assert "fault" not in compose() and to_schema(compose()).fault is None
+    with pytest.raises(Exception, match="fault"):
+        compose(["fault={rank: 1, phase: load, kind: raise}"])  # only with debug=fault
+    spec = spec_of("debug=fault", "fault={rank: 1, phase: load, kind: raise, once: true}")
+    assert spec.fault == {"rank": 1, "phase": "load", "kind": "raise", "once": True}
+    assert spec_of("debug=fault").fault is None  # the option adds the key; the fault itself is given with it
+
+
+def test_conf_comments_name_files_that_exist():
+    """A config file that points a reader to other config files (e.g. model/config.yaml to the tiny presets)."""
+    for path in sorted(CONF.rglob("*.yaml")):
+        for named in re.findall(r"conf/[\w/]*[\w*]+\.yaml", path.read_text()):
+            assert list(ROOT.glob(named)), f"{path.relative_to(ROOT)} names {named}, which matches no file"
 
 
 def test_tp_is_a_plain_int():

@@ -10,20 +10,14 @@ import traceback
 
 import pytest
 
-from dsexp.compose.config import to_schema
-from dsexp.compose.validate import validate
 from dsexp.core.schema import ConfigError
 from dsexp.job.failures import classify
 
-from conftest import compose, run_dsexp, sweep_results
+from helpers.run import run_dsexp, spec_of, sweep_results
 
 # The multirun fixtures run several jobs of 2 ranks each; on a busy 2-core machine their setup alone can pass
 # the default per-test timeout.
 pytestmark = pytest.mark.timeout(1800)
-
-
-def spec_of(*overrides):
-    return validate(to_schema(compose(list(overrides))), gpus=0)
 
 
 def by_name(results, key):

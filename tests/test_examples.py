@@ -10,8 +10,8 @@ import sys
 
 from dsexp.models.writer import ensure_checkpoint
 
-from conftest import ROOT
 from helpers.analysis_cases import INTERNLM2_TINY as DIMS
+from helpers.run import ROOT
 
 
 def run(folder, tp: int, tmp_path) -> dict:

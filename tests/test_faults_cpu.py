@@ -7,7 +7,7 @@ The faults are `once: true` (transient), so the retries succeed.
 
 The default test runs a subset (no fault, sigkill; a raising rank is in test_tracking_reliability's
 end-to-end test). The slow test runs every fault kind and
-writes the table in results/cpu/fault_matrix.md and the README's reliability section.
+writes the table in results/cpu/fault_matrix.md and in docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 from dsexp.job import teardown
 from dsexp.job.run import ATTEMPTS
 
-from conftest import ROOT, run_dsexp, sweep_results
+from helpers.run import ROOT, run_dsexp, sweep_results
 from helpers.tables import publish
 
 # (fault, expected cause, expected phase); rank 1 of 2 always.
@@ -67,6 +67,7 @@ def run_twice(tmp_path: Path, cache_dir: Path, faults, timeout_s: float) -> Dict
         "check.correctness=false",
         f"timeout_s={timeout_s}",
         "hydra.sweep.dir=multirun/faults",
+        "debug=fault",
         "fault=" + ",".join(fault_arg(f) for f, _, _ in faults),
     ]
     out: Dict[str, object] = {"sweep_dir": sweep_dir}
@@ -219,7 +220,13 @@ def write_matrix(rows: List[List[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     table = "\n".join(lines) + "\n"
-    return publish(table, MATRIX, "tests/test_faults_cpu.py::test_full_fault_matrix", "fault-matrix")
+    return publish(
+        table,
+        MATRIX,
+        "tests/test_faults_cpu.py::test_full_fault_matrix",
+        "fault-matrix",
+        ROOT / "docs" / "reliability.md",
+    )
 
 
 @pytest.mark.slow
@@ -251,6 +258,7 @@ def test_sigterm_to_the_sweep_tears_its_ranks_down(tmp_path, cache_dir):
             "tp=2",
             "check.correctness=false",
             "timeout_s=600",
+            "debug=fault",
             "fault={rank:1,phase:load,kind:sleep}",
             "hydra.run.dir=out",
         ],

@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_dsexp, sweep_results
+from helpers.run import run_dsexp, sweep_results
 
 
 @pytest.mark.gpu
 def test_gpu_faults_leave_device_memory_at_baseline(tmp_path, cache_dir):
     faults = "null,{rank:0,phase:init,kind:alloc_gpu,gib:100000},{rank:0,phase:generate,kind:sigkill}"
     run_dsexp(
-        ["-m", "tp=1", "device=cuda", "check.correctness=false", f"fault={faults}", "hydra.sweep.dir=multirun/g"],
+        [
+            "-m",
+            "tp=1",
+            "device=cuda",
+            "check.correctness=false",
+            "debug=fault",
+            f"fault={faults}",
+            "hydra.sweep.dir=multirun/g",
+        ],
         tmp_path,
         cache_dir,
     )

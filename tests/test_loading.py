@@ -24,7 +24,7 @@ from dsexp.rank.context import RankContext  # noqa: E402
 from dsexp.rank.loading import buffers, files, meta  # noqa: E402
 from dsexp.rank.loading.eager import from_pretrained  # noqa: E402
 
-from conftest import compose  # noqa: E402
+from helpers.run import compose  # noqa: E402
 
 
 def _spec(overrides=()):

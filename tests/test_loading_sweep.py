@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_dsexp, sweep_results
+from helpers.run import run_dsexp, sweep_results
 
 
 def _by_load(results):
@@ -67,7 +67,7 @@ def _tied_head_sweep(tmp_path, cache_dir, stacks: str):
     run_dsexp(
         [
             "-m",
-            "experiment=tiny_qwen2_tied",
+            "model=tiny_qwen2_tied",
             "engine.injection_policy=infer",
             f"stack={stacks}",
             "tp=2",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_dsexp
+from helpers.run import ROOT, run_dsexp
 
 CHROMIUM_FLAGS = [
     "--headless",

@@ -7,14 +7,14 @@ import json
 import shutil
 
 import pytest
+import yaml
 
 from dsexp.compose.config import to_schema
-from dsexp.compose.validate import validate
 from dsexp.core.schema import ConfigError
 from dsexp.models.internlm2 import REMOTE_CODE_DIR, REMOTE_FILES
 from dsexp.models.writer import checkpoint_key, ensure_checkpoint, meta_model
 
-from conftest import CONF, compose
+from helpers.run import CONF, compose, spec_of
 
 MISTRAL = {
     "hidden_size": 128,
@@ -25,10 +25,6 @@ MISTRAL = {
     "vocab_size": 256,
     "max_position_embeddings": 128,
 }
-
-
-def spec_of(*overrides, gpus=0):
-    return validate(to_schema(compose(list(overrides))), gpus=gpus)
 
 
 def dims_arg(dims):
@@ -94,11 +90,14 @@ def test_config_folder_checks(tmp_path):
 
 
 def test_the_matrix_presets_are_model_config():
-    presets = sorted(p.stem for p in (CONF / "experiment").glob("tiny_*.yaml"))
+    """conf/model/tiny_<arch>.yaml build on model/config: an architecture and dims, random weights, no folder."""
+    presets = sorted(p.stem for p in (CONF / "model").glob("tiny_*.yaml"))
     assert len(presets) >= 10
     for name in presets:
-        spec = to_schema(compose([f"experiment={name}"]))
-        assert spec.model.name == "config" and spec.model.arch and spec.variant == name
+        assert yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text())["defaults"][0] == "config"
+        spec = to_schema(compose([f"model={name}"]))
+        assert spec.model.name == name and spec.model.arch and spec.model.dims and spec.variant is None
+        assert spec.model.path is None and spec.model.config_path is None
 
 
 def test_config_folder_is_written_with_its_code_and_keyed_by_its_content(tmp_path):

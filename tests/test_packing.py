@@ -19,9 +19,9 @@ from dsexp.compose.config import to_schema
 from dsexp.compose.validate import validate
 from dsexp.core import records
 from dsexp.core.schema import ConfigError
-from dsexp.job import packing
+from dsexp.job.cluster import packing
 
-from conftest import CONF, compose, run_dsexp, sweep_results
+from helpers.run import CONF, compose, run_dsexp, sweep_results
 
 
 @pytest.fixture

@@ -23,15 +23,15 @@ from dsexp.models.policy import (
 )
 from dsexp.models.writer import meta_model
 
-from conftest import CONF
 from helpers.analysis_cases import TINY, config, result, strategy
+from helpers.run import CONF
 
 ILM2 = {"InternLM2DecoderLayer": ["attention.wo", "feed_forward.w2"]}
-MATRIX = sorted(p.stem for p in (CONF / "experiment").glob("tiny_*.yaml"))
+MATRIX = sorted(p.stem for p in (CONF / "model").glob("tiny_*.yaml"))  # the architecture matrix's presets
 
 
 def preset_model(name: str):
-    m = yaml.safe_load((CONF / "experiment" / f"{name}.yaml").read_text())["model"]
+    m = yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text())
     return meta_model(m["arch"], m["dims"], "bf16")[1]
 
 
@@ -52,6 +52,10 @@ def test_internlm2_is_known_and_the_rule_derives_the_same_where_deepspeed_finds_
     assert rule == ILM2 and "attention.wo" in why and "feed_forward.w2" in why
     out = infer_policy(model)
     assert (out["policy"], out["source"], out["agrees"]) == (ILM2, "known", True)
+
+
+def test_the_matrix_is_there():
+    assert len(MATRIX) >= 10 and "tiny_gpt2" in MATRIX
 
 
 @pytest.mark.parametrize("preset", MATRIX)

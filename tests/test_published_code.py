@@ -11,7 +11,7 @@ from dsexp.compose.config import to_schema
 from dsexp.core.records import config_label
 from dsexp.rank.compat import transformers_version
 
-from conftest import compose, run_dsexp, sweep_results
+from helpers.run import compose, run_dsexp, sweep_results
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +68,7 @@ def poisoned_reference(tmp_path, cache_dir, value: str) -> dict:
             "model=internlm2_tiny",
             "tp=2",
             "load.restore_buffers=false",
+            "debug=fault",
             f"fault={{kind: poison_buffers, value: {value}, roles: true}}",
             f"cache_dir={tmp_path / 'cache'}",
             "hydra.sweep.dir=multirun/poisoned",

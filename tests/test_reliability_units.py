@@ -27,7 +27,7 @@ from dsexp.job.failures import classify, hang_site, launcher_exits
 from dsexp.job.launch import kill_group
 from dsexp.job.run import archive_attempt, find_ok_result
 
-from conftest import compose
+from helpers.run import compose
 
 
 def test_reap_finds_a_rank_that_left_the_launchers_process_group(tmp_path):
@@ -254,7 +254,7 @@ def test_retry_archives_the_earlier_attempt_and_resume_finds_ok_ones(tmp_path):
 
 
 def test_multirun_names_the_allowed_options_of_an_unknown_group_option(tmp_path, cache_dir):
-    from conftest import run_dsexp
+    from helpers.run import run_dsexp
 
     proc = run_dsexp(["-m", "model=tiny,huge", "hydra.sweep.dir=multirun/u"], tmp_path, cache_dir, check=False)
     assert proc.returncode == 2

@@ -9,8 +9,8 @@ import pytest
 
 from dsexp.analysis.matrix import build_rows, extrapolate, recommend
 from dsexp.analysis.memory import predict
-from dsexp.analysis.report import write_report
-from dsexp.tracking.sources import _value
+from dsexp.analysis.summary import write_report
+from dsexp.tracking.readback import _value
 
 from helpers.analysis_cases import GIB, config, result
 
@@ -238,7 +238,7 @@ def test_recommendation_states_offload_costs_ties_and_floor():
     assert picks["per_device"].row.strategy.startswith("offload")
     plain = picks["per_device_no_offload"]
     assert plain.row.strategy.startswith("b/") and [r.strategy[0] for r in plain.tied] == ["b", "a"]
-    from dsexp.analysis.report import recommendation
+    from dsexp.analysis.summary import recommendation
 
     text = "\n".join(recommendation(rows, []))
     assert (

@@ -12,7 +12,7 @@ from dsexp.analysis.measured import weights_per_rank
 from dsexp.analysis.memory import predict
 from dsexp.report import main
 
-from conftest import sweep_results
+from helpers.run import sweep_results
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from dsexp.core.records import config_label
 from dsexp.core.schema import ConfigError
 from dsexp.job.run import job_key, prepare_model
 
-from conftest import compose, run_dsexp, sweep_results
+from helpers.run import compose, run_dsexp, sweep_results
 from helpers.user_scripts import write_script, write_seed_main
 
 TINY_INTERNLM2 = ["model=internlm2_tiny"]

@@ -13,7 +13,7 @@ from dsexp.compose.config import to_schema
 from dsexp.compose.validate import validate
 from dsexp.core.schema import ConfigError
 
-from conftest import CONF, ROOT, compose
+from helpers.run import CONF, ROOT, compose
 
 SOURCES = sorted((ROOT / "src").rglob("*.py")) + sorted((ROOT / "scripts").rglob("*.py"))
 SUBPROCESS = {"run", "Popen", "call", "check_call", "check_output"}

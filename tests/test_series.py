@@ -8,9 +8,9 @@ import random
 import time
 
 from dsexp.core.series import column, read_series, series_file
+from dsexp.rank.probes.memory_series import MAX_GAP_S, MemorySeries
 from dsexp.rank.probes.phases import PhaseRecorder
 from dsexp.rank.probes.sampler import ALLOCATOR_EVERY, PeakSampler
-from dsexp.rank.probes.series import MAX_GAP_S, MemorySeries
 
 MIB = 2**20
 FIELDS = ("host_rss", "host_anon", "node_used")

@@ -1,4 +1,4 @@
-"""The real SLURM test cluster (scripts/slurm_cluster.py, tests/helpers/slurm.py): start, jobs, faults, stop.
+"""The real SLURM test cluster (tests/helpers/slurm_cluster.py and slurm.py): start, jobs, faults, stop.
 
 Skipped (with the reason) without Debian's slurm-wlm/munge or without root; CI installs them with
 .ci/install-slurm.sh and runs them with `python -m pytest -m slurm` (the fixtures are in conftest.py). SLURM's

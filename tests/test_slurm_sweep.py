@@ -18,13 +18,13 @@ from typing import Callable, Dict, List
 
 import pytest
 
-from conftest import run_dsexp, sweep_results
 from helpers.cluster import comparable, mlflow_server
+from helpers.run import run_dsexp, sweep_results
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 SLURM = ["-m", "hydra/launcher=dsexp_slurm", "model=tiny"]
-SLEEP_IN_GENERATE = "fault={rank:1,phase:generate,kind:sleep}"  # only jobs with tp >= 2 have a rank 1
+SLEEP_IN_GENERATE = ("debug=fault", "fault={rank:1,phase:generate,kind:sleep}")  # only jobs with tp >= 2 have a rank 1
 
 
 def dsexp(cluster, args: List[str], cwd: Path, cache: Path, **kw) -> subprocess.CompletedProcess:
@@ -125,7 +125,7 @@ def test_sweep_on_slurm_matches_the_basic_launcher_and_logs_under_one_parent(
 
 def test_scancel_while_the_ranks_run_is_recorded_and_the_sweep_goes_on(slurm_cluster, tmp_path, cache_dir):
     proc = dsexp_background(
-        slurm_cluster, [*SLURM, "tp=2,1", SLEEP_IN_GENERATE, "hydra.sweep.dir=sw"], tmp_path, cache_dir
+        slurm_cluster, [*SLURM, "tp=2,1", *SLEEP_IN_GENERATE, "hydra.sweep.dir=sw"], tmp_path, cache_dir
     )
     sweep = tmp_path / "sw"
     try:
@@ -154,7 +154,7 @@ def test_scancel_while_the_ranks_run_is_recorded_and_the_sweep_goes_on(slurm_clu
 
 
 def test_node_down_is_recorded_and_a_job_pending_on_it_hits_the_deadline(slurm_cluster, tmp_path, cache_dir):
-    args = [*SLURM, "tp=2,1", SLEEP_IN_GENERATE, "hydra.launcher.pending_deadline_s=5", "hydra.sweep.dir=sw"]
+    args = [*SLURM, "tp=2,1", *SLEEP_IN_GENERATE, "hydra.launcher.pending_deadline_s=5", "hydra.sweep.dir=sw"]
     proc = dsexp_background(slurm_cluster, args, tmp_path, cache_dir)
     sweep = tmp_path / "sw"
     try:
@@ -188,7 +188,7 @@ def test_slurm_time_limit_is_recorded_and_the_sweep_goes_on(slurm_cluster, tmp_p
     CPU a job, so the other job runs meanwhile (its ranks are not slowed: the sleeping job's ranks are idle)."""
     t0 = time.monotonic()
     limits = ["hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=0", "hydra.launcher.cpus_per_task=1"]
-    dsexp(slurm_cluster, [*SLURM, "tp=2,1", SLEEP_IN_GENERATE, *limits, "hydra.sweep.dir=sw"], tmp_path, cache_dir)
+    dsexp(slurm_cluster, [*SLURM, "tp=2,1", *SLEEP_IN_GENERATE, *limits, "hydra.sweep.dir=sw"], tmp_path, cache_dir)
     limited, ok = sweep_results(tmp_path / "sw")
     f = limited["failure"]
     assert f["cause"] == "time_limit" and limited["slurm"]["state"] == "TIMEOUT" and f["slurm_state"] == "TIMEOUT"
@@ -200,7 +200,7 @@ def test_slurm_time_limit_is_recorded_and_the_sweep_goes_on(slurm_cluster, tmp_p
 
 
 def slurm_epoch(stamp: str) -> float:
-    from dsexp.job.slurm import epoch
+    from dsexp.job.cluster.slurm import epoch
 
     return epoch(stamp)
 

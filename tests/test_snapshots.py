@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from dsexp.analysis.snapshots import load, main, site, summarise
+from dsexp.analysis.snapshot_summary import load, main, site, summarise
 from dsexp.rank.probes.phases import PhaseRecorder
 from dsexp.rank.probes.snapshots import TooBig, _CappedFile
 
-from conftest import run_dsexp, sweep_results
+from helpers.run import run_dsexp, sweep_results
 
 MODEL = "/x/transformers/models/llama/modeling_llama.py"
 TORCH = "/x/torch/nn/modules/linear.py"

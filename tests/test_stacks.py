@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,9 @@ import yaml
 
 from dsexp.compose.config import to_schema
 from dsexp.core.schema import STACK_PACKAGES, STACK_PRESETS, StackConfig, stack_label, stack_pins
-from dsexp.job import stacks
+from dsexp.job import overlay
 
-from conftest import CONF, compose, run_dsexp, sweep_results
+from helpers.run import CONF, compose, run_dsexp, sweep_results
 
 ACCELERATE = "1.13.0"  # any release other than the job environment's, small and pure Python
 
@@ -55,17 +56,17 @@ def test_deepspeed_is_built_into_a_wheel_only_when_none_is_at_hand(tmp_path):
     folder = tmp_path / "wheels"
     folder.mkdir()
     sources = ["--find-links", str(folder)]
-    assert not stacks._have_wheel(sources, "deepspeed", "0.14.4")  # an empty folder has none
+    assert not overlay._have_wheel(sources, "deepspeed", "0.14.4")  # an empty folder has none
     (folder / "deepspeed-0.14.4-py3-none-any.whl").write_bytes(b"")
-    assert stacks._have_wheel(sources, "deepspeed", "0.14.4") and not stacks._have_wheel(sources, "deepspeed", "0.15")
+    assert overlay._have_wheel(sources, "deepspeed", "0.14.4") and not overlay._have_wheel(sources, "deepspeed", "0.15")
 
 
 def test_the_key_covers_pins_python_platform_and_torch(monkeypatch):
-    a = stacks.stack_key(StackConfig(transformers="4.46.3"))
-    assert a != stacks.stack_key(StackConfig(transformers="4.47.1"))
-    assert a == stacks.stack_key(StackConfig(name="other", transformers="4.46.3", wheelhouse="/x"))  # same software
-    monkeypatch.setattr(stacks, "base_torch", lambda: "9.9.9")
-    assert a != stacks.stack_key(StackConfig(transformers="4.46.3"))
+    a = overlay.stack_key(StackConfig(transformers="4.46.3"))
+    assert a != overlay.stack_key(StackConfig(transformers="4.47.1"))
+    assert a == overlay.stack_key(StackConfig(name="other", transformers="4.46.3", wheelhouse="/x"))  # same software
+    monkeypatch.setattr(overlay, "base_torch", lambda: "9.9.9")
+    assert a != overlay.stack_key(StackConfig(transformers="4.46.3"))
 
 
 def test_a_bad_pin_is_refused_before_any_job(tmp_path, cache_dir):
@@ -89,17 +90,17 @@ def test_a_bad_pin_is_refused_before_any_job(tmp_path, cache_dir):
 def test_a_stack_needing_another_torch_is_refused(tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    stacks._stub_wheel(wheels, "torch", "1.0.0")
+    overlay._stub_wheel(wheels, "torch", "1.0.0")
     fake = StackConfig(deepspeed=None, wheelhouse=str(wheels))
-    with pytest.raises(stacks.StackError, match="conflicting dependencies|needs another torch"):
-        stacks.plan(["torch==1.0.0"], stacks._sources(fake, tmp_path / "built"))
+    with pytest.raises(overlay.StackError, match="conflicting dependencies|needs another torch"):
+        overlay.plan(["torch==1.0.0"], overlay._sources(fake, tmp_path / "built"))
 
 
 @pytest.fixture(scope="module")
 def wheelhouse(tmp_path_factory) -> Path:
     """A folder holding one wheel, filled from the package index the way `python -m dsexp.stacks fill` does."""
     folder = tmp_path_factory.mktemp("wheelhouse")
-    wheels = stacks.fill(StackConfig(accelerate=ACCELERATE), folder)
+    wheels = overlay.fill(StackConfig(accelerate=ACCELERATE), folder)
     assert any(w.startswith(f"accelerate-{ACCELERATE}-") for w in wheels)
     assert not any(w.startswith("torch-") for w in wheels)  # torch is never part of a stack
     return folder
@@ -126,7 +127,9 @@ def test_a_stack_from_a_wheelhouse_runs_the_ranks_on_its_pins(tmp_path, cache_di
         assert res["correctness"]["passed"]
     again = run_dsexp(args, tmp_path, cache_dir)  # cached: nothing prepared, nothing run again
     assert "prepared" not in again.stdout
-    info = stacks.prepare_stack(StackConfig(accelerate=ACCELERATE, wheelhouse=str(wheelhouse)), str(tmp_path / "cache"))
+    info = overlay.prepare_stack(
+        StackConfig(accelerate=ACCELERATE, wheelhouse=str(wheelhouse)), str(tmp_path / "cache")
+    )
     assert info["cache_hit"] is True and info["prepare_s"] < 0.5
     assert Path(info["extensions_dir"]).parent == Path(info["site"]).parent  # its own extension build folder
 
@@ -171,8 +174,61 @@ def _broken_wheel(folder: Path, name: str, ver: str) -> None:
 
 def test_fill_for_another_python_keeps_torch_out(tmp_path):
     """A wheelhouse for the GPU machine's cp312, from here: the pins' wheels for that Python, no torch."""
-    wheels = stacks.fill(StackConfig(numpy="1.26.4"), tmp_path, python_version="3.12", torch="2.11.0")
+    wheels = overlay.fill(StackConfig(numpy="1.26.4"), tmp_path, python_version="3.12", torch="2.11.0")
     assert any(w.startswith("numpy-1.26.4-cp312") for w in wheels) and not any(w.startswith("torch") for w in wheels)
+
+
+def test_fill_job_downloads_the_job_wheels_for_the_gpu_machine_and_builds_the_rest(tmp_path, monkeypatch):
+    """`python -m dsexp.stacks fill-job DIR --python-version 3.12`: the pip commands it runs (recorded, no network):
+    binary wheels for the target's CPython without dependencies, the source-only ones built here, DeepSpeed built
+    without ops and outside pip's isolated build (its setup imports torch); DeepSpeed is not built twice."""
+    calls = []
+
+    def pip(args, what, env=None):
+        calls.append((list(args), dict(env or {})))
+        if args[0] == "download" and "--no-binary" in args:  # the DeepSpeed sdist _build_deepspeed_wheel builds
+            dest = Path(args[args.index("--dest") + 1])
+            (dest / "deepspeed-0.19.8.tar.gz").write_bytes(b"")
+        if args[0] == "wheel" and any(a.endswith("deepspeed-0.19.8.tar.gz") for a in args):
+            wheel_dir = Path(args[args.index("--wheel-dir") + 1])
+            (wheel_dir / "deepspeed-0.19.8-py3-none-any.whl").write_bytes(b"")
+
+    monkeypatch.setattr(overlay, "_pip", pip)
+    wheels = overlay.fill_job(tmp_path, python_version="3.12")
+    assert wheels == ["deepspeed-0.19.8-py3-none-any.whl"]  # what the recorded pip left in the folder
+    (download, _), (source, _), (ds_sdist, _), (ds_wheel, ds_env) = calls
+    assert download[:4] == ["download", "--quiet", "--no-deps", "--only-binary=:all:"]
+    assert download[download.index("--dest") + 1] == str(tmp_path)
+    target = download[download.index("--python-version") :]
+    assert target[:6] == ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312"]
+    assert "manylinux_2_17_x86_64" in target and set(overlay.JOB_WHEELS) <= set(target)
+    assert source[:3] == ["wheel", "--quiet", "--no-deps"] and source[-1] == "antlr4-python3-runtime==4.9.3"
+    assert source[source.index("--wheel-dir") + 1] == str(tmp_path)
+    assert "--no-binary" in ds_sdist and ds_sdist[-1] == "deepspeed==0.19.8"
+    assert "--no-build-isolation" in ds_wheel and ds_env["DS_BUILD_OPS"] == "0"
+    assert ds_wheel[ds_wheel.index("--wheel-dir") + 1] == str(tmp_path)
+    calls.clear()
+    overlay.fill_job(tmp_path, python_version="3.12")  # the wheel is there now: only the downloads run again
+    assert [c[0][0] for c in calls] == ["download", "wheel"] and "--no-binary" not in calls[0][0]
+
+
+def test_fill_job_list_is_what_the_gpu_image_lacks_at_versions_dsexp_accepts():
+    """The pins agree with pyproject's requirements (mlflow-skinny is MLflow's client) and the Makefile's DeepSpeed,
+    include every job-side package the image lacks, and never the image's own torch, transformers or numpy (a
+    wheel of those would replace its CUDA build)."""
+    from packaging.requirements import Requirement
+
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    wanted = {Requirement(r).name: Requirement(r).specifier for r in project}
+    pins = {Requirement(p).name: str(Requirement(p).specifier).lstrip("=") for p in overlay.JOB_WHEELS}
+    pins.update({Requirement(p).name: str(Requirement(p).specifier).lstrip("=") for p in overlay.JOB_SOURCE_ONLY})
+    pins["deepspeed"] = overlay.JOB_DEEPSPEED.split("==")[1]
+    assert {"deepspeed", "hydra-core", "omegaconf", "mlflow-skinny", "pydantic", "antlr4-python3-runtime"} <= set(pins)
+    assert not {"torch", "transformers", "numpy", "pandas", "matplotlib", "psutil", "nvidia-ml-py"} & set(pins)
+    for name, version in [(n, v) for n, v in pins.items() if n in wanted] + [("mlflow", pins["mlflow-skinny"])]:
+        assert version in wanted[name], (name, version, str(wanted[name]))
+    assert f"deepspeed=={pins['deepspeed']}" in (root / "Makefile").read_text()
 
 
 @pytest.mark.slow

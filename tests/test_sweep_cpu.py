@@ -8,7 +8,7 @@ import pytest
 
 from dsexp.core.records import HEADLINE, PHASES
 
-from conftest import sweep_results
+from helpers.run import sweep_results
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import sweep_results
+from helpers.run import sweep_results
 
 US = 1e6
 

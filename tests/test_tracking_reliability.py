@@ -14,7 +14,7 @@ import pytest
 from dsexp.compose.config import to_schema
 from dsexp.core.fs import read_json, write_json_atomic
 
-from conftest import compose, run_dsexp, sweep_results
+from helpers.run import compose, run_dsexp, sweep_results
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -86,8 +86,8 @@ def test_four_concurrent_writers_into_a_new_store_lose_no_run(tmp_path):
 def test_sync_logs_only_what_is_missing_and_never_twice(tmp_path):
     from mlflow.tracking import MlflowClient
 
+    from dsexp.tracking.relog import main, sync_sweep
     from dsexp.tracking.runs import Tracker
-    from dsexp.tracking.sync import main, sync_sweep
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sweep = tmp_path / "sweep"
@@ -125,6 +125,7 @@ def test_sweep_with_unreachable_store_completes_and_sync_logs_it_later(tmp_path,
             "-m",
             "tp=1",
             "check.correctness=false",
+            "debug=fault",
             "fault={rank:0,phase:start,kind:raise}",
             f"tracking.uri={uri}",
             "hydra.sweep.dir=multirun/s",

@@ -15,23 +15,17 @@ from dsexp.analysis import measured as m
 from dsexp.analysis.diagnosis import diagnose
 from dsexp.analysis.matrix import build_rows
 from dsexp.analysis.memory import predict
-from dsexp.analysis.report import trim_effects, trim_lines, trims_table
-from dsexp.compose.config import to_schema
-from dsexp.compose.validate import validate
+from dsexp.analysis.summary import trim_effects, trim_lines, trims_table
 from dsexp.core.records import config_label
 from dsexp.core.schema import ConfigError
 from dsexp.core.trims import identical, label
 from dsexp.job.launch import rank_env
 
-from conftest import ROOT, compose, run_dsexp, sweep_results
 from helpers.analysis_cases import GIB, INTERNLM2_TINY, MIB, config, result
+from helpers.run import ROOT, run_dsexp, spec_of, sweep_results
 
 TRIMS = ("dedupe_buffers", "shard_head", "shard_embedding", "world_group")
 POLICY = {"InternLM2DecoderLayer": ["attention.wo", "feed_forward.w2"]}
-
-
-def spec_of(*overrides, gpus=0):
-    return validate(to_schema(compose(list(overrides))), gpus=gpus)
 
 
 # --- config ----------------------------------------------------------------------------------------------------

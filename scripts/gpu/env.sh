@@ -1,5 +1,9 @@
 # Sourced at the start of every GPU-machine command: install the carried wheels and set the environment.
 # Usage on the device machine (repo root, `.whl` carried): source scripts/gpu/env.sh
+# `.whl` holds the wheels dsexp's job environment needs and the machine's image lacks (DeepSpeed, hydra-core,
+# omegaconf, mlflow-skinny, pydantic and what they import; the list: JOB_WHEELS in src/dsexp/job/overlay.py). Fill
+# it beforehand on a machine that reaches PyPI, from the repo root (it is git-ignored):
+#   .venv/bin/python -m dsexp.stacks fill-job .whl --python-version 3.12
 set -eo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ${WHEELS:-.whl}/*.whl
 export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1

@@ -34,6 +34,6 @@ sweep zero3 experiment=zero3 tp=2
 sweep autotp4 experiment=autotp engine.injection_policy=infer tp=4 trim=all,none
 sweep autotp8 experiment=autotp engine.injection_policy=infer tp=8 trim=all,none
 python3 scripts/gpu/snapshots_summary.py $ROOT/autotp2 "$OUT/snapshots_overhead" || true
-python3 -m dsexp.analysis.snapshots $ROOT/autotp2 --top 20 --out "$OUT/snapshot_summary.json" || true
+python3 -m dsexp.analysis.snapshot_summary $ROOT/autotp2 --top 20 --out "$OUT/snapshot_summary.json" || true
 nvidia-smi --query-gpu=memory.used --format=csv
 echo "total $(( $(date +%s) - T0 ))s"

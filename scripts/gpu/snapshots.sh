@@ -8,7 +8,7 @@
 #   PAIRS=2 runs the pair twice (off, on, off, on); SNAPSHOT_BUDGET (default 500) is the seconds for the sweep.
 # Outputs in $OUT (at most 8 files come back, 16 MiB each):
 #   snapshots_overhead.md / .json   the comparison (scripts/gpu/snapshots_summary.py)
-#   snapshot_summary.json           python -m dsexp.analysis.snapshots: segments, top allocation sites, the history's
+#   snapshot_summary.json           python -m dsexp.analysis.snapshot_summary: segments, top allocation sites, the history's
 #                                   peak, per rank and phase (the pickles are too big to bring back as a rule)
 #   h200_snapshots.tar.gz           every result.json, rank record, series file, log and trace.json, the sweep's
 #                                   summary.md and plots/ (no pickles, no weights)
@@ -29,7 +29,7 @@ echo "=== snapshots: $M variant=$VARIANTS probe.memory_snapshot=false,true ($(da
 timeout -s TERM -k 20 "$BUDGET" python3 -m dsexp -m $M "variant=$VARIANTS" probe.memory_snapshot=false,true \
   hydra.sweep.dir=$ROOT/sweep 2>&1 | tee -a "$OUT/snapshots.log" | grep -E "^dsexp|^[0-9]+ |^job |Error" || true
 python3 scripts/gpu/snapshots_summary.py $ROOT/sweep "$OUT/snapshots_overhead" || true
-python3 -m dsexp.analysis.snapshots $ROOT/sweep --top 20 --out "$OUT/snapshot_summary.json" || true
+python3 -m dsexp.analysis.snapshot_summary $ROOT/sweep --top 20 --out "$OUT/snapshot_summary.json" || true
 tar -czf "$OUT/h200_snapshots.tar.gz" --exclude='*.pt' --exclude='*.safetensors' --exclude='*.pickle' \
   -C "$(dirname $ROOT)" "$(basename $ROOT)" || true
 # One job's pickles, when their archive is small enough to come back (else their summary above is what returns).

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, out) -> int:
         return show(
             report_sweep(args.sweep_dir, parent=parent, out_dir=args.out, source=str(args.sweep_dir)), args.show, out
         )
-    from dsexp.tracking.sources import results_from_mlflow
+    from dsexp.tracking.readback import results_from_mlflow
 
     uri = resolve_uri(args.tracking_uri)
     results, parent = results_from_mlflow(uri, args.experiment, args.parent_run)

@@ -1,9 +1,9 @@
 """`python -m dsexp.sync SWEEP_DIR [--uri URI] [--experiment NAME]`: log a sweep's results into MLflow
-(the command; the logic is dsexp.tracking.sync)."""
+(the command; the logic is dsexp.tracking.relog)."""
 
 import sys
 
-from dsexp.tracking.sync import main
+from dsexp.tracking.relog import main
 
 if __name__ == "__main__":
     sys.exit(main())

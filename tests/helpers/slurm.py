@@ -1,4 +1,4 @@
-"""pytest fixtures for a real SLURM cluster on this machine, started through scripts/slurm_cluster.py.
+"""pytest fixtures for a real SLURM cluster on this machine, started through tests/helpers/slurm_cluster.py.
 
     def test_something(slurm_cluster):
         job = slurm_cluster.sbatch("--wrap", "hostname")
@@ -15,29 +15,13 @@ tests/conftest.py imports both, so every test module sees them; mark such tests 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
-from pathlib import Path
 from typing import Iterator, Optional
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm_cluster.py"
-
-
-def _load_script():
-    """scripts/slurm_cluster.py as a module (it is a standalone script, not part of the dsexp package)."""
-    if "slurm_cluster" in sys.modules:
-        return sys.modules["slurm_cluster"]
-    spec = importlib.util.spec_from_file_location("slurm_cluster", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["slurm_cluster"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-sc = _load_script()
+from helpers import slurm_cluster as sc
 
 
 def skip_reason() -> Optional[str]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from dsexp.analysis import measured as m
-from dsexp.analysis import scripts
+from dsexp.analysis import user_script
 from dsexp.analysis.memory import Prediction
 
 WEIGHT_TOL = 0.02  # predicted vs measured weights: "as predicted" within 2%
@@ -47,7 +47,7 @@ def diagnose(
     result: Dict[str, Any], prediction: Optional[Prediction], siblings: Optional[List[Dict[str, Any]]] = None
 ) -> List[Finding]:
     facts = RunFacts(result, prediction, [s for s in siblings or [] if m.completed(s)])
-    if scripts.is_script(result):
+    if user_script.is_script(result):
         return script_findings(facts)
     if m.completed(result):
         found = [f for rule in RULES for f in rule(facts)]
@@ -65,7 +65,7 @@ def diagnose(
 def script_findings(f: RunFacts) -> List[Finding]:
     """A user's script: how it failed, the causes its facts show (each with its fix), and the measured weights per
     rank against the memory model's prediction from the call it made."""
-    causes = [Finding(c["code"], "problem", f"{c['text']}. Fix: {c['fix']}") for c in scripts.causes(f.result)]
+    causes = [Finding(c["code"], "problem", f"{c['text']}. Fix: {c['fix']}") for c in user_script.causes(f.result)]
     found = failed(f) + causes
     if m.init_recorded(f.result):
         found += weights_vs_model(f)

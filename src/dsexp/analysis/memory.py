@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from dsexp.analysis import architecture as arch
-from dsexp.analysis.scripts import as_pipeline_result, is_script
+from dsexp.analysis.user_script import as_pipeline_result, is_script
 from dsexp.core.engines import ENGINES, INFER, effective_policy, traits
 from dsexp.core.trims import active as active_trims
 from dsexp.models.kernel_policy import kernel_policy_classes, tp_plan
@@ -193,7 +193,7 @@ class Prediction:
 
 def predict(result: Dict[str, Any], tp: Optional[int] = None) -> Prediction:
     """The memory model for this run's configuration, at its own tp or another one. A user's script is predicted
-    from what its ranks did (the call it made, the model it loaded: dsexp.analysis.scripts), not from a preset."""
+    from what its ranks did (the call it made, the model it loaded: dsexp.analysis.user_script), not from a preset."""
     if is_script(result):
         result = as_pipeline_result(result)
     strategy = Strategy.from_result(result)

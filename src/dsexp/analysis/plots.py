@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from dsexp.analysis import measured as m
-from dsexp.analysis import trace
+from dsexp.core import trace
 from dsexp.core.series import column
 
 Series = Dict[str, Dict[str, List[Tuple[int, float]]]]  # strategy -> {"measured": [(tp, GiB)], "predicted": [...]}

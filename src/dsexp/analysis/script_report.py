@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from dsexp.analysis import measured as m
 from dsexp.analysis.markdown import md_table
 from dsexp.analysis.matrix import Row
-from dsexp.analysis.scripts import first_call, is_script
+from dsexp.analysis.user_script import first_call, is_script
 
 TIE = 0.01  # per-device figures within 1% are the same memory
 

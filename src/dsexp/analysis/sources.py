@@ -1,4 +1,4 @@
-"""Where a report's runs come from: result.json files under a folder (from MLflow: dsexp.tracking.sources)."""
+"""Where a report's runs come from: result.json files under a folder (from MLflow: dsexp.tracking.readback)."""
 
 from __future__ import annotations
 

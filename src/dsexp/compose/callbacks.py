@@ -54,7 +54,7 @@ class SweepCallback(Callback):
 
 def start_packing(config: DictConfig, sweep_dir: Path) -> None:
     """launcher.pack=true: fix the sweep's GPU pool (from this process's view) for the jobs to claim from."""
-    from dsexp.job.packing import init_pool
+    from dsexp.job.cluster.packing import init_pool
 
     pool = init_pool(sweep_dir)
     print(
@@ -98,7 +98,7 @@ def collect_results(sweep_dir: Path) -> List[Dict[str, Any]]:
 
 def retry_tracking(sweep_dir: Path) -> None:
     """Jobs the store missed during the sweep get one more try now (as `python -m dsexp.sync` would)."""
-    from dsexp.tracking.sync import sync_sweep
+    from dsexp.tracking.relog import sync_sweep
 
     out = sync_sweep(sweep_dir)
     if out["failed"]:

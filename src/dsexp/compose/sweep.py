@@ -61,7 +61,7 @@ def check_sweep(config: DictConfig) -> Tuple[List[Tuple[List[str], str]], List[T
 def prepare_stacks(specs: List[Tuple[List[str], JobConfig]]) -> List[Tuple[List[str], str]]:
     """Prepare every software stack the sweep uses, once each, before any job; [(overrides, message)] for the
     combinations whose stack cannot be prepared (a pin that does not exist, pins that conflict, ...)."""
-    from dsexp.job.stacks import StackError, prepare_stack, stack_key
+    from dsexp.job.overlay import StackError, prepare_stack, stack_key
 
     failed: Dict[Tuple[str, str], str] = {}
     for _, spec in specs:
@@ -88,7 +88,7 @@ def slurm_request_problems(job_cfg: DictConfig) -> List[str]:
     launcher = OmegaConf.select(job_cfg, "hydra.launcher")
     if launcher is None or not str(launcher.get("_target_", "")).endswith("DsexpSlurmLauncher"):
         return []
-    from dsexp.job.cluster_launchers import slurm_request
+    from dsexp.compose.launchers import slurm_request
 
     return slurm_request(job_cfg)[1]
 

@@ -28,27 +28,12 @@ from dsexp.core.schema import (
     JobConfig,
     is_shared,
 )
+from dsexp.job.devices import visible_gpus
 
 
 def _one_of(key: str, value: Any, allowed) -> None:
     if value not in allowed:
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
-
-
-def visible_gpus() -> int:
-    """GPUs this process may use (NVML, narrowed by CUDA_VISIBLE_DEVICES); 0 without a driver."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        n = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-    except Exception:
-        return 0
-    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if vis is not None:
-        n = min(n, len([v for v in vis.split(",") if v.strip() not in ("", "-1")]))
-    return n
 
 
 def resolve_device(spec: JobConfig, gpus: Optional[int] = None) -> str:
@@ -169,7 +154,7 @@ def _validate_script(spec: JobConfig) -> None:
     s.args = [str(a) for a in s.args]
     if s.max_new_tokens is not None and s.max_new_tokens < 1:
         raise ConfigError(f"script.max_new_tokens={s.max_new_tokens}: must be >= 1 (null: as the script asks)")
-    from dsexp.rank.workloads.script.fixes import fix_problem
+    from dsexp.core.remedies import fix_problem
 
     problem = fix_problem(list(s.fix), spec)
     if problem:
@@ -481,7 +466,7 @@ TRIM_NEEDS = {
 
 def _validate_stack(spec: JobConfig) -> None:
     """A stack's pins against what the engine and the trims need (the pins themselves are checked when the stack is
-    prepared, before any job: dsexp.job.stacks)."""
+    prepared, before any job: dsexp.job.overlay)."""
     needs = [(f"engine={spec.engine.name}", ENGINE_NEEDS.get(spec.engine.name))]
     needs += [(f"trim.{key}=true", need) for key, need in TRIM_NEEDS.items() if getattr(spec.trim, key)]
     for who, need in needs:

@@ -152,7 +152,7 @@ def _max_over(metrics: Dict[str, float], quantity: str, phases=PHASES) -> Option
 def headline(
     metrics: Dict[str, float], ranks: List[Optional[dict]], new_tokens: int, shared_gpu: bool = False
 ) -> Dict[str, Optional[float]]:
-    """The figures a user compares first. Per-device figures are max over ranks; see README for definitions.
+    """The figures a user compares first. Per-device figures are max over ranks; definitions: docs/user-guide.md.
 
     shared_gpu (ranks sharing a GPU over gloo): the per-GPU peak is each rank's own (NVML per process, which holds
     what a rank holds on a GPU of its own but the device's reserve), the device-wide figure is a node figure

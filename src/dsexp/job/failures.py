@@ -40,7 +40,7 @@ CAUSES = (
     # without any engine call
     "script_error",
     "no_engine_call",
-    # the cluster ended the job (dsexp.job.slurm): recorded by the sweep process from SLURM's final state
+    # the cluster ended the job (dsexp.job.cluster.slurm): recorded by the sweep process from SLURM's final state
     "slurm_cancelled",
     "node_failed",
     "time_limit",

@@ -20,7 +20,8 @@ from typing import Any, Dict, List, Optional
 from dsexp.core import trims
 from dsexp.core.protocol import SCRIPT_ENV, SCRIPT_JOB_ENV, SHARED_GPUS_ENV, TOKEN_ENV, WORKER_MODULE, bootstrap_dir
 from dsexp.core.schema import JobConfig
-from dsexp.job import multinode, stacks, teardown
+from dsexp.job import overlay, teardown
+from dsexp.job.cluster import multinode
 
 
 @dataclass
@@ -88,7 +89,7 @@ def rank_env(
     job_dir: Optional[Path] = None,
 ) -> Dict[str, str]:
     """Environment the ranks need on top of ours (only these keys are recorded); `stack`: the prepared software
-    stack (dsexp.job.stacks), whose overlay and extension folder the ranks use; `trim.env` last. A script's ranks
+    stack (dsexp.job.overlay), whose overlay and extension folder the ranks use; `trim.env` last. A script's ranks
     get dsexp's bootstrap first on PYTHONPATH (ahead of a stack's overlay) and the job folder it records into."""
     local = spec.ranks_per_node  # ranks on this node
     threads = max(1, len(os.sched_getaffinity(0)) // local)  # the CPUs this job may use (a SLURM job: its share)
@@ -108,7 +109,7 @@ def rank_env(
             env["CUDA_VISIBLE_DEVICES"] = visible
         if spec.shared_gpu:  # each rank maps itself onto one of these (dsexp.rank.shared_gpu)
             env.update(shared_env(int(spec.launcher.gpus), visible or os.environ.get("CUDA_VISIBLE_DEVICES")))
-    env.update(stacks.rank_env(stack))
+    env.update(overlay.rank_env(stack))
     if spec.workload == "script":
         rest = env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(bootstrap_dir()), rest) if p)

@@ -31,10 +31,11 @@ from dsexp.core.fs import read_json, write_json_atomic
 from dsexp.core.protocol import RESULT, STACK_IMPORT_ERROR, write_job_file
 from dsexp.core.schema import JobConfig, dtype_conversion
 from dsexp.core.series import read_job_series
-from dsexp.job import correctness, failures, scripts, slurm, teardown
+from dsexp.job import correctness, failures, script_job, teardown
+from dsexp.job.cluster import slurm
 from dsexp.job.launch import run_ranks
+from dsexp.job.overlay import StackError, prepare_stack
 from dsexp.job.roles import RoleFailed
-from dsexp.job.stacks import StackError, prepare_stack
 
 ATTEMPTS = Path(".dsexp") / "attempts"
 _ATTEMPT_FILES = (RESULT, "job.json", "launcher.log", "ranks", "reference", "trace.json")
@@ -47,7 +48,7 @@ def job_key(spec: JobConfig) -> str:
     for k in ("tracking", "rerun", "timeout_s"):
         d.pop(k, None)
     if spec.script.path:
-        d["script_sha1"] = scripts.digest(spec.script.path)
+        d["script_sha1"] = script_job.digest(spec.script.path)
     return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -233,7 +234,7 @@ def write_job_trace(job_dir: Path, result: Dict[str, Any], world_size: int) -> N
     if not (job_dir / "ranks").is_dir():
         return
     try:
-        from dsexp.analysis.trace import TRACE, write_trace
+        from dsexp.core.trace import TRACE, write_trace
 
         if "series" not in result:
             result["series"] = read_job_series(job_dir, world_size)
@@ -248,7 +249,7 @@ def _packing(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path]):
     """launcher.pack=true in a sweep: hold GPUs of the job's own for the whole job (see dsexp.packing)."""
     if not spec.launcher.pack or sweep_dir is None:
         return contextlib.nullcontext()
-    from dsexp.job import packing
+    from dsexp.job.cluster import packing
 
     return packing.claim(sweep_dir, job_dir, spec.ranks_per_node)
 
@@ -334,8 +335,8 @@ def prepare(spec: JobConfig, job_dir: Path) -> Tuple[Dict[str, Any], Any]:
     if spec.shared_gpu:
         runtime["shared_gpu"] = True  # ranks share GPUs over gloo: per-rank memory is real, speed is not
     if spec.workload == "script":
-        runtime.update(workload="script", script=scripts.facts(spec, runtime))
-        ref = scripts.ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
+        runtime.update(workload="script", script=script_job.facts(spec, runtime))
+        ref = script_job.ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
     else:
         ref = correctness.ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
         runtime.update(prepare_load(spec, runtime, job_dir))
@@ -358,7 +359,7 @@ def _preparation_cause(e: Exception) -> str:
 
 
 def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
-    from dsexp.job.packing import gpu_indices
+    from dsexp.job.cluster.packing import gpu_indices
 
     packed = result.get("packed")  # this job's GPUs under launcher.pack=true
     gpus = gpu_indices(packed)
@@ -381,7 +382,7 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     result["ranks"] = ranks
     result["series"] = read_job_series(job_dir, spec.tp)
     result["metrics"] = records.aggregate_metrics(ranks)
-    new_tokens = scripts.new_tokens(ranks) if spec.workload == "script" else spec.generate.new_tokens
+    new_tokens = script_job.new_tokens(ranks) if spec.workload == "script" else spec.generate.new_tokens
     result["headline"] = records.headline(result["metrics"], ranks, new_tokens, spec.shared_gpu)
     result["engine"] = (ranks[0] or {}).get("engine") if ranks else None
     result["software"] = (ranks[0] or {}).get("software") if ranks else None
@@ -401,10 +402,10 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
         oom_killed=(result["teardown"].get("oom_kills") or 0) > (base.get("oom_kills") or 0),
     )
     if failure is None and spec.workload == "script":
-        failure = scripts.outcome(spec, ranks)  # a script that never reached an engine
+        failure = script_job.outcome(spec, ranks)  # a script that never reached an engine
     if failure is None:
         result["correctness"] = (
-            scripts.check_output(spec, job_dir, runtime, ref)
+            script_job.check_output(spec, job_dir, runtime, ref)
             if spec.workload == "script"
             else correctness.check_output(spec, job_dir, ranks, ref)
         )

@@ -77,7 +77,7 @@ def reap_stale(job_dir: Path, grace_s: float = 5.0) -> List[str]:
 
 
 def _script_rank_of(p: psutil.Process, job_dir: str) -> bool:
-    """A user's script's rank (or its launcher) started for this job folder (dsexp.job.scripts)."""
+    """A user's script's rank (or its launcher) started for this job folder (dsexp.job.script_job)."""
     try:
         return p.environ().get(SCRIPT_JOB_ENV) == job_dir
     except psutil.Error:

@@ -1,6 +1,7 @@
 """Test-only fault injection: make one rank fail in a chosen way at the start of a chosen phase.
 
-`fault={rank: 1, phase: load, kind: raise|exit|sigkill|sleep|alloc_host|alloc_gpu}` in the config.
+`debug=fault 'fault={rank: 1, phase: load, kind: raise|exit|sigkill|sleep|alloc_host|alloc_gpu}'`
+(conf/debug/fault.yaml).
 `kind: poison_buffers` is not a crash: right after from_pretrained it fills the model's non-persistent buffers with
 NaN (or `value: 0`: the zeros fresh memory holds, finite but wrong, as seen on the H200), deterministically, as
 transformers >= 5 leaves them uninitialised for remote code; `roles: true` makes it

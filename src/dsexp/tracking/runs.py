@@ -340,7 +340,7 @@ def track_job(result: Dict[str, Any], job_dir: Path, sweep_dir: Optional[Path], 
 def record_cluster_outcome(
     result: Dict[str, Any], job_dir: Path, sweep_dir: Optional[Path], uri: str, experiment: str
 ) -> None:
-    """After a cluster job ended (the sweep process, dsexp.job.cluster_launchers): bring MLflow up to date with
+    """After a cluster job ended (the sweep process, dsexp.job.cluster.slurm_sweep): bring MLflow up to date with
     what SLURM said. A run the job logged itself gets the SLURM tags and metrics, and its status and cause if
     SLURM's account changed them; a job that could not log (cancelled, its node lost) is logged now. Never
     raises; the outcome goes into result.json["tracking"] as with track_job."""

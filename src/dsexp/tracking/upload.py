@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from dsexp.analysis import measured as m
 from dsexp.analysis.matrix import OUTSIDE_COLUMNS, Row, recommend
-from dsexp.analysis.report import PLOTS, SUMMARY_CSV, SUMMARY_MD, memory_plot, write_report
+from dsexp.analysis.summary import PLOTS, SUMMARY_CSV, SUMMARY_MD, memory_plot, write_report
 from dsexp.tracking.runs import Tracker, retry
 
 CHILD_MEMORY_PLOT = "memory_over_time.png"  # each job run's own copy of its plot from the report

@@ -1,4 +1,4 @@
-"""Hydra discovers launchers under `hydra_plugins`; dsexp's logic lives in dsexp.cluster_launchers.
+"""Hydra discovers launchers under `hydra_plugins`; dsexp's logic lives in dsexp.compose.launchers.
 
 Hydra registers a plugin under `<its __module__>.<its name>` and instantiates only classes whose name is
 inside `hydra_plugins`, so the launchers are (empty) subclasses defined here, not re-exports. They
@@ -7,7 +7,7 @@ the basic launcher) this module defines nothing, so Hydra's plugin scan stays qu
 """
 
 try:
-    from dsexp.job import cluster_launchers as _impl
+    from dsexp.compose import launchers as _impl
 except ImportError:  # hydra-submitit-launcher missing: no cluster launchers
     _impl = None
 

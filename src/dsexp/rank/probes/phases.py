@@ -12,7 +12,7 @@ is when the process was created and `clock.finished` when the record was complet
 rank's start-up and exit on its own clock. A phase's t0 and t1 are the stamps of the sampler's readings that
 open and close its peak window, so the phase's peaks come from readings within [t0, t1].
 
-The rank's memory over time (dsexp.rank.probes.series) goes to `rank{N}.series.jsonl`, flushed with the live
+The rank's memory over time (dsexp.rank.probes.memory_series) goes to `rank{N}.series.jsonl`, flushed with the live
 file and the rank file, so a rank that dies keeps its curve up to its last heartbeat. On a GPU with
 `memory_snapshot`, every phase end also dumps a PyTorch memory snapshot (dsexp.rank.probes.snapshots), after
 the phase's own readings, and lists it in the phase's record.
@@ -37,8 +37,8 @@ from dsexp.core.series import GPU_FIELDS, HOST_FIELDS, series_file
 from dsexp.rank.probes import gpu as gpu_probe
 from dsexp.rank.probes.failure_site import failure_site
 from dsexp.rank.probes.host import host_snapshot
+from dsexp.rank.probes.memory_series import MemorySeries
 from dsexp.rank.probes.sampler import PeakSampler
-from dsexp.rank.probes.series import MemorySeries
 from dsexp.rank.probes.snapshots import MemorySnapshots
 
 

@@ -9,7 +9,7 @@ rank's live file). NVML's per-process figure is read every PROCESS_EVERY reading
 `start()` there is no thread: each window's peak is the reading `take()` makes at its end
 (`probe.sample_ms=0`, for measuring what the sampler itself costs).
 
-With a `series` (dsexp.rank.probes.series) every reading also goes to the rank's memory-over-time series, with
+With a `series` (dsexp.rank.probes.memory_series) every reading also goes to the rank's memory-over-time series, with
 the allocator's figures where `allocator` reads them (one reading in ALLOCATOR_EVERY and at every `take()`; they
 are the series' only: the phase records carry torch's own peaks). Each reading is stamped when it is committed,
 under the lock that assigns it to a window, and `take()` reads, commits and closes the window in one step: its

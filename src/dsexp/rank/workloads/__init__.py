@@ -15,10 +15,10 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-WORKLOADS = ("pipeline", "reference", "split", "script")
+WORKLOADS = {"pipeline": "pipeline", "reference": "reference", "split": "save_split", "script": "script"}  # -> module
 
 
 def get_workload(name: str) -> ModuleType:
     if name not in WORKLOADS:
         raise KeyError(f"workload {name!r} is not implemented; available: {', '.join(WORKLOADS)}")
-    return importlib.import_module(f"{__name__}.{name}")
+    return importlib.import_module(f"{__name__}.{WORKLOADS[name]}")

@@ -41,7 +41,7 @@ def gpu_pool() -> List[str]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [v.strip() for v in visible.split(",") if v.strip() not in ("", "-1")]
-    from dsexp.compose.validate import visible_gpus
+    from dsexp.job.devices import visible_gpus
 
     return [str(i) for i in range(visible_gpus())]
 

@@ -1,4 +1,4 @@
-"""`python -m dsexp.analysis.snapshots PICKLE... [--top N] [--out FILE]`: PyTorch memory snapshots, summarised.
+"""`python -m dsexp.analysis.snapshot_summary PICKLE... [--top N] [--out FILE]`: PyTorch memory snapshots, summarised.
 
 A snapshot (`probe.memory_snapshot=true`: ranks/snapshots/rank{N}_{phase}.pickle) can be hundreds of MB; its
 summary is a few KB of JSON, small enough to commit: per file, the allocator's segments (reserved, allocated,
@@ -101,7 +101,7 @@ def summarise_file(path: Path, n: int = 15) -> Dict[str, Any]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dsexp.analysis.snapshots", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m dsexp.analysis.snapshot_summary", description=__doc__.splitlines()[0])
     ap.add_argument("pickles", nargs="+", type=Path, help="snapshot files (or folders holding *.pickle)")
     ap.add_argument("--top", type=int, default=15, help="allocation sites listed per file")
     ap.add_argument("--out", type=Path, help="write the JSON here (default: stdout)")

@@ -1,74 +1,41 @@
-"""Submitit launchers that size every job from its own config (`hydra/launcher=dsexp_slurm|dsexp_local`).
+"""The sweep process's side of a SLURM sweep (`hydra/launcher=dsexp_slurm`), without Hydra: what each job asks
+SLURM for, and following the submitted jobs to their end. The launcher (dsexp.compose.launchers) plans each job
+from its own config, submits it through submitit and hands the outcomes back to Hydra.
 
-hydra-submitit-launcher resolves `hydra.launcher` once, from the sweep's primary config, and submits
-one job array with those resources, so `gpus_per_node: ${tp}` would give a tp=8 job the GPUs of the
-default tp. These launchers resolve `hydra.launcher` for each job (as the job itself will see it) and
-submit one array per distinct request; jobs keep their sweep numbers. Each job then runs in submitit
-exactly as the plugin runs it (its `__call__`): the same dsexp job code as with the basic launcher.
-
-On SLURM (`DsexpSlurmLauncher`) the sweep process also:
-
-- sizes each request against the partition (sinfo): no GPUs on nodes without GPU GRES when `device` is
-  cpu or auto; `cpus_per_task` and `mem_gb` from the job (dsexp's defaults are capped at the largest node);
-- submits with `--no-requeue` (`hydra.launcher.requeue=false`): a requeued measurement would run twice;
-- on a resumed sweep (same command, same `hydra.sweep.dir`) submits only what is unfinished: jobs with an
-  ok result are skipped, jobs still queued or running from the earlier sweep process (found through
-  submitit's `<sweep>/.submitit/*/*_submitted.pkl` and squeue) are waited for, not submitted again;
-- waits for every job itself, polling squeue (submitit's own wait has no deadline and notices a job SLURM
-  killed only 30-40 s late): a job pending on DOWN/DRAINED nodes for `pending_deadline_s` is cancelled;
-- when a job has ended, merges SLURM's final state into its result.json (dsexp.job.slurm.merge_outcome) and
-  MLflow: a job SLURM cancelled, lost with its node or stopped at its time limit is a failed result with its
+- sizing (the `dsexp.slurm_*` resolvers of conf/hydra/launcher/dsexp_slurm.yaml): no GPUs on nodes without GPU
+  GRES when `device` is cpu or auto; `cpus_per_task` and `mem_gb` from the job;
+- on a resumed sweep (same command, same `hydra.sweep.dir`) only what is unfinished is submitted: jobs with an ok
+  result are skipped, jobs still queued or running from the earlier sweep process (found through submitit's
+  `<sweep>/.submitit/*/*_submitted.pkl` and squeue) are waited for, not submitted again;
+- the sweep process waits for every job itself, polling squeue (submitit's own wait has no deadline and notices a
+  job SLURM killed only 30-40 s late): a job pending on DOWN/DRAINED nodes for `pending_deadline_s` is cancelled;
+- when a job has ended, SLURM's final state is merged into its result.json (dsexp.job.cluster.slurm.merge_outcome)
+  and MLflow: a job SLURM cancelled, lost with its node or stopped at its time limit is a failed result with its
   cause, and the sweep goes on (Hydra's multirun would stop at the first job that raises).
+
+submitit is imported where it is used: the job's own process (and a GPU image without submitit) never needs it.
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import math
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
-
-from hydra.core.config_store import ConfigStore
-from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, filter_overrides
-from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
-from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
-from omegaconf import DictConfig, OmegaConf, open_dict
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from dsexp.core.schema import per_node
-from dsexp.job import slurm
+from dsexp.job.cluster import slurm
 
 log = logging.getLogger(__name__)
-_INIT_KEYS = ("submitit_folder", "max_num_timeout")
-# dsexp's own keys in hydra.launcher (not submitit's): how the sweep process treats the jobs
-_DSEXP_KEYS = ("requeue", "pending_deadline_s", "poll_s", "settle_s")
-_DEFAULT_MARK = "dsexp.slurm_"  # a value left to dsexp's sizing resolvers (capped at the node); else the user's
 _GIB = 2**30
 
 
-@dataclass
-class DsexpSlurmQueueConf(SlurmQueueConf):
-    """submitit_slurm's keys plus dsexp's (conf/hydra/launcher/dsexp_slurm.yaml sets them all)."""
-
-    _target_: str = "hydra_plugins.dsexp_launcher.dsexp_launcher.DsexpSlurmLauncher"
-    requeue: bool = False  # false: sbatch --no-requeue (SLURM would rerun a job whose node failed, from scratch)
-    pending_deadline_s: float = 900.0  # cancel a job pending this long on DOWN/DRAINED nodes; <= 0: wait forever
-    poll_s: float = 2.0  # how often the sweep process asks squeue about its jobs
-    settle_s: float = 45.0  # after SLURM ends a job, wait this long for its own result.json (KillWait + margin)
-
-
-ConfigStore.instance().store(
-    group="hydra/launcher", name="dsexp_slurm_schema", node=DsexpSlurmQueueConf, provider="dsexp"
-)
-
-
-# --- sizing resolvers (conf/hydra/launcher/dsexp_slurm.yaml) ---
+# --- sizing (the resolvers of conf/hydra/launcher/dsexp_slurm.yaml) ---
 
 
 def slurm_gpus(device: Any, tp: Any, nodes: Any, partition: Any = None) -> Optional[int]:
@@ -97,8 +64,9 @@ def slurm_mem_gb(tp: Any, nodes: Any, model: Any) -> int:
 
 
 def checkpoint_gib(model: Any) -> float:
-    """The model's weights (GiB): the files of model.path, else counted from the preset's dims."""
-    m = OmegaConf.to_container(model, resolve=True) if OmegaConf.is_config(model) else dict(model or {})
+    """The model's weights (GiB): the files of model.path, else counted from the preset's dims (`model`: the
+    config's model group, a mapping)."""
+    m = dict(model or {})
     if m.get("path"):
         folder = Path(str(m["path"])).expanduser()
         files = [p for ext in ("*.safetensors", "*.bin", "*.pt") for p in folder.glob(ext)] if folder.is_dir() else []
@@ -115,151 +83,9 @@ def checkpoint_gib(model: Any) -> float:
     return params * {"fp32": 4}.get(str(m.get("dtype")), 2) / _GIB
 
 
-OmegaConf.register_new_resolver("dsexp.per_node", per_node, replace=True)  # GPUs each node of a job needs
-OmegaConf.register_new_resolver("dsexp.slurm_gpus", slurm_gpus, replace=True)
-OmegaConf.register_new_resolver("dsexp.slurm_cpus", slurm_cpus, replace=True)
-OmegaConf.register_new_resolver("dsexp.slurm_mem_gb", slurm_mem_gb, replace=True)
-
-
-def launcher_params(cfg: DictConfig) -> Dict[str, Any]:
-    """A job's resolved `hydra.launcher`, as the plugin passes it to submitit."""
-    params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
-    params.pop("_target_", None)
-    return params
-
-
-def slurm_request(cfg: DictConfig) -> Tuple[Dict[str, Any], List[str]]:
-    """A SLURM job's launcher parameters sized against its partition, and what no node of it can satisfy.
-
-    dsexp's defaults (cpus_per_task, mem_gb from the resolvers) are capped at the largest node; a value the
-    user set that no node has is a problem (said before anything is submitted), as is a GPU request on a
-    partition without GPUs. Without sinfo (or a controller) the parameters are returned as configured."""
-    params = launcher_params(cfg)
-    raw = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
-    problems: List[str] = []
-    params["setup"] = [slurm.STARTED_SETUP, *(params.get("setup") or [])]
-    if not params.get("requeue", False):
-        extra = dict(params.get("additional_parameters") or {})
-        if "requeue" not in extra:
-            extra.setdefault("no-requeue", True)
-        params["additional_parameters"] = extra
-    nodes_info = slurm.partition_nodes(params.get("partition"))
-    if nodes_info == []:
-        known = slurm.partitions()
-        problems.append(
-            f"hydra.launcher.partition={params.get('partition')}: SLURM has no such partition (or it has no nodes)"
-            + (f"; sinfo lists: {', '.join(known)}" if known else "")
-        )
-    if not nodes_info:
-        return params, problems
-    where = f"partition {params.get('partition') or nodes_info[0]['partition'] + ' (the default)'}"
-    cpus = max((n["cpus"] or 0) for n in nodes_info)
-    mem_mb = max((n["mem_mb"] or 0) for n in nodes_info)
-    gpus = max(n["gpus"] for n in nodes_info)
-    if cpus and params.get("cpus_per_task") and params["cpus_per_task"] > cpus:
-        if _DEFAULT_MARK in str(raw.get("cpus_per_task")):
-            params["cpus_per_task"] = cpus
-        else:
-            problems.append(
-                f"hydra.launcher.cpus_per_task={params['cpus_per_task']}: the largest node of {where} has {cpus} CPUs"
-            )
-    if mem_mb and params.get("mem_gb") and params["mem_gb"] * 1024 > mem_mb:
-        if _DEFAULT_MARK in str(raw.get("mem_gb")):
-            params["mem_gb"] = mem_mb // 1024
-        else:
-            problems.append(
-                f"hydra.launcher.mem_gb={params['mem_gb']}: the largest node of {where} has {mem_mb} MiB "
-                f"(at most mem_gb={mem_mb // 1024})"
-            )
-    want = params.get("gpus_per_node") or 0
-    if want and gpus < want:
-        have = "no GPUs (sinfo: no gpu GRES)" if not gpus else f"at most {gpus} GPUs a node"
-        problems.append(
-            f"hydra.launcher.gpus_per_node={want}: the nodes of {where} have {have}; "
-            "to run on their CPUs set device=cpu (or device=auto)"
-        )
-    nodes = int(params.get("nodes") or 1)
-    if nodes > len(nodes_info):
-        problems.append(f"hydra.launcher.nodes={nodes} (launcher.nodes): {where} has {len(nodes_info)} node(s)")
-    return params, problems
-
-
-class PerJobResources:
-    """Mixin for the plugin's launchers: per-job `hydra.launcher`, one submitit array per resource request."""
-
-    def job_config(self, overrides: Sequence[str]) -> DictConfig:
-        return self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-
-    def job_params(self, overrides: Sequence[str]) -> Dict[str, Any]:
-        return launcher_params(self.job_config(overrides))
-
-    def executor(self, params: Dict[str, Any]):
-        """The submitit executor for these parameters, set up the way the plugin sets up its own."""
-        import submitit
-
-        init = {"folder": params["submitit_folder"]}
-        if "max_num_timeout" in params:
-            init[f"{self._EXECUTOR}_max_num_timeout"] = params["max_num_timeout"]
-        executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **init)
-        shared = set(OmegaConf.structured(BaseQueueConf).keys())
-        executor.update_parameters(
-            **{
-                k if k in shared else f"{self._EXECUTOR}_{k}": v
-                for k, v in params.items()
-                if k not in _INIT_KEYS and k not in _DSEXP_KEYS
-            }
-        )
-        return executor
-
-    def prepare_sweep_dir(self) -> Path:
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        if "mode" in self.config.hydra.sweep:
-            os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
-        log.info(f"Submitit '{self._EXECUTOR}' sweep output dir : {sweep_dir}")
-        return sweep_dir
-
-    def submit_groups(self, items: List[Tuple[int, Sequence[str], Dict[str, Any]]]):
-        """Submit (job number, overrides, params) items, one array per distinct params; yields
-        (the items of one array, its jobs or the exception sbatch raised, the time of the sbatch call)."""
-        groups: Dict[str, List[Tuple[int, Sequence[str], Dict[str, Any]]]] = {}
-        for item in items:
-            groups.setdefault(json.dumps(item[2], sort_keys=True, default=str), []).append(item)
-        for group in groups.values():
-            p = group[0][2]
-            log.info(
-                f"\tarray of {len(group)}: nodes={p.get('nodes')} gpus_per_node={p.get('gpus_per_node')}"
-                + (
-                    f" cpus_per_task={p.get('cpus_per_task')} mem_gb={p.get('mem_gb')}"
-                    if self._EXECUTOR == "slurm"
-                    else ""
-                )
-            )
-            args = []
-            for idx, overrides, _ in group:
-                log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-                args.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
-            sbatch_at = time.time()
-            try:
-                yield group, self.executor(p).map_array(self, *zip(*args)), sbatch_at
-            except Exception as e:  # sbatch refused (the local executor never does)
-                if self._EXECUTOR != "slurm":
-                    raise
-                yield group, e, sbatch_at
-
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        self.prepare_sweep_dir()
-        items = [(initial_job_idx + i, ov, self.job_params(ov)) for i, ov in enumerate(job_overrides)]
-        jobs: Dict[int, Any] = {}
-        for group, submitted, _ in self.submit_groups(items):
-            for (idx, _, _), job in zip(group, submitted):
-                jobs[idx] = job
-        return [jobs[initial_job_idx + i].results()[0] for i in range(len(job_overrides))]
-
-
 @dataclass
-class _Job:
-    """One job of a SLURM sweep, as the sweep process follows it."""
+class SweepJob:
+    """One job of a SLURM sweep, as the sweep process follows it (planned from its config by the launcher)."""
 
     num: int
     overrides: List[str]
@@ -280,43 +106,34 @@ class _Job:
     final: Optional[Dict[str, str]] = None  # SLURM's record once the job has ended ({}: SLURM forgot it)
     settle_until: float = 0.0
     seen: str = ""
-    ret: Optional[JobReturn] = None
+    done: bool = False  # ended (or skipped): `value` is what Hydra gets as the job's return value
+    value: Any = None
 
 
 class SlurmSweep:
-    """DsexpSlurmLauncher.launch: plan (resume), submit, wait (with deadlines), record what SLURM says."""
+    """A SLURM sweep once planned: resume, submit, wait (with deadlines), record what SLURM says. Each job ends
+    `done`, with its value for Hydra (dsexp.compose.launchers.DsexpSlurmLauncher makes it a JobReturn)."""
 
-    def __init__(self, launcher: "DsexpSlurmLauncher", job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
-        self.launcher = launcher
-        self.sweep_dir = launcher.prepare_sweep_dir()
-        self.jobs = [self.plan(initial_job_idx + i, list(ov)) for i, ov in enumerate(job_overrides)]
+    def __init__(
+        self,
+        jobs: List[SweepJob],
+        sweep_dir: Path,
+        submit: Callable[[List[Tuple[int, Sequence[str], Dict[str, Any]]]], Iterator[Tuple[list, Any, float]]],
+        tracking_uri: Optional[str],
+        experiment: str,
+    ):
+        """`submit` is the launcher's: it submits (job number, overrides, params) items, one array per distinct
+        params, and yields (the items of one array, its submitit jobs or the exception sbatch raised, the time of
+        the sbatch call). `tracking_uri` and `experiment` are the sweep's `tracking.*`."""
+        self.jobs, self.sweep_dir, self.submit = jobs, sweep_dir, submit
+        self.tracking_uri, self.experiment = tracking_uri, experiment
         cpu_only = [j.num for j in self.jobs if j.config.get("device") == "cpu" and not j.params.get("gpus_per_node")]
         if cpu_only:
             log.info(f"\tjobs {cpu_only} run on CPU and ask SLURM for no GPU (device=cpu, or no GPU in the partition)")
 
-    def plan(self, num: int, overrides: List[str]) -> _Job:
-        from dsexp.compose.config import plain, to_schema
-        from dsexp.compose.validate import validate
-        from dsexp.job.run import job_key
-
-        cfg = self.launcher.job_config(overrides)
-        params, problems = slurm_request(cfg)
-        with open_dict(cfg.hydra.job):
-            cfg.hydra.job.num = num
-        try:
-            job_dir: Optional[Path] = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-        except Exception:  # a subdir naming something only the job knows (hydra.job.id): no resume for it
-            job_dir = None
-        try:
-            spec = validate(to_schema(cfg), int(params.get("gpus_per_node") or 0))  # as the sweep's start did
-            key, config, tp, rerun = job_key(spec), asdict(spec), spec.tp, spec.rerun
-        except Exception:  # the sweep's start validated every job; this one changed since (recorded when it runs)
-            key, config, tp, rerun = None, plain(cfg), int(cfg.get("tp") or 1), bool(cfg.get("rerun"))
-        return _Job(num, overrides, params, job_dir, key, tp, config, rerun, problems)
-
     # --- the sweep ---
 
-    def run(self) -> List[JobReturn]:
+    def run(self) -> List[SweepJob]:
         earlier = earlier_submissions(self.jobs[0].params["submitit_folder"]) if self.jobs else {}
         todo = []
         for j in self.jobs:
@@ -327,7 +144,7 @@ class SlurmSweep:
                 continue
             todo.append(j)
         by_num = {j.num: j for j in todo}
-        for group, submitted, sbatch_at in self.launcher.submit_groups([(j.num, j.overrides, j.params) for j in todo]):
+        for group, submitted, sbatch_at in self.submit([(j.num, j.overrides, j.params) for j in todo]):
             if isinstance(submitted, Exception):
                 for idx, _, _ in group:
                     self.finish(
@@ -341,15 +158,15 @@ class SlurmSweep:
         try:
             self.wait()
         except KeyboardInterrupt:
-            left = [j.slurm_id for j in self.jobs if j.ret is None and j.slurm_id]
+            left = [j.slurm_id for j in self.jobs if not j.done and j.slurm_id]
             log.warning(
                 f"\tstopped waiting; SLURM jobs {left} go on: the same command (same hydra.sweep.dir) waits for them "
                 "again and submits only what is unfinished, or scancel them"
             )
             raise
-        return [j.ret for j in self.jobs]
+        return self.jobs
 
-    def resume(self, j: _Job, earlier: List[Tuple[str, float]]) -> bool:
+    def resume(self, j: SweepJob, earlier: List[Tuple[str, float]]) -> bool:
         """A job an earlier sweep process already submitted: wait for it if SLURM still has it queued or running,
         record its end if that sweep process died before it could; skip a job whose result is ok. True if
         nothing is to be submitted."""
@@ -370,16 +187,16 @@ class SlurmSweep:
                 j.slurm_id, j.sbatch_at, j.reattached = jid, at, True
                 j.job = self.slurm_job(jid, j)
                 self.finish(j, error_text=self.outcome_error(j))
-                j.job = j.ret = None
+                j.job, j.done, j.value = None, False, None
         if j.key and not j.rerun:
             prior = find_ok_result(self.sweep_dir, j.key)
             if prior is not None:
                 log.info(f"\t#{j.num} : already ok in {prior.get('job_dir')}: not submitted")
-                j.ret = self.job_return(j, prior.get("headline"))
+                j.done, j.value = True, prior.get("headline")
                 return True
         return False
 
-    def slurm_job(self, jid: str, j: _Job):
+    def slurm_job(self, jid: str, j: SweepJob):
         from submitit.slurm.slurm import SlurmJob
 
         tasks = list(range(int(j.params.get("nodes") or 1) * int(j.params.get("tasks_per_node") or 1)))
@@ -390,7 +207,7 @@ class SlurmSweep:
         final state); a job pending on DOWN/DRAINED nodes past pending_deadline_s is cancelled. Once SLURM says a
         job ended, its own process may still be finishing (SLURM sends SIGTERM, and SIGKILL KillWait later; a
         NODE_FAIL is declared at once): its record waits up to settle_s for the job's own result.json."""
-        waiting = [j for j in self.jobs if j.job is not None and j.ret is None]
+        waiting = [j for j in self.jobs if j.job is not None and not j.done]
         poll = min([float(j.params.get("poll_s") or 2.0) for j in waiting] or [2.0])
         while waiting:
             now = time.monotonic()
@@ -400,11 +217,11 @@ class SlurmSweep:
                     self.follow(j, queued.get(j.slurm_id), now)
                 if j.final is not None and self.settled(j, now):
                     self.finish(j, error_text=self.outcome_error(j), record=j.final or None)
-            waiting = [j for j in waiting if j.ret is None]
+            waiting = [j for j in waiting if not j.done]
             if waiting:
                 time.sleep(poll)
 
-    def follow(self, j: _Job, st: Optional[Dict[str, str]], now: float) -> None:
+    def follow(self, j: SweepJob, st: Optional[Dict[str, str]], now: float) -> None:
         """One poll of a job still in SLURM's hands: note its state, apply the pending deadline, see it end."""
         if st is None:  # not in squeue's answer: ended, or squeue failed (ask scontrol/sacct)
             rec = slurm.record(j.slurm_id)
@@ -427,7 +244,7 @@ class SlurmSweep:
             log.info(f"\t#{j.num} : SLURM job {j.slurm_id} {st['state']} {reason}".rstrip())
         self.check_deadline(j, st, now)
 
-    def settled(self, j: _Job, now: float) -> bool:
+    def settled(self, j: SweepJob, now: float) -> bool:
         """Whether the ended job's own process is done writing: its result pickles (all tasks) are there, or it
         has written its result.json (a job stopped by SLURM writes no pickle), or settle_s has passed."""
         if now >= j.settle_until or self.pickles_ready(j):
@@ -438,7 +255,7 @@ class SlurmSweep:
             and (slurm.own_result(j.job_dir, j.slurm_id) is not None)
         )
 
-    def check_deadline(self, j: _Job, st: Dict[str, str], now: float) -> None:
+    def check_deadline(self, j: SweepJob, st: Dict[str, str], now: float) -> None:
         deadline = float(j.params.get("pending_deadline_s") or 0)
         if st["state"] != "PENDING" or deadline <= 0 or j.deadline:
             return
@@ -454,11 +271,11 @@ class SlurmSweep:
             log.warning(f"\t#{j.num} : SLURM job {j.slurm_id} {j.deadline}")
             slurm.cancel(j.slurm_id)
 
-    def pickles_ready(self, j: _Job) -> bool:
+    def pickles_ready(self, j: SweepJob) -> bool:
         tasks = [j.job.task(i) for i in range(j.job.num_tasks)] if j.job is not None else []
         return bool(tasks) and all(t.paths.result_pickle.exists() for t in tasks)
 
-    def outcome_error(self, j: _Job) -> str:
+    def outcome_error(self, j: SweepJob) -> str:
         """What submitit's result pickle says went wrong ('' for a success or no pickle)."""
         if not self.pickles_ready(j):
             return ""
@@ -466,7 +283,7 @@ class SlurmSweep:
             ret = j.job.results()[0]
         except Exception as e:  # FailedJobError: the job raised (e.g. submitit's time-limit handler)
             return str(e)[-4000:]
-        if isinstance(ret, JobReturn) and ret.status == JobStatus.FAILED:
+        if getattr(getattr(ret, "status", None), "name", None) == "FAILED":  # Hydra's JobReturn, JobStatus.FAILED
             return f"{type(ret._return_value).__name__}: {ret._return_value}"[-4000:]
         return ""
 
@@ -474,21 +291,21 @@ class SlurmSweep:
 
     def finish(
         self,
-        j: _Job,
+        j: SweepJob,
         error_text: str = "",
         record: Optional[Dict[str, str]] = None,
         cause_note: Optional[str] = None,
     ) -> None:
         """The job has ended (or could not be submitted): complete its result.json with SLURM's account, bring
-        MLflow up to date, and give Hydra a completed JobReturn so the sweep goes on."""
+        MLflow up to date, and mark it done (Hydra gets a completed JobReturn) so the sweep goes on."""
         result = self.record(j, error_text, record, cause_note)
         if j.slurm_id:
             state = (result.get("slurm") or {}).get("state")
             how = result.get("status") + (f" ({result['failure']['cause']})" if result.get("failure") else "")
             log.info(f"\t#{j.num} : SLURM job {j.slurm_id} ended {state}: {how}")
-        j.ret = self.job_return(j, result.get("headline"))
+        j.done, j.value = True, result.get("headline")
 
-    def record(self, j: _Job, error_text: str, rec: Optional[Dict[str, str]], cause_note: Optional[str]) -> Dict:
+    def record(self, j: SweepJob, error_text: str, rec: Optional[Dict[str, str]], cause_note: Optional[str]) -> Dict:
         from dsexp.core.fs import read_json, write_json_atomic
         from dsexp.core.records import SCHEMA_VERSION
         from dsexp.job import failures
@@ -538,15 +355,9 @@ class SlurmSweep:
             result["slurm"]["resumed"] = j.reattached or None
         result.setdefault("clock", {})["recorded_by_sweep"] = time.time()
         write_json_atomic(path, result)
-        cfg = self.launcher.config
-        uri = resolve_uri(cfg.tracking.uri, Path(os.getcwd()))
-        record_cluster_outcome(result, j.job_dir, self.sweep_dir, uri, cfg.tracking.experiment)
+        uri = resolve_uri(self.tracking_uri, Path(os.getcwd()))
+        record_cluster_outcome(result, j.job_dir, self.sweep_dir, uri, self.experiment)
         return result
-
-    def job_return(self, j: _Job, value: Any) -> JobReturn:
-        ret = JobReturn(overrides=list(j.overrides), working_dir=str(j.job_dir) if j.job_dir else None)
-        ret.status, ret.return_value, ret.task_name = JobStatus.COMPLETED, value, "dsexp"
-        return ret
 
 
 def earlier_submissions(submitit_folder: str) -> Dict[int, List[Tuple[str, float]]]:
@@ -571,12 +382,3 @@ def earlier_submissions(submitit_folder: str) -> Dict[int, List[Tuple[str, float
     for subs in out.values():
         subs.sort(key=lambda s: tuple(int(x) for x in s[0].split("_") if x.isdigit()))
     return out
-
-
-class DsexpSlurmLauncher(PerJobResources, plugin.SlurmLauncher):
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        return SlurmSweep(self, job_overrides, initial_job_idx).run()
-
-
-class DsexpLocalLauncher(PerJobResources, plugin.LocalLauncher):
-    pass

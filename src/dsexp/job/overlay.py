@@ -233,18 +233,6 @@ def fill(
     with tempfile.TemporaryDirectory() as tmp:
         stub = _stub_wheel(Path(tmp), "torch", f"{torch}+stub")
         (Path(tmp) / "constraints.txt").write_text(f"torch=={torch}+stub\n")
-        target = []
-        if python_version:
-            target = [
-                "--python-version",
-                python_version,
-                "--implementation",
-                "cp",
-                "--abi",
-                "cp" + python_version.replace(".", ""),
-            ]
-            for plat in platforms or ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"):
-                target += ["--platform", plat]
         _pip(
             [
                 "download",
@@ -258,7 +246,7 @@ def fill(
                 str(folder),
                 "--constraint",
                 str(Path(tmp) / "constraints.txt"),
-                *target,
+                *target_args(python_version, platforms),
                 *pins,
             ],
             what=f"downloading {' '.join(pins)}",
@@ -277,3 +265,95 @@ def _stub_wheel(folder: Path, name: str, ver: str) -> Path:
         z.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nGenerator: dsexp\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         z.writestr(f"{dist}/RECORD", "")
     return path
+
+
+def target_args(python_version: Optional[str], platforms: Sequence[str] = ()) -> List[str]:
+    """pip's options for downloading another interpreter's wheels (CPython `python_version`, e.g. "3.12", on
+    `platforms`, default manylinux x86_64); none for this interpreter's own."""
+    if not python_version:
+        return []
+    args = [
+        "--python-version",
+        python_version,
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp" + python_version.replace(".", ""),
+    ]
+    for plat in platforms or ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"):
+        args += ["--platform", plat]
+    return args
+
+
+# --- filling the wheelhouse of dsexp's own job environment on a GPU machine ---------------------------------
+
+# A GPU machine whose image has torch, transformers, accelerate, safetensors, numpy, pandas, matplotlib, psutil,
+# nvidia-ml-py and filelock, but no network and none of DeepSpeed, hydra-core, omegaconf, MLflow or pydantic (the
+# lent H200s: docs/gpu.md). These are what the job process imports there and the image lacks, with no dependency
+# left to resolve (each is downloaded with --no-deps): versions known to install and import together on its
+# CPython 3.12. MLflow is mlflow-skinny (the client: tracking into sqlite needs no server).
+JOB_WHEELS = (
+    "hydra-core==1.3.8",
+    "omegaconf==2.3.1",
+    "hjson==3.1.0",
+    "pydantic==2.14.4",
+    "pydantic-core==2.50.5",
+    "annotated-types==0.8.0",
+    "typing-inspection==0.4.5",
+    "mlflow-skinny==3.17.2",
+    "opentelemetry-api==1.45.2",
+    "opentelemetry-sdk==1.45.2",
+    "opentelemetry-proto==1.45.2",
+    "opentelemetry-semantic-conventions==0.66b2",
+    "sqlparse==0.6.1",
+    "cachetools==7.3.3",
+    "fastapi==0.165.0",
+    "starlette==1.10.0",
+    "importlib-metadata==9.1.0",
+    "databricks-sdk==0.162.0",
+    "sqlalchemy==2.1.9",
+    "alembic==1.20.1",
+    "mako==1.4.3",
+    "cryptography==50.0.2",
+    "cffi==2.1.1",
+    "pycparser==3.12",
+    "google-auth==2.63.0",
+    "pyasn1==0.6.5",
+    "pyasn1-modules==0.4.2",
+    "python-dotenv==1.2.4",
+    "uvicorn==0.54.0",
+    "gitpython==3.2.1",
+    "gitdb==4.0.12",
+    "smmap==5.0.3",
+)
+# Published as source archives only: built here into pure-Python wheels (DeepSpeed with DS_BUILD_OPS=0: the GPU
+# machine JIT-builds any op it needs with its own nvcc).
+JOB_SOURCE_ONLY = ("antlr4-python3-runtime==4.9.3",)
+JOB_DEEPSPEED = "deepspeed==0.19.8"
+
+
+def fill_job(folder: Path, python_version: Optional[str] = None, platforms: Sequence[str] = ()) -> List[str]:
+    """Download and build into `folder` the wheels dsexp's job environment needs on such a GPU machine (JOB_WHEELS,
+    JOB_SOURCE_ONLY, JOB_DEEPSPEED), for this Python or another one (python_version "3.12"); the machine installs
+    them with `pip install --no-index --no-deps` (scripts/gpu/env.sh). Returns the folder's wheel names."""
+    folder = Path(folder).expanduser().resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    _pip(
+        [
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--dest",
+            str(folder),
+            *target_args(python_version, platforms),
+            *JOB_WHEELS,
+        ],
+        what="downloading the job environment's wheels",
+    )
+    _pip(
+        ["wheel", "--quiet", "--no-deps", "--wheel-dir", str(folder), *JOB_SOURCE_ONLY],
+        what=f"building {' '.join(JOB_SOURCE_ONLY)} into wheels",
+    )
+    _build_deepspeed_wheel([JOB_DEEPSPEED], ["--find-links", str(folder)], folder)
+    return sorted(p.name for p in folder.glob("*.whl"))

@@ -4,7 +4,7 @@ Two sides:
 
 - the job process (on the node): `env_facts()` reads the allocation from the environment SLURM sets
   (SLURM_JOB_ID, SLURMD_NODENAME, the array ids, ...) into `result.json["slurm"]`;
-- the login side (the sweep process, `dsexp.job.cluster_launchers`): asks SLURM about the jobs it submitted
+- the login side (the sweep process, `dsexp.job.cluster.slurm_sweep`): asks SLURM about the jobs it submitted
   (`active`: squeue; `record`: `scontrol show job`, then `sacct` once slurmctld has forgotten the job), sizes
   requests against the partition's nodes (`partition_nodes`: sinfo), and, when a job has ended, merges SLURM's
   final state into the job's result (`merge_outcome`): a job SLURM cancelled, lost with its node or stopped at

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """A throwaway SLURM cluster on this machine: munged, slurmctld and one or two slurmd, all from one folder.
 
-    python3 scripts/slurm_cluster.py start [--dir D] [--nodes 1|2]   # prints the `export SLURM_CONF=...` line
-    python3 scripts/slurm_cluster.py status [--dir D]
-    python3 scripts/slurm_cluster.py stop [--dir D]
+    python3 tests/helpers/slurm_cluster.py start [--dir D] [--nodes 1|2]   # prints the `export SLURM_CONF=...` line
+    python3 tests/helpers/slurm_cluster.py status [--dir D]
+    python3 tests/helpers/slurm_cluster.py stop [--dir D]
 
 or from Python (the test fixture does this):
 
@@ -24,7 +24,8 @@ Clients find the cluster through SLURM_CONF (read by sbatch, squeue, sinfo, scan
 `sacct` answers submitit's `sacct -o JobID,State,NodeList --parsable2 -j ID` from those two sources
 (start with --no-sacct to leave the real one).
 
-Standard library only: this file must not import dsexp.
+Test infrastructure (the fixtures in tests/helpers/slurm.py, `make slurm-up`, benchmarks/slurm.py and
+scripts/slurm_probe.py use it). Standard library only: this file must not import dsexp.
 """
 
 from __future__ import annotations
@@ -402,7 +403,7 @@ def write_config(cluster: Cluster, node: Dict[str, int], timing: Dict[str, int])
         f"RealMemory={node['RealMemory']}"
     )
     lines = [
-        "# written by scripts/slurm_cluster.py: a throwaway cluster on this machine (stop: slurm_cluster.py stop)",
+        "# written by tests/helpers/slurm_cluster.py: a throwaway cluster on this machine (its `stop` stops it)",
         f"ClusterName={CLUSTER_NAME}",
         f"SlurmctldHost={host}(127.0.0.1)",
         f"SlurmctldPort={cluster.port}",
