@@ -17,6 +17,10 @@ Placeholders in the template:
   {{trims_target}}        the tp=2 prediction for the trimmed configuration (results/h200/trims/target.md)
   {{arch_matrix}}         the architecture matrix (results/cpu/arch_matrix.md, written by its slow test)
   {{example:PATH}}        a file of the repo, verbatim (the example script)
+  {{shared:SECTION}}      a report section of the H200 runs with the ranks sharing the GPU (results/h200/shared)
+  {{shared_target}}       the tp=2 trimmed configuration measured shared, NCCL added (results/h200/shared/target.md)
+  {{scripts:SECTION}}     a report section of the seed's main.py run by the script workload (results/h200/scripts)
+  {{seed_script_table}}   what the seed's own see_memory_usage calls printed in those runs, per run
 
 Usage: .venv/bin/python scripts/make_findings.py   (rewrites docs/FINDINGS.md; `--check` fails if it is stale)
 """
@@ -41,6 +45,8 @@ PUBLISHED_GPU = ROOT / "results" / "h200" / "published"
 ANY_MODEL_STACKS = ROOT / "results" / "cpu" / "any_model_stacks"
 STACKS = ROOT / "results" / "h200" / "stacks" / "sweeps"
 BISECT = ROOT / "results" / "cpu" / "stack_bisect" / "sweep"
+SHARED = ROOT / "results" / "h200" / "shared"
+SCRIPTS = ROOT / "results" / "h200" / "scripts"
 GIB = 2**30
 
 # The seed issue's own figures (DeepSpeed issue #5793): what its user read from see_memory_usage.
@@ -106,6 +112,35 @@ def seed_table() -> str:
                 f"| {h['gpu_peak_gib']:.2f} | {h['host_anon_peak_gib']:.2f} "
                 f"| {h['node_host_peak_gib']:.2f} |"
             )
+    return "\n".join(rows)
+
+
+def seed_script_table() -> str:
+    """The seed's main.py run unchanged (the script workload) on its own stack with its ranks sharing one H200: what
+    its own see_memory_usage calls printed on rank 0, and what dsexp measured per rank and on the node."""
+    rows = [
+        "| run | tp | its 'After load model': CPU Virtual Memory used (GB) | its 'After DS-inference init': MA (GB) "
+        "| dsexp: weights per rank after init (GiB) | dsexp: private host memory per rank at load, peak (GiB) "
+        "| dsexp: node host peak (GiB) | correct |",
+        "|---|---:|---:|---:|---|---|---:|---|",
+    ]
+    for path in sorted(SCRIPTS.glob("*/*/result.json")):
+        res = json.loads(path.read_text())
+        if res.get("status") != "ok":
+            continue
+        cfg, ranks = res["config"], [r for r in res["ranks"] if r]
+        events = {e["message"]: e for e in (ranks[0].get("script") or {}).get("events") or [] if e.get("message")}
+        load, init = events.get("After load model") or {}, events.get("After DS-inference init") or {}
+        fixes = ",".join(cfg["script"]["fix"]) or "as written"
+        layers = "24 layers" if path.parts[-3] == "seed24" else "48 layers"
+        weights = " / ".join(f"{_phase(r, 'init').get('weights_device', 0) / GIB:.2f}" for r in ranks)
+        anon = " / ".join(f"{(_phase(r, 'load').get('peaks') or {}).get('host_anon_peak', 0) / GIB:.2f}" for r in ranks)
+        corr = res.get("correctness") or {}
+        ok = "-" if not corr else f"yes ({corr['logits_rel_err']:.4f})" if corr.get("passed") else "no"
+        rows.append(
+            f"| main.py, {fixes}, {layers} | {cfg['tp']} | {load.get('cpu_used_GB', '-')} | {init.get('MA_GB', '-')} "
+            f"| {weights} | {anon} | {res['headline']['node_host_peak_gib']:.2f} | {ok} |"
+        )
     return "\n".join(rows)
 
 
@@ -199,6 +234,14 @@ def render(template: str) -> str:
             return script_output(ROOT / "scripts" / "stack_bisect_table.py", str(BISECT))
         if kind == "trims_target":
             return committed_table(TRIMS / "target.md")
+        if kind == "shared":
+            return report_section(SHARED, arg)
+        if kind == "shared_target":
+            return committed_table(SHARED / "target.md")
+        if kind == "scripts":
+            return report_section(SCRIPTS, arg)
+        if kind == "seed_script_table":
+            return seed_script_table()
         if kind == "example":
             return (ROOT / arg).read_text().strip()
         if kind == "arch_matrix":

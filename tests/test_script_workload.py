@@ -198,7 +198,7 @@ def test_the_seeds_script_on_its_own_stack_runs_unsharded_with_a_private_copy_pe
         ("zero_autotp.py", "tiny", [], "zero_block_unread"),
         ("pipeline_tp.py", "tiny", [], None),
         ("hf_tp_plan.py", "tiny", [], None),
-        ("moves_first.py", "internlm2_tiny", [], "kernel_injection_without_policy"),
+        ("moves_first.py", "internlm2_tiny", ["script.fix=[restore_buffers]"], "kernel_injection_without_policy"),
     ],
 )
 def test_users_scripts_at_tp_1_and_2(tmp_path, cache_dir, script, model, extra, cause):
@@ -217,6 +217,20 @@ def test_users_scripts_at_tp_1_and_2(tmp_path, cache_dir, script, model, extra, 
             < max(weights_per_rank(results[0]) if "init" in results[0]["ranks"][0]["phases"] else [1])
             or script == "hf_tp_plan.py"
         )
+
+
+@pytest.mark.slow
+def test_published_code_on_todays_transformers_is_named_and_fixed(tmp_path, cache_dir):
+    """InternLM2's code computes its rotary tables in __init__ only; transformers 5 leaves them uninitialised, so the
+    script as written generates from NaN: recorded as incorrect, the cause named; restore_buffers makes it correct."""
+    write_script(tmp_path, "moves_first.py", model_dir(cache_dir, "model=internlm2_tiny"))
+    run_dsexp(["-m", "script.path=moves_first.py", "tp=2", "script.fix=[],[restore_buffers]", "hydra.sweep.dir=s"],
+              tmp_path, cache_dir)  # fmt: skip
+    results = by_fix(sweep_results(tmp_path / "s"))
+    as_written, fixed = results[()], results[("restore_buffers",)]
+    assert as_written["failure"]["cause"] == "incorrect_output"
+    assert "buffers_uninitialised" in codes(as_written)
+    assert fixed["status"] == "ok" and fixed["correctness"]["passed"]
 
 
 @pytest.mark.slow

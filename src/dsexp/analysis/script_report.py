@@ -125,7 +125,8 @@ def scripts_section(rows: List[Row]) -> List[str]:
     for (path, args, tp, stack), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
         group.sort(key=lambda r: len(_fixes(r)))
         base = next((r for r in group if not _fixes(r)), None)
-        head = f"### `{path.rsplit('/', 1)[-1]}{' ' + ' '.join(args) if args else ''}` at tp={tp}" + (
+        name = "/".join(str(path).split("/")[-2:]) if _same_name(groups, path) else str(path).rsplit("/", 1)[-1]
+        head = f"### `{name}{' ' + ' '.join(args) if args else ''}` at tp={tp}" + (
             f" on stack {stack}" if stack and stack != "current" else ""
         )
         out += [head, "", _table(group, base), ""]
@@ -136,9 +137,17 @@ def scripts_section(rows: List[Row]) -> List[str]:
             out += [f"Recommended: **script.fix={list(_fixes(best)) or '[]'}** (remedies that applied: {which}), "
                     f"{m.human(dev)} per rank on the device, correct. Lines to change in the script:", ""]  # fmt: skip
             out += [f"- {line}" for line in lines_to_change(best)] + [""]
+        elif not any(r.result.get("correctness") for r in group):
+            out += ["Correctness was not checked here (check.correctness=false): no recommendation.", ""]
         else:
             out += ["No variant ran correct here: see the diagnosis below.", ""]
     return out
+
+
+def _same_name(groups: Dict[Tuple, List[Row]], path: str) -> bool:
+    """Two scripts of one file name in different folders: their headings name the folder too."""
+    name = str(path).rsplit("/", 1)[-1]
+    return len({k[0] for k in groups if str(k[0]).rsplit("/", 1)[-1] == name}) > 1
 
 
 def _table(group: List[Row], base: Optional[Row]) -> str:
@@ -148,7 +157,7 @@ def _table(group: List[Row], base: Optional[Row]) -> str:
         "status",
         "correct (rel. err)",
         f"{'device peak' if gpu else 'device weights'} per rank",
-        "host peak per rank",
+        "private host memory per rank (peak)",
         "node peak",
         "remedies applied",
         "saved per rank vs as written",
@@ -165,7 +174,7 @@ def _table(group: List[Row], base: Optional[Row]) -> str:
                 _status(r),
                 _correct(r),
                 _gibs(dev),
-                _gibs(_per_rank(r, "*", "host_rss_peak")),
+                _gibs(_per_rank(r, "*", "host_anon_peak")),
                 m.human(m.raw_headline(r.result, "node_host_peak_gib") * m.GIB)
                 if m.raw_headline(r.result, "node_host_peak_gib")
                 else "-",

@@ -298,7 +298,26 @@ def rejected_field(result: Dict[str, Any]) -> List[Finding]:
     ]
 
 
+def buffers_left_uninitialised(result: Dict[str, Any]) -> List[Finding]:
+    """The published-code trap: non-persistent buffers (rotary tables) not finite right after the load."""
+    bad = sorted({b for rk in result.get("ranks") or [] for c in ((rk or {}).get("script") or {}).get("calls") or []
+                  if c.get("kind") == "load" for b in c.get("nonfinite_buffers") or []})  # fmt: skip
+    if not bad:
+        return []
+    versions = (result.get("software") or {}).get("versions") or {}
+    return [
+        _f(
+            "buffers_uninitialised",
+            f"{len(bad)} non-persistent buffers were not finite right after from_pretrained ({', '.join(bad[:4])}"
+            f"{', ...' if len(bad) > 4 else ''}): the model's code computes them in __init__ only, and transformers "
+            f"{versions.get('transformers', '?')} left them uninitialised",
+            "recompute them from the model's own constructor after the load (script.fix=restore_buffers)",
+        )
+    ]
+
+
 RULES = (
+    buffers_left_uninitialised,
     rejected_field,
     remote_code_cache,
     no_engine,

@@ -130,10 +130,14 @@ def load_after(session):
         model = out if _is_module(out) else getattr(out, "model", out)  # a pipeline holds its model
         session.model = model
         _annotate_weights(session, session.last_phase, model)
+        from dsexp.rank.loading.buffers import non_persistent_buffers, nonfinite
+
         return {
             "model_class": type(model).__name__,
             "config": config_summary(getattr(model, "config", None)),
             "placement_after": placement(model),
+            # published remote code computes these in __init__ only; transformers >= 5 may leave them uninitialised
+            "nonfinite_buffers": nonfinite(non_persistent_buffers(model))[:20],
         }
 
     return after
