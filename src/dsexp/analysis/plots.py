@@ -147,7 +147,9 @@ def memory_timeline(result: Dict, path: Path, title: Optional[str] = None) -> Op
             ax.set_ylabel(f"rank {view['rank']} ({unit})")
             ax.grid(True, alpha=0.3)
             ax.set_ylim(bottom=0)
-            _mark_peak(ax, view, shift, lines[0][0], scale, unit, span)
+            # ranks sharing a GPU: the device's figure holds every rank; the rank's own peak is its process's
+            peak_field = "nvml_process_used" if col == 1 and m.shared_gpu(result) else lines[0][0]
+            _mark_peak(ax, view, shift, peak_field, scale, unit, span)
     kinds = dict.fromkeys(s["kind"] for v in views for s in trace.phase_spans(v["record"], v["clock_t0"]))
     for col in range(len(columns)):
         ax = axes[0][col]
