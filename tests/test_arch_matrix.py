@@ -182,6 +182,7 @@ def test_matrix_census_against_the_memory_model():
         assert rec["engine"]["modules"]["added"] == predict(rec).modules["added"], config_label(rec["config"])
 
 
+@pytest.mark.slow  # minutes on 2 cores: make test-all
 def test_internlm2_layout_with_no_policy_gets_one_and_a_fused_projection_failure_names_its_module(tmp_path, cache_dir):
     run_dsexp(
         [

@@ -80,6 +80,7 @@ def poisoned_reference(tmp_path, cache_dir, value: str) -> dict:
     return res
 
 
+@pytest.mark.slow  # minutes on 2 cores: make test-all
 def test_a_nan_reference_is_reference_invalid_naming_the_buffers(tmp_path, cache_dir):
     """NaN buffers make the tp=1 reference NaN: its own cause, never an infinite error."""
     res = poisoned_reference(tmp_path, cache_dir, "nan")
@@ -90,6 +91,7 @@ def test_a_nan_reference_is_reference_invalid_naming_the_buffers(tmp_path, cache
     assert res["software"]["versions"]["transformers"] == transformers.__version__  # what its reference ran on
 
 
+@pytest.mark.slow  # minutes on 2 cores: make test-all
 def test_a_finite_reference_from_wrong_buffers_is_reference_invalid(tmp_path, cache_dir):
     """Zeroed tables (what fresh memory gave on the H200) give finite logits that are not the model's; every wrong
     load then agrees with the wrong reference, so only the buffers' check can tell: reference_invalid, naming

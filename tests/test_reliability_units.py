@@ -310,8 +310,8 @@ def test_a_rank_that_received_sigterm_is_a_victim_even_if_its_heartbeat_stopped_
 
 def test_worker_sigterm_leaves_its_stacks_and_still_dies(tmp_path):
     code = (
-        "import os, re; from pathlib import Path; from dsexp.rank import worker; out = os.fdopen(os.dup(1), 'w'); "
-        f"worker._redirect_output(Path({str(tmp_path)!r}) / 'ranks' / 'rank0.log'); "
+        "import os, re; from pathlib import Path; from dsexp.rank import output; out = os.fdopen(os.dup(1), 'w'); "
+        f"output.redirect_output(Path({str(tmp_path)!r}) / 'ranks' / 'rank0.log'); "
         "print('ready', file=out, flush=True); re.match(r'(a+)+$', 'a' * 40 + 'b')"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}

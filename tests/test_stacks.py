@@ -106,6 +106,7 @@ def wheelhouse(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.slow  # minutes on 2 cores: make test-all
 def test_a_stack_from_a_wheelhouse_runs_the_ranks_on_its_pins(tmp_path, cache_dir, wheelhouse):
     """No index at all (--no-index): the overlay is built from the folder, and the ranks import its version."""
     args = [
@@ -134,6 +135,7 @@ def test_a_stack_from_a_wheelhouse_runs_the_ranks_on_its_pins(tmp_path, cache_di
     assert Path(info["extensions_dir"]).parent == Path(info["site"]).parent  # its own extension build folder
 
 
+@pytest.mark.slow  # minutes on 2 cores: make test-all
 def test_a_stack_that_does_not_import_is_a_recorded_stack_error(tmp_path, cache_dir, wheelhouse):
     """transformers refuses an accelerate it does not support?  Use one that cannot import at all: a broken wheel."""
     broken = tmp_path / "broken"
