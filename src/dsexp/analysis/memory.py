@@ -42,87 +42,21 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from dsexp.analysis import architecture as arch
+from dsexp.analysis.placements import (
+    Placement,
+    Strategy,
+    Tensor,
+    chunks,
+    even,
+    itemsize,
+    replicated,
+    split,
+    tensors,
+    unchanged,
+)
 from dsexp.analysis.scripts import as_pipeline_result, is_script
-from dsexp.core.engines import ENGINES, INFER, effective_policy, traits
-from dsexp.core.trims import active as active_trims
+from dsexp.core.engines import ENGINES, INFER, traits
 from dsexp.models.kernel_policy import kernel_policy_classes, tp_plan
-
-
-@dataclass
-class Placement:
-    name: str
-    full: int  # bytes of the whole tensor, in the dtype the engine holds it
-    local: Tuple[int, ...]  # bytes on each rank's compute device
-    how: str  # "replicated", "offloaded" or the splitting module/style (LinearLayer, zero3, colwise...)
-    dim: Optional[int] = None  # the dimension a TP split cuts (0: each rank's rows are contiguous in the file)
-    is_buffer: bool = False
-    copy: bool = False  # a tensor the engine makes that is not in the model (AutoTP's clone of a tied head)
-
-
-@dataclass
-class Strategy:
-    """The settings that decide placement (everything but tp)."""
-
-    engine: str
-    kernel_inject: bool
-    policy: Optional[Dict[str, List[str]]]
-    zero_stage: int
-    offload: str
-    dtype: str
-    model_dtype: str
-    load: str
-    fmt: str
-    device: str
-    max_out_tokens: int
-    conversion: Optional[str]
-    restore_buffers: bool = True  # the loader puts back the non-persistent buffers the engine cast (their dtype)
-    trims: Dict[str, bool] = field(default_factory=dict)  # trim.<key>: true (dsexp.core.trims.MODEL_TRIMS)
-    deepspeed: Optional[str] = None  # the version the ranks ran (a stack's), None: this environment's
-
-    def trimmed(self, key: str) -> bool:
-        return bool(self.trims.get(key))
-
-    def deepspeed_before(self, *version: int) -> bool:
-        from dsexp.core.schema import version_tuple
-
-        return self.deepspeed is not None and version_tuple(self.deepspeed) < version
-
-    @classmethod
-    def from_result(cls, result: Dict[str, Any]) -> "Strategy":
-        c = result.get("config") or {}
-        model, eng, zero, load = (c.get(k) or {} for k in ("model", "engine", "zero", "load"))
-        runtime = result.get("runtime") or {}
-        dtype, model_dtype = c.get("dtype") or model.get("dtype", "bf16"), model.get("dtype", "bf16")
-        conversion = runtime.get("conversion", f"{model_dtype}->{dtype}" if dtype != model_dtype else None)
-        return cls(
-            engine=eng.get("name", "init_inference"),
-            kernel_inject=bool(eng.get("kernel_inject")),
-            policy=_effective_policy(result),
-            zero_stage=int(zero.get("stage") or 0),
-            offload=zero.get("offload") or "none",
-            dtype=dtype,
-            model_dtype=model_dtype,
-            load=load.get("name", "eager"),
-            fmt=load.get("format", "safetensors"),
-            device=runtime.get("device") or c.get("device") or "cpu",
-            max_out_tokens=int(eng.get("max_out_tokens") or 0),
-            conversion=conversion,
-            restore_buffers=load.get("restore_buffers", True) is not False,
-            trims=dict.fromkeys(active_trims(c.get("trim") or {}), True),
-            deepspeed=((result.get("software") or {}).get("versions") or {}).get("deepspeed")
-            or (c.get("stack") or {}).get("deepspeed"),
-        )
-
-
-def _effective_policy(result: Dict[str, Any]) -> Optional[Dict[str, List[str]]]:
-    """The injection policy the engine used (its report), else what the config resolves to."""
-    report = result.get("engine") or {}
-    if "injection_policy" in report:
-        return report["injection_policy"] or None
-    eng, model = ((result.get("config") or {}).get(k) or {} for k in ("engine", "model"))
-    return effective_policy(
-        eng.get("injection_policy", "auto"), bool(eng.get("kernel_inject")), model.get("injection_policy")
-    )
 
 
 @dataclass
@@ -230,19 +164,19 @@ def place(model, strategy: Strategy, tp: int, shared: Optional[Dict[str, str]] =
     each shared one takes no bytes of its own on any rank.
     policy: how AutoTP's policy was found ({"policy", "source", "why", ...}); where DeepSpeed refuses for want of
     one, the policy `engine.injection_policy=infer` would use (so the diagnosis can name it)."""
-    tensors = _tensors(model, strategy)
+    held = tensors(model, strategy)
     notes: List[str] = []
     found: Dict[str, Any] = {}
     try:
         placer = PLACERS.get(strategy.engine, _unknown_engine)
-        placements, modules = placer(model, tensors, strategy, tp, notes, found)
+        placements, modules = placer(model, held, strategy, tp, notes, found)
         error = None
     except AssertionError as e:  # DeepSpeed's own refusal (e.g. AutoTP finds no policy)
         if not found:
             from dsexp.models.policy import infer_policy
 
             found.update(infer_policy(model), suggested=True)
-        placements, modules = [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
+        placements, modules = [replicated(t, tp) for t in held], unchanged()
         error = str(e) or "AssertionError"
     if shared:
         placements = [_shared(p, shared[p.name], tp) if p.is_buffer and p.name in shared else p for p in placements]
@@ -260,72 +194,10 @@ def splits_weights(engine: str) -> bool:
     return engine in ENGINES and traits(engine).splits_weights
 
 
-# --- tensors -------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Tensor:
-    name: str
-    module: str
-    numel: int
-    shape: Tuple[int, ...]
-    itemsize: int
-    is_buffer: bool
-
-
-def _tensors(model, strategy: Strategy) -> List[_Tensor]:
-    """Every parameter and buffer once (tied weights counted once), in the dtype the engine holds it: a casting
-    engine's run dtype, except the non-persistent buffers dsexp puts back as the model built them (RoPE tables,
-    with load.restore_buffers)."""
-    import torch
-
-    cast = strategy.engine in ENGINES and traits(strategy.engine).casts_buffers
-    run_itemsize = arch.DTYPE_BYTES[strategy.dtype]
-    seen, out = set(), []
-    for mname, mod in model.named_modules():
-        for is_buffer, items in (
-            (False, mod.named_parameters(recurse=False)),
-            (True, mod.named_buffers(recurse=False)),
-        ):
-            for pname, t in items:
-                if t is None or id(t) in seen:
-                    continue
-                seen.add(id(t))
-                restored = is_buffer and strategy.restore_buffers and pname in mod._non_persistent_buffers_set
-                itemsize = run_itemsize if (cast and not restored and torch.is_floating_point(t)) else t.element_size()
-                out.append(
-                    _Tensor(
-                        f"{mname}.{pname}" if mname else pname, mname, t.numel(), tuple(t.shape), itemsize, is_buffer
-                    )
-                )
-    return out
-
-
-def _itemsize(t, s: Strategy) -> int:
-    """Bytes per element of a model tensor as the engine holds it (casting engines: floats in the run dtype)."""
-    import torch
-
-    cast = s.engine in ENGINES and traits(s.engine).casts_buffers
-    return arch.DTYPE_BYTES[s.dtype] if (cast and torch.is_floating_point(t)) else t.element_size()
-
-
-def _replicated(t: _Tensor, tp: int, how: str = "replicated") -> Placement:
-    b = t.numel * t.itemsize
-    return Placement(t.name, b, (b,) * tp, how, is_buffer=t.is_buffer)
-
-
-def _split(t: _Tensor, dim: int, sizes: List[int], how: str) -> Placement:
-    """A tensor cut along `dim` into pieces of the given sizes (one per rank)."""
-    other = t.numel // t.shape[dim]
-    return Placement(
-        t.name, t.numel * t.itemsize, tuple(s * other * t.itemsize for s in sizes), how, dim=dim, is_buffer=t.is_buffer
-    )
-
-
 # --- engines -------------------------------------------------------------------------------------
 
 Placer = Callable[
-    [Any, List[_Tensor], Strategy, int, List[str], Dict[str, Any]], Tuple[List[Placement], Dict[str, Dict[str, int]]]
+    [Any, List[Tensor], Strategy, int, List[str], Dict[str, Any]], Tuple[List[Placement], Dict[str, Dict[str, int]]]
 ]
 
 
@@ -366,7 +238,7 @@ def _autotp(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[
 
     rules = autotp_rules(model, s, tp, notes, found)
     if rules is None:
-        return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
+        return [replicated(t, tp) for t in tensors], unchanged()
     meta = AutoTPMeta.from_model_config(model.config, DeepSpeedTPConfig().tp_grain_size)
     # module name -> (DeepSpeed's name for it, replacement class, the decoder layer it sits in)
     by_module: Dict[str, Tuple[str, str, Any]] = {}
@@ -405,7 +277,7 @@ def _autotp(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[
     if head and not any(t.module == head and t.name.endswith(".weight") for t in tensors):
         # tied to the embedding: LmHeadLinearAllreduce clones the weight, then keeps its [V, H/tp] slice
         w = getattr(model, head).weight
-        clone = _Tensor(f"{head}.weight", head, w.numel(), tuple(w.shape), _itemsize(w, s), False)
+        clone = Tensor(f"{head}.weight", head, w.numel(), tuple(w.shape), itemsize(w, s), False)
         copy = _autotp_place(clone, "lm_head", "LmHeadLinearAllreduce", None, tp, meta)
         copy.copy, copy.how = True, "LmHeadLinearAllreduce (clone of the tied embedding)"
         out.append(copy)
@@ -438,28 +310,28 @@ def _input_embedding(model) -> Optional[str]:
     return next(n for n, m in model.named_modules() if m is emb)
 
 
-def _autotp_place(t: _Tensor, name: Optional[str], cls: Optional[str], layer, tp: int, meta) -> Placement:
+def _autotp_place(t: Tensor, name: Optional[str], cls: Optional[str], layer, tp: int, meta) -> Placement:
     """One tensor under AutoTP's replacement `cls` (None: left alone)."""
     from deepspeed.module_inject.tp_shard import get_shard_size_list
 
     if cls is None or cls == "skip" or t.is_buffer:
-        return _replicated(t, tp)
+        return replicated(t, tp)
     if cls in ("LinearAllreduce", "LmHeadLinearAllreduce"):
         if len(t.shape) != 2:  # row-parallel bias stays whole
-            return _replicated(t, tp)
-        return _split(t, 1, get_shard_size_list(t.shape[1], tp, meta, name), cls)
+            return replicated(t, tp)
+        return split(t, 1, get_shard_size_list(t.shape[1], tp, meta, name), cls)
     if cls == "Embedding":
-        return _split(t, 1, get_shard_size_list(t.shape[1], tp, meta, name), cls)
+        return split(t, 1, get_shard_size_list(t.shape[1], tp, meta, name), cls)
     if cls == "GateUpPack_LinearLayer":  # gate and up halves, each split as an MLP width
         half = t.shape[0] // 2
         widths = get_shard_size_list(half, tp, meta, "mlp")
-        return _split(t, 0, [2 * w for w in widths], cls)
+        return split(t, 0, [2 * w for w in widths], cls)
     if cls == "fused_LinearLayer":
         return _fused_qkv(t, layer, tp, meta)
-    return _split(t, 0, get_shard_size_list(t.shape[0], tp, meta, name), cls)
+    return split(t, 0, get_shard_size_list(t.shape[0], tp, meta, name), cls)
 
 
-def _fused_qkv(t: _Tensor, layer, tp: int, meta) -> Placement:
+def _fused_qkv(t: Tensor, layer, tp: int, meta) -> Placement:
     """A fused qkv weight (or bias) cut by DeepSpeed's own prepare_tp_fused_qkvw for this layer's fused layout
     (run on a meta tensor of its shape: only the shapes are computed)."""
     import torch
@@ -470,7 +342,7 @@ def _fused_qkv(t: _Tensor, layer, tp: int, meta) -> Placement:
     try:
         rows = [int(prepare_tp_fused_qkvw(layer, src, tp, r, meta).shape[0]) for r in range(tp)]
     except Exception:  # a layout DeepSpeed's helper cannot cut this tensor with (e.g. a bias for phi3type)
-        rows = _even(t.shape[0], tp)
+        rows = even(t.shape[0], tp)
     other = t.numel // t.shape[0]
     local = tuple(r * other * t.itemsize for r in rows)
     return Placement(t.name, t.numel * t.itemsize, local, f"fused_LinearLayer ({kind})", dim=0, is_buffer=t.is_buffer)
@@ -506,7 +378,7 @@ def _kernel_inject(model, tensors, tp: int, notes: List[str]):
             f"kernel injection has no policy for {', '.join(names) or 'any layer class'}: "
             f"no module is replaced and nothing is sharded"
         )
-        return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
+        return [replicated(t, tp) for t in tensors], unchanged()
     notes.append(
         "kernel-injected layers: matrices assumed split evenly 1/tp (DeepSpeed containers); "
         "the kernel workspace is not part of the weights"
@@ -515,9 +387,9 @@ def _kernel_inject(model, tensors, tp: int, notes: List[str]):
     for t in tensors:
         in_layer = any(t.module == n or t.module.startswith(n + ".") for n in layers)
         if in_layer and len(t.shape) == 2 and tp > 1 and not t.is_buffer:
-            out.append(_split(t, 0, _even(t.shape[0], tp), "kernel"))
+            out.append(split(t, 0, even(t.shape[0], tp), "kernel"))
         else:
-            out.append(_replicated(t, tp))
+            out.append(replicated(t, tp))
     return out, {"removed": dict(Counter(layers.values())), "added": {}}
 
 
@@ -529,7 +401,7 @@ def _zero3(model, tensors, s: Strategy, tp: int, notes: List[str], found: Option
     out = []
     for t in tensors:
         if t.is_buffer:
-            out.append(_replicated(t, tp))
+            out.append(replicated(t, tp))
             continue
         part = math.ceil(t.numel / tp) * t.itemsize
         out.append(
@@ -537,7 +409,7 @@ def _zero3(model, tensors, s: Strategy, tp: int, notes: List[str], found: Option
                 t.name, t.numel * t.itemsize, (0 if offloaded else part,) * tp, "offloaded" if offloaded else "zero3"
             )
         )
-    return out, {"removed": {}, "added": {}}
+    return out, unchanged()
 
 
 def _autotp_zero3(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]):
@@ -596,7 +468,7 @@ _HF_DIMS = (  # style prefix -> the dim its DTensor shards ("out": the output di
 def _hf_tp(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]):
     """transformers TP: the model's resolved plan; DTensor Shard(dim) cuts like torch.chunk."""
     if tp == 1:
-        return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
+        return [replicated(t, tp) for t in tensors], unchanged()
     if not tp_plan(model):  # transformers refuses at load (InternLM2's code as published has no plan)
         raise AssertionError("the model's code defines no tensor-parallel plan: transformers' TP cannot shard it")
     style_of = _hf_plan(model, tp)
@@ -605,11 +477,11 @@ def _hf_tp(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[s
         style = style_of(t.name)
         dim = next((d for prefix, d in _HF_DIMS if style and style.startswith(prefix)), None)
         if dim is None or t.is_buffer or (dim == -1 and len(t.shape) == 1):  # row-parallel bias: replicated
-            out.append(_replicated(t, tp))
+            out.append(replicated(t, tp))
         else:
             d = max(len(t.shape) - 2, 0) if dim == "out" else dim % len(t.shape)
-            out.append(_split(t, d, _chunks(t.shape[d], tp), style))
-    return out, {"removed": {}, "added": {}}
+            out.append(split(t, d, chunks(t.shape[d], tp), style))
+    return out, unchanged()
 
 
 def _hf_plan(model, tp: int) -> Callable[[str], Optional[str]]:
@@ -629,7 +501,7 @@ def _hf_plan(model, tp: int) -> Callable[[str], Optional[str]]:
 
 def _unknown_engine(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]):
     notes.append(f"no placement rule for engine {s.engine!r}: predicted as unsharded")
-    return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
+    return [replicated(t, tp) for t in tensors], unchanged()
 
 
 PLACERS: Dict[str, Placer] = {
@@ -638,15 +510,6 @@ PLACERS: Dict[str, Placer] = {
     "autotp_zero3": _autotp_zero3,
     "hf_tp": _hf_tp,
 }
-
-
-def _even(n: int, tp: int) -> List[int]:
-    return [n // tp + (1 if r < n % tp else 0) for r in range(tp)]
-
-
-def _chunks(n: int, tp: int) -> List[int]:
-    size = -(-n // tp)
-    return [max(0, min(size, n - r * size)) for r in range(tp)]
 
 
 # --- KV cache, context, host ---------------------------------------------------------------------
