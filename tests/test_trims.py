@@ -20,8 +20,9 @@ from dsexp.compose.config import to_schema
 from dsexp.compose.validate import validate
 from dsexp.core.records import config_label
 from dsexp.core.schema import ConfigError
-from dsexp.core.trims import identical, label
 from dsexp.job.launch import rank_env
+from dsexp.trims import label
+from dsexp.trims.dedupe_buffers import identical
 
 from conftest import ROOT, compose, run_dsexp, sweep_results
 from helpers.analysis_cases import GIB, INTERNLM2_TINY, MIB, config, result

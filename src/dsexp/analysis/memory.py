@@ -57,6 +57,10 @@ from dsexp.analysis.placements import (
 from dsexp.analysis.scripts import as_pipeline_result, is_script
 from dsexp.core.engines import ENGINES, INFER, traits
 from dsexp.models.kernel_policy import kernel_policy_classes, tp_plan
+from dsexp.trims.dedupe_buffers import placement as dedupe
+from dsexp.trims.shard_embedding.placement import embedding_to_split
+from dsexp.trims.shard_head import HEAD_NAMES
+from dsexp.trims.shard_head.placement import aliased_head
 
 
 @dataclass
@@ -134,7 +138,7 @@ def predict(result: Dict[str, Any], tp: Optional[int] = None) -> Prediction:
     tp = int(tp or (result.get("config") or {}).get("tp") or 1)
     source = arch.model_source(result.get("config") or {}, result.get("runtime"))
     model = arch.meta_model(source, strategy.dtype)
-    shared = arch.duplicate_buffers(source, strategy.dtype) if strategy.trimmed("dedupe_buffers") else None
+    shared = dedupe.shared_buffers(source, strategy)
     placements, modules, notes, error, policy = place(model, strategy, tp, shared, with_policy=True)
     weights = [sum(p.local[r] for p in placements) for r in range(tp)]
     tokens = _tokens(result, strategy)
@@ -160,7 +164,7 @@ def predict(result: Dict[str, Any], tp: Optional[int] = None) -> Prediction:
 def place(model, strategy: Strategy, tp: int, shared: Optional[Dict[str, str]] = None, with_policy: bool = False):
     """(placements, predicted module changes, notes, error[, policy]) for any model (meta device) under a strategy.
 
-    shared: with trim.dedupe_buffers, {buffer: the identical buffer it shares} (architecture.duplicate_buffers);
+    shared: with trim.dedupe_buffers, {buffer: the identical buffer it shares} (dsexp.trims.dedupe_buffers.placement);
     each shared one takes no bytes of its own on any rank.
     policy: how AutoTP's policy was found ({"policy", "source", "why", ...}); where DeepSpeed refuses for want of
     one, the policy `engine.injection_policy=infer` would use (so the diagnosis can name it)."""
@@ -179,14 +183,9 @@ def place(model, strategy: Strategy, tp: int, shared: Optional[Dict[str, str]] =
         placements, modules = [replicated(t, tp) for t in held], unchanged()
         error = str(e) or "AssertionError"
     if shared:
-        placements = [_shared(p, shared[p.name], tp) if p.is_buffer and p.name in shared else p for p in placements]
-        notes.append(f"trim.dedupe_buffers: {len(shared)} buffers share an identical one (no bytes of their own)")
+        placements = dedupe.share(placements, shared, tp, notes)
     out = (placements, modules, notes, error)
     return (*out, found or None) if with_policy else out
-
-
-def _shared(p: Placement, first: str, tp: int) -> Placement:
-    return Placement(p.name, p.full, (0,) * tp, f"shared with {first}", is_buffer=True)
 
 
 def splits_weights(engine: str) -> bool:
@@ -256,18 +255,17 @@ def _autotp(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[
             else:
                 continue
             by_module[f"{lname}.{rel}"] = (name, cls, layer)
-    head = next((n for n in ("lm_head", "embed_out") if isinstance(getattr(model, n, None), nn.Linear)), None)
+    head = next((n for n in HEAD_NAMES if isinstance(getattr(model, n, None), nn.Linear)), None)
     if head and s.deepspeed_before(0, 15) and s.load != "meta":
         # DeepSpeed 0.14 calls set_lm_head only when init_inference loads a checkpoint (replace_module.py)
         notes.append(
             f"DeepSpeed {s.deepspeed} splits the head ({head}) only with checkpoint= (load=meta): it stays whole"
         )
         head = None
-    if head is None and s.trimmed("shard_head") and tp > 1 and not s.deepspeed_before(0, 15):
-        head = _top_level_head(model)  # aliased as lm_head while init_inference runs (dsexp.rank.trims)
+    head = head or aliased_head(model, s, tp)  # aliased as lm_head while init_inference runs (trim.shard_head)
     if head:
         by_module[head] = ("lm_head", "LmHeadLinearAllreduce", None)
-    embedding = _input_embedding(model) if s.trimmed("shard_embedding") and tp > 1 else None
+    embedding = embedding_to_split(model, s, tp)
     if embedding:
         by_module[embedding] = (embedding, "VocabParallelEmbedding", None)  # named as the rank names it: its module
     out = []
@@ -289,25 +287,6 @@ def _autotp(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[
     removed = Counter({"Linear": sum(n for cls, n in replaced.items() if cls != "VocabParallelEmbedding")})
     removed["Embedding"] = replaced.get("VocabParallelEmbedding", 0)
     return out, {"removed": {k: n for k, n in removed.items() if n}, "added": dict(replaced)}
-
-
-def _top_level_head(model) -> Optional[str]:
-    """The output head's attribute when it is a top-level nn.Linear (what trim.shard_head can alias)."""
-    import torch.nn as nn
-
-    head = model.get_output_embeddings()
-    name = next((n for n, m in model._modules.items() if m is head), None) if head is not None else None
-    return name if isinstance(head, nn.Linear) else None
-
-
-def _input_embedding(model) -> Optional[str]:
-    """The input embedding's module name when it is a plain nn.Embedding (what VocabParallelEmbedding accepts)."""
-    import torch.nn as nn
-
-    emb = model.get_input_embeddings()
-    if type(emb) is not nn.Embedding:
-        return None
-    return next(n for n, m in model.named_modules() if m is emb)
 
 
 def _autotp_place(t: Tensor, name: Optional[str], cls: Optional[str], layer, tp: int, meta) -> Placement:

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from dsexp.analysis import architecture as arch
 from dsexp.core.engines import ENGINES, effective_policy
-from dsexp.core.trims import active as active_trims
+from dsexp.trims import active as active_trims
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Strategy:
     max_out_tokens: int
     conversion: Optional[str]
     restore_buffers: bool = True  # the loader puts back the non-persistent buffers the engine cast (their dtype)
-    trims: Dict[str, bool] = field(default_factory=dict)  # trim.<key>: true (dsexp.core.trims.MODEL_TRIMS)
+    trims: Dict[str, bool] = field(default_factory=dict)  # trim.<key>: true (dsexp.trims.MODEL_TRIMS)
     deepspeed: Optional[str] = None  # the version the ranks ran (a stack's), None: this environment's
 
     def trimmed(self, key: str) -> bool:

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 
 from dsexp.analysis import measured as m
 from dsexp.core.records import phase_kind
+from dsexp.trims import MODEL_TRIMS
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16", "float": "fp32"}
 WHOLE = 0.9  # a placement holding this fraction of the model holds all of it
@@ -77,7 +78,7 @@ def as_pipeline_result(result: Dict[str, Any]) -> Dict[str, Any]:
     elif kw.get("tp_plan"):
         engine = {"name": "hf_tp"}
     trims = ((applied.get("trims") or [{}])[-1]) if "trims" in applied else {}
-    trim = {k: True for k in ("dedupe_buffers", "shard_head", "shard_embedding", "world_group") if k in trims}
+    trim = {k: True for k in MODEL_TRIMS if k in trims}
     config = {
         **(result.get("config") or {}),
         "model": model,

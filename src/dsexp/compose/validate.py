@@ -14,7 +14,6 @@ from typing import Any, Dict, Optional
 
 from packaging.version import Version
 
-from dsexp.core import trims
 from dsexp.core.checkpoint import checkpoint_problem, folder_config
 from dsexp.core.engines import ENGINES, traits
 from dsexp.core.schema import (
@@ -28,6 +27,7 @@ from dsexp.core.schema import (
     JobConfig,
     is_shared,
 )
+from dsexp.trims import TRIMS
 
 
 def _one_of(key: str, value: Any, allowed) -> None:
@@ -144,7 +144,8 @@ def _validate_pipeline(spec: JobConfig, device: str) -> None:
     _validate_model(spec)
     _validate_stack(spec)
     _validate_tp_plan(spec)
-    _validate_trim(spec)
+    for trim in TRIMS.values():
+        trim.check(spec)
     if device == "cpu" and spec.engine.name == "init_inference" and spec.engine.kernel_inject:
         layers = _kernel_injected_layers(spec)
         if layers:
@@ -295,31 +296,6 @@ def _validate_load(spec: JobConfig) -> None:
         )
 
 
-def _validate_trim(spec: JobConfig) -> None:
-    """Each trim only where it can apply; trim.env only with the settings dsexp knows (values become strings)."""
-    t, engine = spec.trim, spec.engine
-    for key in trims.AUTOTP_ONLY:
-        if not getattr(t, key):
-            continue
-        if engine.name != "init_inference":
-            raise ConfigError(
-                f"trim.{key}=true changes DeepSpeed's AutoTP call and needs engine=init_inference; "
-                f"engine={engine.name} does not run it (trim.dedupe_buffers applies to every engine)"
-            )
-        if engine.kernel_inject:
-            raise ConfigError(
-                f"trim.{key}=true needs AutoTP: engine.kernel_inject=true replaces layers with DeepSpeed kernels "
-                "instead; set engine.kernel_inject=false"
-            )
-    env = {}
-    for key, value in dict(t.env or {}).items():
-        problem = trims.env_problem(str(key), value)
-        if problem:
-            raise ConfigError(problem)
-        env[str(key)] = trims.env_value(value)
-    t.env = env
-
-
 def _meta_model(spec: JobConfig):
     """The run's model on the meta device (no weights), to ask it what an engine needs."""
     from dsexp.models.kernel_policy import folder_meta_model, preset_meta_model
@@ -463,34 +439,22 @@ ENGINE_NEEDS = {
 }
 
 
-# What a trim needs of the software the ranks run on, as ENGINE_NEEDS.
-TRIM_NEEDS = {
-    "shard_head": (
-        "deepspeed",
-        "0.15",
-        "DeepSpeed 0.14 splits a head (set_lm_head) only when init_inference loads a checkpoint: measured on 0.14.4, "
-        "the alias changes nothing on an eager load",
-    ),
-    "shard_embedding": (
-        "deepspeed",
-        "0.19.8",
-        "DeepSpeed's VocabParallelEmbedding is not in 0.14.4 (measured in 0.19.8)",
-    ),
-}
-
-
 def _validate_stack(spec: JobConfig) -> None:
     """A stack's pins against what the engine and the trims need (the pins themselves are checked when the stack is
     prepared, before any job: dsexp.job.stacks)."""
-    needs = [(f"engine={spec.engine.name}", ENGINE_NEEDS.get(spec.engine.name))]
-    needs += [(f"trim.{key}=true", need) for key, need in TRIM_NEEDS.items() if getattr(spec.trim, key)]
-    for who, need in needs:
-        if not need:
-            continue
+    need = ENGINE_NEEDS.get(spec.engine.name)
+    if need:
         package, oldest, why = need
         pinned = getattr(spec.stack, package)
         if pinned and str(pinned)[0].isdigit() and Version(str(pinned)) < Version(oldest):
-            raise ConfigError(f"{who} with stack.{package}={pinned}: {why}; pin {package} >= {oldest} or leave it out")
+            raise ConfigError(
+                f"engine={spec.engine.name} with stack.{package}={pinned}: {why}; pin {package} >= {oldest} or leave "
+                "it out"
+            )
+    for key, trim in TRIMS.items():
+        problem = trim.gate.problem(f"trim.{key}=true", spec.stack) if trim.gate and getattr(spec.trim, key) else None
+        if problem:
+            raise ConfigError(problem)
 
 
 def validate_nodes(spec: JobConfig) -> None:

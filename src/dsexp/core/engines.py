@@ -18,6 +18,7 @@ class EngineTraits:
     casts_buffers: bool  # casts the whole module, buffers included, to the run dtype
     fills_meta: bool  # can place a model built on the meta device (load=meta|sharded)
     summary: str
+    inference_autotp: bool = False  # runs init_inference's AutoTP, whose call the AutoTP trims change (dsexp.trims)
 
 
 _RANK = "dsexp.rank.engines"
@@ -32,6 +33,7 @@ ENGINES: Dict[str, EngineTraits] = {
             even_heads=False,
             casts_buffers=True,
             fills_meta=True,
+            inference_autotp=True,
             summary="deepspeed.init_inference: kernel injection, or AutoTP with an injection policy",
         ),
         EngineTraits(

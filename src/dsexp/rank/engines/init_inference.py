@@ -10,11 +10,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from dsexp.core.engines import INFER
 from dsexp.core.engines import effective_policy as core_effective_policy
-from dsexp.rank import trims
 from dsexp.rank.compat import config_fields
 from dsexp.rank.context import RankContext
 from dsexp.rank.engines.base import Engine
 from dsexp.rank.engines.config_trace import FieldReadTracer
+from dsexp.trims.shard_embedding.rank import shard_embedding
+from dsexp.trims.shard_head.rank import alias_head, unalias_head
+from dsexp.trims.world_group.rank import preset_group
 
 
 def resolve_policy(policy: Optional[Dict[str, Any]], model) -> Optional[Dict[type, tuple]]:
@@ -116,9 +118,9 @@ class InitInference(Engine):
         self.zero_fields = zero_field_names(ctx) if zero is not None else []
         module = engine.module
         if alias:
-            done["shard_head"] = trims.unalias_head(module, alias, done["shard_head"])
+            done["shard_head"] = unalias_head(module, alias, done["shard_head"])
         if ctx.spec.trim.shard_embedding and "shard_embedding" not in done:
-            done["shard_embedding"] = trims.shard_embedding(module, engine.mp_group, grain, "after init_inference")
+            done["shard_embedding"] = shard_embedding(module, engine.mp_group, grain, "after init_inference")
         if done:
             report["trims"] = done
         return module, report
@@ -135,14 +137,14 @@ class InitInference(Engine):
             return done, None
         embed_first = t.shard_embedding and checkpoint is None  # DeepSpeed's checkpoint loader fills nn.Embedding only
         if t.world_group or embed_first:
-            group, info = trims.preset_group(t.world_group, tp)
+            group, info = preset_group(t.world_group, tp)
             if t.world_group:
                 done["world_group"] = info
             if embed_first:
-                done["shard_embedding"] = trims.shard_embedding(model, group, grain, "before init_inference")
+                done["shard_embedding"] = shard_embedding(model, group, grain, "before init_inference")
         alias = None
         if t.shard_head:
-            alias, done["shard_head"] = trims.alias_head(model)
+            alias, done["shard_head"] = alias_head(model)
         return done, alias
 
     def finish(self, report: Dict[str, Any]) -> Dict[str, Any]:
