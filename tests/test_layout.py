@@ -1,6 +1,5 @@
 """The layout shows the pipeline: imports run one way (no cycles), the ranks need nothing of the job side, and each
-trim is one member of its family, in one folder holding all of it, named nowhere else, and every engine is named the
-same in the traits table, the configs, the ranks and the memory model."""
+engine and each trim is one member of its family, in one folder holding all of it, named nowhere else."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ import yaml
 from conftest import CONF, ROOT
 
 SRC = ROOT / "src" / "dsexp"
-FAMILIES = ("trims",)
+FAMILIES = ("engines", "trims")
 # What each stage may import from dsexp (itself included): the stages only ever look back. A family's members are
 # cut by where each part runs: `rank.py` on the ranks, `placement.py` in the analysis, the rest ("family": registry,
 # base, each member's traits and validation) wherever its traits are read, the standard library and core alone at
@@ -113,9 +112,9 @@ def stage(module: str) -> str:
 
 
 def test_stage_of_a_family_module():
-    assert stage("dsexp.trims.shard_head.rank") == stage("dsexp.trims.rank") == "family.rank"
+    assert stage("dsexp.engines.hf_tp.rank") == stage("dsexp.engines.rank") == "family.rank"
     assert stage("dsexp.trims.shard_head.placement") == "family.placement"
-    assert stage("dsexp.trims.shard_head") == stage("dsexp.trims.base") == stage("dsexp.trims") == "family"
+    assert stage("dsexp.engines.hf_tp") == stage("dsexp.trims.base") == stage("dsexp.trims") == "family"
     assert stage("dsexp.rank.workloads.pipeline") == "rank"
 
 
@@ -134,7 +133,7 @@ def test_stages_only_look_back(package):
 def test_family_traits_import_without_torch():
     """Validation, the report and the ranks' registry lookups read the families' traits: torch-free at import."""
     code = (
-        "import sys, dsexp.trims; "
+        "import sys, dsexp.engines, dsexp.trims; "
         "print(sorted(m for m in ('torch', 'deepspeed', 'transformers', 'omegaconf', 'hydra') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -167,15 +166,18 @@ def parts(family: str, name: str) -> Set[str]:
     return {p.name for p in (SRC / family / name).glob("*.py")}
 
 
-def test_engines_are_one_set():
-    from dsexp.analysis.memory import PLACERS
-    from dsexp.core.engines import ENGINES
-    from dsexp.rank.engines import get_engine
+def test_each_engine_is_one_folder_holding_all_of_it():
+    """conf/engine/<name>.yaml, and dsexp/engines/<name>/ with its traits and gate, its rank-side class and its
+    placement rule: the registry, the ranks and the memory model find all of it there."""
+    from dsexp.engines import ENGINES, part
+    from dsexp.engines.rank import get_engine
 
     configs = {p.stem for p in (CONF / "engine").glob("*.yaml")}
-    assert set(ENGINES) == configs == set(PLACERS), (sorted(ENGINES), sorted(configs), sorted(PLACERS))
-    for name in ENGINES:
-        assert get_engine(name).name == name
+    assert members("engines") == set(ENGINES) == configs, (members("engines"), sorted(ENGINES), configs)
+    for name, traits in ENGINES.items():
+        assert parts("engines", name) == {"__init__.py", "rank.py", "placement.py"}, name
+        assert traits.name == name and get_engine(name).name == name
+        assert callable(part(name, "placement").place)
 
 
 # Trims that move no tensor, so the memory model has no rule for them.
@@ -197,13 +199,15 @@ def test_each_trim_is_one_folder_holding_all_of_it():
         assert parts("trims", key) == want and traits.key == key, key
 
 
-# Modules outside the family that must name a trim by string, and why. Any other such string is a member's
-# knowledge kept outside its folder (a name-keyed registry, a special case by name).
+# Modules outside the families that must name an engine or a trim by string, and why. Any other such string is a
+# member's knowledge kept outside its folder (a name-keyed registry, a special case by name).
 NAMED_OUTSIDE = {
+    "dsexp.core.schema": "EngineConfig's default engine (conf/config.yaml picks the same)",
+    "dsexp.analysis.scripts": "init_inference: the DeepSpeed call a user's script made, as its ranks recorded it",
     "dsexp.analysis.diagnosis": "each trim's report as its rank code wrote it (engine.trims), in the report's order",
-    "dsexp.rank.workloads.script.fixes": "the report keys of the script's trims remedy",
-    "dsexp.rank.engines.base": "the report key of each trim the engine ran",
-    "dsexp.rank.engines.init_inference": "the report key of each trim the engine ran",
+    "dsexp.rank.workloads.script.hooks": "deepspeed.init_inference, the function a user's script calls",
+    "dsexp.rank.workloads.script.facts": "deepspeed.init_inference, the function a user's script calls",
+    "dsexp.rank.workloads.script.fixes": "deepspeed.init_inference, and the report keys of its trims remedy",
 }
 
 
@@ -217,9 +221,10 @@ def _docstrings(tree: ast.AST) -> Set[int]:
 
 
 def test_no_module_outside_the_families_names_a_member():
+    from dsexp.engines import ENGINES
     from dsexp.trims import TRIMS
 
-    names = set(TRIMS) - {"env"}  # "env" is a common word: its uses are found by their imports
+    names = (set(ENGINES) | set(TRIMS)) - {"env"}  # "env" is a common word: its uses are found by their imports
     found = {}
     for path in SRC.rglob("*.py"):
         mod = module_name(path)

@@ -1,6 +1,6 @@
-"""What every placement rule of the memory model speaks: the settings that decide placement (Strategy), the model's
-tensors as the engine holds them (Tensor), where each one lies on each rank (Placement), and the cuts (replicated,
-split, even, chunks)."""
+"""What every placement rule speaks (dsexp.engines.<name>.placement, dsexp.trims.<key>.placement): the settings that
+decide placement (Strategy), the model's tensors as the engine holds them (Tensor), where each one lies on each rank
+(Placement), and the cuts (replicated, split, even, chunks)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from dsexp.analysis import architecture as arch
-from dsexp.core.engines import ENGINES, effective_policy
+from dsexp.engines import ENGINES
+from dsexp.engines.base import effective_policy
 from dsexp.trims import active as active_trims
 
 

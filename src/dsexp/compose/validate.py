@@ -2,20 +2,17 @@
 
 The schema (dsexp.core.schema) catches wrong types and unknown keys; `validate` checks what types cannot
 express: tp against the GPUs present and the attention heads, the model folder, contradictory settings.
-Engine rules come from the engine traits table (dsexp.core.engines).
+Each engine's and each trim's own rules (traits, version gate, what it refuses) come from its family member
+(dsexp.engines, dsexp.trims).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from packaging.version import Version
-
 from dsexp.core.checkpoint import checkpoint_problem, folder_config
-from dsexp.core.engines import ENGINES, traits
 from dsexp.core.schema import (
     DEVICES,
     DTYPES,
@@ -27,6 +24,7 @@ from dsexp.core.schema import (
     JobConfig,
     is_shared,
 )
+from dsexp.engines import ENGINES, traits
 from dsexp.trims import TRIMS
 
 
@@ -143,17 +141,12 @@ def _validate_pipeline(spec: JobConfig, device: str) -> None:
         )
     _validate_model(spec)
     _validate_stack(spec)
-    _validate_tp_plan(spec)
+    traits(spec.engine.name).check(spec)
     for trim in TRIMS.values():
         trim.check(spec)
-    if device == "cpu" and spec.engine.name == "init_inference" and spec.engine.kernel_inject:
-        layers = _kernel_injected_layers(spec)
-        if layers:
-            raise ConfigError(
-                f"engine.kernel_inject=true on device=cpu: DeepSpeed's kernel injection would replace "
-                f"{', '.join(layers)} of model={spec.model.name} with CUDA kernels; "
-                "set engine.kernel_inject=false or run on a GPU machine"
-            )
+    problem = traits(spec.engine.name).device_problem(spec, device)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _validate_script(spec: JobConfig) -> None:
@@ -204,27 +197,13 @@ def _validate_gpus(spec: JobConfig, device: str, gpus: int) -> None:
         )
     if not is_shared(want, on_each) or spec.workload == "script":  # a script's engine is seen only when it runs
         return
-    why = SHARED_GPU_REFUSED.get(spec.engine.name)
-    if why is None and spec.engine.name == "init_inference" and spec.engine.kernel_inject:
-        layers = _kernel_injected_layers(spec)  # none (InternLM2, the seed's case): injection is a no-op, it runs
-        why = SHARED_KERNEL_INJECTION.format(layers=", ".join(layers)) if layers else None
+    why = traits(spec.engine.name).shared_gpu_problem(spec)
     if why:
         raise ConfigError(
             f"engine={spec.engine.name}{'+kernel_inject' if spec.engine.kernel_inject else ''} with ranks sharing a "
             f"GPU (launcher.gpus={want} < {on_each} ranks per node): {why}; give each rank a GPU (leave launcher.gpus "
             "unset)"
         )
-
-
-# Engines that cannot run with ranks sharing a GPU (over gloo), and why (H200: results/h200/shared/check).
-SHARED_GPU_REFUSED: Dict[str, str] = {
-    "hf_tp": "transformers' tensor parallelism (DTensor) loaded and placed the model, then crashed with SIGSEGV in "
-    "generate inside torch's dispatch of a DTensor collective over gloo (H200, torch 2.11)",
-}
-SHARED_KERNEL_INJECTION = (
-    "DeepSpeed's inference kernels (kernel injection with a DeepSpeed policy for {layers}) have not been run with "
-    "ranks sharing a GPU (their JIT build outlasted the measurement); AutoTP (engine.kernel_inject=false) runs shared"
-)
 
 
 def _validate_shared_fit(spec: JobConfig, gpu_total: Optional[int] = None) -> None:
@@ -280,9 +259,10 @@ def _validate_load(spec: JobConfig) -> None:
     """meta and sharded hand the model to DeepSpeed's AutoTP on the meta device; other engines would not fill it."""
     name, engine = spec.load.name, spec.engine
     if name in ("meta", "sharded") and not traits(engine.name).fills_meta:
+        fillers = "|".join(n for n, t in ENGINES.items() if t.fills_meta)
         raise ConfigError(
-            f"load={name} needs engine=init_inference (it builds the model on the meta device and "
-            f"relies on init_inference to place it); engine={engine.name} would leave it empty"
+            f"load={name} needs engine={fillers} (it builds the model on the meta device and "
+            f"relies on {fillers} to place it); engine={engine.name} would leave it empty"
         )
     if name == "sharded" and engine.kernel_inject:
         raise ConfigError(
@@ -293,39 +273,6 @@ def _validate_load(spec: JobConfig) -> None:
         raise ConfigError(
             "load=meta with engine.kernel_inject=true: DeepSpeed's kernel-injection checkpoint path "
             "reads files with torch.load only; set load.format=bin"
-        )
-
-
-def _meta_model(spec: JobConfig):
-    """The run's model on the meta device (no weights), to ask it what an engine needs."""
-    from dsexp.models.kernel_policy import folder_meta_model, preset_meta_model
-
-    m = spec.model
-    if m.path:
-        return folder_meta_model(str(Path(m.path).expanduser()), m.trust_remote_code)
-    return preset_meta_model(
-        m.arch, json.dumps(dict(m.dims), sort_keys=True), m.dtype, m.config_path, m.trust_remote_code
-    )
-
-
-def _kernel_injected_layers(spec: JobConfig):
-    """Layer classes DeepSpeed has a kernel policy for (none: kernel injection is a no-op, runnable on CPU)."""
-    from dsexp.models.kernel_policy import kernel_injected_layers
-
-    return kernel_injected_layers(_meta_model(spec))
-
-
-def _validate_tp_plan(spec: JobConfig) -> None:
-    """transformers' TP shards only what the model's own plan names; without a plan it refuses at load."""
-    if spec.engine.name != "hf_tp" or spec.tp == 1:
-        return
-    from dsexp.models.kernel_policy import tp_plan
-
-    if not tp_plan(_meta_model(spec)):
-        raise ConfigError(
-            f"engine=hf_tp on model={spec.model.name}: its code defines no tensor-parallel plan (no base_model_tp_plan "
-            "in its config, no _tp_plan), so transformers' tensor parallelism cannot shard it (InternLM2's code as "
-            "published has none); use engine=init_inference (DeepSpeed AutoTP) or a model with a plan"
         )
 
 
@@ -424,35 +371,13 @@ def _validate_injection_policy(spec: JobConfig) -> None:
         raise ConfigError(f"engine.injection_policy={p!r}: expected auto, infer, null or {{LayerClass: [linears]}}")
 
 
-# What an engine needs of the software the ranks run on: (package, oldest version, why).
-ENGINE_NEEDS = {
-    "hf_tp": (
-        "transformers",
-        "4.47",
-        "transformers' tensor parallelism (from_pretrained(tp_plan=...)) first shipped in 4.47",
-    ),
-    "autotp_zero3": (
-        "deepspeed",
-        "0.19.4",
-        "AutoTP together with ZeRO-3 (tensor_parallel.autotp_size) needs DeepSpeed >= 0.19.4",
-    ),
-}
-
-
 def _validate_stack(spec: JobConfig) -> None:
-    """A stack's pins against what the engine and the trims need (the pins themselves are checked when the stack is
-    prepared, before any job: dsexp.job.stacks)."""
-    need = ENGINE_NEEDS.get(spec.engine.name)
-    if need:
-        package, oldest, why = need
-        pinned = getattr(spec.stack, package)
-        if pinned and str(pinned)[0].isdigit() and Version(str(pinned)) < Version(oldest):
-            raise ConfigError(
-                f"engine={spec.engine.name} with stack.{package}={pinned}: {why}; pin {package} >= {oldest} or leave "
-                "it out"
-            )
-    for key, trim in TRIMS.items():
-        problem = trim.gate.problem(f"trim.{key}=true", spec.stack) if trim.gate and getattr(spec.trim, key) else None
+    """A stack's pins against what the engine and the trims need (their version gates; the pins themselves are
+    checked when the stack is prepared, before any job: dsexp.job.stacks)."""
+    gates = [(f"engine={spec.engine.name}", traits(spec.engine.name).gate)]
+    gates += [(f"trim.{key}=true", t.gate) for key, t in TRIMS.items() if t.gate and getattr(spec.trim, key)]
+    for who, gate in gates:
+        problem = gate.problem(who, spec.stack) if gate else None
         if problem:
             raise ConfigError(problem)
 

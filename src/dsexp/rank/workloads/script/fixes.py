@@ -180,7 +180,7 @@ class Fixes:
             policy = (fact.get("autotp_policy") or {}).get("policy")
             kw["replace_with_kernel_inject"] = False
             if policy:
-                from dsexp.rank.engines.init_inference import resolve_policy
+                from dsexp.engines.init_inference.rank import resolve_policy
 
                 kw["injection_policy"] = resolve_policy(policy, model)
             self._record("autotp", {"replace_with_kernel_inject": False, "injection_policy": policy})
@@ -202,7 +202,7 @@ class Fixes:
 
     def _trims_before(self, model, kw: dict) -> None:
         from dsexp.core.schema import TrimConfig
-        from dsexp.rank.engines.init_inference import InitInference
+        from dsexp.engines.init_inference.rank import InitInference
         from dsexp.trims.dedupe_buffers.rank import HeldBuffers
 
         self._ensure_distributed("trims")  # the group trim needs it before init_inference would make it

@@ -1,4 +1,5 @@
-"""Engines: wrap a loaded model for inference and report what they actually did to it."""
+"""The engines' rank side: the base class every member's `rank.ENGINE` extends (wrap a loaded model for inference
+and report what it actually did to it), and `get_engine`, which the workloads call. Imported on ranks only."""
 
 from __future__ import annotations
 
@@ -6,9 +7,15 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from typing import Any, Dict, Optional, Tuple
 
+from dsexp.engines import part
 from dsexp.rank.context import RankContext
 from dsexp.trims.dedupe_buffers.rank import HeldBuffers, dedupe_buffers
 from dsexp.trims.env.rank import env_seen
+
+
+def get_engine(name: str) -> "Engine":
+    """The engine member's rank-side class, instantiated."""
+    return part(name, "rank").ENGINE()
 
 
 class Engine(ABC):
