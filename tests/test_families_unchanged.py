@@ -4,7 +4,8 @@ the code before the move gave (tests/data/families_before.json, written once at 
 `python tests/test_families_unchanged.py`).
 
 Predictions are compared in full: weights and KV cache per rank, every tensor's placement, module changes, notes,
-errors, the policy found, the host model. Validation: the error message, or the device and trim.env it resolves."""
+errors, the policy found, the host model. Validation: the error message, or the device and trim.env it resolves.
+A change meant to alter them regenerates the fixture (`python tests/test_families_unchanged.py`) and says so."""
 
 from __future__ import annotations
 

@@ -134,17 +134,18 @@ def _validate_pipeline(spec: JobConfig, device: str) -> None:
         )
     _validate_load(spec)
     _validate_injection_policy(spec)
-    if traits(spec.engine.name).zero3 and spec.zero.stage != 3:
+    engine = traits(spec.engine.name)
+    if engine.zero3 and spec.zero.stage != 3:
         raise ConfigError(
             f"engine={spec.engine.name} runs ZeRO stage 3 but zero={spec.zero.name} has stage "
             f"{spec.zero.stage}; choose zero=stage3, zero=stage3_offload or zero=seed_accepted"
         )
     _validate_model(spec)
     _validate_stack(spec)
-    traits(spec.engine.name).check(spec)
+    engine.check(spec)
     for trim in TRIMS.values():
         trim.check(spec)
-    problem = traits(spec.engine.name).device_problem(spec, device)
+    problem = engine.device_problem(spec, device)
     if problem:
         raise ConfigError(problem)
 

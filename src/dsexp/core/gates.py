@@ -14,8 +14,8 @@ class VersionGate:
     why: str  # what is missing before it
 
     def problem(self, who: str, stack: Any) -> Optional[str]:
-        """Why `who` (e.g. "engine=hf_tp") cannot run on the stack's pin of the package; None: it can (no pin, a
-        path or a newer version)."""
+        """Why `who` ("engine=<name>", "trim.<key>=true") cannot run on the stack's pin of the package; None: it can
+        (no pin, a path or a newer version)."""
         from packaging.version import Version
 
         package, pinned = self.package, getattr(stack, self.package)

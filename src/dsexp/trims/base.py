@@ -16,6 +16,7 @@ from typing import Optional
 
 from dsexp.core.gates import VersionGate
 from dsexp.core.schema import ConfigError
+from dsexp.engines import ENGINES
 
 
 @dataclass(frozen=True)
@@ -29,15 +30,11 @@ class TrimTraits:
 
     def applies_to(self, engine: str, kernel_inject: bool) -> bool:
         """Whether the trim can act under this engine (an AutoTP-only trim: init_inference's AutoTP)."""
-        from dsexp.engines import ENGINES
-
         takes = engine in ENGINES and ENGINES[engine].inference_autotp and not kernel_inject
         return not self.autotp_only or takes
 
     def check(self, spec) -> None:
         """Raise ConfigError where the trim is on and cannot apply (an AutoTP-only trim: the engine)."""
-        from dsexp.engines import ENGINES
-
         engine = spec.engine
         if not self.autotp_only or not getattr(spec.trim, self.key):
             return
