@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from dsexp.analysis import measured as m  # noqa: E402
 from dsexp.analysis.memory import predict  # noqa: E402
 from dsexp.analysis.sources import results_from_dir  # noqa: E402
-from dsexp.core.trims import MODEL_TRIMS  # noqa: E402
+from dsexp.trims import MODEL_TRIMS  # noqa: E402
 
 TARGET_GIB = 20.6
 MODEL = "internlm2_20b_shapes"

@@ -1,38 +1,47 @@
-"""The layout shows the pipeline: imports run one way (no cycles), the ranks need nothing of the job side,
-and every engine is named the same in the traits table, the configs, the ranks and the memory model."""
+"""The layout shows the pipeline: imports run one way (no cycles), the ranks need nothing of the job side, and each
+engine and each trim is one member of its family, in one folder holding all of it, named nowhere else."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import functools
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List, Set
 
 import pytest
+import yaml
 
 from helpers.run import CONF, ROOT
 
 SRC = ROOT / "src" / "dsexp"
-# What each package may import from dsexp (itself included): the stages only ever look back. compose composes and
-# validates, then hands over to job, which runs; job never imports compose. The commands (dsexp/__main__.py,
-# report.py, sync.py, stacks.py) sit on top and may import anything.
+FAMILIES = ("engines", "trims")
+# What each stage may import from dsexp (itself included): the stages only ever look back. A family's members are
+# cut by where each part runs: `rank.py` on the ranks, `placement.py` in the analysis, the rest ("family": registry,
+# base, each member's traits and validation) wherever its traits are read, the standard library and core alone at
+# import (test_family_traits_import_without_torch; the engines' validation asks dsexp.models inside functions).
 ALLOWED = {
-    "core": {"core"},
+    "core": {"core", "family"},  # core.records names a configuration by its trims' labels
     "models": {"core", "models"},
-    "rank": {"core", "models", "rank"},
-    "analysis": {"core", "models", "analysis"},
-    "tracking": {"core", "analysis", "tracking"},
-    "job": {"core", "models", "rank", "tracking", "job"},
-    "compose": {"core", "models", "analysis", "tracking", "job", "compose"},
+    "family": {"core", "models", "family"},
+    "rank": {"core", "models", "rank", "family", "family.rank"},
+    "family.rank": {"core", "models", "rank", "family", "family.rank"},
+    "analysis": {"core", "models", "analysis", "family", "family.placement"},
+    "family.placement": {"core", "models", "analysis", "family", "family.placement"},
+    "tracking": {"core", "analysis", "tracking", "family"},
+    "job": {"core", "models", "rank", "tracking", "job", "family"},
+    "compose": {"core", "models", "analysis", "tracking", "job", "compose", "family"},
 }
-JOB_SIDE_ONLY = ("hydra", "omegaconf", "mlflow", "pandas", "matplotlib")
 # Only compose/ and the hydra_plugins package import these; the first two nowhere else at all, the last two
 # nowhere else at module level (the job's own process, on a GPU image without them, must import without them).
 HYDRA_ONLY = ("hydra", "omegaconf")
 HYDRA_ONLY_AT_MODULE_LEVEL = ("submitit", "hydra_plugins")
 # Two modules of one file name are two names for one job; `base.py` is each family's base class, by design.
-SAME_NAME_ALLOWED = {
-    "trims.py",  # trims: merged into one family by the engine/trim refactor
-}
+SAME_NAME_ALLOWED: Set[str] = set()
+FAMILY_PARTS = ("rank.py", "placement.py")  # every member of a family has them, by design
+JOB_SIDE_ONLY = ("hydra", "omegaconf", "mlflow", "pandas", "matplotlib")
 
 
 def module_name(path: Path) -> str:
@@ -40,13 +49,24 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _type_checking(node: ast.AST) -> bool:
+    """An `if TYPE_CHECKING:` block: imports for annotations only, never run."""
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+@functools.lru_cache(maxsize=1)
 def import_graph() -> Dict[str, Set[str]]:
-    """dsexp module -> the dsexp modules it imports anywhere (module level or inside functions)."""
+    """dsexp module -> the dsexp modules it imports anywhere (module level or inside functions; annotations' imports
+    under `if TYPE_CHECKING:` excepted)."""
     modules = {module_name(p): p for p in SRC.rglob("*.py")}
     graph: Dict[str, Set[str]] = {}
     for name, path in modules.items():
         deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for block in ast.walk(tree) if _type_checking(block) for n in ast.walk(block)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
@@ -93,16 +113,41 @@ def test_find_cycle_sees_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
+def stage(module: str) -> str:
+    """The stage a dsexp module belongs to: its package, or for a family's module the part it is."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] not in FAMILIES:
+        return parts[1] if len(parts) > 1 else "dsexp"
+    return f"family.{parts[-1]}" if parts[-1] in ("rank", "placement") else "family"
+
+
+def test_stage_of_a_family_module():
+    assert stage("dsexp.engines.hf_tp.rank") == stage("dsexp.engines.rank") == "family.rank"
+    assert stage("dsexp.trims.shard_head.placement") == "family.placement"
+    assert stage("dsexp.engines.hf_tp") == stage("dsexp.trims.base") == stage("dsexp.trims") == "family"
+    assert stage("dsexp.rank.workloads.pipeline") == "rank"
+
+
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_stages_only_look_back(package):
     bad = sorted(
         f"{mod} -> {dep}"
         for mod, deps in import_graph().items()
-        if mod.startswith(f"dsexp.{package}")
+        if stage(mod) == package
         for dep in deps
-        if dep.split(".")[1] not in ALLOWED[package] | {"__init__"} and dep != "dsexp"
+        if stage(dep) not in ALLOWED[package] and dep != "dsexp"
     )
-    assert not bad, f"dsexp.{package} imports outside {sorted(ALLOWED[package])}: {bad}"
+    assert not bad, f"{package} imports outside {sorted(ALLOWED[package])}: {bad}"
+
+
+def test_family_traits_import_without_torch():
+    """Validation, the report and the ranks' registry lookups read the families' traits: torch-free at import."""
+    code = (
+        "import sys, dsexp.engines, dsexp.trims; "
+        "print(sorted(m for m in ('torch', 'deepspeed', 'transformers', 'omegaconf', 'hydra') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
 
 
 def imported_names(tree: ast.AST, module_level: bool = False) -> List[str]:
@@ -161,25 +206,141 @@ def test_job_never_imports_compose():
 
 def test_no_two_modules_of_one_name_doing_different_jobs():
     """`report.py` the command and `report.py` the renderer, say: a reader cannot tell them apart in a traceback
-    or a search. Families' `base.py` and packages' `__init__.py`/`__main__.py` are the exceptions."""
+    or a search. Families' `base.py`, their members' `rank.py`/`placement.py` and packages' `__init__.py`/`__main__.py`
+    are the exceptions."""
     by_name: Dict[str, List[str]] = {}
     for path in sorted((ROOT / "src").rglob("*.py")):
-        if path.name not in ("__init__.py", "__main__.py", "base.py"):
+        in_family = path.relative_to(ROOT / "src").parts[1] in FAMILIES and path.name in FAMILY_PARTS
+        if path.name not in ("__init__.py", "__main__.py", "base.py") and not in_family:
             by_name.setdefault(path.name, []).append(str(path.relative_to(ROOT / "src")))
     clashes = {name: paths for name, paths in by_name.items() if len(paths) > 1 and name not in SAME_NAME_ALLOWED}
     assert not clashes
     assert all(len(by_name.get(name, [])) > 1 for name in SAME_NAME_ALLOWED), "an allowed clash is gone: drop it"
 
 
-def test_engines_are_one_set():
-    from dsexp.analysis.memory import PLACERS
-    from dsexp.core.engines import ENGINES
-    from dsexp.rank.engines import get_engine
+def members(family: str) -> Set[str]:
+    return {p.parent.name for p in (SRC / family).glob("*/__init__.py")}
+
+
+def parts(family: str, name: str) -> Set[str]:
+    return {p.name for p in (SRC / family / name).glob("*.py")}
+
+
+def test_each_engine_is_one_folder_holding_all_of_it():
+    """conf/engine/<name>.yaml, and dsexp/engines/<name>/ with its traits and gate, its rank-side class and its
+    placement rule: the registry, the ranks and the memory model find all of it there."""
+    from dsexp.engines import ENGINES, part
+    from dsexp.engines.rank import get_engine
 
     configs = {p.stem for p in (CONF / "engine").glob("*.yaml")}
-    assert set(ENGINES) == configs == set(PLACERS), (sorted(ENGINES), sorted(configs), sorted(PLACERS))
-    for name in ENGINES:
-        assert get_engine(name).name == name
+    assert members("engines") == set(ENGINES) == configs, (members("engines"), sorted(ENGINES), configs)
+    for name, traits in ENGINES.items():
+        assert parts("engines", name) == {"__init__.py", "rank.py", "placement.py"}, name
+        assert traits.name == name and get_engine(name).name == name
+        assert callable(part(name, "placement").place)
+
+
+# Trims that move no tensor, so the memory model has no rule for them.
+NO_PLACEMENT = {"world_group": "a process group", "env": "the ranks' environment"}
+
+
+def test_each_trim_is_one_folder_holding_all_of_it():
+    """trim.<key> of the schema and of conf/trim/none.yaml, and dsexp/trims/<key>/ with its traits and gate, its
+    rank-side code and (where it moves a tensor) its placement rule."""
+    from dsexp.core.schema import TrimConfig
+    from dsexp.trims import TRIMS
+
+    schema = [f.name for f in dataclasses.fields(TrimConfig) if f.name != "name"]
+    conf = [k for k in yaml.safe_load((CONF / "trim" / "none.yaml").read_text()) if k != "name"]
+    assert members("trims") == set(TRIMS) == set(schema) == set(conf), (members("trims"), schema, conf)
+    assert list(TRIMS) == schema  # the schema's order is the labels' and the report's
+    for key, traits in TRIMS.items():
+        want = {"__init__.py", "rank.py"} | ({"placement.py"} if key not in NO_PLACEMENT else set())
+        assert parts("trims", key) == want and traits.key == key, key
+
+
+# Modules outside the families that must name an engine or a trim by string, and why. Any other such string is a
+# member's knowledge kept outside its folder (a name-keyed registry, a special case by name).
+NAMED_OUTSIDE = {
+    "dsexp.core.schema": "EngineConfig's default engine (conf/config.yaml picks the same)",
+    "dsexp.analysis.user_script": "init_inference: the DeepSpeed call a user's script made, as its ranks recorded it",
+    "dsexp.analysis.diagnosis": "each trim's report as its rank code wrote it (engine.trims), in the report's order",
+    "dsexp.rank.workloads.script.hooks": "deepspeed.init_inference, the function a user's script calls",
+    "dsexp.rank.workloads.script.facts": "deepspeed.init_inference, the function a user's script calls",
+    "dsexp.rank.workloads.script.fixes": "deepspeed.init_inference, and the report keys of its trims remedy",
+}
+
+
+def _docstrings(tree: ast.AST) -> Set[int]:
+    kinds = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, kinds) and node.body and isinstance(node.body[0], ast.Expr)
+    }
+
+
+def test_no_module_outside_the_families_names_a_member():
+    from dsexp.engines import ENGINES
+    from dsexp.trims import TRIMS
+
+    names = (set(ENGINES) | set(TRIMS)) - {"env"}  # "env" is a common word: its uses are found by their imports
+    found = {}
+    for path in SRC.rglob("*.py"):
+        mod = module_name(path)
+        if stage(mod).startswith("family"):
+            continue
+        tree = ast.parse(path.read_text())
+        skip = _docstrings(tree)
+        hits = {
+            n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in names and id(n) not in skip
+        }
+        if hits:
+            found[mod] = sorted(hits)
+    assert set(found) <= set(NAMED_OUTSIDE), {m: h for m, h in found.items() if m not in NAMED_OUTSIDE}
+    assert set(NAMED_OUTSIDE) <= set(found), f"no longer naming a member: {set(NAMED_OUTSIDE) - set(found)}"
+
+
+@functools.lru_cache(maxsize=None)
+def _bindings(path: Path) -> Set[str]:
+    """Names a module binds at its top level."""
+    out: Set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return out
+
+
+def test_every_import_of_dsexp_resolves():
+    """Each `dsexp...` import in the code, tests, benchmarks and scripts names a module or a name defined there
+    (a moved module is caught here, without running the code that imports it)."""
+    modules = {module_name(p): p for p in SRC.rglob("*.py")}
+    files = [p for d in ("src", "tests", "benchmarks", "scripts", "examples") for p in (ROOT / d).rglob("*.py")]
+    bad = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                bad += [
+                    f"{path.name}: {a.name}"
+                    for a in node.names
+                    if a.name.startswith("dsexp.") and a.name not in modules
+                ]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "dsexp":
+                if node.module not in modules:
+                    bad.append(f"{path.name}: {node.module}")
+                    continue
+                defined = _bindings(modules[node.module])
+                bad += [
+                    f"{path.name}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name != "*" and f"{node.module}.{a.name}" not in modules and a.name not in defined
+                ]
+    assert not bad, bad
 
 
 def test_loaders_are_one_set():

@@ -168,7 +168,7 @@ def test_tp1_deepspeed_ignores_checkpoint_so_meta_fills_itself(tiny, tmp_path, e
     import deepspeed
     import safetensors.torch
 
-    from dsexp.rank.engines.init_inference import InitInference
+    from dsexp.engines.init_inference.rank import InitInference
 
     opened = []
     real = safetensors.torch.load_file

@@ -275,7 +275,7 @@ def test_host_model_for_gpu_runs_by_loading_strategy():
 
 
 def test_autotp_zero3_with_a_policy_keeps_autotp_shards_and_zero3_partitions_elsewhere():
-    from dsexp.core.engines import INFER
+    from dsexp.engines.base import INFER
 
     model = InternLM2ForCausalLM().to(torch.bfloat16)
     s = strategy(engine="autotp_zero3", policy=INFER, zero_stage=3)

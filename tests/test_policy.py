@@ -12,7 +12,7 @@ import yaml
 
 from dsexp.analysis.diagnosis import diagnose
 from dsexp.analysis.memory import place, predict
-from dsexp.core.engines import INFER, effective_policy
+from dsexp.engines.base import INFER, effective_policy
 from dsexp.models.policy import (
     KNOWN,
     decoder_layers,

@@ -18,8 +18,9 @@ from dsexp.analysis.memory import predict
 from dsexp.analysis.summary import trim_effects, trim_lines, trims_table
 from dsexp.core.records import config_label
 from dsexp.core.schema import ConfigError
-from dsexp.core.trims import identical, label
 from dsexp.job.launch import rank_env
+from dsexp.trims import label
+from dsexp.trims.dedupe_buffers import identical
 
 from helpers.analysis_cases import GIB, INTERNLM2_TINY, MIB, config, result
 from helpers.run import ROOT, run_dsexp, spec_of, sweep_results

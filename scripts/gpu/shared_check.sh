@@ -1,6 +1,7 @@
 # Issue 23, first call: does every engine run with its ranks sharing the one H200 (launcher.gpus=1, gloo)?
 # Tiny models only (seconds per job), each engine at tp=2 (AutoTP also at 4 and 8, and under the DeepSpeed launcher),
-# then the GPU-marked test. What fails here is refused before launch (compose/validate.SHARED_GPU_REFUSED).
+# then the GPU-marked test. What fails here is refused before launch (each engine's shared_gpu_problem, in
+# src/dsexp/engines/<name>/__init__.py).
 # Usage on the device machine (repo root, `.whl` carried): bash scripts/gpu/shared_check.sh
 source scripts/gpu/env.sh
 ROOT=/tmp/sweeps/shared_check

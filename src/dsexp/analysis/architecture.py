@@ -82,23 +82,10 @@ def _construct(source: Dict[str, Any], dtype: str, real_buffers: bool):
         return AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust, dtype=torch_dtype(dtype))
 
 
-def duplicate_buffers(source: Dict[str, Any], dtype: str) -> Dict[str, str]:
-    """{buffer name: the first identical one} among the model's non-persistent buffers, by the rule the ranks share
-    them by (trim.dedupe_buffers, dsexp.core.trims.identical): the model is built with real buffers (parameters on
-    meta) and their values compared. Costs the buffers' memory while it runs (0.75 GiB at InternLM2-20B shapes)."""
-    return dict(_duplicates(json.dumps(source, sort_keys=True), dtype))
-
-
-@functools.lru_cache(maxsize=16)
-def _duplicates(source_json: str, dtype: str):
-    import torch
-
-    from dsexp.core.trims import duplicate_buffers
-
-    model = _construct(json.loads(source_json), dtype, real_buffers=True)
-    found = tuple(sorted(duplicate_buffers(model, torch.equal).items()))
-    del model
-    return found
+def model_with_buffers(source: Dict[str, Any], dtype: str):
+    """The model with real buffers (computed as the model computes them) and its parameters on the meta device: what
+    trim.dedupe_buffers compares (dsexp.trims.dedupe_buffers.placement)."""
+    return _construct(source, dtype, real_buffers=True)
 
 
 def dims(model) -> Dims:

@@ -17,6 +17,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from dsexp.analysis import measured as m
 from dsexp.analysis import user_script
 from dsexp.analysis.memory import Prediction
+from dsexp.core.schema import EngineConfig
+from dsexp.trims.world_group import TRAITS as WORLD_GROUP
 
 WEIGHT_TOL = 0.02  # predicted vs measured weights: "as predicted" within 2%
 UNSHARDED = 0.98  # a rank holding >= 98% of the model holds all of it
@@ -513,9 +515,8 @@ def outside_allocator(f: RunFacts) -> List[Finding]:
     eng, trim = cfg.get("engine") or {}, cfg.get("trim") or {}
     if (
         int(cfg.get("tp") or 1) > 1
-        and eng.get("name", "init_inference") == "init_inference"
-        and not eng.get("kernel_inject")
-        and not trim.get("world_group")
+        and WORLD_GROUP.applies_to(eng.get("name", EngineConfig.name), bool(eng.get("kernel_inject")))
+        and not trim.get(WORLD_GROUP.key)
         and (parts.get("engine") or 0) >= OWN_GROUP
     ):
         out.append(

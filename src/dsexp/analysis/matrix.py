@@ -12,7 +12,7 @@ from dsexp.analysis import measured as m
 from dsexp.analysis.diagnosis import UNSHARDED, WEIGHT_TOL, Finding, diagnose, text
 from dsexp.analysis.memory import Prediction, predict, splits_weights
 from dsexp.core.records import config_label
-from dsexp.core.trims import label as trims_label
+from dsexp.trims import label as trims_label
 
 EXTRAPOLATE_TP = (4, 8)
 TIE = 0.01  # configurations within 1% of the lowest figure count as tied; the lower host peak wins

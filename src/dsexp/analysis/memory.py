@@ -1,32 +1,10 @@
 """Memory model: what each rank should hold, predicted from the model's config and the run's settings.
 
-Weights: every parameter and buffer of the meta-built model (see architecture.py) is placed by the
-rule of the engine that ran, using the engine's own split functions where it has them:
-- `init_inference` without kernel injection (AutoTP, also with a user injection policy, or the one
-  `engine.injection_policy=infer` finds, dsexp.models.policy): inside each policy layer every nn.Linear is
-  split, column-parallel (LinearLayer, out dim) or row-parallel (LinearAllreduce, in dim, bias replicated),
-  with DeepSpeed's `get_shard_size_list` (KV-head units for attention, 64-grain near-even splits for MLP);
-  fused qkv (`qkv_proj`, `query_key_value`, `c_attn`, ...) is cut by DeepSpeed's own `prepare_tp_fused_qkvw`
-  for the layer's fused layout (bloomtype rows, phi3type q/k/v each, bigcodetype q split + kv whole, ...),
-  a fused `gate_up_proj` as two halves (GateUpPack_LinearLayer), an nn.Embedding inside a layer on its
-  hidden dim; MoE routers (`mlp.gate`, qwen2_moe's `shared_expert_gate`) stay whole, and so do MoE experts
-  stored as 3-D parameters (no Linear for AutoTP to replace); a top-level `lm_head`/`embed_out` becomes
-  LmHeadLinearAllreduce (split on the hidden dim), which clones a tied weight first: the embedding stays
-  whole and the head is a new [V, H/tp] tensor (a `copy` placement, not part of the model's bytes);
-  everything else (embeddings, a head named otherwise, norms, rotary buffers) stays replicated.
-  tp=1 without a policy shards nothing.
-- `init_inference` with kernel injection: layers whose class has a DeepSpeed policy have their matrices
-  split 1/tp; without a matching policy (e.g. InternLM2) nothing is sharded.
-- `zero_inference` (ZeRO-3): every parameter partitioned 1/tp (padded), buffers replicated; with
-  `offload=cpu` the partitions live on the host.
-- `autotp_zero3`: the model is loaded under zero.Init over all ranks and the weights a rank keeps are its
-  ZeRO-3 partitions (parameters 1/tp, buffers whole), as for `zero_inference`; AutoTP replaces the layers'
-  Linears (the module changes are AutoTP's).
-- `hf_tp`: the model's own transformers TP plan (DTensor shards, torch.chunk sizes): colwise/packed_colwise
-  cut the output dim (dim 0 of a Linear weight, dim 1 of a 3-D expert parameter), rowwise the last dim
-  (biases replicated), embeddings dim 0 (rowwise) or 1 (colwise); a tied embedding/head is one tensor.
-DeepSpeed's init_inference casts every floating tensor (buffers too) to the engine dtype; the other
-engines keep buffers in the dtype the model built them.
+Weights: every parameter and buffer of the meta-built model (see architecture.py) is placed by the rule of the engine
+that ran (`place` in dsexp.engines.<name>.placement), using the engine's own split functions where it has them, and
+by the rules of the trims it ran (dsexp.trims.<key>.placement). DeepSpeed's init_inference casts every floating tensor
+(buffers too) to the engine dtype; the other engines keep buffers in the dtype the model built them
+(dsexp.analysis.placements.tensors).
 
 KV cache: 2 x layers x kv_heads(rank) x head_dim x tokens x bytes. Device memory outside PyTorch's
 allocator (CUDA context, NCCL communicator, cuBLAS workspaces, most created after `start`): measured by the
@@ -39,90 +17,14 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from dsexp.analysis import architecture as arch
+from dsexp.analysis.placements import Placement, Strategy, Tensor, replicated, tensors, unchanged
 from dsexp.analysis.user_script import as_pipeline_result, is_script
-from dsexp.core.engines import ENGINES, INFER, effective_policy, traits
-from dsexp.core.trims import active as active_trims
-from dsexp.models.kernel_policy import kernel_policy_classes, tp_plan
-
-
-@dataclass
-class Placement:
-    name: str
-    full: int  # bytes of the whole tensor, in the dtype the engine holds it
-    local: Tuple[int, ...]  # bytes on each rank's compute device
-    how: str  # "replicated", "offloaded" or the splitting module/style (LinearLayer, zero3, colwise...)
-    dim: Optional[int] = None  # the dimension a TP split cuts (0: each rank's rows are contiguous in the file)
-    is_buffer: bool = False
-    copy: bool = False  # a tensor the engine makes that is not in the model (AutoTP's clone of a tied head)
-
-
-@dataclass
-class Strategy:
-    """The settings that decide placement (everything but tp)."""
-
-    engine: str
-    kernel_inject: bool
-    policy: Optional[Dict[str, List[str]]]
-    zero_stage: int
-    offload: str
-    dtype: str
-    model_dtype: str
-    load: str
-    fmt: str
-    device: str
-    max_out_tokens: int
-    conversion: Optional[str]
-    restore_buffers: bool = True  # the loader puts back the non-persistent buffers the engine cast (their dtype)
-    trims: Dict[str, bool] = field(default_factory=dict)  # trim.<key>: true (dsexp.core.trims.MODEL_TRIMS)
-    deepspeed: Optional[str] = None  # the version the ranks ran (a stack's), None: this environment's
-
-    def trimmed(self, key: str) -> bool:
-        return bool(self.trims.get(key))
-
-    def deepspeed_before(self, *version: int) -> bool:
-        from dsexp.core.schema import version_tuple
-
-        return self.deepspeed is not None and version_tuple(self.deepspeed) < version
-
-    @classmethod
-    def from_result(cls, result: Dict[str, Any]) -> "Strategy":
-        c = result.get("config") or {}
-        model, eng, zero, load = (c.get(k) or {} for k in ("model", "engine", "zero", "load"))
-        runtime = result.get("runtime") or {}
-        dtype, model_dtype = c.get("dtype") or model.get("dtype", "bf16"), model.get("dtype", "bf16")
-        conversion = runtime.get("conversion", f"{model_dtype}->{dtype}" if dtype != model_dtype else None)
-        return cls(
-            engine=eng.get("name", "init_inference"),
-            kernel_inject=bool(eng.get("kernel_inject")),
-            policy=_effective_policy(result),
-            zero_stage=int(zero.get("stage") or 0),
-            offload=zero.get("offload") or "none",
-            dtype=dtype,
-            model_dtype=model_dtype,
-            load=load.get("name", "eager"),
-            fmt=load.get("format", "safetensors"),
-            device=runtime.get("device") or c.get("device") or "cpu",
-            max_out_tokens=int(eng.get("max_out_tokens") or 0),
-            conversion=conversion,
-            restore_buffers=load.get("restore_buffers", True) is not False,
-            trims=dict.fromkeys(active_trims(c.get("trim") or {}), True),
-            deepspeed=((result.get("software") or {}).get("versions") or {}).get("deepspeed")
-            or (c.get("stack") or {}).get("deepspeed"),
-        )
-
-
-def _effective_policy(result: Dict[str, Any]) -> Optional[Dict[str, List[str]]]:
-    """The injection policy the engine used (its report), else what the config resolves to."""
-    report = result.get("engine") or {}
-    if "injection_policy" in report:
-        return report["injection_policy"] or None
-    eng, model = ((result.get("config") or {}).get(k) or {} for k in ("engine", "model"))
-    return effective_policy(
-        eng.get("injection_policy", "auto"), bool(eng.get("kernel_inject")), model.get("injection_policy")
-    )
+from dsexp.engines import ENGINES, part
+from dsexp.engines.base import Placer
+from dsexp.trims.dedupe_buffers import placement as dedupe
 
 
 @dataclass
@@ -200,7 +102,7 @@ def predict(result: Dict[str, Any], tp: Optional[int] = None) -> Prediction:
     tp = int(tp or (result.get("config") or {}).get("tp") or 1)
     source = arch.model_source(result.get("config") or {}, result.get("runtime"))
     model = arch.meta_model(source, strategy.dtype)
-    shared = arch.duplicate_buffers(source, strategy.dtype) if strategy.trimmed("dedupe_buffers") else None
+    shared = dedupe.shared_buffers(source, strategy)
     placements, modules, notes, error, policy = place(model, strategy, tp, shared, with_policy=True)
     weights = [sum(p.local[r] for p in placements) for r in range(tp)]
     tokens = _tokens(result, strategy)
@@ -226,427 +128,45 @@ def predict(result: Dict[str, Any], tp: Optional[int] = None) -> Prediction:
 def place(model, strategy: Strategy, tp: int, shared: Optional[Dict[str, str]] = None, with_policy: bool = False):
     """(placements, predicted module changes, notes, error[, policy]) for any model (meta device) under a strategy.
 
-    shared: with trim.dedupe_buffers, {buffer: the identical buffer it shares} (architecture.duplicate_buffers);
+    shared: with trim.dedupe_buffers, {buffer: the identical buffer it shares} (dsexp.trims.dedupe_buffers.placement);
     each shared one takes no bytes of its own on any rank.
     policy: how AutoTP's policy was found ({"policy", "source", "why", ...}); where DeepSpeed refuses for want of
     one, the policy `engine.injection_policy=infer` would use (so the diagnosis can name it)."""
-    tensors = _tensors(model, strategy)
+    held = tensors(model, strategy)
     notes: List[str] = []
     found: Dict[str, Any] = {}
     try:
-        placer = PLACERS.get(strategy.engine, _unknown_engine)
-        placements, modules = placer(model, tensors, strategy, tp, notes, found)
+        placements, modules = placer(strategy.engine)(model, held, strategy, tp, notes, found)
         error = None
     except AssertionError as e:  # DeepSpeed's own refusal (e.g. AutoTP finds no policy)
         if not found:
             from dsexp.models.policy import infer_policy
 
             found.update(infer_policy(model), suggested=True)
-        placements, modules = [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
+        placements, modules = [replicated(t, tp) for t in held], unchanged()
         error = str(e) or "AssertionError"
     if shared:
-        placements = [_shared(p, shared[p.name], tp) if p.is_buffer and p.name in shared else p for p in placements]
-        notes.append(f"trim.dedupe_buffers: {len(shared)} buffers share an identical one (no bytes of their own)")
+        placements = dedupe.share(placements, shared, tp, notes)
     out = (placements, modules, notes, error)
     return (*out, found or None) if with_policy else out
 
 
-def _shared(p: Placement, first: str, tp: int) -> Placement:
-    return Placement(p.name, p.full, (0,) * tp, f"shared with {first}", is_buffer=True)
-
-
 def splits_weights(engine: str) -> bool:
     """Whether the engine gives each rank its own slice of the weights and of the KV heads (tensor parallelism)."""
-    return engine in ENGINES and traits(engine).splits_weights
+    return engine in ENGINES and ENGINES[engine].splits_weights
 
 
-# --- tensors -------------------------------------------------------------------------------------
+# --- the engine's rule --------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Tensor:
-    name: str
-    module: str
-    numel: int
-    shape: Tuple[int, ...]
-    itemsize: int
-    is_buffer: bool
+def placer(engine: str) -> Placer:
+    """The engine member's placement rule; an engine dsexp does not know (a script's) keeps every tensor whole."""
+    return part(engine, "placement").place if engine in ENGINES else _unknown_engine
 
 
-def _tensors(model, strategy: Strategy) -> List[_Tensor]:
-    """Every parameter and buffer once (tied weights counted once), in the dtype the engine holds it: a casting
-    engine's run dtype, except the non-persistent buffers dsexp puts back as the model built them (RoPE tables,
-    with load.restore_buffers)."""
-    import torch
-
-    cast = strategy.engine in ENGINES and traits(strategy.engine).casts_buffers
-    run_itemsize = arch.DTYPE_BYTES[strategy.dtype]
-    seen, out = set(), []
-    for mname, mod in model.named_modules():
-        for is_buffer, items in (
-            (False, mod.named_parameters(recurse=False)),
-            (True, mod.named_buffers(recurse=False)),
-        ):
-            for pname, t in items:
-                if t is None or id(t) in seen:
-                    continue
-                seen.add(id(t))
-                restored = is_buffer and strategy.restore_buffers and pname in mod._non_persistent_buffers_set
-                itemsize = run_itemsize if (cast and not restored and torch.is_floating_point(t)) else t.element_size()
-                out.append(
-                    _Tensor(
-                        f"{mname}.{pname}" if mname else pname, mname, t.numel(), tuple(t.shape), itemsize, is_buffer
-                    )
-                )
-    return out
-
-
-def _itemsize(t, s: Strategy) -> int:
-    """Bytes per element of a model tensor as the engine holds it (casting engines: floats in the run dtype)."""
-    import torch
-
-    cast = s.engine in ENGINES and traits(s.engine).casts_buffers
-    return arch.DTYPE_BYTES[s.dtype] if (cast and torch.is_floating_point(t)) else t.element_size()
-
-
-def _replicated(t: _Tensor, tp: int, how: str = "replicated") -> Placement:
-    b = t.numel * t.itemsize
-    return Placement(t.name, b, (b,) * tp, how, is_buffer=t.is_buffer)
-
-
-def _split(t: _Tensor, dim: int, sizes: List[int], how: str) -> Placement:
-    """A tensor cut along `dim` into pieces of the given sizes (one per rank)."""
-    other = t.numel // t.shape[dim]
-    return Placement(
-        t.name, t.numel * t.itemsize, tuple(s * other * t.itemsize for s in sizes), how, dim=dim, is_buffer=t.is_buffer
-    )
-
-
-# --- engines -------------------------------------------------------------------------------------
-
-Placer = Callable[
-    [Any, List[_Tensor], Strategy, int, List[str], Dict[str, Any]], Tuple[List[Placement], Dict[str, Dict[str, int]]]
-]
-
-
-def _init_inference(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]):
-    if s.kernel_inject:
-        return _kernel_inject(model, tensors, tp, notes)
-    return _autotp(model, tensors, s, tp, notes, found)
-
-
-def autotp_rules(model, s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]) -> Optional[Dict[str, tuple]]:
-    """{layer class: row-parallel names} AutoTP applies, or None when it does not run (tp=1 without a policy).
-    Raises AssertionError where DeepSpeed refuses (no policy found). `found` gets how the policy was found."""
-    from deepspeed.module_inject.auto_tp import AutoTP
-
-    if s.policy == INFER:
-        from dsexp.models.policy import infer_policy
-
-        found.update(infer_policy(model))
-        if not found.get("policy"):
-            raise AssertionError(f"engine.injection_policy=infer found no policy: {found.get('why')}")
-        notes.append(f"AutoTP policy ({found['source']}): {found['why']}")
-        return {cls: tuple(names) for cls, names in found["policy"].items()}
-    if s.policy:
-        return {cls: tuple(names) for cls, names in s.policy.items()}
-    if tp > 1:
-        return {cls.__name__: tuple(names) for cls, names in AutoTP.tp_parser(model)}
-    notes.append("tp=1 without an injection policy: AutoTP does not run, every tensor stays whole")
-    return None
-
-
-def _autotp(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]):
-    """DeepSpeed AutoTP as `replace_wo_policy` + `set_lm_head` apply it (deepspeed/module_inject)."""
-    import torch.nn as nn
-    from deepspeed.inference.config import DeepSpeedTPConfig
-    from deepspeed.module_inject.tp_shard import AutoTPMeta
-
-    from dsexp.models.policy import ds_name as policy_name
-
-    rules = autotp_rules(model, s, tp, notes, found)
-    if rules is None:
-        return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
-    meta = AutoTPMeta.from_model_config(model.config, DeepSpeedTPConfig().tp_grain_size)
-    # module name -> (DeepSpeed's name for it, replacement class, the decoder layer it sits in)
-    by_module: Dict[str, Tuple[str, str, Any]] = {}
-    for lname, layer in model.named_modules():
-        if type(layer).__name__ not in rules:
-            continue
-        for rel, child in layer.named_modules():
-            if not rel:
-                continue
-            name = policy_name(rel)  # parent attr + '.' + attr, as AutoTP names it
-            if isinstance(child, nn.Linear):
-                cls = _autotp_class(name, rules[type(layer).__name__], tp, layer)
-            elif isinstance(child, nn.Embedding):
-                cls = "Embedding"  # AutoTP's _slice_embedding: hidden dim split
-            else:
-                continue
-            by_module[f"{lname}.{rel}"] = (name, cls, layer)
-    head = next((n for n in ("lm_head", "embed_out") if isinstance(getattr(model, n, None), nn.Linear)), None)
-    if head and s.deepspeed_before(0, 15) and s.load != "meta":
-        # DeepSpeed 0.14 calls set_lm_head only when init_inference loads a checkpoint (replace_module.py)
-        notes.append(
-            f"DeepSpeed {s.deepspeed} splits the head ({head}) only with checkpoint= (load=meta): it stays whole"
-        )
-        head = None
-    if head is None and s.trimmed("shard_head") and tp > 1 and not s.deepspeed_before(0, 15):
-        head = _top_level_head(model)  # aliased as lm_head while init_inference runs (dsexp.rank.trims)
-    if head:
-        by_module[head] = ("lm_head", "LmHeadLinearAllreduce", None)
-    embedding = _input_embedding(model) if s.trimmed("shard_embedding") and tp > 1 else None
-    if embedding:
-        by_module[embedding] = (embedding, "VocabParallelEmbedding", None)  # named as the rank names it: its module
-    out = []
-    for t in tensors:
-        name, cls, layer = by_module.get(t.module, (None, None, None))
-        out.append(_autotp_place(t, name, cls, layer, tp, meta))
-    if head and not any(t.module == head and t.name.endswith(".weight") for t in tensors):
-        # tied to the embedding: LmHeadLinearAllreduce clones the weight, then keeps its [V, H/tp] slice
-        w = getattr(model, head).weight
-        clone = _Tensor(f"{head}.weight", head, w.numel(), tuple(w.shape), _itemsize(w, s), False)
-        copy = _autotp_place(clone, "lm_head", "LmHeadLinearAllreduce", None, tp, meta)
-        copy.copy, copy.how = True, "LmHeadLinearAllreduce (clone of the tied embedding)"
-        out.append(copy)
-        notes.append(
-            f"the head is tied to the embedding: AutoTP clones it ({head}.weight split on the hidden dim, "
-            "a new tensor) and the embedding stays whole"
-        )
-    replaced = Counter(cls for _, cls, _ in by_module.values() if cls not in ("skip", "Embedding"))
-    removed = Counter({"Linear": sum(n for cls, n in replaced.items() if cls != "VocabParallelEmbedding")})
-    removed["Embedding"] = replaced.get("VocabParallelEmbedding", 0)
-    return out, {"removed": {k: n for k, n in removed.items() if n}, "added": dict(replaced)}
-
-
-def _top_level_head(model) -> Optional[str]:
-    """The output head's attribute when it is a top-level nn.Linear (what trim.shard_head can alias)."""
-    import torch.nn as nn
-
-    head = model.get_output_embeddings()
-    name = next((n for n, m in model._modules.items() if m is head), None) if head is not None else None
-    return name if isinstance(head, nn.Linear) else None
-
-
-def _input_embedding(model) -> Optional[str]:
-    """The input embedding's module name when it is a plain nn.Embedding (what VocabParallelEmbedding accepts)."""
-    import torch.nn as nn
-
-    emb = model.get_input_embeddings()
-    if type(emb) is not nn.Embedding:
-        return None
-    return next(n for n, m in model.named_modules() if m is emb)
-
-
-def _autotp_place(t: _Tensor, name: Optional[str], cls: Optional[str], layer, tp: int, meta) -> Placement:
-    """One tensor under AutoTP's replacement `cls` (None: left alone)."""
-    from deepspeed.module_inject.tp_shard import get_shard_size_list
-
-    if cls is None or cls == "skip" or t.is_buffer:
-        return _replicated(t, tp)
-    if cls in ("LinearAllreduce", "LmHeadLinearAllreduce"):
-        if len(t.shape) != 2:  # row-parallel bias stays whole
-            return _replicated(t, tp)
-        return _split(t, 1, get_shard_size_list(t.shape[1], tp, meta, name), cls)
-    if cls == "Embedding":
-        return _split(t, 1, get_shard_size_list(t.shape[1], tp, meta, name), cls)
-    if cls == "GateUpPack_LinearLayer":  # gate and up halves, each split as an MLP width
-        half = t.shape[0] // 2
-        widths = get_shard_size_list(half, tp, meta, "mlp")
-        return _split(t, 0, [2 * w for w in widths], cls)
-    if cls == "fused_LinearLayer":
-        return _fused_qkv(t, layer, tp, meta)
-    return _split(t, 0, get_shard_size_list(t.shape[0], tp, meta, name), cls)
-
-
-def _fused_qkv(t: _Tensor, layer, tp: int, meta) -> Placement:
-    """A fused qkv weight (or bias) cut by DeepSpeed's own prepare_tp_fused_qkvw for this layer's fused layout
-    (run on a meta tensor of its shape: only the shapes are computed)."""
-    import torch
-    from deepspeed.module_inject.fusedqkv_utils import get_fused_qkv_type, prepare_tp_fused_qkvw
-
-    kind = get_fused_qkv_type(layer) or "bloomtype (DeepSpeed's fallback)"
-    src = torch.empty(t.shape, device="meta")
-    try:
-        rows = [int(prepare_tp_fused_qkvw(layer, src, tp, r, meta).shape[0]) for r in range(tp)]
-    except Exception:  # a layout DeepSpeed's helper cannot cut this tensor with (e.g. a bias for phi3type)
-        rows = _even(t.shape[0], tp)
-    other = t.numel // t.shape[0]
-    local = tuple(r * other * t.itemsize for r in rows)
-    return Placement(t.name, t.numel * t.itemsize, local, f"fused_LinearLayer ({kind})", dim=0, is_buffer=t.is_buffer)
-
-
-def _autotp_class(name: str, allreduce: Tuple[str, ...], tp: int, layer=None) -> str:
-    """Which module AutoTP's `_replace` turns a Linear into (the routing rules of auto_tp.py)."""
-    from deepspeed.module_inject.fusedqkv_utils import require_tp_fused_qkvw
-
-    layer_type = str(type(layer)) if layer is not None else ""
-    if (
-        name in ("mlp.gate", "block_sparse_moe.gate")
-        or "q_a_proj" in name
-        or "kv_a_proj_with_mqa" in name
-        or (name == "mlp.shared_expert_gate" and "qwen2_moe" in layer_type)
-    ):
-        return "skip"
-    if "gate_up_proj" in name or ("dense_h_to_4h" in name and "GLM" in str(layer)):
-        return "GateUpPack_LinearLayer"
-    if name in allreduce or "down_proj" in name or ("Arctic" in str(layer) and "w2" in name):
-        return "LinearAllreduce"
-    return "fused_LinearLayer" if require_tp_fused_qkvw(name, tp) else "LinearLayer"
-
-
-def _kernel_inject(model, tensors, tp: int, notes: List[str]):
-    classes = set(kernel_policy_classes())
-    layers = {n: type(m).__name__ for n, m in model.named_modules() if type(m) in classes}
-    if not layers:
-        names = sorted(
-            {type(m).__name__ for m in model.modules() if "Layer" in type(m).__name__ or "Block" in type(m).__name__}
-        )
-        notes.append(
-            f"kernel injection has no policy for {', '.join(names) or 'any layer class'}: "
-            f"no module is replaced and nothing is sharded"
-        )
-        return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
-    notes.append(
-        "kernel-injected layers: matrices assumed split evenly 1/tp (DeepSpeed containers); "
-        "the kernel workspace is not part of the weights"
-    )
-    out = []
-    for t in tensors:
-        in_layer = any(t.module == n or t.module.startswith(n + ".") for n in layers)
-        if in_layer and len(t.shape) == 2 and tp > 1 and not t.is_buffer:
-            out.append(_split(t, 0, _even(t.shape[0], tp), "kernel"))
-        else:
-            out.append(_replicated(t, tp))
-    return out, {"removed": dict(Counter(layers.values())), "added": {}}
-
-
-def _zero3(model, tensors, s: Strategy, tp: int, notes: List[str], found: Optional[Dict[str, Any]] = None):
-    """ZeRO-3: each parameter's flat partition is ceil(numel / world) elements on every rank."""
-    offloaded = s.offload == "cpu" and s.device == "cuda"
-    if s.offload == "cpu" and s.device != "cuda":
-        notes.append("offload=cpu on a CPU run: the host is the device, the partitions stay where they are counted")
-    out = []
-    for t in tensors:
-        if t.is_buffer:
-            out.append(_replicated(t, tp))
-            continue
-        part = math.ceil(t.numel / tp) * t.itemsize
-        out.append(
-            Placement(
-                t.name, t.numel * t.itemsize, (0 if offloaded else part,) * tp, "offloaded" if offloaded else "zero3"
-            )
-        )
-    return out, {"removed": {}, "added": {}}
-
-
-def _autotp_zero3(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]):
-    """AutoTP + ZeRO-3 (deepspeed.initialize, tensor_parallel.autotp_size = tp): the model is loaded under zero.Init
-    over all ranks; with a policy, dsexp passes it as a partition_config, and AutoTP gathers each Linear of the policy
-    layers and keeps its shard (plain LinearLayer / LinearAllreduce: no fused-qkv or gate-up layouts, no lm_head),
-    which ZeRO-3 then partitions over the data-parallel group of world / tp = 1 rank. Everything else keeps its
-    ZeRO-3 partition (1/tp; a tied weight once), buffers whole."""
-    zero, _ = _zero3(model, tensors, s, tp, notes)
-    if not s.policy:  # DeepSpeed's own choice (the model's tp_plan or its parser): modelled as ZeRO-3 alone
-        notes.append(
-            "autotp_zero3 without a policy modelled as ZeRO-3 partitioning over all ranks (parameters 1/tp, "
-            "buffers whole); the module replacements are AutoTP's"
-        )
-        _, modules = _autotp(model, tensors, s, tp, [], found)
-        return zero, modules
-    import torch.nn as nn
-    from deepspeed.inference.config import DeepSpeedTPConfig
-    from deepspeed.module_inject.tp_shard import AutoTPMeta
-
-    from dsexp.models.policy import ds_name as policy_name
-
-    rules = autotp_rules(model, s, tp, notes, found)
-    meta = AutoTPMeta.from_model_config(model.config, DeepSpeedTPConfig().tp_grain_size)
-    by_module: Dict[str, Tuple[str, str]] = {}
-    for lname, layer in model.named_modules():
-        rows = rules.get(type(layer).__name__)
-        if rows is None:
-            continue
-        for rel, child in layer.named_modules():
-            if rel and isinstance(child, nn.Linear):
-                row = rel in rows or policy_name(rel) in rows
-                by_module[f"{lname}.{rel}"] = (rel, "LinearAllreduce" if row else "LinearLayer")
-    out = [
-        _autotp_place(t, *by_module[t.module], None, tp, meta) if t.module in by_module and not t.is_buffer else z
-        for t, z in zip(tensors, zero)
-    ]
-    notes.append(
-        "autotp_zero3 with a policy: the policy layers' Linears hold their AutoTP shards (row-parallel biases whole), "
-        "every other parameter its ZeRO-3 partition (1/tp), buffers whole"
-    )
-    replaced = Counter(cls for _, cls in by_module.values())
-    return out, {"removed": {"Linear": sum(replaced.values())} if replaced else {}, "added": dict(replaced)}
-
-
-_HF_DIMS = (  # style prefix -> the dim its DTensor shards ("out": the output dim, ndim - 2; -1 for a bias)
-    ("embedding_colwise", 1),
-    ("embedding_rowwise", 0),
-    ("packed_colwise", "out"),
-    ("packed_rowwise", -1),
-    ("colwise", "out"),
-    ("rowwise", -1),
-)
-
-
-def _hf_tp(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]):
-    """transformers TP: the model's resolved plan; DTensor Shard(dim) cuts like torch.chunk."""
-    if tp == 1:
-        return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
-    if not tp_plan(model):  # transformers refuses at load (InternLM2's code as published has no plan)
-        raise AssertionError("the model's code defines no tensor-parallel plan: transformers' TP cannot shard it")
-    style_of = _hf_plan(model, tp)
-    out = []
-    for t in tensors:
-        style = style_of(t.name)
-        dim = next((d for prefix, d in _HF_DIMS if style and style.startswith(prefix)), None)
-        if dim is None or t.is_buffer or (dim == -1 and len(t.shape) == 1):  # row-parallel bias: replicated
-            out.append(_replicated(t, tp))
-        else:
-            d = max(len(t.shape) - 2, 0) if dim == "out" else dim % len(t.shape)
-            out.append(_split(t, d, _chunks(t.shape[d], tp), style))
-    return out, {"removed": {}, "added": {}}
-
-
-def _hf_plan(model, tp: int) -> Callable[[str], Optional[str]]:
-    """tensor name -> its TP style: the resolved per-parameter plan (transformers >= 5.2x), else the model's plan
-    with layer wildcards, matched as transformers 5.17 does (`_get_parameter_tp_plan`: the parameter, else its
-    module)."""
-    resolve = getattr(model, "_resolve_parallel_plans", None)
-    if resolve is not None:
-        from transformers.distributed import DistributedConfig
-
-        return resolve(DistributedConfig(tp_size=tp))[0].get
-    from transformers.distributed.tensor_parallel import _get_parameter_tp_plan
-
-    plan = dict(getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None) or {})
-    return lambda name: _get_parameter_tp_plan(name, plan, is_weight=True)
-
-
-def _unknown_engine(model, tensors, s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]):
+def _unknown_engine(model, tensors: List[Tensor], s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]):
     notes.append(f"no placement rule for engine {s.engine!r}: predicted as unsharded")
-    return [_replicated(t, tp) for t in tensors], {"removed": {}, "added": {}}
-
-
-PLACERS: Dict[str, Placer] = {
-    "init_inference": _init_inference,
-    "zero_inference": _zero3,
-    "autotp_zero3": _autotp_zero3,
-    "hf_tp": _hf_tp,
-}
-
-
-def _even(n: int, tp: int) -> List[int]:
-    return [n // tp + (1 if r < n % tp else 0) for r in range(tp)]
-
-
-def _chunks(n: int, tp: int) -> List[int]:
-    size = -(-n // tp)
-    return [max(0, min(size, n - r * size)) for r in range(tp)]
+    return [replicated(t, tp) for t in tensors], unchanged()
 
 
 # --- KV cache, context, host ---------------------------------------------------------------------

@@ -18,7 +18,7 @@ from dsexp.analysis.memory import predict
 from dsexp.analysis.script_report import scripts_section
 from dsexp.analysis.sources import results_from_dir
 from dsexp.core.schema import stack_label
-from dsexp.core.trims import active as trims_active
+from dsexp.trims import active as trims_active
 
 SUMMARY_MD, SUMMARY_CSV, PLOTS = "summary.md", "summary.csv", "plots"
 FILES = {"per_device": "per_device_vs_tp.png", "host": "host_vs_tp.png"}

@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional
 
 from dsexp.analysis import measured as m
 from dsexp.core.records import phase_kind
+from dsexp.engines import hf_tp, init_inference, zero_inference
+from dsexp.trims import MODEL_TRIMS
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16", "float": "fp32"}
 WHOLE = 0.9  # a placement holding this fraction of the model holds all of it
@@ -63,21 +65,21 @@ def as_pipeline_result(result: Dict[str, Any]) -> Dict[str, Any]:
     engine: Dict[str, Any] = {"name": "none"}
     zero: Dict[str, Any] = {"name": "none", "stage": 0, "offload": "none"}
     report: Dict[str, Any] = {}
-    if init and init.get("engine") == "init_inference":
+    if init and init.get("engine") == "init_inference":  # the DeepSpeed call the script made
         policy = given.get("injection_policy")
         engine = {
-            "name": "init_inference",
+            "name": init_inference.TRAITS.name,
             "kernel_inject": bool(given.get("replace_with_kernel_inject")),
             "injection_policy": policy if isinstance(policy, dict) else None,
             "max_out_tokens": int(given.get("max_out_tokens") or 1024),
         }
         report["injection_policy"] = engine["injection_policy"]
     elif init and init.get("engine") == "initialize" and (init.get("zero_stage_used") or init.get("zero_stage")) == 3:
-        engine, zero = {"name": "zero_inference"}, {"name": "stage3", "stage": 3, "offload": "none"}
+        engine, zero = {"name": zero_inference.TRAITS.name}, {"name": "stage3", "stage": 3, "offload": "none"}
     elif kw.get("tp_plan"):
-        engine = {"name": "hf_tp"}
+        engine = {"name": hf_tp.TRAITS.name}
     trims = ((applied.get("trims") or [{}])[-1]) if "trims" in applied else {}
-    trim = {k: True for k in ("dedupe_buffers", "shard_head", "shard_embedding", "world_group") if k in trims}
+    trim = {k: True for k in MODEL_TRIMS if k in trims}
     config = {
         **(result.get("config") or {}),
         "model": model,

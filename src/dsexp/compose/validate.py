@@ -2,21 +2,17 @@
 
 The schema (dsexp.core.schema) catches wrong types and unknown keys; `validate` checks what types cannot
 express: tp against the GPUs present and the attention heads, the model folder, contradictory settings.
-Engine rules come from the engine traits table (dsexp.core.engines).
+Each engine's and each trim's own rules (traits, version gate, what it refuses) come from its family member
+(dsexp.engines, dsexp.trims).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from packaging.version import Version
-
-from dsexp.core import trims
 from dsexp.core.checkpoint import checkpoint_problem, folder_config
-from dsexp.core.engines import ENGINES, traits
 from dsexp.core.schema import (
     DEVICES,
     DTYPES,
@@ -28,7 +24,9 @@ from dsexp.core.schema import (
     JobConfig,
     is_shared,
 )
+from dsexp.engines import ENGINES, traits
 from dsexp.job.devices import visible_gpus
+from dsexp.trims import TRIMS
 
 
 def _one_of(key: str, value: Any, allowed) -> None:
@@ -121,23 +119,20 @@ def _validate_pipeline(spec: JobConfig, device: str) -> None:
         )
     _validate_load(spec)
     _validate_injection_policy(spec)
-    if traits(spec.engine.name).zero3 and spec.zero.stage != 3:
+    engine = traits(spec.engine.name)
+    if engine.zero3 and spec.zero.stage != 3:
         raise ConfigError(
             f"engine={spec.engine.name} runs ZeRO stage 3 but zero={spec.zero.name} has stage "
             f"{spec.zero.stage}; choose zero=stage3, zero=stage3_offload or zero=seed_accepted"
         )
     _validate_model(spec)
     _validate_stack(spec)
-    _validate_tp_plan(spec)
-    _validate_trim(spec)
-    if device == "cpu" and spec.engine.name == "init_inference" and spec.engine.kernel_inject:
-        layers = _kernel_injected_layers(spec)
-        if layers:
-            raise ConfigError(
-                f"engine.kernel_inject=true on device=cpu: DeepSpeed's kernel injection would replace "
-                f"{', '.join(layers)} of model={spec.model.name} with CUDA kernels; "
-                "set engine.kernel_inject=false or run on a GPU machine"
-            )
+    engine.check(spec)
+    for trim in TRIMS.values():
+        trim.check(spec)
+    problem = engine.device_problem(spec, device)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _validate_script(spec: JobConfig) -> None:
@@ -188,27 +183,13 @@ def _validate_gpus(spec: JobConfig, device: str, gpus: int) -> None:
         )
     if not is_shared(want, on_each) or spec.workload == "script":  # a script's engine is seen only when it runs
         return
-    why = SHARED_GPU_REFUSED.get(spec.engine.name)
-    if why is None and spec.engine.name == "init_inference" and spec.engine.kernel_inject:
-        layers = _kernel_injected_layers(spec)  # none (InternLM2, the seed's case): injection is a no-op, it runs
-        why = SHARED_KERNEL_INJECTION.format(layers=", ".join(layers)) if layers else None
+    why = traits(spec.engine.name).shared_gpu_problem(spec)
     if why:
         raise ConfigError(
             f"engine={spec.engine.name}{'+kernel_inject' if spec.engine.kernel_inject else ''} with ranks sharing a "
             f"GPU (launcher.gpus={want} < {on_each} ranks per node): {why}; give each rank a GPU (leave launcher.gpus "
             "unset)"
         )
-
-
-# Engines that cannot run with ranks sharing a GPU (over gloo), and why (H200: results/h200/shared/check).
-SHARED_GPU_REFUSED: Dict[str, str] = {
-    "hf_tp": "transformers' tensor parallelism (DTensor) loaded and placed the model, then crashed with SIGSEGV in "
-    "generate inside torch's dispatch of a DTensor collective over gloo (H200, torch 2.11)",
-}
-SHARED_KERNEL_INJECTION = (
-    "DeepSpeed's inference kernels (kernel injection with a DeepSpeed policy for {layers}) have not been run with "
-    "ranks sharing a GPU (their JIT build outlasted the measurement); AutoTP (engine.kernel_inject=false) runs shared"
-)
 
 
 def _validate_shared_fit(spec: JobConfig, gpu_total: Optional[int] = None) -> None:
@@ -264,9 +245,10 @@ def _validate_load(spec: JobConfig) -> None:
     """meta and sharded hand the model to DeepSpeed's AutoTP on the meta device; other engines would not fill it."""
     name, engine = spec.load.name, spec.engine
     if name in ("meta", "sharded") and not traits(engine.name).fills_meta:
+        fillers = "|".join(n for n, t in ENGINES.items() if t.fills_meta)
         raise ConfigError(
-            f"load={name} needs engine=init_inference (it builds the model on the meta device and "
-            f"relies on init_inference to place it); engine={engine.name} would leave it empty"
+            f"load={name} needs engine={fillers} (it builds the model on the meta device and "
+            f"relies on {fillers} to place it); engine={engine.name} would leave it empty"
         )
     if name == "sharded" and engine.kernel_inject:
         raise ConfigError(
@@ -277,64 +259,6 @@ def _validate_load(spec: JobConfig) -> None:
         raise ConfigError(
             "load=meta with engine.kernel_inject=true: DeepSpeed's kernel-injection checkpoint path "
             "reads files with torch.load only; set load.format=bin"
-        )
-
-
-def _validate_trim(spec: JobConfig) -> None:
-    """Each trim only where it can apply; trim.env only with the settings dsexp knows (values become strings)."""
-    t, engine = spec.trim, spec.engine
-    for key in trims.AUTOTP_ONLY:
-        if not getattr(t, key):
-            continue
-        if engine.name != "init_inference":
-            raise ConfigError(
-                f"trim.{key}=true changes DeepSpeed's AutoTP call and needs engine=init_inference; "
-                f"engine={engine.name} does not run it (trim.dedupe_buffers applies to every engine)"
-            )
-        if engine.kernel_inject:
-            raise ConfigError(
-                f"trim.{key}=true needs AutoTP: engine.kernel_inject=true replaces layers with DeepSpeed kernels "
-                "instead; set engine.kernel_inject=false"
-            )
-    env = {}
-    for key, value in dict(t.env or {}).items():
-        problem = trims.env_problem(str(key), value)
-        if problem:
-            raise ConfigError(problem)
-        env[str(key)] = trims.env_value(value)
-    t.env = env
-
-
-def _meta_model(spec: JobConfig):
-    """The run's model on the meta device (no weights), to ask it what an engine needs."""
-    from dsexp.models.kernel_policy import folder_meta_model, preset_meta_model
-
-    m = spec.model
-    if m.path:
-        return folder_meta_model(str(Path(m.path).expanduser()), m.trust_remote_code)
-    return preset_meta_model(
-        m.arch, json.dumps(dict(m.dims), sort_keys=True), m.dtype, m.config_path, m.trust_remote_code
-    )
-
-
-def _kernel_injected_layers(spec: JobConfig):
-    """Layer classes DeepSpeed has a kernel policy for (none: kernel injection is a no-op, runnable on CPU)."""
-    from dsexp.models.kernel_policy import kernel_injected_layers
-
-    return kernel_injected_layers(_meta_model(spec))
-
-
-def _validate_tp_plan(spec: JobConfig) -> None:
-    """transformers' TP shards only what the model's own plan names; without a plan it refuses at load."""
-    if spec.engine.name != "hf_tp" or spec.tp == 1:
-        return
-    from dsexp.models.kernel_policy import tp_plan
-
-    if not tp_plan(_meta_model(spec)):
-        raise ConfigError(
-            f"engine=hf_tp on model={spec.model.name}: its code defines no tensor-parallel plan (no base_model_tp_plan "
-            "in its config, no _tp_plan), so transformers' tensor parallelism cannot shard it (InternLM2's code as "
-            "published has none); use engine=init_inference (DeepSpeed AutoTP) or a model with a plan"
         )
 
 
@@ -433,49 +357,15 @@ def _validate_injection_policy(spec: JobConfig) -> None:
         raise ConfigError(f"engine.injection_policy={p!r}: expected auto, infer, null or {{LayerClass: [linears]}}")
 
 
-# What an engine needs of the software the ranks run on: (package, oldest version, why).
-ENGINE_NEEDS = {
-    "hf_tp": (
-        "transformers",
-        "4.47",
-        "transformers' tensor parallelism (from_pretrained(tp_plan=...)) first shipped in 4.47",
-    ),
-    "autotp_zero3": (
-        "deepspeed",
-        "0.19.4",
-        "AutoTP together with ZeRO-3 (tensor_parallel.autotp_size) needs DeepSpeed >= 0.19.4",
-    ),
-}
-
-
-# What a trim needs of the software the ranks run on, as ENGINE_NEEDS.
-TRIM_NEEDS = {
-    "shard_head": (
-        "deepspeed",
-        "0.15",
-        "DeepSpeed 0.14 splits a head (set_lm_head) only when init_inference loads a checkpoint: measured on 0.14.4, "
-        "the alias changes nothing on an eager load",
-    ),
-    "shard_embedding": (
-        "deepspeed",
-        "0.19.8",
-        "DeepSpeed's VocabParallelEmbedding is not in 0.14.4 (measured in 0.19.8)",
-    ),
-}
-
-
 def _validate_stack(spec: JobConfig) -> None:
-    """A stack's pins against what the engine and the trims need (the pins themselves are checked when the stack is
-    prepared, before any job: dsexp.job.overlay)."""
-    needs = [(f"engine={spec.engine.name}", ENGINE_NEEDS.get(spec.engine.name))]
-    needs += [(f"trim.{key}=true", need) for key, need in TRIM_NEEDS.items() if getattr(spec.trim, key)]
-    for who, need in needs:
-        if not need:
-            continue
-        package, oldest, why = need
-        pinned = getattr(spec.stack, package)
-        if pinned and str(pinned)[0].isdigit() and Version(str(pinned)) < Version(oldest):
-            raise ConfigError(f"{who} with stack.{package}={pinned}: {why}; pin {package} >= {oldest} or leave it out")
+    """A stack's pins against what the engine and the trims need (their version gates; the pins themselves are
+    checked when the stack is prepared, before any job: dsexp.job.overlay)."""
+    gates = [(f"engine={spec.engine.name}", traits(spec.engine.name).gate)]
+    gates += [(f"trim.{key}=true", t.gate) for key, t in TRIMS.items() if t.gate and getattr(spec.trim, key)]
+    for who, gate in gates:
+        problem = gate.problem(who, spec.stack) if gate else None
+        if problem:
+            raise ConfigError(problem)
 
 
 def validate_nodes(spec: JobConfig) -> None:

@@ -11,7 +11,7 @@ import hashlib
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
-from dsexp.core import trims
+from dsexp import trims
 from dsexp.core.fs import read_json
 from dsexp.core.protocol import live_file, rank_file
 from dsexp.core.schema import stack_label

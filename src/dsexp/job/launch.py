@@ -17,11 +17,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from dsexp.core import trims
 from dsexp.core.protocol import SCRIPT_ENV, SCRIPT_JOB_ENV, SHARED_GPUS_ENV, TOKEN_ENV, WORKER_MODULE, bootstrap_dir
 from dsexp.core.schema import JobConfig
 from dsexp.job import overlay, teardown
 from dsexp.job.cluster import multinode
+from dsexp.trims.env import env_value
 
 
 @dataclass
@@ -114,7 +114,7 @@ def rank_env(
         rest = env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(bootstrap_dir()), rest) if p)
         env.update({SCRIPT_JOB_ENV: str(job_dir), SCRIPT_ENV: str(spec.script.path)})
-    env.update({k: trims.env_value(v) for k, v in (spec.trim.env or {}).items()})  # validated: trims.env_problem
+    env.update({k: env_value(v) for k, v in (spec.trim.env or {}).items()})  # validated: dsexp.trims.env
     return env
 
 

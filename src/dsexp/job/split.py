@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional
 from dsexp.core.fs import build_once
 from dsexp.core.schema import JobConfig, dtype_conversion
 from dsexp.job.roles import role_spec, run_role
+from dsexp.trims import TRIMS
 
 SPLIT_VERSION = 2  # 2: the rank index names tied aliases (slices.save_rank_slice)
 DONE_MARK = ".dsexp-split-complete.json"
@@ -50,8 +51,8 @@ def split_key(spec: JobConfig, model_dir: Path, stack: Optional[Dict[str, Any]] 
             "dtype": spec.dtype,
             "engine": asdict(spec.engine),
             "model_policy": spec.model.injection_policy,
-            # the head and embedding trims change which slices a rank keeps (the others change no saved tensor)
-            "trim": {k: getattr(spec.trim, k) for k in ("shard_head", "shard_embedding") if getattr(spec.trim, k)},
+            # the trims that change which slices a rank keeps (the others change no saved tensor)
+            "trim": {k: getattr(spec.trim, k) for k, t in TRIMS.items() if t.changes_slices and getattr(spec.trim, k)},
             **software,
             "v": SPLIT_VERSION,
         },

@@ -8,8 +8,10 @@ no CUDA op; one with such a layer gets DeepSpeed's fused CUDA kernels.
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
-from typing import List, Optional, Tuple
+from pathlib import Path
+from typing import Any, List, Optional, Tuple
 
 
 @lru_cache(maxsize=1)
@@ -34,13 +36,25 @@ def kernel_injected_layers(model) -> List[str]:
     return sorted({type(m).__name__ for m in model.modules() if type(m) in policy})
 
 
+def meta_model_of(model: Any):
+    """A model group's model (a ModelConfig: its folder, else its preset or config) on the meta device, without
+    weights: what validation asks an engine's questions of."""
+    if model.path:
+        return folder_meta_model(str(Path(model.path).expanduser()), model.trust_remote_code)
+    return preset_meta_model(
+        model.arch,
+        json.dumps(dict(model.dims), sort_keys=True),
+        model.dtype,
+        model.config_path,
+        model.trust_remote_code,
+    )
+
+
 @lru_cache(maxsize=32)
 def preset_meta_model(
     arch: Optional[str], dims_json: str, dtype: str, config_path: Optional[str] = None, trust_remote_code: bool = False
 ):
     """A preset's (or model=config's) model on the meta device (cached: validation asks several questions of it)."""
-    import json
-
     from dsexp.models.writer import meta_model
 
     return meta_model(arch, json.loads(dims_json), dtype, config_path, trust_remote_code)[1]

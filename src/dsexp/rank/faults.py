@@ -61,7 +61,7 @@ def poison_buffers(fault: Optional[Dict[str, Any]], rank: int, model) -> None:
         return
     import torch
 
-    from dsexp.core.trims import non_persistent_buffers
+    from dsexp.core.module_buffers import non_persistent_buffers
 
     with torch.no_grad():
         for _, _, _, buf in non_persistent_buffers(model):

@@ -21,8 +21,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from dsexp.core.trims import non_persistent_buffers as core_non_persistent_buffers
-from dsexp.core.trims import owner_of
+from dsexp.core.module_buffers import non_persistent_buffers as core_non_persistent_buffers
+from dsexp.core.module_buffers import owner_of
 from dsexp.rank.compat import dtype_kwargs
 
 

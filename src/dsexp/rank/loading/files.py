@@ -106,7 +106,7 @@ def fill(module, files: List[Path], tied: Optional[Dict[str, str]] = None) -> Di
 
 def _retie(module, targets: Dict[str, Any], tied: Dict[str, str]) -> List[str]:
     """Make each alias in `tied` the same tensor as its name again where the module holds two; return them."""
-    from dsexp.core.trims import owner_of
+    from dsexp.core.module_buffers import owner_of
 
     done = []
     for alias, name in tied.items():

@@ -12,7 +12,7 @@ from dsexp.rank.probes.phases import PhaseRecorder
 
 
 def run(ctx: RankContext, rec: PhaseRecorder) -> None:
-    from dsexp.rank.engines import get_engine
+    from dsexp.engines.rank import get_engine
 
     engine = get_engine(ctx.spec.engine.name)
     module, report = load_and_init(ctx, rec, engine, ctx.spec.load.name)

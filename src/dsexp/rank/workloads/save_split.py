@@ -9,7 +9,7 @@ from dsexp.rank.workloads.pipeline import load_and_init
 
 
 def run(ctx: RankContext, rec: PhaseRecorder) -> None:
-    from dsexp.rank.engines import get_engine
+    from dsexp.engines.rank import get_engine
     from dsexp.rank.loading.slices import save_rank_slice
 
     module, _ = load_and_init(ctx, rec, get_engine(ctx.spec.engine.name), "eager")

@@ -238,7 +238,7 @@ def init_after(session):
 
 
 def _classes(model) -> Dict[str, int]:
-    from dsexp.rank.engines.base import class_census
+    from dsexp.engines.rank import class_census
 
     return dict(class_census(model))
 
@@ -264,7 +264,7 @@ def _trace_fields(session, given) -> None:
     """Trace which config fields DeepSpeed reads from now to the end of the run (init and generate)."""
     import importlib
 
-    from dsexp.rank.engines.config_trace import FieldReadTracer
+    from dsexp.rank.probes.config_trace import FieldReadTracer
 
     classes = [getattr(importlib.import_module(mod), name) for mod, name in INFERENCE_CONFIGS]
     tracer = FieldReadTracer(classes).start()

@@ -134,7 +134,7 @@ class Fixes:
             policy = (fact.get("autotp_policy") or {}).get("policy")
             kw["replace_with_kernel_inject"] = False
             if policy:
-                from dsexp.rank.engines.init_inference import resolve_policy
+                from dsexp.engines.init_inference.rank import resolve_policy
 
                 kw["injection_policy"] = resolve_policy(policy, model)
             self._record("autotp", {"replace_with_kernel_inject": False, "injection_policy": policy})
@@ -156,8 +156,8 @@ class Fixes:
 
     def _trims_before(self, model, kw: dict) -> None:
         from dsexp.core.schema import TrimConfig
-        from dsexp.rank import trims
-        from dsexp.rank.engines.init_inference import InitInference
+        from dsexp.engines.init_inference.rank import InitInference
+        from dsexp.trims.dedupe_buffers.rank import HeldBuffers
 
         self._ensure_distributed("trims")  # the group trim needs it before init_inference would make it
         ctx = self._ctx(None, {})
@@ -165,7 +165,7 @@ class Fixes:
             name="all", dedupe_buffers=True, shard_head=True, shard_embedding=True, world_group=True
         )
         grain = getattr(kw.get("tensor_parallel"), "tp_grain_size", 64)
-        self.held = trims.HeldBuffers(model)
+        self.held = HeldBuffers(model)
         self.trim_done, self.alias = InitInference._before_init(model, ctx, kw.get("checkpoint"), grain)
         self.trim_grain, self.trim_ctx = grain, ctx
 
@@ -188,17 +188,17 @@ class Fixes:
             self._record("host_load", f"pipeline device set back to {pipe.device} after the engine")
 
     def _trims_after(self, module, engine) -> None:
-        from dsexp.rank import trims
+        from dsexp.trims.dedupe_buffers.rank import dedupe_buffers
+        from dsexp.trims.shard_embedding.rank import shard_embedding
+        from dsexp.trims.shard_head.rank import unalias_head
 
         done = self.trim_done
         if self.alias:
-            done["shard_head"] = trims.unalias_head(module, self.alias, done["shard_head"])
+            done["shard_head"] = unalias_head(module, self.alias, done["shard_head"])
         if "shard_embedding" not in done:
-            done["shard_embedding"] = trims.shard_embedding(
-                module, engine.mp_group, self.trim_grain, "after init_inference"
-            )
+            done["shard_embedding"] = shard_embedding(module, engine.mp_group, self.trim_grain, "after init_inference")
         device = "cuda" if self.session.on_gpu else "cpu"
-        done["dedupe_buffers"] = trims.dedupe_buffers(module, self.held, device)
+        done["dedupe_buffers"] = dedupe_buffers(module, self.held, device)
         self._record("trims", _plain(done))
 
     # --- helpers ---------------------------------------------------------------------------------------

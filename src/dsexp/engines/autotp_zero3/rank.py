@@ -1,4 +1,5 @@
-"""AutoTP together with ZeRO stage 3 through `deepspeed.initialize` (inference only: no optimizer).
+"""autotp_zero3 on a rank: AutoTP together with ZeRO stage 3 through `deepspeed.initialize` (inference only: no
+optimizer).
 
 DeepSpeed >= 0.19.4 shards the model with AutoTP when the config has `tensor_parallel.autotp_size`,
 then partitions the shards with ZeRO-3 over the data-parallel group (world / autotp_size ranks).
@@ -13,10 +14,10 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from dsexp.engines.init_inference.rank import applied_policy
+from dsexp.engines.zero_inference.rank import ZeroInference
 from dsexp.models.policy import ds_name
 from dsexp.rank.context import RankContext
-from dsexp.rank.engines.init_inference import applied_policy
-from dsexp.rank.engines.zero_inference import ZeroInference
 
 
 def partition_config(model, policy: Dict[str, List[str]]) -> Dict[str, Any]:
@@ -72,3 +73,6 @@ class AutoTPZero3(ZeroInference):
         if inference is not None:
             report["policy_inference"] = inference
         return module, report
+
+
+ENGINE = AutoTPZero3

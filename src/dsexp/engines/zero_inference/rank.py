@@ -1,4 +1,4 @@
-"""ZeRO-Inference: `deepspeed.initialize` with ZeRO stage 3, parameters partitioned while they load.
+"""zero_inference on a rank: `deepspeed.initialize` with ZeRO stage 3, parameters partitioned while they load.
 
 `HfDeepSpeedConfig` is created in `before_load` and kept alive on the engine: while it exists,
 transformers' `from_pretrained` builds the model inside `deepspeed.zero.Init`, so each rank only ever
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from dsexp.engines.init_inference.rank import zero_field_names
+from dsexp.engines.rank import Engine
 from dsexp.rank.context import RankContext
-from dsexp.rank.engines.base import Engine
-from dsexp.rank.engines.config_trace import FieldReadTracer
-from dsexp.rank.engines.init_inference import zero_field_names
+from dsexp.rank.probes.config_trace import FieldReadTracer
 
 
 def ds_config(ctx: RankContext) -> Dict[str, Any]:
@@ -74,3 +74,6 @@ class ZeroInference(Engine):
         report["unread_fields"] = [key for cls, key, f in fields if not tracer.used(cls, f)]
         report["field_readers"] = {key: tracer.readers(cls, f) for cls, key, f in fields}
         return report
+
+
+ENGINE = ZeroInference

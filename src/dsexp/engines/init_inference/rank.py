@@ -1,4 +1,5 @@
-"""`deepspeed.init_inference`: kernel injection, or AutoTP with an injection policy.
+"""init_inference on a rank: `deepspeed.init_inference`, kernel injection or AutoTP with an injection policy, and the
+AutoTP trims around the call (dsexp.trims: world_group, shard_embedding, shard_head).
 
 The engine reports what DeepSpeed did, not what it was asked: module classes removed and added,
 and which of the user's config fields DeepSpeed's code read during init and generate.
@@ -8,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from dsexp.core.engines import INFER
-from dsexp.core.engines import effective_policy as core_effective_policy
-from dsexp.rank import trims
+from dsexp.engines.base import INFER, effective_policy
+from dsexp.engines.rank import Engine
 from dsexp.rank.compat import config_fields
 from dsexp.rank.context import RankContext
-from dsexp.rank.engines.base import Engine
-from dsexp.rank.engines.config_trace import FieldReadTracer
+from dsexp.rank.probes.config_trace import FieldReadTracer
+from dsexp.trims.shard_embedding.rank import shard_embedding
+from dsexp.trims.shard_head.rank import alias_head, unalias_head
+from dsexp.trims.world_group.rank import preset_group
 
 
 def resolve_policy(policy: Optional[Dict[str, Any]], model) -> Optional[Dict[type, tuple]]:
@@ -33,16 +35,11 @@ def resolve_policy(policy: Optional[Dict[str, Any]], model) -> Optional[Dict[typ
     return out
 
 
-def effective_policy(ctx: RankContext) -> Any:
-    """The user's or preset's {layer class: [linears]}, None, or INFER (resolved on the model: `applied_policy`)."""
-    e = ctx.spec.engine
-    return core_effective_policy(e.injection_policy, e.kernel_inject, ctx.spec.model.injection_policy)
-
-
 def applied_policy(ctx: RankContext, model) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str, Any]]]:
     """(policy the engine runs with, how it was found): with engine.injection_policy=infer, dsexp's answer
     ({"policy", "source": known|deepspeed|inferred, "why", "rule", "agrees"}); else the configured one and None."""
-    policy = effective_policy(ctx)
+    e = ctx.spec.engine
+    policy = effective_policy(e.injection_policy, e.kernel_inject, ctx.spec.model.injection_policy)
     if policy != INFER:
         return policy, None
     from dsexp.models.policy import infer_policy
@@ -116,9 +113,9 @@ class InitInference(Engine):
         self.zero_fields = zero_field_names(ctx) if zero is not None else []
         module = engine.module
         if alias:
-            done["shard_head"] = trims.unalias_head(module, alias, done["shard_head"])
+            done["shard_head"] = unalias_head(module, alias, done["shard_head"])
         if ctx.spec.trim.shard_embedding and "shard_embedding" not in done:
-            done["shard_embedding"] = trims.shard_embedding(module, engine.mp_group, grain, "after init_inference")
+            done["shard_embedding"] = shard_embedding(module, engine.mp_group, grain, "after init_inference")
         if done:
             report["trims"] = done
         return module, report
@@ -135,14 +132,14 @@ class InitInference(Engine):
             return done, None
         embed_first = t.shard_embedding and checkpoint is None  # DeepSpeed's checkpoint loader fills nn.Embedding only
         if t.world_group or embed_first:
-            group, info = trims.preset_group(t.world_group, tp)
+            group, info = preset_group(t.world_group, tp)
             if t.world_group:
                 done["world_group"] = info
             if embed_first:
-                done["shard_embedding"] = trims.shard_embedding(model, group, grain, "before init_inference")
+                done["shard_embedding"] = shard_embedding(model, group, grain, "before init_inference")
         alias = None
         if t.shard_head:
-            alias, done["shard_head"] = trims.alias_head(model)
+            alias, done["shard_head"] = alias_head(model)
         return done, alias
 
     def finish(self, report: Dict[str, Any]) -> Dict[str, Any]:
@@ -167,3 +164,6 @@ def _printable(v: Any) -> Any:
     if isinstance(v, (int, float, str, bool)) or v is None:
         return v
     return str(v)
+
+
+ENGINE = InitInference

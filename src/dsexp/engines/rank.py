@@ -1,4 +1,5 @@
-"""Engines: wrap a loaded model for inference and report what they actually did to it."""
+"""The engines' rank side: the base class every member's `rank.ENGINE` extends (wrap a loaded model for inference
+and report what it actually did to it), and `get_engine`, which the workloads call. Imported on ranks only."""
 
 from __future__ import annotations
 
@@ -6,8 +7,15 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from typing import Any, Dict, Optional, Tuple
 
-from dsexp.rank import trims
+from dsexp.engines import part
 from dsexp.rank.context import RankContext
+from dsexp.trims.dedupe_buffers.rank import HeldBuffers, dedupe_buffers
+from dsexp.trims.env.rank import env_seen
+
+
+def get_engine(name: str) -> "Engine":
+    """The engine member's rank-side class, instantiated."""
+    return part(name, "rank").ENGINE()
 
 
 class Engine(ABC):
@@ -26,7 +34,7 @@ class Engine(ABC):
         trim.dedupe_buffers: the duplicate buffers are held out of the model while the engine places it (one copy
         of each reaches the device) and put back by `after_finalize`."""
         before = class_census(model)
-        self.held = trims.HeldBuffers(model) if ctx.spec.trim.dedupe_buffers else None
+        self.held = HeldBuffers(model) if ctx.spec.trim.dedupe_buffers else None
         module, report = self.apply(model, ctx, checkpoint)
         report["modules"] = module_changes(before, class_census(module))
         return module, report
@@ -40,12 +48,12 @@ class Engine(ABC):
         done = report.setdefault("trims", {})
         if t.dedupe_buffers:
             held = getattr(self, "held", None)
-            done["dedupe_buffers"] = trims.dedupe_buffers(module, held, "cuda" if ctx.on_gpu else "cpu")
+            done["dedupe_buffers"] = dedupe_buffers(module, held, "cuda" if ctx.on_gpu else "cpu")
             restored = (report.get("finalize") or {}).get("buffers")
             if restored and held is not None:  # held buffers were not there to restore: they share a restored one
                 restored["not_found"] = [n for n in restored["not_found"] if n not in held.of]
         if t.env:
-            done["env"] = trims.env_seen(t.env)
+            done["env"] = env_seen(t.env)
 
     @abstractmethod
     def apply(self, model, ctx: RankContext, checkpoint: Optional[Any] = None) -> Tuple[Any, Dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""transformers' own tensor parallelism (`tp_plan="auto"`), the peer baseline to DeepSpeed's AutoTP.
+"""hf_tp on a rank: transformers' own tensor parallelism (`tp_plan="auto"`), the peer baseline to DeepSpeed's AutoTP.
 
 `from_pretrained(distributed_config=DistributedConfig(tp_plan="auto"))` shards the checkpoint as it
 loads, following the config's `base_model_tp_plan` and the model's `_tp_plan` (DTensor parameters);
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
+from dsexp.engines.rank import Engine
 from dsexp.rank.context import RankContext
-from dsexp.rank.engines.base import Engine
 
 
 def tp_load_kwargs(world_size: int) -> Dict[str, Any]:
@@ -31,3 +31,6 @@ class HfTP(Engine):
         plan = getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None)
         call = {k: getattr(v, "to_dict", lambda: v)() for k, v in self.load_kwargs(ctx).items()}
         return model.eval(), {"call": call, "tp_plan": dict(plan) if plan else None}
+
+
+ENGINE = HfTP

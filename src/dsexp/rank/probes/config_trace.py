@@ -20,7 +20,7 @@ _NOT_USE = (
     "deepspeed/runtime/config_utils.py",
     "deepspeed/inference/config.py",
     "deepspeed/runtime/zero/config.py",
-    "dsexp/rank/engines/config_trace.py",
+    "dsexp/rank/probes/config_trace.py",
 )
 
 

@@ -1,0 +1,76 @@
+"""The engines family's interface (`engine=` group): what an engine declares of itself, on the standard library alone.
+
+A member is one folder, dsexp/engines/<name>/, selected by conf/engine/<name>.yaml:
+- `__init__.py`: TRAITS, an EngineTraits (or a subclass carrying the engine's own validation rules and its version
+  gate); imports the standard library and dsexp.core only, so validation, the memory model and the ranks all read it;
+- `rank.py`: ENGINE, the class that wraps the model on a rank (a dsexp.engines.rank.Engine); imported on ranks only;
+- `placement.py`: `place`, the engine's rule in the memory model (a Placer, below); imported by dsexp.analysis only.
+The registry (dsexp.engines) is built from the folders. The injection policy the AutoTP engines apply is resolved
+here, once, for the ranks and the memory model alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol, Tuple, Union
+
+from dsexp.core.gates import VersionGate
+
+if TYPE_CHECKING:
+    from dsexp.analysis.placements import Placement, Strategy, Tensor
+    from dsexp.core.schema import JobConfig
+
+
+@dataclass(frozen=True)
+class EngineTraits:
+    name: str
+    splits_weights: bool  # tensor parallelism: each rank keeps its slice of the weights and its own KV heads
+    zero3: bool  # built on deepspeed.initialize with ZeRO stage 3 (needs zero.stage=3)
+    even_heads: bool  # splits attention rows evenly: tp must divide the KV heads
+    casts_buffers: bool  # casts the whole module, buffers included, to the run dtype
+    fills_meta: bool  # can place a model built on the meta device (load=meta|sharded)
+    summary: str
+    inference_autotp: bool = False  # runs init_inference's AutoTP, whose call the AutoTP trims change (dsexp.trims)
+    gate: Optional[VersionGate] = None  # what it needs of the ranks' software
+
+    def check(self, spec: "JobConfig") -> None:
+        """The engine's own rules on a pipeline job, beyond what the traits say (raise ConfigError)."""
+
+    def device_problem(self, spec: "JobConfig", device: str) -> Optional[str]:
+        """Why the engine cannot run this job on `device` ("cpu" or "cuda"); None: it can."""
+        return None
+
+    def shared_gpu_problem(self, spec: "JobConfig") -> Optional[str]:
+        """Why the engine cannot run with ranks sharing a GPU; None: it can."""
+        return None
+
+
+class Placer(Protocol):
+    """A member's `placement.place`: where each of the model's tensors (meta device) lies on each of tp ranks.
+
+    Returns (placements, the module classes the engine removes and adds: {"removed": {}, "added": {}}). Appends to
+    `notes` what the prediction assumes, in words; fills `found` with how an AutoTP policy was found. Raises
+    AssertionError where DeepSpeed itself refuses (e.g. AutoTP finds no policy)."""
+
+    def __call__(
+        self, model: Any, tensors: List["Tensor"], s: "Strategy", tp: int, notes: List[str], found: Dict[str, Any]
+    ) -> Tuple[List["Placement"], Dict[str, Dict[str, int]]]: ...
+
+
+# --- the injection policy (engine.injection_policy) ---------------------------------------------------------------
+
+INFER = "infer"  # engine.injection_policy=infer: dsexp finds the policy (dsexp.models.policy) on the model itself
+
+
+def effective_policy(
+    injection_policy: Any, kernel_inject: bool, model_policy: Optional[Dict[str, List[str]]]
+) -> Union[None, str, Dict[str, List[str]]]:
+    """The AutoTP injection policy an engine applies. `auto`: the model preset's policy whenever kernel
+    injection is off; null: none (DeepSpeed's own parser); `infer`: INFER, resolved on the model itself by
+    dsexp.models.policy.infer_policy (known layouts, DeepSpeed's parser, the module structure; a model preset's
+    policy is not used); else the user's {layer class: [linears]}."""
+    if injection_policy == "auto":
+        return None if kernel_inject else (dict(model_policy) if model_policy else None)
+    if injection_policy == INFER:
+        return None if kernel_inject else INFER
+    return dict(injection_policy) if injection_policy else None

@@ -1,0 +1,229 @@
+"""init_inference in the memory model.
+
+Without kernel injection (AutoTP, also with a user injection policy, or the one `engine.injection_policy=infer` finds,
+dsexp.models.policy): inside each policy layer every nn.Linear is split, column-parallel (LinearLayer, out dim) or
+row-parallel (LinearAllreduce, in dim, bias replicated), with DeepSpeed's `get_shard_size_list` (KV-head units for
+attention, 64-grain near-even splits for MLP); fused qkv (`qkv_proj`, `query_key_value`, `c_attn`, ...) is cut by
+DeepSpeed's own `prepare_tp_fused_qkvw` for the layer's fused layout (bloomtype rows, phi3type q/k/v each,
+bigcodetype q split + kv whole, ...), a fused `gate_up_proj` as two halves (GateUpPack_LinearLayer), an nn.Embedding
+inside a layer on its hidden dim; MoE routers (`mlp.gate`, qwen2_moe's `shared_expert_gate`) stay whole, and so do
+MoE experts stored as 3-D parameters (no Linear for AutoTP to replace); a top-level `lm_head`/`embed_out` (or, with
+trim.shard_head, the head whatever its name) becomes LmHeadLinearAllreduce (split on the hidden dim), which clones a
+tied weight first: the embedding stays whole and the head is a new [V, H/tp] tensor (a `copy` placement, not part of
+the model's bytes); with trim.shard_embedding the input embedding becomes a VocabParallelEmbedding; everything else
+(embeddings, a head named otherwise, norms, rotary buffers) stays replicated. tp=1 without a policy shards nothing.
+
+With kernel injection: layers whose class has a DeepSpeed policy have their matrices split 1/tp; without a matching
+policy (e.g. InternLM2) nothing is sharded.
+
+The AutoTP rules here are also autotp_zero3's (dsexp.engines.autotp_zero3.placement).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Dict, List, Optional, Tuple
+
+from dsexp.analysis.placements import Placement, Strategy, Tensor, even, itemsize, replicated, split, unchanged
+from dsexp.engines.base import INFER
+from dsexp.models.kernel_policy import kernel_policy_classes
+from dsexp.trims.shard_embedding.placement import embedding_to_split
+from dsexp.trims.shard_head import HEAD_NAMES
+from dsexp.trims.shard_head.placement import aliased_head
+
+
+def place(model, tensors: List[Tensor], s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]):
+    if s.kernel_inject:
+        return kernel_inject(model, tensors, tp, notes)
+    return autotp(model, tensors, s, tp, notes, found)
+
+
+# --- AutoTP ----------------------------------------------------------------------------------------------------
+
+
+def autotp_rules(model, s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]) -> Optional[Dict[str, tuple]]:
+    """{layer class: row-parallel names} AutoTP applies, or None when it does not run (tp=1 without a policy).
+    Raises AssertionError where DeepSpeed refuses (no policy found). `found` gets how the policy was found."""
+    from deepspeed.module_inject.auto_tp import AutoTP
+
+    if s.policy == INFER:
+        from dsexp.models.policy import infer_policy
+
+        found.update(infer_policy(model))
+        if not found.get("policy"):
+            raise AssertionError(f"engine.injection_policy=infer found no policy: {found.get('why')}")
+        notes.append(f"AutoTP policy ({found['source']}): {found['why']}")
+        return {cls: tuple(names) for cls, names in found["policy"].items()}
+    if s.policy:
+        return {cls: tuple(names) for cls, names in s.policy.items()}
+    if tp > 1:
+        return {cls.__name__: tuple(names) for cls, names in AutoTP.tp_parser(model)}
+    notes.append("tp=1 without an injection policy: AutoTP does not run, every tensor stays whole")
+    return None
+
+
+def autotp(model, tensors: List[Tensor], s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]):
+    """DeepSpeed AutoTP as `replace_wo_policy` + `set_lm_head` apply it (deepspeed/module_inject)."""
+    from deepspeed.inference.config import DeepSpeedTPConfig
+    from deepspeed.module_inject.tp_shard import AutoTPMeta
+
+    rules = autotp_rules(model, s, tp, notes, found)
+    if rules is None:
+        return [replicated(t, tp) for t in tensors], unchanged()
+    meta = AutoTPMeta.from_model_config(model.config, DeepSpeedTPConfig().tp_grain_size)
+    by_module = _replacements(model, rules, tp)
+    head = _split_head(model, s, tp, notes)
+    if head:
+        by_module[head] = ("lm_head", "LmHeadLinearAllreduce", None)
+    embedding = embedding_to_split(model, s, tp)
+    if embedding:
+        by_module[embedding] = (embedding, "VocabParallelEmbedding", None)  # named as the rank names it: its module
+    out = []
+    for t in tensors:
+        name, cls, layer = by_module.get(t.module, (None, None, None))
+        out.append(autotp_place(t, name, cls, layer, tp, meta))
+    if head and not any(t.module == head and t.name.endswith(".weight") for t in tensors):
+        out.append(_cloned_head(model, head, s, tp, meta, notes))
+    replaced = Counter(cls for _, cls, _ in by_module.values() if cls not in ("skip", "Embedding"))
+    removed = Counter({"Linear": sum(n for cls, n in replaced.items() if cls != "VocabParallelEmbedding")})
+    removed["Embedding"] = replaced.get("VocabParallelEmbedding", 0)
+    return out, {"removed": {k: n for k, n in removed.items() if n}, "added": dict(replaced)}
+
+
+def _replacements(model, rules: Dict[str, tuple], tp: int) -> Dict[str, Tuple[str, str, Any]]:
+    """module name -> (DeepSpeed's name for it, replacement class, the decoder layer it sits in), inside the policy
+    layers."""
+    import torch.nn as nn
+
+    from dsexp.models.policy import ds_name as policy_name
+
+    by_module: Dict[str, Tuple[str, str, Any]] = {}
+    for lname, layer in model.named_modules():
+        if type(layer).__name__ not in rules:
+            continue
+        for rel, child in layer.named_modules():
+            if not rel:
+                continue
+            name = policy_name(rel)  # parent attr + '.' + attr, as AutoTP names it
+            if isinstance(child, nn.Linear):
+                cls = _autotp_class(name, rules[type(layer).__name__], tp, layer)
+            elif isinstance(child, nn.Embedding):
+                cls = "Embedding"  # AutoTP's _slice_embedding: hidden dim split
+            else:
+                continue
+            by_module[f"{lname}.{rel}"] = (name, cls, layer)
+    return by_module
+
+
+def _split_head(model, s: Strategy, tp: int, notes: List[str]) -> Optional[str]:
+    """The top-level head AutoTP's set_lm_head splits: one named lm_head/embed_out, else (trim.shard_head) the head
+    aliased as lm_head."""
+    import torch.nn as nn
+
+    head = next((n for n in HEAD_NAMES if isinstance(getattr(model, n, None), nn.Linear)), None)
+    if head and s.deepspeed_before(0, 15) and s.load != "meta":
+        # DeepSpeed 0.14 calls set_lm_head only when init_inference loads a checkpoint (replace_module.py)
+        notes.append(
+            f"DeepSpeed {s.deepspeed} splits the head ({head}) only with checkpoint= (load=meta): it stays whole"
+        )
+        head = None
+    return head or aliased_head(model, s, tp)
+
+
+def _cloned_head(model, head: str, s: Strategy, tp: int, meta, notes: List[str]) -> Placement:
+    """A head tied to the embedding: LmHeadLinearAllreduce clones the weight, then keeps its [V, H/tp] slice."""
+    w = getattr(model, head).weight
+    clone = Tensor(f"{head}.weight", head, w.numel(), tuple(w.shape), itemsize(w, s), False)
+    copy = autotp_place(clone, "lm_head", "LmHeadLinearAllreduce", None, tp, meta)
+    copy.copy, copy.how = True, "LmHeadLinearAllreduce (clone of the tied embedding)"
+    notes.append(
+        f"the head is tied to the embedding: AutoTP clones it ({head}.weight split on the hidden dim, "
+        "a new tensor) and the embedding stays whole"
+    )
+    return copy
+
+
+def autotp_place(t: Tensor, name: Optional[str], cls: Optional[str], layer, tp: int, meta) -> Placement:
+    """One tensor under AutoTP's replacement `cls` (None: left alone)."""
+    from deepspeed.module_inject.tp_shard import get_shard_size_list
+
+    if cls is None or cls == "skip" or t.is_buffer:
+        return replicated(t, tp)
+    if cls in ("LinearAllreduce", "LmHeadLinearAllreduce"):
+        if len(t.shape) != 2:  # row-parallel bias stays whole
+            return replicated(t, tp)
+        return split(t, 1, get_shard_size_list(t.shape[1], tp, meta, name), cls)
+    if cls == "Embedding":
+        return split(t, 1, get_shard_size_list(t.shape[1], tp, meta, name), cls)
+    if cls == "GateUpPack_LinearLayer":  # gate and up halves, each split as an MLP width
+        half = t.shape[0] // 2
+        widths = get_shard_size_list(half, tp, meta, "mlp")
+        return split(t, 0, [2 * w for w in widths], cls)
+    if cls == "fused_LinearLayer":
+        return _fused_qkv(t, layer, tp, meta)
+    return split(t, 0, get_shard_size_list(t.shape[0], tp, meta, name), cls)
+
+
+def _fused_qkv(t: Tensor, layer, tp: int, meta) -> Placement:
+    """A fused qkv weight (or bias) cut by DeepSpeed's own prepare_tp_fused_qkvw for this layer's fused layout
+    (run on a meta tensor of its shape: only the shapes are computed)."""
+    import torch
+    from deepspeed.module_inject.fusedqkv_utils import get_fused_qkv_type, prepare_tp_fused_qkvw
+
+    kind = get_fused_qkv_type(layer) or "bloomtype (DeepSpeed's fallback)"
+    src = torch.empty(t.shape, device="meta")
+    try:
+        rows = [int(prepare_tp_fused_qkvw(layer, src, tp, r, meta).shape[0]) for r in range(tp)]
+    except Exception:  # a layout DeepSpeed's helper cannot cut this tensor with (e.g. a bias for phi3type)
+        rows = even(t.shape[0], tp)
+    other = t.numel // t.shape[0]
+    local = tuple(r * other * t.itemsize for r in rows)
+    return Placement(t.name, t.numel * t.itemsize, local, f"fused_LinearLayer ({kind})", dim=0, is_buffer=t.is_buffer)
+
+
+def _autotp_class(name: str, allreduce: Tuple[str, ...], tp: int, layer=None) -> str:
+    """Which module AutoTP's `_replace` turns a Linear into (the routing rules of auto_tp.py)."""
+    from deepspeed.module_inject.fusedqkv_utils import require_tp_fused_qkvw
+
+    layer_type = str(type(layer)) if layer is not None else ""
+    if (
+        name in ("mlp.gate", "block_sparse_moe.gate")
+        or "q_a_proj" in name
+        or "kv_a_proj_with_mqa" in name
+        or (name == "mlp.shared_expert_gate" and "qwen2_moe" in layer_type)
+    ):
+        return "skip"
+    if "gate_up_proj" in name or ("dense_h_to_4h" in name and "GLM" in str(layer)):
+        return "GateUpPack_LinearLayer"
+    if name in allreduce or "down_proj" in name or ("Arctic" in str(layer) and "w2" in name):
+        return "LinearAllreduce"
+    return "fused_LinearLayer" if require_tp_fused_qkvw(name, tp) else "LinearLayer"
+
+
+# --- kernel injection ------------------------------------------------------------------------------------------
+
+
+def kernel_inject(model, tensors: List[Tensor], tp: int, notes: List[str]):
+    classes = set(kernel_policy_classes())
+    layers = {n: type(m).__name__ for n, m in model.named_modules() if type(m) in classes}
+    if not layers:
+        names = sorted(
+            {type(m).__name__ for m in model.modules() if "Layer" in type(m).__name__ or "Block" in type(m).__name__}
+        )
+        notes.append(
+            f"kernel injection has no policy for {', '.join(names) or 'any layer class'}: "
+            f"no module is replaced and nothing is sharded"
+        )
+        return [replicated(t, tp) for t in tensors], unchanged()
+    notes.append(
+        "kernel-injected layers: matrices assumed split evenly 1/tp (DeepSpeed containers); "
+        "the kernel workspace is not part of the weights"
+    )
+    out = []
+    for t in tensors:
+        in_layer = any(t.module == n or t.module.startswith(n + ".") for n in layers)
+        if in_layer and len(t.shape) == 2 and tp > 1 and not t.is_buffer:
+            out.append(split(t, 0, even(t.shape[0], tp), "kernel"))
+        else:
+            out.append(replicated(t, tp))
+    return out, {"removed": dict(Counter(layers.values())), "added": {}}

@@ -1,0 +1,44 @@
+"""trim.dedupe_buffers in the memory model: which of the model's buffers share an identical one (the ranks' rule, on
+the model built with real buffers), and those buffers' placements, which take no bytes of their own."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Dict, List, Optional
+
+from dsexp.analysis import architecture as arch
+from dsexp.analysis.placements import Placement
+from dsexp.trims.dedupe_buffers import TRAITS, duplicate_buffers
+
+
+def shared_buffers(source: Dict[str, Any], s) -> Optional[Dict[str, str]]:
+    """With the trim on, the buffers that share an identical one (`duplicates`); else None."""
+    return duplicates(source, s.dtype) if s.trimmed(TRAITS.key) else None
+
+
+def duplicates(source: Dict[str, Any], dtype: str) -> Dict[str, str]:
+    """{buffer name: the first identical one} among the model's non-persistent buffers, by the rule the ranks share
+    them by. The model is built with real buffers (parameters on meta) and their values compared: this costs the
+    buffers' memory while it runs (0.75 GiB at InternLM2-20B shapes)."""
+    return dict(_duplicates(json.dumps(source, sort_keys=True), dtype))
+
+
+@functools.lru_cache(maxsize=16)
+def _duplicates(source_json: str, dtype: str):
+    import torch
+
+    model = arch.model_with_buffers(json.loads(source_json), dtype)
+    found = tuple(sorted(duplicate_buffers(model, torch.equal).items()))
+    del model
+    return found
+
+
+def share(placements: List[Placement], shared: Dict[str, str], tp: int, notes: List[str]) -> List[Placement]:
+    """The placements with each shared buffer holding no bytes of its own on any rank."""
+    notes.append(f"trim.dedupe_buffers: {len(shared)} buffers share an identical one (no bytes of their own)")
+    return [_shared(p, shared[p.name], tp) if p.is_buffer and p.name in shared else p for p in placements]
+
+
+def _shared(p: Placement, first: str, tp: int) -> Placement:
+    return Placement(p.name, p.full, (0,) * tp, f"shared with {first}", is_buffer=True)
