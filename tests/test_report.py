@@ -238,9 +238,9 @@ def test_recommendation_states_offload_costs_ties_and_floor():
     assert picks["per_device"].row.strategy.startswith("offload")
     plain = picks["per_device_no_offload"]
     assert plain.row.strategy.startswith("b/") and [r.strategy[0] for r in plain.tied] == ["b", "a"]
-    from dsexp.analysis.summary import recommendation
+    from dsexp.analysis.sections.recommendation import recommendation_lines
 
-    text = "\n".join(recommendation(rows, []))
+    text = "\n".join(recommendation_lines(rows, []))
     assert (
         text.index("**Recommended (lowest per-GPU peak without offloading weights to the host")
         < text.index("`b/")

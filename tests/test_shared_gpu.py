@@ -146,7 +146,7 @@ def test_a_shared_run_takes_each_ranks_own_gpu_peak_and_keeps_the_devices_as_a_n
 
 def test_speed_of_a_shared_run_is_shown_marked_and_never_compared():
     from dsexp.analysis.matrix import build_rows
-    from dsexp.analysis.summary import matrix_table
+    from dsexp.analysis.sections.matrix_table import matrix_table
 
     def result(shared):
         spec = spec_of("tp=2", "launcher.gpus=1") if shared else spec_of("tp=2", gpus=2)

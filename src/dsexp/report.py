@@ -13,18 +13,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-SECTIONS = (
-    "recommendation",
-    "matrix",
-    "stacks",
-    "trims",
-    "weights",
-    "predicted",
-    "diagnosis",
-    "plots",
-    "memory",
-    "definitions",
-)
+from dsexp.analysis.sections import NAMES as SECTIONS  # imports no torch, pandas or matplotlib
 
 
 def parse(argv: Optional[List[str]]) -> argparse.Namespace:

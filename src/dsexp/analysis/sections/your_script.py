@@ -1,4 +1,4 @@
-"""The report's section for users' scripts: each script as written beside each fixed variant (script.fix), per rank
+"""The "scripts" section, for users' scripts: each script as written beside each fixed variant (script.fix), per rank
 (device, host) and node, with the correctness verdict and what each remedy saved; the recommendation is the smallest
 set of remedies that reaches the lowest per-device memory with correct output, printed as the lines to change."""
 
@@ -9,8 +9,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from dsexp.analysis import measured as m
 from dsexp.analysis.markdown import md_table
 from dsexp.analysis.matrix import Row
+from dsexp.analysis.sections.common import ReportInputs
 from dsexp.analysis.user_script import first_call, is_script
 
+NAME = "scripts"
 TIE = 0.01  # per-device figures within 1% are the same memory
 
 
@@ -114,7 +116,11 @@ def lines_to_change(r: Row) -> List[str]:
     return out
 
 
-def scripts_section(rows: List[Row]) -> List[str]:
+def render(inputs: ReportInputs) -> str:
+    return "\n".join(scripts_lines(inputs.rows))
+
+
+def scripts_lines(rows: List[Row]) -> List[str]:
     groups: Dict[Tuple, List[Row]] = {}
     for r in rows:
         if is_script(r.result):

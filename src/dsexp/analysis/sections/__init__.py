@@ -1,0 +1,57 @@
+"""The sweep report's sections, one module each, in the order summary.md shows them. Each module has `NAME` (what
+`python -m dsexp.report --print NAME` and the `{{report:NAME}}` placeholders of docs/FINDINGS.in.md use) and
+`render(inputs) -> markdown`, heading included, or "" where the sweep has nothing for it:
+
+    scripts          your_script         users' scripts, as written and fixed
+    recommendation   recommendation      what to run, and against the memory model's floor
+    matrix           matrix_table        every run: measured, predicted, speed
+    stacks           stack_comparison    one configuration on each software stack
+    weights          weights_table       weights per rank, predicted vs measured
+    trims            trim_effects        each trimmed run against the same one untrimmed
+    predicted        predicted_tp        the memory model at tp values not run
+    diagnosis        run_findings        every run's findings
+    plots            plot_links          the sweep's plots
+    memory           memory_over_time    each run's memory against time
+    definitions      definitions         what the figures mean
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+from dsexp.analysis.sections import (
+    definitions,
+    matrix_table,
+    memory_over_time,
+    plot_links,
+    predicted_tp,
+    recommendation,
+    run_findings,
+    stack_comparison,
+    trim_effects,
+    weights_table,
+    your_script,
+)
+from dsexp.analysis.sections.common import ReportInputs
+
+SECTIONS = (
+    your_script,
+    recommendation,
+    matrix_table,
+    stack_comparison,
+    weights_table,
+    trim_effects,
+    predicted_tp,
+    run_findings,
+    plot_links,
+    memory_over_time,
+    definitions,
+)
+NAMES = tuple(section.NAME for section in SECTIONS)
+
+
+def render_sections(inputs: ReportInputs) -> Dict[str, str]:
+    """The report's sections by name, in order (markdown, heading included); a section with nothing to show is
+    left out."""
+    rendered = {section.NAME: section.render(inputs) for section in SECTIONS}
+    return {name: text for name, text in rendered.items() if text}

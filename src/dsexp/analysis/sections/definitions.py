@@ -1,0 +1,28 @@
+"""The "definitions" section: what each figure of the report means (units, peaks, the memory model's floor,
+predictions at tp values not run)."""
+
+from __future__ import annotations
+
+from dsexp.analysis.sections.common import ReportInputs
+
+NAME = "definitions"
+DEFINITIONS = [
+    "GiB = 2^30 bytes, MiB = 2^20 bytes. Per-GPU and per-rank figures are the maximum over ranks.",
+    "per-GPU peak: NVML device memory used at its peak (includes the CUDA context and communicators).",
+    "weights per GPU/rank: parameter + buffer bytes on the rank's compute device after init (census).",
+    "predicted: the memory model from the model's config alone (dsexp.analysis.memory); the floor adds "
+    "the KV cache for prompt + generated tokens and the device memory the run measured outside PyTorch's "
+    "allocator (max over phases of NVML process used - torch reserved, plus the device's own reserve at "
+    "`start`: CUDA context, communicator, workspaces).",
+    "host peak / rank: RSS peak of one rank process; node host peak: total - available memory of the machine "
+    "(left out, `-`, for jobs packed with other jobs: `launcher.pack=true`).",
+    "tp values not run: the memory model at that tp (weights: sharded part / tp + replicated; KV cache), "
+    "anchored on the largest tp that completed: + its measured memory outside PyTorch and activations/cache "
+    "(peak - floor); host per rank = its peak RSS - the modelled load cost at its tp + the cost at the new "
+    "tp (checkpoint pages mapped at once + private bytes, by loading strategy); node = used before launch + "
+    "ranks x private bytes per rank (page cache is reclaimable, not counted). Failed runs anchor nothing.",
+]
+
+
+def render(inputs: ReportInputs) -> str:
+    return "\n".join(["## Definitions", ""] + [f"- {d}" for d in DEFINITIONS] + [""])

@@ -1,0 +1,133 @@
+"""The "recommendation" section: the lowest per-device figure that passed correctness (without offloading weights
+when that differs), the lowest host and node figures, the memory model's figures at tp values not run for the
+recommended configurations, the trims' view, and each recommended run against the memory model's floor."""
+
+from __future__ import annotations
+
+from typing import List
+
+from dsexp.analysis import measured as m
+from dsexp.analysis.diagnosis import floor_terms
+from dsexp.analysis.matrix import Extrapolated, Pick, Row, main_model, recommend
+from dsexp.analysis.sections.common import ReportInputs, num, on_gpu
+from dsexp.analysis.sections.trim_effects import trim_lines
+
+NAME = "recommendation"
+FLOOR_MARGIN = 0.05  # a recommended peak within 5% of the memory model's floor leaves nothing big unexplained
+OTHER_PICKS = (
+    ("host", "Lowest host peak per rank that passed correctness"),
+    ("node", "Lowest node host peak that passed correctness"),
+)
+
+
+def render(inputs: ReportInputs) -> str:
+    lines = recommendation_lines(inputs.rows, inputs.extra)
+    return "\n".join(["## Recommendation", ""] + [f"- {line}" for line in lines] + [""])
+
+
+def recommendation_lines(rows: List[Row], extra: List[Extrapolated]) -> List[str]:
+    picks = recommend(rows)
+    gpu = on_gpu(rows)
+    best, plain = picks["per_device"], picks["per_device_no_offload"]
+    if best is None:
+        return ["No configuration passed the correctness check: nothing to recommend."]
+    lines = _per_device_lines(best, plain, gpu)
+    others = sorted({r.config.get("model", {}).get("name") for r in rows} - {main_model(rows)})
+    if others:
+        lines.insert(
+            0,
+            f"Runs of `{main_model(rows)}` compared; other models are left out of the recommendation "
+            f"({', '.join(f'`{o}`' for o in others)}).",
+        )
+    for strategy in dict.fromkeys(pick.row.strategy for pick in (best, plain) if pick):
+        lines += _predicted_line(strategy, extra, gpu)
+    lines += [_pick_line(title, picks[key], gpu, "") for key, title in OTHER_PICKS if picks[key] is not None]
+    recommended = dict.fromkeys(pick.row.label for pick in picks.values() if pick)
+    rows_by_label = {r.label: r for r in rows}
+    lines += trim_lines(rows)
+    return lines + [line for label in recommended for line in _floor_check(rows_by_label[label])]
+
+
+CPU_FIGURE = "device-resident weights per rank (CPU run: no GPU, the rank's device is the host)"
+
+
+def _what(gpu: bool) -> str:
+    return "per-GPU peak" if gpu else CPU_FIGURE
+
+
+def _per_device_lines(best: Pick, plain: Pick, gpu: bool) -> List[str]:
+    """The recommended configuration; where the lowest figure offloads weights to the host, the best one that does
+    not is recommended and the offload one shown with what it costs (speed, host memory)."""
+    what = _what(gpu)
+    if plain is None or plain.row is best.row:
+        return [_pick_line(f"**Recommended (lowest {what} that passed correctness)", best, gpu, "**")]
+    a, b = best.row.values(), plain.row.values()
+    return [
+        _pick_line(
+            f"**Recommended (lowest {what} without offloading weights to the host, passed "
+            "correctness; ties within 1% broken by host peak per rank)",
+            plain,
+            gpu,
+            "**",
+        ),
+        _pick_line(f"Lowest {what} of all (weights offloaded to host memory)", best, gpu, ""),
+        f"What the offload costs against the recommended configuration: host peak "
+        f"{num(a['host_peak_gib'])} vs {num(b['host_peak_gib'])} GiB per rank, node "
+        f"{num(a['node_host_peak_gib'])} vs {num(b['node_host_peak_gib'])} GiB, tokens/s "
+        f"{num(a['tokens_per_s'], 1)} vs {num(b['tokens_per_s'], 1)}.",
+    ]
+
+
+def _predicted_line(strategy: str, extra: List[Extrapolated], gpu: bool) -> List[str]:
+    """The memory model's figures for a recommended configuration at the tp values the sweep did not run."""
+    ahead = [e for e in extra if e.strategy == strategy and not e.measured and e.per_device_gib is not None]
+    if not ahead:
+        return []
+    return [
+        f"Predicted for `{strategy}`: "
+        + "; ".join(
+            f"tp={e.tp}: {m.human(e.per_device_gib * m.GIB)} per {'GPU' if gpu else 'rank'}, "
+            f"host {num(e.host_peak_gib)} GiB per rank, node {num(e.node_host_peak_gib)} GiB"
+            for e in ahead
+        )
+        + "."
+    ]
+
+
+def _pick_line(title: str, pick: Pick, gpu: bool, close: str) -> str:
+    """One recommendation with its figures and, when several runs tie within 1%, how the tie was broken."""
+    r, v = pick.row, pick.row.values()
+    line = (
+        f"{title}: `{r.strategy}` at tp={r.tp}{close}: {m.human(m.per_device_gib(r.result) * m.GIB)} per "
+        f"{'GPU' if gpu else 'rank'}, host peak {num(v['host_peak_gib'])} GiB per rank, node "
+        f"{num(v['node_host_peak_gib'])} GiB, {num(v['tokens_per_s'], 1)} tokens/s; logits rel. err "
+        f"{num(v['logits_rel_err'], 4)}."
+    )
+    if len(pick.tied) > 1:
+        line += (
+            f" {len(pick.tied)} runs tie within 1%; the lowest host peak per rank wins: "
+            + ", ".join(f"`{t.label}` {num(t.values()['host_peak_gib'])} GiB" for t in pick.tied)
+            + "."
+        )
+    return line
+
+
+def _floor_check(row: Row) -> List[str]:
+    """The recommended run's per-GPU peak against the memory model's floor for its configuration."""
+    p, peak = row.prediction, m.headline(row.result, "gpu_peak_gib")
+    if p is None or p.overhead is None or peak is None or not m.on_gpu(row.result):
+        return []
+    floor = p.floor() / m.GIB
+    over = peak / floor - 1
+    return [
+        f"`{row.label}`: per-GPU peak {peak:.2f} GiB vs the memory model's floor {floor:.2f} GiB "
+        f"({floor_terms(p)} measured outside PyTorch's allocator): {over:+.1%} over the floor, "
+        f"{'within' if over <= FLOOR_MARGIN else 'beyond'} "
+        f"{FLOOR_MARGIN:.0%}."
+        + (
+            " The floor counts the partition each GPU keeps; ZeRO-3 also gathers parameters "
+            "onto the GPU for each layer it runs, a working set the memory model does not size."
+            if p.strategy.zero_stage == 3 and over > FLOOR_MARGIN
+            else ""
+        )
+    ]
