@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from dsexp.analysis import measured as m  # noqa: E402
 from dsexp.analysis.memory import predict  # noqa: E402
 from dsexp.analysis.sources import results_from_dir  # noqa: E402
+from dsexp.core.result import JobRecord, Phase  # noqa: E402
 from dsexp.trims import MODEL_TRIMS  # noqa: E402
 
 TARGET_GIB = 20.6
@@ -76,11 +77,12 @@ def _allocator_extra(r: Dict[str, Any]) -> Optional[int]:
 def _outside_levels(r: Dict[str, Any]) -> Dict[str, Optional[int]]:
     """NVML process used - torch reserved at the end of start, init and generate (the rank with the highest peak)."""
     parts = m.outside_parts(r) or {}
-    rk = next((x for x in m.ranks(r) if x.get("rank") == parts.get("rank")), None) or {}
+    rk = next((x for x in JobRecord.of(r).ranks if x.rank == parts.get("rank")), None)
     out = {}
-    for ph in ("start", "init", "generate"):
-        g = m.phase(rk, ph).get("gpu") or {}
-        out[ph] = None if g.get("nvml_process_used") is None else g["nvml_process_used"] - (g.get("gpu_reserved") or 0)
+    for ph in (Phase.START, Phase.INIT, Phase.GENERATE):
+        g = rk.phase(ph).gpu if rk else {}
+        used = g.get("nvml_process_used")
+        out[ph.value] = None if used is None else used - (g.get("gpu_reserved") or 0)
     return out
 
 

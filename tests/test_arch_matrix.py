@@ -163,7 +163,7 @@ def census_record(res: Dict[str, Any]) -> Dict[str, Any]:
                 "phases": {"init": {k: rk["phases"]["init"].get(k) for k in ("weights_device", "tensors", "partial")}},
                 "error": {"phase": (rk.get("error") or {}).get("phase")} if rk.get("error") else None,
             }
-            for rk in m.ranks(res)
+            for rk in (r for r in res.get("ranks") or [] if r)
             if "init" in (rk.get("phases") or {})
         ],
     }

@@ -378,3 +378,15 @@ def test_tests_import_shared_code_from_helpers_never_from_conftest():
             )
             offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] == "conftest"]
     assert not offenders
+
+
+def test_analysis_reads_records_through_the_typed_record():
+    """analysis/ reads a job's ranks and phases through core.result (JobRecord, RankRecord, PhaseRecord), never by
+    indexing the JSON's "ranks" or "phases" itself."""
+    offenders = [
+        f"{path.relative_to(SRC)}:{node.lineno}"
+        for path in sorted((SRC / "analysis").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in ("ranks", "phases")
+    ]
+    assert not offenders, offenders

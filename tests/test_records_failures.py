@@ -85,3 +85,31 @@ def test_end_of_sweep_table_shows_failures_and_small_figures():
     header, row0, row1 = format_table([ok, bad]).splitlines()
     assert row0.split()[:6] == ["0", "tiny/eager/tp2", "ok", "-", "0.00412", "0.53"] and row0.split()[-1] == "0.0071"
     assert row1.split()[:3] == ["1", "eager/tp4", "failed:oom_host"]
+
+
+def test_typed_record_reads_the_result_and_tolerates_what_is_missing():
+    from dsexp.analysis import measured
+    from dsexp.core.result import JobRecord, Phase, PhaseRecord
+
+    died = rank(1, 4 * GIB, 3 * GIB, status="failed", error={"phase": "init"}, phases=("start", "load"))
+    result = {
+        "status": "failed",
+        "failure": {"cause": "oom_host", "rank": 1},
+        "config": {"tp": 2, "device": "cpu"},
+        "ranks": [rank(0, 2 * GIB, GIB, gpu_peak=5 * GIB), died, None],
+        "headline": {"host_peak_gib": 5.0},
+    }
+    job = JobRecord.of(result)
+    assert JobRecord.of(job) is job and job.tp == 2 and not job.ok and job.cause == "oom_host"
+    assert not job.completed and not job.passed and not job.on_gpu and job.correctness == {}
+    assert [rk.rank for rk in job.ranks] == [0, 1]  # a rank with no record is left out
+    r0, r1 = job.ranks
+    assert r0.phase(Phase.INIT).weights_device == GIB and r0.phase("init") == r0.phase(Phase.INIT)
+    assert r0.phase(Phase.GENERATE).peak("nvml_device_used") == 5 * GIB and r0.max_over_phases("host_rss") == 3 * GIB
+    assert r1.failed_in == "init" and r1.phase(Phase.INIT) is PhaseRecord.EMPTY and not r1.phase("init").recorded
+    assert r1.phase(Phase.INIT).weights_device is None and r1.phase(Phase.INIT).host == {}
+    assert PhaseRecord("generate_2", {"wall_s": 1.0}).kind == "generate" and not r0.phase("generate_2").recorded
+    # measured's accessors take the dict or the typed view alike
+    assert measured.weights_per_rank(result) == measured.weights_per_rank(job) == [GIB]
+    assert measured.headline(job, "host_peak_gib") == 5.0 and not measured.init_recorded(job)
+    assert JobRecord.of({}).ranks == () and JobRecord.of({}).tp == 1 and JobRecord.of(None).status is None

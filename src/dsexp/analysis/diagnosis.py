@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from dsexp.analysis import measured as m
 from dsexp.analysis import user_script
 from dsexp.analysis.memory import Prediction
+from dsexp.core.result import JobRecord
 from dsexp.core.schema import EngineConfig
 from dsexp.trims.world_group import TRAITS as WORLD_GROUP
 
@@ -40,6 +41,10 @@ class RunFacts:
     result: Dict[str, Any]
     prediction: Optional[Prediction]
     siblings: List[Dict[str, Any]]  # results of the same configuration at other tp
+
+    @property
+    def record(self) -> JobRecord:
+        return JobRecord.of(self.result)
 
 
 Rule = Callable[[RunFacts], List[Finding]]
@@ -84,8 +89,8 @@ def text(findings: List[Finding]) -> str:
 
 
 def failed(f: RunFacts) -> List[Finding]:
-    fail = f.result.get("failure") or {}
-    if f.result.get("status") == "ok" or not fail or fail.get("cause") == "incorrect_output":
+    fail = f.record.failure
+    if f.record.ok or not fail or f.record.cause == "incorrect_output":
         return []
     where = " ".join(
         x
@@ -139,7 +144,7 @@ def _policy_advice(f: RunFacts, message: str) -> str:
 
 def policy_found(f: RunFacts) -> List[Finding]:
     """How engine.injection_policy=infer found the AutoTP policy the run used."""
-    inf = (f.result.get("engine") or {}).get("policy_inference")
+    inf = f.record.engine.get("policy_inference")
     if not inf:
         return []
     if not inf.get("policy"):
@@ -161,7 +166,7 @@ def policy_found(f: RunFacts) -> List[Finding]:
 
 
 def incorrect_output(f: RunFacts) -> List[Finding]:
-    c = f.result.get("correctness") or {}
+    c = f.record.correctness
     if not c or c.get("passed"):
         return []
     err, tol = c.get("logits_rel_err"), c.get("tolerance")
@@ -175,7 +180,7 @@ def incorrect_output(f: RunFacts) -> List[Finding]:
     before, after = m.buffer_bytes(f.result, "load"), m.buffer_bytes(f.result, "init")
     cast = ""
     if before and after is not None and after < before:
-        dtype = (f.result.get("config") or {}).get("dtype")
+        dtype = f.record.config.get("dtype")
         cast = (
             f"; the model's buffers shrank from {m.human(before)} to {m.human(after)} at init: the engine cast "
             f"them (rotary inv_freq included) to {dtype}, which the tp=1 reference does not"
@@ -196,7 +201,7 @@ def left_on_meta(f: RunFacts) -> List[Finding]:
 def weights_vs_model(f: RunFacts) -> List[Finding]:
     p, w = f.prediction, m.weights_per_rank(f.result)
     if p is not None and not w:  # no census: the engine's own report of the resident fraction, if it has one
-        w = [int(x * p.model_bytes) for x in _fractions((f.result.get("engine") or {}).get("weight_fraction"))]
+        w = [int(x * p.model_bytes) for x in _fractions(f.record.engine.get("weight_fraction"))]
     if p is None or not w or not p.model_bytes:
         return []
     tp, dev, full = p.tp, m.device_word(f.result), p.model_bytes
@@ -240,7 +245,7 @@ def _other_transformers(result: Dict[str, Any]) -> str:
     modeling code that moved between releases (which module holds the rotary tables, for one) is not modelled."""
     from importlib.metadata import version
 
-    ran = ((result.get("software") or {}).get("versions") or {}).get("transformers")
+    ran = JobRecord.of(result).versions.get("transformers")
     here = version("transformers")
     if not ran or ran == here:
         return ""
@@ -259,7 +264,7 @@ def _fractions(value: Any) -> List[float]:
 
 
 def _nothing_sharded(f: RunFacts, p: Prediction, meas: int, frac: float, dev: str) -> Finding:
-    mods = (f.result.get("engine") or {}).get("modules") or {}
+    mods = f.record.engine.get("modules") or {}
     why = " (no module was replaced)" if mods and not mods.get("removed") else ""
     if p.sharded:
         expect = f"; the memory model expected {m.human(p.weights_max)} ({p.fraction:.0%})" + _differences(f.result, p)
@@ -276,13 +281,13 @@ def _nothing_sharded(f: RunFacts, p: Prediction, meas: int, frac: float, dev: st
 def _differences(result: Dict[str, Any], p: Prediction) -> str:
     """Where measured placement departs from the model: module replacements, replicated tensors."""
     out = []
-    mods = (result.get("engine") or {}).get("modules")
+    mods = JobRecord.of(result).engine.get("modules")
     if mods is not None:
         for cls in sorted(set(p.modules.get("added", {})) | set(mods.get("added", {}))):
             want, got = p.modules.get("added", {}).get(cls, 0), mods.get("added", {}).get(cls, 0)
             if want != got:
                 out.append(f"{got} {cls} modules instead of {want}")
-    rep = (result.get("engine") or {}).get("replicated")
+    rep = JobRecord.of(result).engine.get("replicated")
     if isinstance(rep, dict):
         predicted = {pl.name for pl in p.placements if pl.how == "replicated"}
         extra = sorted(n for n in rep if n not in predicted)
@@ -334,10 +339,10 @@ def tensor_differences(
 
 
 def unread_fields(f: RunFacts) -> List[Finding]:
-    unread = (f.result.get("engine") or {}).get("unread_fields") or []
+    unread = f.record.engine.get("unread_fields") or []
     zero = [u for u in unread if u == "zero" or u.startswith("zero.")]
     other = [u for u in unread if u not in zero]
-    engine = ((f.result.get("config") or {}).get("engine") or {}).get("name", "the engine")
+    engine = (f.record.config.get("engine") or {}).get("name", "the engine")
     out = []
     if zero:
         out.append(
@@ -399,7 +404,7 @@ def host_copies(f: RunFacts) -> List[Finding]:
 
 def scaling_with_tp(f: RunFacts) -> List[Finding]:
     """Compared with the same configuration at the next smaller tp that was measured (correct or not)."""
-    tp = (f.result.get("config") or {}).get("tp") or 1
+    tp = f.record.config.get("tp") or 1
     smaller = [s for s in f.siblings if m.per_device_gib(s) is not None and (s.get("config") or {}).get("tp", 1) < tp]
     if m.per_device_gib(f.result) is None or not smaller:
         return []
@@ -511,7 +516,7 @@ def outside_allocator(f: RunFacts) -> List[Finding]:
             "unexplained",
         )
     ]
-    cfg = f.result.get("config") or {}
+    cfg = f.record.config
     eng, trim = cfg.get("engine") or {}, cfg.get("trim") or {}
     if (
         int(cfg.get("tp") or 1) > 1
@@ -533,7 +538,7 @@ def outside_allocator(f: RunFacts) -> List[Finding]:
 
 def trims_applied(f: RunFacts) -> List[Finding]:
     """What each requested trim did on rank 0 (engine.trims), in bytes per rank."""
-    done = (f.result.get("engine") or {}).get("trims") or {}
+    done = f.record.engine.get("trims") or {}
     items = []
     for key in ("shard_head", "shard_embedding", "dedupe_buffers", "world_group"):
         t = done.get(key)

@@ -6,12 +6,13 @@ from __future__ import annotations
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from dsexp.analysis import measured as m
 from dsexp.analysis.diagnosis import UNSHARDED, WEIGHT_TOL, Finding, diagnose, text
 from dsexp.analysis.memory import Prediction, predict, splits_weights
 from dsexp.core.records import config_label
+from dsexp.core.result import JobRecord
 from dsexp.trims import label as trims_label
 
 EXTRAPOLATE_TP = (4, 8)
@@ -26,12 +27,17 @@ class Row:
     model_error: Optional[str] = None  # why no prediction could be made
 
     @property
-    def config(self) -> Dict[str, Any]:
-        return self.result.get("config") or {}
+    def record(self) -> JobRecord:
+        """The run's result as a typed record (what sections read)."""
+        return JobRecord.of(self.result)
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        return self.record.config
 
     @property
     def tp(self) -> int:
-        return int(self.config.get("tp") or 1)
+        return self.record.tp
 
     @property
     def strategy(self) -> str:
@@ -43,19 +49,19 @@ class Row:
 
     def values(self) -> Dict[str, Any]:
         """The row as flat values (GiB, seconds); the CSV columns, in order."""
-        r, p, corr = self.result, self.prediction, self.result.get("correctness") or {}
-        w = m.weights_per_rank(r)
+        r, p = self.record, self.prediction
+        corr, w = r.correctness, m.weights_per_rank(r)
         pred_w = p.weights_max if p else None
         return {
             "config": self.strategy,
             "tp": self.tp,
-            "status": _status(r),
+            "status": "ok" if r.ok else f"{r.status or '?'}:{r.cause or '?'}",
             "correct": None if not corr else bool(corr.get("passed")),
             "logits_rel_err": corr.get("logits_rel_err"),
             "gpu_peak_gib": m.headline(r, "gpu_peak_gib"),
             "gpu_weights_gib": m.headline(r, "gpu_weights_gib"),
             "pred_weights_gib": _gib(pred_w),
-            "weights_err_pct": 100 * (max(w) - pred_w) / pred_w if w and pred_w and m.completed(r) else None,
+            "weights_err_pct": 100 * (max(w) - pred_w) / pred_w if w and pred_w and r.completed else None,
             "pred_floor_gib": _gib(p.floor()) if p and p.overhead is not None else None,
             "model_gib": _gib(p.model_bytes) if p else None,
             "host_peak_gib": m.headline(r, "host_peak_gib"),
@@ -67,17 +73,17 @@ class Row:
             "tokens_per_s": m.headline(r, "tokens_per_s"),
             "trims": trims_label(self.config.get("trim")) or "",
             **{f"outside_{k}_gib": _gib(v) for k, v in _outside_columns(r).items()},
-            "device": (r.get("runtime") or {}).get("device") or self.config.get("device"),
+            "device": r.runtime.get("device") or self.config.get("device"),
             "diagnosis": text(self.findings) or (f"no memory model: {self.model_error}" if self.model_error else ""),
-            "job": r.get("job_dir"),
-            "run_id": (r.get("tracking") or {}).get("run_id"),
+            "job": r.raw.get("job_dir"),
+            "run_id": (r.raw.get("tracking") or {}).get("run_id"),
         }
 
 
 OUTSIDE_COLUMNS = (*m.OUTSIDE_PARTS, "unexplained")
 
 
-def _outside_columns(r: Dict[str, Any]) -> Dict[str, Optional[int]]:
+def _outside_columns(r: JobRecord) -> Dict[str, Optional[int]]:
     parts = m.outside_parts(r) or {}
     return {k: parts.get(k) for k in OUTSIDE_COLUMNS}
 
@@ -85,12 +91,6 @@ def _outside_columns(r: Dict[str, Any]) -> Dict[str, Optional[int]]:
 def untrimmed_label(config: Dict[str, Any]) -> str:
     """The label of the same configuration without its trims (its sibling in a sweep)."""
     return config_label({k: v for k, v in config.items() if k != "trim"})
-
-
-def _status(r: Dict[str, Any]) -> str:
-    if r.get("status") == "ok":
-        return "ok"
-    return f"{r.get('status', '?')}:{(r.get('failure') or {}).get('cause', '?')}"
 
 
 def _gib(b: Optional[float]) -> Optional[float]:
@@ -250,7 +250,7 @@ def _at(base: Row, strategy: str, tp: int) -> Extrapolated:
         else:
             note += f"; + measured {extra / m.GIB:.2f} GiB activations/cache"
     host = m.headline(r, "host_peak_gib")
-    start_rss = max((m.phase(rk, "start").get("host", {}).get("host_rss") or 0 for rk in m.ranks(r)), default=0)
+    start_rss = max(m.start_host(r, "rss"), default=0)
     host_pred = max(start_rss, host * m.GIB - _cost(bp) + _cost(p)) / m.GIB if host is not None else None
     growth = m.node_growth(r)
     node_pred = None

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 from dsexp.analysis import architecture as arch
 from dsexp.analysis.placements import Placement, Strategy, Tensor, replicated, tensors, unchanged
 from dsexp.analysis.user_script import as_pipeline_result, is_script
+from dsexp.core.result import JobRecord, Phase
 from dsexp.engines import ENGINES, part
 from dsexp.engines.base import Placer
 from dsexp.trims.dedupe_buffers import placement as dedupe
@@ -187,8 +188,8 @@ def _tokens(result: Dict[str, Any], s: Strategy) -> int:
     gen = (result.get("config") or {}).get("generate") or {}
     if s.kernel_inject and s.max_out_tokens:
         return s.max_out_tokens
-    rank0 = next((r for r in result.get("ranks") or [] if r), None)
-    prompt = (rank0 or {}).get("generate", {}).get("prompt_ids")
+    rank0 = next(iter(JobRecord.of(result).ranks), None)
+    prompt = (rank0.raw.get("generate") or {}).get("prompt_ids") if rank0 else None
     n_prompt = len(prompt) if prompt else len(str(gen.get("prompt", "")).encode())
     return n_prompt + int(gen.get("new_tokens") or 0)
 
@@ -202,15 +203,14 @@ def nonpytorch_overhead(result: Dict[str, Any]) -> Optional[int]:
     from dsexp.analysis.measured import device_reserve
 
     vals = []
-    for rk in result.get("ranks") or []:
-        phases = (rk or {}).get("phases") or {}
-        start = (phases.get("start") or {}).get("gpu") or {}
+    for rk in JobRecord.of(result).ranks:
+        start = rk.phase(Phase.START).gpu
         outside = [
-            g["nvml_process_used"] - (g.get("gpu_reserved") or 0)
-            for g in ((ph or {}).get("gpu") or {} for ph in phases.values())
-            if g.get("nvml_process_used")
+            ph.gpu["nvml_process_used"] - (ph.gpu.get("gpu_reserved") or 0)
+            for ph in rk.phases()
+            if ph.gpu.get("nvml_process_used")
         ]
-        reserve = device_reserve(result, rk or {})
+        reserve = device_reserve(result, rk)
         if outside and reserve is not None:
             vals.append(max(outside) + reserve)
         elif (start.get("nvml_device_used") or start.get("gpu_driver_used")) is not None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from dsexp.core.result import JobRecord, Phase, RankRecord
+
 # (segment, from mark, to mark, what it is); consecutive, so the segments add up to the job's wall time.
 SEGMENTS = (
     (
@@ -48,7 +50,7 @@ NOT_DSEXP = ("launcher_start", "rank_startup", "rendezvous")  # any torchrun + D
 
 
 def _last_rank(ranks: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    done = [r for r in ranks if r and r.get("clock") and "generate" in (r.get("phases") or {})]
+    done = [r for r in ranks if r and r.get("clock") and RankRecord(r).phase(Phase.GENERATE).recorded]
     return max(done, key=lambda r: _at(r, "generate", "t1")) if done else None
 
 
@@ -59,7 +61,7 @@ def _at(rank: Dict[str, Any], phase: str, end: str) -> float:
 
 def marks(result: Dict[str, Any]) -> Optional[Dict[str, float]]:
     """The job's marks (epoch seconds), or None for a result without them (failed, older schema)."""
-    ranks = [r for r in result.get("ranks") or [] if r and r.get("clock")]
+    ranks = [rk.raw for rk in JobRecord.of(result).ranks if rk.clock]
     last, clock, launch = _last_rank(ranks), result.get("clock") or {}, (result.get("launch") or {}).get("clock") or {}
     if last is None or not {"task", "tracked"} <= set(clock) or not launch.get("exited"):
         return None
@@ -67,7 +69,9 @@ def marks(result: Dict[str, Any]) -> Optional[Dict[str, float]]:
         "task": clock["task"],
         "popen": launch["popen"],
         "created": min(r["clock"]["created"] for r in ranks),
-        "imported": max(r["clock"]["t0"] + r["phases"]["start"].get("imports_s", 0.0) for r in ranks),
+        "imported": max(
+            r["clock"]["t0"] + (RankRecord(r).phase(Phase.START).raw.get("imports_s") or 0.0) for r in ranks
+        ),
         "started": _at(last, "start", "t1"),
         "work_end": _at(last, "generate", "t1"),
         "finished": max(r["clock"].get("finished", launch["exited"]) for r in ranks),
@@ -75,7 +79,7 @@ def marks(result: Dict[str, Any]) -> Optional[Dict[str, float]]:
         "done": launch["done"],
         "ended": clock["ended"],
         "tracked": clock["tracked"],
-        "work_s": sum(last["phases"][p]["wall_s"] for p in ("load", "init", "generate")),
+        "work_s": sum(RankRecord(last).phase(p).wall_s for p in (Phase.LOAD, Phase.INIT, Phase.GENERATE)),
     }
 
 

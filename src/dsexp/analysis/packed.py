@@ -16,8 +16,10 @@ import json
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
+from dsexp.core.records import PHASES
+from dsexp.core.result import JobRecord, Phase, RankRecord
+
 TOLERANCE = 0.02
-PHASES = ("start", "load", "init", "generate")
 # figure -> (section of a phase record, key); the figure is the largest value over the phases
 FIGURES = {
     "weights_device": (None, "weights_device"),
@@ -29,14 +31,12 @@ FIGURES = {
 }
 
 
-def rank_figures(rank: Dict[str, Any]) -> Dict[str, Optional[float]]:
+def rank_figures(rank: RankRecord) -> Dict[str, Optional[float]]:
     """A rank's figures of FIGURES (bytes), None where the rank did not record one (e.g. GPU figures on CPU)."""
-    phases = rank.get("phases") or {}
     out = {}
     for name, (section, key) in FIGURES.items():
-        vals = [
-            (phases[p] if section is None else phases[p].get(section) or {}).get(key) for p in PHASES if p in phases
-        ]
+        phases = [rank.phase(p) for p in Phase if rank.phase(p).recorded]
+        vals = [(ph.raw if section is None else ph.raw.get(section) or {}).get(key) for ph in phases]
         vals = [v for v in vals if v is not None]
         out[name] = max(vals) if vals else None
     return out
@@ -75,9 +75,10 @@ def compare_figures(pairs: List[Tuple[Dict[str, Any], Dict[str, Any]]]) -> Dict[
     """Per figure, the largest relative difference packed vs sequential over all jobs and ranks, and where."""
     out: Dict[str, Dict[str, Any]] = {}
     for s, p in pairs:
-        if len(s["ranks"]) != len(p["ranks"]):
-            raise ValueError(f"{_label(s)}: {len(s['ranks'])} ranks sequential, {len(p['ranks'])} packed")
-        for rs, rp in zip(s["ranks"], p["ranks"]):
+        ranks_s, ranks_p = JobRecord.of(s).ranks, JobRecord.of(p).ranks
+        if len(ranks_s) != len(ranks_p):
+            raise ValueError(f"{_label(s)}: {len(ranks_s)} ranks sequential, {len(ranks_p)} packed")
+        for rs, rp in zip(ranks_s, ranks_p):
             fs, fp = rank_figures(rs), rank_figures(rp)
             for name, a in fs.items():
                 b = fp[name]
@@ -86,7 +87,7 @@ def compare_figures(pairs: List[Tuple[Dict[str, Any], Dict[str, Any]]]) -> Dict[
                 diff = abs(b - a) / a if a else float(b != a)
                 cur = out.setdefault(name, {"max_rel_diff": -1.0})
                 if diff > cur["max_rel_diff"]:
-                    cur.update(max_rel_diff=diff, where=f"{_label(s)} rank {rs['rank']}", sequential=a, packed=b)
+                    cur.update(max_rel_diff=diff, where=f"{_label(s)} rank {rs.rank}", sequential=a, packed=b)
     for v in out.values():
         v["within_tolerance"] = v["max_rel_diff"] <= TOLERANCE
     return out
@@ -102,7 +103,8 @@ def span_s(results: List[Dict[str, Any]]) -> Optional[float]:
 
 def mean_phase_s(results: List[Dict[str, Any]]) -> Dict[str, float]:
     """Mean over jobs of each phase's wall time (slowest rank)."""
-    return {p: sum(max(rk["phases"][p]["wall_s"] for rk in r["ranks"]) for r in results) / len(results) for p in PHASES}
+    slowest = [{p.value: max(rk.phase(p).wall_s for rk in JobRecord.of(r).ranks) for p in Phase} for r in results]
+    return {p: sum(s[p] for s in slowest) / len(results) for p in PHASES}
 
 
 def compare(seq: List[Dict[str, Any]], packed: List[Dict[str, Any]]) -> Dict[str, Any]:

@@ -11,10 +11,11 @@ recorded fact; each finding names the remedy (`script.fix`) that applies it to t
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from dsexp.analysis import measured as m
 from dsexp.core.records import phase_kind
+from dsexp.core.result import JobRecord
 from dsexp.engines import hf_tp, init_inference, zero_inference
 from dsexp.trims import MODEL_TRIMS
 
@@ -27,10 +28,14 @@ def is_script(result: Dict[str, Any]) -> bool:
     return bool(((result.get("config") or {}).get("script") or {}).get("path"))
 
 
+def _script_of(result: Dict[str, Any], rank: int) -> Mapping[str, Any]:
+    """What the script workload recorded on one rank (its calls, facts and events); empty if it has no record."""
+    rk = next((r for r in JobRecord.of(result).ranks if r.rank == rank), None)
+    return rk.script if rk else {}
+
+
 def calls(result: Dict[str, Any], rank: int = 0) -> List[Dict[str, Any]]:
-    rks = result.get("ranks") or []
-    rk = next((r for r in rks if r and r.get("rank") == rank), None) or {}
-    return (rk.get("script") or {}).get("calls") or []
+    return _script_of(result, rank).get("calls") or []
 
 
 def first_call(result: Dict[str, Any], kind: str, rank: int = 0) -> Optional[Dict[str, Any]]:
@@ -38,8 +43,7 @@ def first_call(result: Dict[str, Any], kind: str, rank: int = 0) -> Optional[Dic
 
 
 def final_facts(result: Dict[str, Any], rank: int = 0) -> Dict[str, Any]:
-    rk = next((r for r in result.get("ranks") or [] if r and r.get("rank") == rank), None) or {}
-    events = (rk.get("script") or {}).get("events") or []
+    events = _script_of(result, rank).get("events") or []
     return next((e for e in events if e.get("kind") == "final" and "unread" in e), {})
 
 
@@ -95,8 +99,7 @@ def as_pipeline_result(result: Dict[str, Any]) -> Dict[str, Any]:
 
 def applied_fixes(result: Dict[str, Any], rank: int = 0) -> Dict[str, Any]:
     """{remedy: what it did} as the rank recorded it (script.fix)."""
-    rk = next((r for r in result.get("ranks") or [] if r and r.get("rank") == rank), None) or {}
-    return ((rk.get("script") or {}).get("fixes") or {}).get("applied") or {}
+    return dict((_script_of(result, rank).get("fixes") or {}).get("applied") or {})
 
 
 # --- causes ---------------------------------------------------------------------------------------------
@@ -231,11 +234,11 @@ def ranks_on_one_gpu(result: Dict[str, Any]) -> List[Finding]:
     if (result.get("runtime") or {}).get("shared_gpu"):
         return []
     devices = {}
-    for rk in result.get("ranks") or []:
-        last = ((rk or {}).get("script") or {}).get("calls") or []
+    for rk in JobRecord.of(result).ranks:
+        last = rk.script.get("calls") or []
         place = next((c.get("placement_after") for c in reversed(last) if c.get("placement_after")), None)
         if place:
-            devices[rk["rank"]] = max(place.get("by_device", {}).items(), key=lambda kv: kv[1], default=(None, 0))[0]
+            devices[rk.rank] = max(place.get("by_device", {}).items(), key=lambda kv: kv[1], default=(None, 0))[0]
     cuda = [d for d in devices.values() if d and d.startswith("cuda")]
     if len(cuda) < 2 or len(set(cuda)) == len(cuda):
         return []
@@ -302,7 +305,7 @@ def rejected_field(result: Dict[str, Any]) -> List[Finding]:
 
 def buffers_left_uninitialised(result: Dict[str, Any]) -> List[Finding]:
     """The published-code trap: non-persistent buffers (rotary tables) not finite right after the load."""
-    bad = sorted({b for rk in result.get("ranks") or [] for c in ((rk or {}).get("script") or {}).get("calls") or []
+    bad = sorted({b for rk in JobRecord.of(result).ranks for c in rk.script.get("calls") or []
                   if c.get("kind") == "load" for b in c.get("nonfinite_buffers") or []})  # fmt: skip
     if not bad:
         return []
@@ -342,11 +345,7 @@ def _f(code: str, text: str, fix: str) -> Finding:
 
 def phases_reached(result: Dict[str, Any]) -> Dict[int, List[str]]:
     """Each rank's phase keys in order (a phase that happened twice appears twice: generate, generate_2)."""
-    return {
-        rk["rank"]: [t["phase"] for t in rk.get("timeline") or []]
-        for rk in result.get("ranks") or []
-        if rk and "rank" in rk
-    }
+    return {rk.rank: list(rk.timeline_phases) for rk in JobRecord.of(result).ranks if rk.rank is not None}
 
 
 def kinds(result: Dict[str, Any]) -> List[str]:

@@ -8,6 +8,7 @@ Everything later stages need (analysis, report, MLflow sync) is in result.json.
 from __future__ import annotations
 
 import hashlib
+from enum import Enum
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -17,7 +18,18 @@ from dsexp.core.protocol import live_file, rank_file
 from dsexp.core.schema import stack_label
 
 GIB = 2**30
-PHASES = ("start", "load", "init", "generate")
+
+
+class Phase(str, Enum):
+    """The phases every workload records, in order (a script's repeated calls add numbered keys: "generate_2")."""
+
+    START = "start"
+    LOAD = "load"
+    INIT = "init"
+    GENERATE = "generate"
+
+
+PHASES = tuple(p.value for p in Phase)
 SCHEMA_VERSION = 1
 
 HEADLINE = (

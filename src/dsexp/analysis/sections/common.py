@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from dsexp.analysis import measured as m
 from dsexp.analysis.matrix import Extrapolated, Row
+from dsexp.core.result import JobRecord
 
 PLOTS = "plots"  # the report's folder of plots, next to summary.md
 
@@ -30,7 +31,7 @@ class ReportInputs:
 
 def on_gpu(rows: Sequence[Row]) -> bool:
     """Any run of the sweep on GPUs: the tables then show per-GPU figures."""
-    return any(m.on_gpu(r.result) for r in rows)
+    return any(r.record.on_gpu for r in rows)
 
 
 def num(v: Optional[float], nd: int = 2, scale: float = 1.0) -> str:
@@ -55,7 +56,7 @@ def ranks_cell(vals: Sequence[float], scale: float) -> str:
     return " / ".join(f"{v / m.GIB * scale:.2f}" for v in vals) if vals else "-"
 
 
-def status_word(result: Dict[str, Any]) -> str:
+def status_word(result: m.Result) -> str:
     """A run's status for a heading or a plot's title: "ok", or "failed: <cause>"."""
-    failure = result.get("failure") or {}
-    return "ok" if result.get("status") == "ok" else f"failed: {failure.get('cause') or result.get('status')}"
+    job = JobRecord.of(result)
+    return "ok" if job.ok else f"failed: {job.cause or job.status}"

@@ -61,15 +61,15 @@ def matrix_table(rows: List[Row]) -> str:
             + ([_outside_cell(v)] if gpu else [])
         )
     table = md_table(header, body, [False, True, False, False] + [True] * (len(header) - 4))
-    if any(not m.speed_representative(r.result) for r in rows):
+    if any(not m.speed_representative(r.record) for r in rows):
         table += f"\n\n{SHARED_GPU_NOTE}"
     return table
 
 
 def _speed_cells(r: Row) -> List[str]:
     """load, init, generate seconds and tokens/s; in parentheses for a run whose ranks shared a GPU."""
-    cells = [num(m.raw_headline(r.result, k), 1 if k == "tokens_per_s" else 2) for k in m.SPEED]
-    return cells if m.speed_representative(r.result) else [f"({c})" if c != "-" else c for c in cells]
+    cells = [num(m.raw_headline(r.record, k), 1 if k == "tokens_per_s" else 2) for k in m.SPEED]
+    return cells if m.speed_representative(r.record) else [f"({c})" if c != "-" else c for c in cells]
 
 
 def _outside_cell(v: Dict[str, Any]) -> str:

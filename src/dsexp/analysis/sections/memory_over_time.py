@@ -25,5 +25,5 @@ def render(inputs: ReportInputs) -> str:
     out = ["## Memory over time", "", MEMORY_NOTE, "", TRACE_NOTE, ""]
     for i, path in inputs.memory.items():
         r = inputs.rows[i]
-        out += [f"### `{r.label}` ({status_word(r.result)})", "", f"![memory over time]({PLOTS}/{path.name})", ""]
+        out += [f"### `{r.label}` ({status_word(r.record)})", "", f"![memory over time]({PLOTS}/{path.name})", ""]
     return "\n".join(out)

@@ -98,7 +98,7 @@ def _pick_line(title: str, pick: Pick, gpu: bool, close: str) -> str:
     """One recommendation with its figures and, when several runs tie within 1%, how the tie was broken."""
     r, v = pick.row, pick.row.values()
     line = (
-        f"{title}: `{r.strategy}` at tp={r.tp}{close}: {m.human(m.per_device_gib(r.result) * m.GIB)} per "
+        f"{title}: `{r.strategy}` at tp={r.tp}{close}: {m.human(m.per_device_gib(r.record) * m.GIB)} per "
         f"{'GPU' if gpu else 'rank'}, host peak {num(v['host_peak_gib'])} GiB per rank, node "
         f"{num(v['node_host_peak_gib'])} GiB, {num(v['tokens_per_s'], 1)} tokens/s; logits rel. err "
         f"{num(v['logits_rel_err'], 4)}."
@@ -114,8 +114,8 @@ def _pick_line(title: str, pick: Pick, gpu: bool, close: str) -> str:
 
 def _floor_check(row: Row) -> List[str]:
     """The recommended run's per-GPU peak against the memory model's floor for its configuration."""
-    p, peak = row.prediction, m.headline(row.result, "gpu_peak_gib")
-    if p is None or p.overhead is None or peak is None or not m.on_gpu(row.result):
+    p, peak = row.prediction, m.headline(row.record, "gpu_peak_gib")
+    if p is None or p.overhead is None or peak is None or not m.on_gpu(row.record):
         return []
     floor = p.floor() / m.GIB
     over = peak / floor - 1

@@ -57,7 +57,7 @@ def stacks_lines(rows: List[Row]) -> List[str]:
 
 
 def _line(config: str, tp: int, r: Row, ws: float) -> list:
-    v, versions = r.values(), ((r.result.get("software") or {}).get("versions") or {})
+    v, versions = r.values(), r.record.versions
     return [
         config,
         tp,

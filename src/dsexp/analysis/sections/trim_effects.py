@@ -32,8 +32,8 @@ class TrimEffect:
         return not trims_active(self.row.config.get("trim") or {})
 
     def verdict(self) -> str:
-        if not m.passed(self.row.result):
-            return "**not correct**" if self.row.result.get("status") == "ok" else "failed"
+        if not m.passed(self.row.record):
+            return "**not correct**" if self.row.record.ok else "failed"
         if self.base is None or self.per_device is None:
             return "correct; no untrimmed run to compare"
         saves = self.per_device > 0 or (self.outside or 0) > 0
@@ -62,12 +62,12 @@ def trim_effects(rows: List[Row]) -> List[TrimEffect]:
 
 
 def _effect(r: Row, base: Optional[Row]) -> TrimEffect:
-    if base is None or not m.completed(base.result) or not m.completed(r.result):
+    if base is None or not m.completed(base.record) or not m.completed(r.record):
         return TrimEffect(r, base, None, None, None, None)
-    a, b = m.weights_per_rank(base.result), m.weights_per_rank(r.result)
-    pa, pb = m.per_device_gib(base.result), m.per_device_gib(r.result)
-    oa, ob = (m.outside_parts(x.result) for x in (base, r))
-    ta, tb = m.headline(base.result, "tokens_per_s"), m.headline(r.result, "tokens_per_s")
+    a, b = m.weights_per_rank(base.record), m.weights_per_rank(r.record)
+    pa, pb = m.per_device_gib(base.record), m.per_device_gib(r.record)
+    oa, ob = (m.outside_parts(x.record) for x in (base, r))
+    ta, tb = m.headline(base.record, "tokens_per_s"), m.headline(r.record, "tokens_per_s")
     return TrimEffect(
         r,
         base,
@@ -104,7 +104,7 @@ def trims_table(rows: List[Row]) -> Optional[str]:
 
 def _line(e: TrimEffect, ws: float, gpu: bool) -> list:
     r, v, p = e.row, e.row.values(), e.row.prediction
-    meas = m.weights_per_rank(r.result)
+    meas = m.weights_per_rank(r.record)
     exact = "-" if not (p and meas) else "exact" if list(meas) == list(p.weights) else f"{v['weights_err_pct']:+.1f}%"
     exact = exact.replace("+0.0%", "<0.05%")
     return (
@@ -148,15 +148,15 @@ def trim_lines(rows: List[Row]) -> List[str]:
 
 def _best_model_trim(effects: List[TrimEffect], unit: str) -> List[str]:
     """The trimmed configuration (not trim.env alone) that saves the most, against its untrimmed run."""
-    model_trims = [e for e in effects if not e.env_only and e.per_device is not None and m.passed(e.row.result)]
+    model_trims = [e for e in effects if not e.env_only and e.per_device is not None and m.passed(e.row.record)]
     if not model_trims:
         return []
     best = max(model_trims, key=lambda e: (e.per_device, e.row.tp))
     return [
         f"Trimmed configurations are compared with the rest: `{best.row.label}` saves "
         f"{m.human(best.per_device * m.GIB)} {unit} over `{best.base.label}` "
-        f"({m.human(m.per_device_gib(best.base.result) * m.GIB)} -> "
-        f"{m.human(m.per_device_gib(best.row.result) * m.GIB)}), "
+        f"({m.human(m.per_device_gib(best.base.record) * m.GIB)} -> "
+        f"{m.human(m.per_device_gib(best.row.record) * m.GIB)}), "
         f"tokens/s {num(best.base.values()['tokens_per_s'], 1)} -> {num(best.row.values()['tokens_per_s'], 1)}."
     ]
 

@@ -38,7 +38,7 @@ def weights_table(rows: List[Row]) -> str:
 
 
 def _line(r: Row, ws: float) -> list:
-    meas, p = m.weights_per_rank(r.result), r.prediction
+    meas, p = m.weights_per_rank(r.record), r.prediction
     if p is None:
         return [r.strategy, r.tp, ranks_cell(meas, ws), "-", "-", "-", r.model_error or ""]
     err = max((abs(a - b) / b for a, b in zip(meas, p.weights) if b), default=None) if meas else None

@@ -4,13 +4,14 @@ set of remedies that reaches the lowest per-device memory with correct output, p
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from dsexp.analysis import measured as m
 from dsexp.analysis.markdown import md_table
 from dsexp.analysis.matrix import Row
 from dsexp.analysis.sections.common import ReportInputs
 from dsexp.analysis.user_script import first_call, is_script
+from dsexp.core.result import Phase
 
 NAME = "scripts"
 TIE = 0.01  # per-device figures within 1% are the same memory
@@ -26,28 +27,26 @@ def _fixes(r: Row) -> Tuple[str, ...]:
     return tuple((r.config.get("script") or {}).get("fix") or [])
 
 
+def _applied_remedies(r: Row) -> Dict[str, Any]:
+    """{remedy: what it did} as rank 0 recorded it."""
+    return dict(r.record.ranks[0].fixes_applied) if r.record.ranks else {}
+
+
 def _applied(r: Row) -> List[str]:
-    rk = (r.result.get("ranks") or [None])[0] or {}
-    return sorted(((rk.get("script") or {}).get("fixes") or {}).get("applied") or {})
-
-
-def _per_rank(r: Row, phase_key: str, quantity: str) -> List[Optional[float]]:
-    out = []
-    for rk in r.result.get("ranks") or []:
-        phases = (rk or {}).get("phases") or {}
-        vals = [(ph.get("peaks") or {}).get(quantity) for ph in phases.values()] if phase_key == "*" else []
-        if phase_key != "*":
-            vals = [(phases.get(phase_key) or {}).get(quantity)]
-        vals = [v for v in vals if v is not None]
-        out.append(max(vals) if vals else None)
-    return out
+    return sorted(_applied_remedies(r))
 
 
 def _device_per_rank(r: Row) -> List[Optional[float]]:
     """GPU: each rank's NVML process peak (its own, ranks sharing a GPU included); CPU: weights after the engine."""
-    if m.on_gpu(r.result):
-        return _per_rank(r, "*", "nvml_process_used_peak")
-    return _per_rank(r, "init", "weights_device")
+    if r.record.on_gpu:
+        return _peak_per_rank(r, "nvml_process_used_peak")
+    return [rk.phase(Phase.INIT).weights_device for rk in r.record.ranks]
+
+
+def _peak_per_rank(r: Row, key: str) -> List[Optional[int]]:
+    """Per rank, a sampled peak at its highest over the phases."""
+    peaks = ((ph.peaks.get(key) for ph in rk.phases()) for rk in r.record.ranks)
+    return [max((v for v in vals if v is not None), default=None) for vals in peaks]
 
 
 def _gibs(vals: Sequence[Optional[float]], nd: int = 2) -> str:
@@ -55,7 +54,7 @@ def _gibs(vals: Sequence[Optional[float]], nd: int = 2) -> str:
 
 
 def _correct(r: Row) -> str:
-    c = r.result.get("correctness") or {}
+    c = r.record.correctness
     if not c:
         return "-"
     err = c.get("logits_rel_err")
@@ -63,13 +62,12 @@ def _correct(r: Row) -> str:
 
 
 def _status(r: Row) -> str:
-    fail = r.result.get("failure") or {}
-    return "ok" if r.result.get("status") == "ok" else f"failed: {fail.get('cause')}"
+    return "ok" if r.record.ok else f"failed: {r.record.cause}"
 
 
 def _best(group: List[Row]) -> Optional[Row]:
     """Lowest per-device memory with correct output; ties within TIE go to the fewest remedies."""
-    ok = [r for r in group if m.passed(r.result) and max(_device_per_rank(r), key=lambda v: v or 0)]
+    ok = [r for r in group if r.record.passed and max(_device_per_rank(r), key=lambda v: v or 0)]
     if not ok:
         return None
     low = min(max(v or 0 for v in _device_per_rank(r)) for r in ok)
@@ -79,8 +77,7 @@ def _best(group: List[Row]) -> Optional[Row]:
 
 def lines_to_change(r: Row) -> List[str]:
     """The remedies that applied, as the lines a user changes in the script (filled from what the run recorded)."""
-    rk = (r.result.get("ranks") or [None])[0] or {}
-    applied = ((rk.get("script") or {}).get("fixes") or {}).get("applied") or {}
+    applied = _applied_remedies(r)
     init = first_call(r.result, "init") or {}
     load = first_call(r.result, "load") or {}
     out = []
@@ -143,7 +140,7 @@ def scripts_lines(rows: List[Row]) -> List[str]:
             out += [f"Recommended: **script.fix={list(_fixes(best)) or '[]'}** (remedies that applied: {which}), "
                     f"{m.human(dev)} per rank on the device, correct. Lines to change in the script:", ""]  # fmt: skip
             out += [f"- {line}" for line in lines_to_change(best)] + [""]
-        elif not any(r.result.get("correctness") for r in group):
+        elif not any(r.record.correctness for r in group):
             out += ["Correctness was not checked here (check.correctness=false): no recommendation.", ""]
         else:
             out += ["No variant ran correct here: see the diagnosis below.", ""]
@@ -157,7 +154,7 @@ def _same_name(groups: Dict[Tuple, List[Row]], path: str) -> bool:
 
 
 def _table(group: List[Row], base: Optional[Row]) -> str:
-    gpu = any(m.on_gpu(r.result) for r in group)
+    gpu = any(r.record.on_gpu for r in group)
     header = [
         "script.fix",
         "status",
@@ -180,9 +177,9 @@ def _table(group: List[Row], base: Optional[Row]) -> str:
                 _status(r),
                 _correct(r),
                 _gibs(dev),
-                _gibs(_per_rank(r, "*", "host_anon_peak")),
-                m.human(m.raw_headline(r.result, "node_host_peak_gib") * m.GIB)
-                if m.raw_headline(r.result, "node_host_peak_gib")
+                _gibs(_peak_per_rank(r, "host_anon_peak")),
+                m.human(r.record.headline("node_host_peak_gib") * m.GIB)
+                if r.record.headline("node_host_peak_gib")
                 else "-",
                 ", ".join(_applied(r)) or "-",
                 saved,
