@@ -71,10 +71,8 @@ def test_debug_fast_is_a_quick_functional_run():
     assert spec_of().probe.sample_ms == 10 and spec_of().check.correctness  # the default measures
 
 
-def test_fault_is_a_debug_option_not_a_key_of_the_primary_config():
-    assert "fault" not in compose() and to_schema(compose()).fault is None
-    with pytest.raises(Exception, match="fault"):
-        compose(["fault={rank: 1, phase: load, kind: raise}"])  # only with debug=fault
+def test_fault_is_off_by_default_and_set_with_the_debug_option():
+    assert to_schema(compose()).fault is None
     spec = spec_of("debug=fault", "fault={rank: 1, phase: load, kind: raise, once: true}")
     assert spec.fault == {"rank": 1, "phase": "load", "kind": "raise", "once": True}
     assert spec_of("debug=fault").fault is None  # the option adds the key; the fault itself is given with it
@@ -127,9 +125,35 @@ def test_memory_snapshot_is_off_by_default_and_accepted_on_a_gpu():
 
 
 def test_wrong_type_names_the_key():
-    with pytest.raises(ConfigError) as e:
-        to_schema(compose(["tp=two"]))
-    assert "tp" in str(e.value)
+    """Refused as the config is composed (the schema is Hydra's `dsexp_schema`), the key and the type named."""
+    from dsexp.compose.config import config_error
+
+    with pytest.raises(Exception) as e:
+        compose(["tp=two"])
+    assert config_error(e.value).startswith("config key 'tp': Value 'two'") and "Integer" in config_error(e.value)
+
+
+def test_every_default_is_the_schemas_and_conf_sets_only_what_differs():
+    """Defaults are written once, in core/schema.py: no YAML file of a group repeats a value its schema class
+    gives (a preset that builds on another may restore one its parent changed)."""
+    import dataclasses
+
+    from dsexp.core import schema
+
+    classes = {"load": schema.LoadConfig, "engine": schema.EngineConfig, "zero": schema.ZeroConfig,
+               "launcher": schema.LauncherConfig, "trim": schema.TrimConfig, "stack": schema.StackConfig,
+               "model": schema.ModelConfig}  # fmt: skip
+    repeated = []
+    for group, cls in classes.items():
+        defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+        for path in sorted((CONF / group).glob("*.yaml")):
+            node = yaml.safe_load(path.read_text()) or {}
+            if any(d != "_self_" for d in node.get("defaults") or []):
+                continue  # builds on another preset
+            repeated += [f"{path.name}: {k}" for k, v in node.items() if k != "name" and defaults.get(k, object()) == v]
+    top = yaml.safe_load((CONF / "config.yaml").read_text())
+    assert not repeated and set(top) == {"defaults", "dtype", "cache_dir"}, repeated
+    assert to_schema(compose()) == to_schema(compose(["tp=1", "timeout_s=900", "probe.sample_ms=10"]))
 
 
 def test_local_folder_checks(tmp_path):

@@ -67,11 +67,9 @@ EXTRA = {
 
 
 def compose(overrides: List[str]):
-    from hydra import compose as hcompose
-    from hydra import initialize_config_dir
+    from helpers.run import compose as compose_config
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return hcompose("config", overrides=list(overrides))
+    return compose_config(overrides)
 
 
 def config_of(overrides: List[str]) -> Dict[str, Any]:

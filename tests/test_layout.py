@@ -245,14 +245,14 @@ NO_PLACEMENT = {"world_group": "a process group", "env": "the ranks' environment
 
 
 def test_each_trim_is_one_folder_holding_all_of_it():
-    """trim.<key> of the schema and of conf/trim/none.yaml, and dsexp/trims/<key>/ with its traits and gate, its
-    rank-side code and (where it moves a tensor) its placement rule."""
+    """trim.<key> of the schema and of conf/trim/all.yaml (env aside), and dsexp/trims/<key>/ with its traits and
+    gate, its rank-side code and (where it moves a tensor) its placement rule."""
     from dsexp.core.schema import TrimConfig
     from dsexp.trims import TRIMS
 
     schema = [f.name for f in dataclasses.fields(TrimConfig) if f.name != "name"]
-    conf = [k for k in yaml.safe_load((CONF / "trim" / "none.yaml").read_text()) if k != "name"]
-    assert members("trims") == set(TRIMS) == set(schema) == set(conf), (members("trims"), schema, conf)
+    conf = [k for k in yaml.safe_load((CONF / "trim" / "all.yaml").read_text()) if k not in ("name", "defaults")]
+    assert members("trims") == set(TRIMS) == set(schema) == set(conf) | {"env"}, (members("trims"), schema, conf)
     assert list(TRIMS) == schema  # the schema's order is the labels' and the report's
     for key, traits in TRIMS.items():
         want = {"__init__.py", "rank.py"} | ({"placement.py"} if key not in NO_PLACEMENT else set())

@@ -23,6 +23,9 @@ def compose(overrides: List[str] = (), hydra: bool = False):
     from hydra import compose as hcompose
     from hydra import initialize_config_dir
 
+    from dsexp.compose.config import register_schema
+
+    register_schema()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return hcompose("config", overrides=list(overrides), return_hydra_config=hydra)
 

@@ -12,7 +12,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from dsexp.compose.config import conf_dir
+from dsexp.compose.config import conf_dir, register_schema
+
+register_schema()
 
 
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")

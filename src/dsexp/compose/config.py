@@ -20,10 +20,37 @@ def conf_dir() -> str:
     raise FileNotFoundError("dsexp: cannot find conf/config.yaml")
 
 
+SCHEMA = "dsexp_schema"  # the first entry of conf/config.yaml's defaults list
+
+
+def register_schema() -> None:
+    """Give Hydra the schema (JobConfig) as `dsexp_schema`: every key's default is written there alone; conf/ sets
+    only what differs, an override of any key composes whether or not a YAML file names it, and a value of the
+    wrong type is refused as the config is composed."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA, node=JobConfig)
+
+
+register_schema()  # on import, as Hydra apps register their structured configs: any composition here finds it
+
+
+def config_error(e: BaseException) -> str:
+    """One line naming the key and what is wrong with it, from OmegaConf's error or Hydra's (whose own message is
+    "Error merging override tp=two", the key's error as its cause)."""
+    cause = e if isinstance(e, OmegaConfBaseException) else e.__cause__
+    if isinstance(cause, OmegaConfBaseException):
+        key = getattr(cause, "full_key", None) or "?"
+        return f"config key '{key}': {getattr(cause, 'msg', cause)}"
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def compose_app(overrides: Sequence[str] = ()) -> DictConfig:
     """The config `python -m dsexp <overrides>` would run, composed without running anything."""
     from hydra import compose, initialize_config_dir
 
+    register_schema()
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
         return compose("config", overrides=list(overrides))
 
@@ -39,8 +66,7 @@ def to_schema(cfg: DictConfig) -> JobConfig:
         OmegaConf.resolve(merged)
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "?"
-        raise ConfigError(f"config key '{key}': {getattr(e, 'msg', e)}") from None
+        raise ConfigError(config_error(e)) from None
 
 
 def plain(cfg: DictConfig) -> Dict[str, Any]:

@@ -6,7 +6,7 @@ from typing import Dict, List, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from dsexp.compose.config import to_schema
+from dsexp.compose.config import config_error, to_schema
 from dsexp.compose.validate import validate
 from dsexp.core.schema import ConfigError, JobConfig
 
@@ -51,7 +51,7 @@ def check_sweep(config: DictConfig) -> Tuple[List[Tuple[List[str], str]], List[T
                 )
             specs.append((combo, spec))
         except (ConfigError, HydraException) as e:
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            msg = config_error(e)
             if isinstance(e, MissingConfigException) and e.options:
                 msg += f"; choose one of: {', '.join(sorted(e.options))}"
             errors.append((combo, msg))

@@ -29,31 +29,36 @@ class ConfigError(ValueError):
 class ModelConfig:
     name: str = REQUIRED
     arch: Optional[str] = "llama"  # a dsexp preset or any transformers model_type (model=config)
-    path: Optional[str] = None
+    path: Optional[str] = None  # a local HF folder instead of a generated checkpoint
     config_path: Optional[str] = None  # a folder holding config.json (+ remote code): random weights at its shapes
-    dtype: str = "bf16"
-    trust_remote_code: bool = False
-    shard_mb: float = 100
-    seed: int = 0
+    dtype: str = "bf16"  # the checkpoint's dtype on disk
+    trust_remote_code: bool = False  # set explicitly where config.json maps classes to shipped code (auto_map)
+    shard_mb: float = 100  # checkpoint shard size written
+    seed: int = 0  # random weights' seed
+    # {layer class: [row-parallel linears]}; null: DeepSpeed's AutoTP parser (engine.injection_policy=infer: dsexp's)
     injection_policy: Optional[Dict[str, List[str]]] = None
-    dims: Dict[str, Any] = field(default_factory=dict)
+    dims: Dict[str, Any] = field(default_factory=dict)  # config kwargs (on top of config_path's config.json)
 
 
 @dataclass
 class LoadConfig:
     name: str = "eager"
-    format: str = "safetensors"
+    format: str = "safetensors"  # safetensors | bin: the checkpoint format the ranks read (sharded: the source's)
     shard_dir: Optional[str] = None  # sharded: where split checkpoints are cached (null: <cache_dir>/shards)
-    restore_buffers: bool = True  # recompute non-persistent buffers (RoPE) after load and engine; False: record only
+    # recompute non-persistent buffers (RoPE) from the model's constructor after load and engine; False: compared
+    # and recorded, not changed
+    restore_buffers: bool = True
 
 
 @dataclass
 class EngineConfig:
     name: str = "init_inference"
     kernel_inject: bool = False
+    # auto: the model preset's policy; null: DeepSpeed's AutoTP parser (hf_tp: its tp_plan); infer: dsexp's
+    # inference; or {LayerClass: [linears]}
     injection_policy: Any = "auto"
     max_out_tokens: int = 1024
-    replace_method: Optional[str] = None
+    replace_method: Optional[str] = None  # the seed passes "auto" (deprecated, ignored by DeepSpeed)
     keep_module_on_host: bool = False
 
 
@@ -68,11 +73,12 @@ class ZeroConfig:
 @dataclass
 class LauncherConfig:
     name: str = "torchrun"
-    grace_s: float = 10.0
+    grace_s: float = 10.0  # after a timeout: SIGTERM, this long, then SIGKILL for the whole process group
+    # true: jobs of a sweep that run at once get disjoint GPUs (hydra/launcher=dsexp_local; dsexp.job.cluster.packing)
     pack: bool = False
-    nodes: int = 1
-    hostfile: Optional[str] = None
-    gpus: Optional[int] = None  # GPUs per node the ranks use; fewer than the ranks: they share them (gloo)
+    nodes: int = 1  # > 1: ranks span nodes (tp/nodes per node); docs/cluster.md
+    hostfile: Optional[str] = None  # deepspeed, nodes > 1: "host slots=N" lines; null: from the SLURM allocation
+    gpus: Optional[int] = None  # GPUs per node the ranks use (null: one per rank); fewer: shared round-robin (gloo)
 
 
 @dataclass
@@ -83,9 +89,9 @@ class GenerateConfig:
 
 @dataclass
 class ProbeConfig:
-    sample_ms: float = 10.0
-    see_memory_usage: bool = True
-    nvidia_smi: bool = False
+    sample_ms: float = 10.0  # background peak sampler period (<= 20 ms); 0: no sampler, peaks = phase-end readings
+    see_memory_usage: bool = True  # also record what DeepSpeed's see_memory_usage prints, for comparison
+    nvidia_smi: bool = False  # also record `nvidia-smi` per phase (cross-check on GPU machines)
     # One tiny all_reduce at the end of `start` (GPU), read before and after: it creates the NCCL communicator, so
     # the memory it takes is measured apart. null: only when tp > 1 (a 1-rank job has no communicator otherwise).
     first_collective: Optional[bool] = None
@@ -98,8 +104,8 @@ class ProbeConfig:
 
 @dataclass
 class CheckConfig:
-    correctness: bool = True
-    rel_err_tol: Optional[float] = None
+    correctness: bool = True  # compare first-step logits with a cached tp=1 reference
+    rel_err_tol: Optional[float] = None  # null: by dtype (bf16 5e-2, fp16 1e-2, fp32 1e-4; dsexp/job/correctness.py)
 
 
 @dataclass
@@ -143,7 +149,7 @@ MODEL_DIR_ARG = "{model_dir}"
 
 @dataclass
 class TrackingConfig:
-    uri: Optional[str] = None
+    uri: Optional[str] = None  # null: $MLFLOW_TRACKING_URI, else sqlite:///<launch dir>/mlflow.db
     experiment: str = "dsexp"
 
 
@@ -165,7 +171,7 @@ class StackConfig:
     numpy: Optional[str] = None
     accelerate: Optional[str] = None
     safetensors: Optional[str] = None
-    wheelhouse: Optional[str] = None  # install from this folder only (offline machines); null: the package index
+    wheelhouse: Optional[str] = None  # install from this folder only (offline machines: `python -m dsexp.stacks fill`)
 
 
 @dataclass
@@ -182,14 +188,16 @@ class JobConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     stack: StackConfig = field(default_factory=StackConfig)
     script: ScriptConfig = field(default_factory=ScriptConfig)
-    tp: int = 1
-    dtype: str = "bf16"
-    device: str = "auto"
-    variant: Optional[str] = None
+    tp: int = 1  # ranks (= GPUs on a GPU machine); a plain int so `-m tp=1,2,4` works
+    # conf/config.yaml sets dtype to ${model.dtype} and cache_dir to $DSEXP_CACHE or ~/.cache/dsexp; the values
+    # here fill records of an older schema that lack them
+    dtype: str = "bf16"  # the dtype the engine runs in; differs from model.dtype => the load converts
+    device: str = "auto"  # auto | cpu | cuda
+    variant: Optional[str] = None  # a free label shown in reports (presets name their configuration with it)
     cache_dir: str = "~/.cache/dsexp"
-    timeout_s: float = 900.0
-    rerun: bool = False
-    fault: Optional[Dict[str, Any]] = None
+    timeout_s: float = 900.0  # the whole job (all ranks); then the ranks' process group is killed
+    rerun: bool = False  # true: run even if this sweep already holds an ok result for this configuration
+    fault: Any = None  # debug=fault: a fault injected in a rank (tests)
 
     @property
     def ranks_per_node(self) -> int:
