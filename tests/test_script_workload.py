@@ -244,3 +244,12 @@ def test_a_device_map_script_is_fixed(tmp_path, cache_dir):
     assert any(
         "device_map='auto' dropped" in str(x) for x in fixed["ranks"][0]["script"]["fixes"]["applied"]["host_load"]
     )
+
+
+def test_host_load_takes_every_move_to_a_gpu():
+    """`.cuda()` with no argument goes to the current GPU: host_load skips it as it skips `.to("cuda")`, `.to(0)`."""
+    from dsexp.rank.workloads.script.fixes import moves_to_gpu
+
+    assert moves_to_gpu({"method": "cuda", "target": []}) and moves_to_gpu({"method": "cuda", "target": [1]})
+    assert moves_to_gpu({"method": "to", "target": ["cuda:1"]}) and moves_to_gpu({"method": "to", "target": [0]})
+    assert not moves_to_gpu({"method": "to", "target": ["cpu"]}) and not moves_to_gpu({"method": "to", "target": []})

@@ -145,9 +145,12 @@ def test_gpu_job_dumps_a_snapshot_per_rank_and_phase(tmp_path, cache_dir):
         assert listed["file"] == f"ranks/snapshots/rank0_{e['phase']}.pickle"
         assert (job / listed["file"]).stat().st_size == listed["bytes"] <= 256 * 2**20
         summary = summarise(load(job / listed["file"]))
-        assert summary["segments"] > 0 or e["phase"] == "start"
+        if e["phase"] == "load":  # the eager load keeps the weights on the host: nothing on the GPU yet
+            assert summary["segments"] == 0
+        elif e["phase"] != "start":
+            assert summary["segments"] > 0
     phases = capped["ranks"][0]["phases"]
-    for name in ("load", "init", "generate"):  # each allocates far more than 1 KiB of history
+    for name in ("init", "generate"):  # each allocates far more than 1 KiB of history
         listed = phases[name]["memory_snapshot"]
         assert "skipped" in listed and "file" not in listed
         assert not (Path(capped["job_dir"]) / f"ranks/snapshots/rank0_{name}.pickle").exists()

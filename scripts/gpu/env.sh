@@ -12,4 +12,6 @@ export DSEXP_CACHE=/tmp/dsexp-cache MLFLOW_TRACKING_URI=sqlite:////tmp/dsexp-mlf
 export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv | tee "$OUT/gpus.csv"
-python3 -c 'import torch, transformers, deepspeed, hydra, mlflow; print("torch", torch.__version__, "cuda", torch.cuda.device_count(), "transformers", transformers.__version__, "deepspeed", deepspeed.__version__)' 2>&1 | tail -1
+python3 -c 'import torch, transformers, deepspeed, hydra; print("torch", torch.__version__, "cuda", torch.cuda.device_count(), "transformers", transformers.__version__, "deepspeed", deepspeed.__version__)' 2>&1 | tail -1
+# MLflow is carried in .whl, not in .whlmin (calls that also carry a second stack's wheels): jobs then track nothing
+python3 -c 'import mlflow; print("mlflow", mlflow.__version__)' 2>/dev/null || echo "mlflow: not installed (no tracking)"

@@ -4,6 +4,7 @@
 # seed's two commands (tp=2 against tp=4) at a 24-layer scale where four whole copies fit host and GPU; then a script
 # that moves the model to the GPU before init_inference, as written and fixed. generate is capped at 16 tokens
 # (script.max_new_tokens) to fit the call; the seed asks for 1024.
+# ONLY='seed20_tp4 moves' runs those sweeps alone (each call is a fresh machine: the checkpoints are rewritten).
 # Usage (repo root; carry .whlmin: dsexp's job wheels without MLflow, and .gpuwheels/seedmin: the seed stack's five
 # wheels, which with MLflow's would exceed what a call carries): WHEELS=.whlmin bash scripts/gpu/scripts.sh
 T0=$(date +%s)
@@ -29,8 +30,9 @@ pack() {
     -C "$(dirname $ROOT)" "$(basename $ROOT)" || true
   for f in $ROOT/*/summary.md; do [ -f "$f" ] && cp "$f" "$OUT/summary_$(basename $(dirname $f)).md"; done
 }
-sweep() {  # sweep NAME OVERRIDES...
+sweep() {  # sweep NAME OVERRIDES... (only the names in $ONLY, where it is set)
   local name=$1; shift
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   local t=$(left)
   if [ "$t" -lt 60 ]; then echo "=== $name: skipped, ${t}s left"; return; fi
   echo "=== $name: $* ($(date +%T), ${t}s left)"
@@ -40,6 +42,7 @@ sweep() {  # sweep NAME OVERRIDES...
 }
 sweep seed20 script.path=/tmp/seed20/main.py tp=2 'script.fix=[all],[]' $S
 sweep seed24 script.path=/tmp/seed24/main.py tp=2,4 check.correctness=false $S
+sweep seed24_tp4 script.path=/tmp/seed24/main.py tp=4 check.correctness=false $S
 sweep moves script.path=/tmp/moves_first.py tp=2 launcher.gpus=1 'script.fix=[],[host_load,autotp]' timeout_s=200
 sweep seed20_tp4 script.path=/tmp/seed20/main.py tp=4 'script.fix=[all]' $S
 free -g | head -2; nvidia-smi --query-gpu=memory.used --format=csv

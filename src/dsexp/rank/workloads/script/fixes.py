@@ -65,7 +65,7 @@ class Fixes:
         """(fn, args, kwargs) to call instead: the remedies' changes to the call the script made."""
         if kind == "load":
             return self._before_load(fact, fn, args, kwargs)
-        if kind == "move" and self.on("host_load") and not self.engine_called and _to_gpu(fact.get("target")):
+        if kind == "move" and self.on("host_load") and not self.engine_called and moves_to_gpu(fact):
             model = self.session.model
             self._record("host_load", f"skipped {fact['api']}({', '.join(map(str, fact.get('target') or []))})")
             return (lambda *a, **k: model), args, kwargs
@@ -261,6 +261,12 @@ def _zero_fields(cls) -> set:
 
     fields = config_fields(cls)
     return set(fields) | {getattr(f, "alias", None) for f in fields.values()} - {None}
+
+
+def moves_to_gpu(fact: Dict[str, Any]) -> bool:
+    """Whether an observed move sends the model to a GPU: `.cuda()` (any arguments: none means the current
+    device) or `.to(...)` naming one."""
+    return fact.get("method") == "cuda" or _to_gpu(fact.get("target"))
 
 
 def _to_gpu(targets) -> bool:
