@@ -21,6 +21,8 @@ Placeholders in the template:
   {{shared_target}}       the tp=2 trimmed configuration measured shared, NCCL added (results/h200/shared/target.md)
   {{scripts:SECTION}}     a report section of the seed's main.py run by the script workload (results/h200/scripts)
   {{seed_script_table}}   what the seed's own see_memory_usage calls printed in those runs, per run
+  {{shared_tp_table}}     AutoTP at 20B shapes, tp=2/4/8 shared, untrimmed and trimmed: per rank against the model
+  {{seed_two_commands}}   the seed's 2- and 4-GPU commands as its main.py runs them (24 layers), beside its report
 
 Usage: .venv/bin/python scripts/make_findings.py   (rewrites docs/FINDINGS.md; `--check` fails if it is stale)
 """
@@ -54,18 +56,22 @@ SEED_REPORTED = [("seed issue, 2 GPUs", 92.87, 37.74), ("seed issue, 4 GPUs", 16
 
 
 @functools.lru_cache(maxsize=None)
-def report_sections(sweeps: Path) -> Dict[str, str]:
+def report_sections(sweeps: Path, leave_out: str = "") -> Dict[str, str]:
     """Every section of the report on these sweeps, as `python -m dsexp.report SWEEPS --no-mlflow` writes it;
-    built once per sweeps folder (into a scratch folder: the committed summary stays as it is)."""
+    built once per sweeps folder (into a scratch folder: the committed summary stays as it is). leave_out: the
+    sweeps (sub-folders) whose runs stay out of it."""
+    from dsexp.analysis.sources import results_from_dir
     from dsexp.analysis.summary import write_report
 
+    keep = [d for d in sorted(sweeps.iterdir()) if d.is_dir() and d.name != leave_out]
+    results = [r for d in keep for r in results_from_dir(d)]
     with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(sys.stderr):
-        return write_report(sweeps, out_dir=Path(out), source=str(sweeps))
+        return write_report(sweeps, results=results, out_dir=Path(out), source=str(sweeps.relative_to(ROOT)))
 
 
-def report_section(sweeps: Path, section: str) -> str:
+def report_section(sweeps: Path, section: str, leave_out: str = "") -> str:
     # the report's own "## Section" headings sit under FINDINGS' numbered sections: one level down
-    lines = report_sections(sweeps)[section].splitlines()
+    lines = report_sections(sweeps, leave_out)[section].splitlines()
     return "\n".join("#" + line if re.match(r"#{2,5} ", line) else line for line in lines).strip()
 
 
@@ -124,7 +130,7 @@ def seed_script_table() -> str:
         "| dsexp: node host peak (GiB) | correct |",
         "|---|---:|---:|---:|---|---|---:|---|",
     ]
-    for path in sorted(SCRIPTS.glob("*/*/result.json")):
+    for path in sorted(SCRIPTS.glob("seed*/*/result.json")):  # the seed's main.py (not the other scripts)
         res = json.loads(path.read_text())
         if res.get("status") != "ok":
             continue
@@ -132,7 +138,7 @@ def seed_script_table() -> str:
         events = {e["message"]: e for e in (ranks[0].get("script") or {}).get("events") or [] if e.get("message")}
         load, init = events.get("After load model") or {}, events.get("After DS-inference init") or {}
         fixes = ",".join(cfg["script"]["fix"]) or "as written"
-        layers = "24 layers" if path.parts[-3] == "seed24" else "48 layers"
+        layers = "24 layers" if path.parts[-3].startswith("seed24") else "48 layers"
         weights = " / ".join(f"{_phase(r, 'init').get('weights_device', 0) / GIB:.2f}" for r in ranks)
         anon = " / ".join(f"{(_phase(r, 'load').get('peaks') or {}).get('host_anon_peak', 0) / GIB:.2f}" for r in ranks)
         corr = res.get("correctness") or {}
@@ -142,6 +148,81 @@ def seed_script_table() -> str:
             f"| {weights} | {anon} | {res['headline']['node_host_peak_gib']:.2f} | {ok} |"
         )
     return "\n".join(rows)
+
+
+def seed_two_commands() -> str:
+    """The seed's two commands (2 and 4 GPUs) as its main.py runs them, at 24 layers so that four whole copies fit
+    the one H200 and its host: per GPU (its own see_memory_usage, dsexp's census and NVML per process) and per host,
+    beside the seed's own report at 48 layers."""
+    rows = [
+        "| run | GPUs (tp) | its MA after init (GB) | weights per GPU (GiB) | per-GPU peak (GiB) "
+        "| its 'CPU Virtual Memory used' after load (GB) | private host memory per rank at load (GiB) "
+        "| node host peak (GiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, reported_host, reported_ma in SEED_REPORTED:
+        rows.append(
+            f"| {name} (48 layers) | {name.split(', ')[1][0]} | {reported_ma} | - | - | {reported_host} | - | - |"
+        )
+    for path in sorted(SCRIPTS.glob("seed24*/*/result.json")):
+        res = json.loads(path.read_text())
+        if res.get("status") != "ok":
+            continue
+        ranks = [r for r in res["ranks"] if r]
+        events = {e["message"]: e for e in (ranks[0].get("script") or {}).get("events") or [] if e.get("message")}
+        load, init = events.get("After load model") or {}, events.get("After DS-inference init") or {}
+        weights = max(_phase(r, "init").get("weights_device", 0) for r in ranks) / GIB
+        anon = max((_phase(r, "load").get("peaks") or {}).get("host_anon_peak", 0) for r in ranks) / GIB
+        rows.append(
+            f"| main.py as written, 24 layers, ranks sharing one H200 | {res['config']['tp']} "
+            f"| {init.get('MA_GB', '-')} | {weights:.2f} | {res['headline']['gpu_peak_gib']:.2f} "
+            f"| {load.get('cpu_used_GB', '-')} | {anon:.2f} | {res['headline']['node_host_peak_gib']:.2f} |"
+        )
+    return "\n".join(rows)
+
+
+def shared_tp_table() -> str:
+    """AutoTP at 20B shapes, untrimmed and trim=all, at tp=2, 4 and 8 with the ranks sharing the one H200: per rank
+    the allocator's weights, its peak and NVML's figure for the process, each against the memory model (weights +
+    KV cache; NVML adds the memory outside the allocator measured in the same run)."""
+    from dsexp.analysis.matrix import build_rows
+    from dsexp.core.result import JobRecord
+
+    results = [r for d in ("autotp2", "autotp2_trim", "autotp4", "autotp8") for r in _results(SHARED / d)]
+    results = [r for r in results if not r["config"]["probe"]["memory_snapshot"]]  # the snapshots' cost run aside
+    rows = [
+        "| tp | trims | weights per rank: measured / model (GiB) | Δ | allocator peak per rank: measured / "
+        "model (GiB) | Δ | NVML per process, peak: measured / model (GiB) | Δ | correct (rel. err) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+
+    def pct(a, b):
+        return f"{(a / b - 1) * 100:+.1f}%"
+
+    for row in sorted(build_rows(results), key=lambda r: (bool(r.config.get("trim", {}).get("name") != "none"), r.tp)):
+        job, p = JobRecord.of(row.result), row.prediction
+        weights = max(rk.phase("init").weights_device for rk in job.ranks)
+        allocator = max(rk.max_over_phases("gpu_reserved") or 0 for rk in job.ranks)
+        process = max(rk.max_over_phases("nvml_process_used") or 0 for rk in job.ranks)
+        model_alloc = max(w + k for w, k in zip(p.weights, p.kv_cache))
+        outside = max((ph.gpu.get("nvml_process_used") or 0) - (ph.gpu.get("gpu_reserved") or 0)
+                      for rk in job.ranks for ph in rk.phases())  # fmt: skip
+        model_proc = model_alloc + outside
+        corr = job.correctness
+        rows.append(
+            f"| {row.tp} | {row.config.get('trim', {}).get('name')} | {weights / GIB:.2f} / {p.weights_max / GIB:.2f} "
+            f"| {pct(weights, p.weights_max)} | {allocator / GIB:.2f} / {model_alloc / GIB:.2f} "
+            f"| {pct(allocator, model_alloc)} | {process / GIB:.2f} / {model_proc / GIB:.2f} "
+            f"| {pct(process, model_proc)} "
+            f"| {'yes' if corr.get('passed') else 'no'} ({corr.get('logits_rel_err', 0):.4f}) |"
+        )
+    return "\n".join(rows)
+
+
+def _results(folder: Path):
+    from dsexp.analysis.sources import results_from_dir
+
+    return results_from_dir(folder)
 
 
 def cpu_holdout() -> str:
@@ -234,8 +315,12 @@ def render(template: str) -> str:
             return script_output(ROOT / "scripts" / "stack_bisect_table.py", str(BISECT))
         if kind == "trims_target":
             return committed_table(TRIMS / "target.md")
-        if kind == "shared":
-            return report_section(SHARED, arg)
+        if kind == "shared":  # the 20B runs; the tiny checks of every engine (check/) stay out
+            return report_section(SHARED, arg, leave_out="check")
+        if kind == "shared_tp_table":
+            return shared_tp_table()
+        if kind == "seed_two_commands":
+            return seed_two_commands()
         if kind == "shared_target":
             return committed_table(SHARED / "target.md")
         if kind == "scripts":
