@@ -9,6 +9,7 @@ on its own stack at tp=1 and 2, and the other scripts at tp=1 and 2, each with i
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -253,3 +254,17 @@ def test_host_load_takes_every_move_to_a_gpu():
     assert moves_to_gpu({"method": "cuda", "target": []}) and moves_to_gpu({"method": "cuda", "target": [1]})
     assert moves_to_gpu({"method": "to", "target": ["cuda:1"]}) and moves_to_gpu({"method": "to", "target": [0]})
     assert not moves_to_gpu({"method": "to", "target": ["cpu"]}) and not moves_to_gpu({"method": "to", "target": []})
+
+
+def test_a_script_run_from_another_machine_is_predicted_from_the_config_it_recorded():
+    """The H200 run of the seed's main.py, fixed, at tp=4: its model folder is not here; the memory model rebuilds
+    the model from the config recorded at the load and predicts each rank's weights to the byte."""
+    from dsexp.analysis.memory import predict
+    from dsexp.core.result import JobRecord, Phase
+
+    from helpers.run import ROOT
+
+    result = json.loads((ROOT / "results/h200/scripts/seed20_tp4/0/result.json").read_text())
+    assert not Path(result["ranks"][0]["script"]["calls"][0]["source"]).exists()
+    measured = [rk.phase(Phase.INIT).weights_device for rk in JobRecord.of(result).ranks]
+    assert predict(result).weights == measured and len(measured) == 4

@@ -11,6 +11,7 @@ recorded fact; each finding names the remedy (`script.fix`) that applies it to t
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from dsexp.analysis import measured as m
@@ -52,6 +53,20 @@ def _dtype(value: Any) -> Optional[str]:
     return DTYPES.get(text, text if text in ("bf16", "fp16", "fp32") else None)
 
 
+_NOT_DIMS = ("model_type", "architectures", "torch_dtype", "dtype", "auto_map")
+
+
+def _recorded_shapes(load: Dict[str, Any]) -> Dict[str, Any]:
+    """Where the folder the script loaded is not on this machine (a report rebuilt elsewhere, e.g. from a GPU
+    machine's results): the model as its config was recorded at the load (model_type and shapes), which the
+    memory model rebuilds on the meta device. Empty where the folder is here or nothing was recorded."""
+    config = load.get("config") or {}
+    if (Path(str(load["source"])) / "config.json").is_file() or not config.get("model_type"):
+        return {}
+    dims = {k: v for k, v in config.items() if k not in _NOT_DIMS and isinstance(v, (int, float, bool))}
+    return {"path": None, "arch": config["model_type"], "dims": dims}
+
+
 def as_pipeline_result(result: Dict[str, Any]) -> Dict[str, Any]:
     """The script's run as dsexp's own configuration would describe it (for the memory model): the folder it loaded,
     the dtype, and the engine as its call was given (kernel injection and its policy, ZeRO-3 through initialize,
@@ -65,6 +80,7 @@ def as_pipeline_result(result: Dict[str, Any]) -> Dict[str, Any]:
     applied = applied_fixes(result)
     dtype = _dtype(given.get("dtype")) or _dtype(kw.get("torch_dtype") or kw.get("dtype")) or "fp32"
     model = {"name": "local", "path": load["source"], "trust_remote_code": bool(kw.get("trust_remote_code"))}
+    model.update(_recorded_shapes(load))
     model["dtype"] = _dtype((load.get("config") or {}).get("dtype")) or dtype
     engine: Dict[str, Any] = {"name": "none"}
     zero: Dict[str, Any] = {"name": "none", "stage": 0, "offload": "none"}
