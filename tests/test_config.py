@@ -172,3 +172,17 @@ def test_local_folder_checks(tmp_path):
 
     save_file({"w": torch.zeros(4)}, str(tmp_path / "model.safetensors"))
     assert spec_of("model=local", f"model.path={tmp_path}", "model.trust_remote_code=true").model.path == str(tmp_path)
+
+
+def test_every_group_option_composes_as_it_did_when_its_yaml_held_every_default():
+    """tests/data/composed_before.json: every group option's config as composed at commit d6ff779, when conf/ still
+    wrote every default out (cache_dir, the machine's, aside). Defaults now live in the schema alone; a preset that
+    builds on another keeps what it changes (small keeps 100 MB shards over tiny's 2)."""
+    import dataclasses
+
+    before = json.loads((ROOT / "tests" / "data" / "composed_before.json").read_text())
+    for case, expected in before.items():
+        overrides = case.split()
+        got = dataclasses.asdict(to_schema(compose(overrides)))
+        got.pop("cache_dir")
+        assert json.loads(json.dumps(got)) == expected, case
