@@ -171,22 +171,24 @@ def _build_deepspeed_wheel(pins: Sequence[str], sources: Sequence[str], built: P
     if wanted is None or _have_wheel(sources, "deepspeed", wanted):
         return
     with tempfile.TemporaryDirectory() as tmp:
-        _pip(
+        env = {**os.environ, "DS_BUILD_OPS": "0", "TORCH_EXTENSIONS_DIR": str(Path(tmp) / "ext")}
+        _pip(  # pip reads the sdist's metadata by running its setup.py, which imports torch: no build isolation
             [
                 "download",
                 "--quiet",
                 "--no-deps",
                 "--no-binary",
                 ":all:",
+                "--no-build-isolation",
                 "--dest",
                 tmp,
                 *[s for s in sources if s != "--prefer-binary"],
                 f"deepspeed=={wanted}",
             ],
             what=f"downloading deepspeed=={wanted}",
+            env=env,
         )
-        sdist = next(Path(tmp).iterdir())
-        env = {**os.environ, "DS_BUILD_OPS": "0", "TORCH_EXTENSIONS_DIR": str(Path(tmp) / "ext")}
+        sdist = next(p for p in Path(tmp).iterdir() if p.name.startswith("deepspeed"))
         _pip(
             ["wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", str(built), str(sdist)],
             what=f"building deepspeed=={wanted} into a wheel",
