@@ -121,6 +121,12 @@ def seed_table() -> str:
     return "\n".join(rows)
 
 
+def _seed_printouts(rank0: dict) -> tuple:
+    """What the seed's main.py printed through its own see_memory_usage calls on rank 0: (after load, after init)."""
+    events = {e["message"]: e for e in (rank0.get("script") or {}).get("events") or [] if e.get("message")}
+    return events.get("After load model") or {}, events.get("After DS-inference init") or {}
+
+
 def seed_script_table() -> str:
     """The seed's main.py run unchanged (the script workload) on its own stack with its ranks sharing one H200: what
     its own see_memory_usage calls printed on rank 0, and what dsexp measured per rank and on the node."""
@@ -135,8 +141,7 @@ def seed_script_table() -> str:
         if res.get("status") != "ok":
             continue
         cfg, ranks = res["config"], [r for r in res["ranks"] if r]
-        events = {e["message"]: e for e in (ranks[0].get("script") or {}).get("events") or [] if e.get("message")}
-        load, init = events.get("After load model") or {}, events.get("After DS-inference init") or {}
+        load, init = _seed_printouts(ranks[0])
         fixes = ",".join(cfg["script"]["fix"]) or "as written"
         layers = "24 layers" if path.parts[-3].startswith("seed24") else "48 layers"
         weights = " / ".join(f"{_phase(r, 'init').get('weights_device', 0) / GIB:.2f}" for r in ranks)
@@ -169,8 +174,7 @@ def seed_two_commands() -> str:
         if res.get("status") != "ok":
             continue
         ranks = [r for r in res["ranks"] if r]
-        events = {e["message"]: e for e in (ranks[0].get("script") or {}).get("events") or [] if e.get("message")}
-        load, init = events.get("After load model") or {}, events.get("After DS-inference init") or {}
+        load, init = _seed_printouts(ranks[0])
         weights = max(_phase(r, "init").get("weights_device", 0) for r in ranks) / GIB
         anon = max((_phase(r, "load").get("peaks") or {}).get("host_anon_peak", 0) for r in ranks) / GIB
         rows.append(
@@ -187,9 +191,9 @@ def shared_tp_table() -> str:
     caching allocator's rounding of its segments) and NVML's figure for the process, against the memory model
     (weights + KV cache; NVML adds the memory outside the allocator measured in the same run)."""
     from dsexp.analysis.matrix import build_rows
-    from dsexp.core.result import JobRecord
+    from dsexp.analysis.sources import results_from_dir
 
-    results = [r for d in ("autotp2", "autotp2_trim", "autotp4", "autotp8") for r in _results(SHARED / d)]
+    results = [r for d in ("autotp2", "autotp2_trim", "autotp4", "autotp8") for r in results_from_dir(SHARED / d)]
     results = [r for r in results if not r["config"]["probe"]["memory_snapshot"]]  # the snapshots' cost run aside
     rows = [
         "| tp | trims | weights per rank: measured / model (GiB) | Δ | allocated peak per rank: measured / model "
@@ -202,7 +206,7 @@ def shared_tp_table() -> str:
         return f"{(a / b - 1) * 100:+.1f}%"
 
     for row in sorted(build_rows(results), key=lambda r: (bool(r.config.get("trim", {}).get("name") != "none"), r.tp)):
-        job, p = JobRecord.of(row.result), row.prediction
+        job, p = row.record, row.prediction
         weights = max(rk.phase("init").weights_device for rk in job.ranks)
         allocated = max(ph.gpu.get("gpu_alloc_peak") or 0 for rk in job.ranks for ph in rk.phases())
         reserved = max(ph.gpu.get("gpu_reserved_peak") or 0 for rk in job.ranks for ph in rk.phases())
@@ -219,12 +223,6 @@ def shared_tp_table() -> str:
             f"({corr.get('logits_rel_err', 0):.4f}) |"
         )
     return "\n".join(rows)
-
-
-def _results(folder: Path):
-    from dsexp.analysis.sources import results_from_dir
-
-    return results_from_dir(folder)
 
 
 def cpu_holdout() -> str:

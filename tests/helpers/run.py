@@ -23,9 +23,8 @@ def compose(overrides: List[str] = (), hydra: bool = False):
     from hydra import compose as hcompose
     from hydra import initialize_config_dir
 
-    from dsexp.compose.config import register_schema
+    import dsexp.compose.config  # noqa: F401  (importing it registers the schema with Hydra)
 
-    register_schema()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return hcompose("config", overrides=list(overrides), return_hydra_config=hydra)
 

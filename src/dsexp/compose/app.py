@@ -12,9 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from dsexp.compose.config import conf_dir, register_schema
-
-register_schema()
+from dsexp.compose.config import conf_dir  # importing it registers the schema with Hydra
 
 
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")

@@ -50,7 +50,6 @@ def compose_app(overrides: Sequence[str] = ()) -> DictConfig:
     """The config `python -m dsexp <overrides>` would run, composed without running anything."""
     from hydra import compose, initialize_config_dir
 
-    register_schema()
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
         return compose("config", overrides=list(overrides))
 
