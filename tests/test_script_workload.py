@@ -128,8 +128,9 @@ def test_scripts_and_their_arguments_never_share_a_row_or_a_key(tmp_path):
     a = spec_of(f"script.path={script}", "script.args=[--n,1]")
     b = spec_of(f"script.path={script}", "script.args=[--n,2]")
     c = spec_of(f"script.path={script}", "script.args=[--n,2]", "script.fix=[all]")
-    labels = {config_label(dataclasses.asdict(s)) for s in (a, b, c)}
-    assert len(labels) == 3 and all(lbl.startswith("script:raises.py --n") for lbl in labels)
+    d = spec_of(f"script.path={script}", "script.args=[--n,1]", "launcher=deepspeed")
+    labels = {config_label(dataclasses.asdict(s)) for s in (a, b, c, d)}
+    assert len(labels) == 4 and all(lbl.startswith("script:raises.py --n") for lbl in labels)
     assert len({job_key(s) for s in (a, b, c)}) == 3
     before = job_key(a)
     script.write_text(script.read_text() + "\n# edited\n")

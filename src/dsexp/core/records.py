@@ -214,19 +214,24 @@ def config_label(config: Dict[str, Any]) -> str:
 
 def script_label(config: Dict[str, Any]) -> str:
     """A user's script's configuration: variant/script:<file> <args>/model (when {model_dir} is used)/fix=.../
-    cap/shared_gpu, and `@stack`. Its arguments are part of it (two argument lists never share a row)."""
+    cap/launcher (other than torchrun)/shared_gpu, and `@stack`. Its arguments are part of it (two argument lists
+    never share a row)."""
     s = config["script"]
     model = config.get("model") or {}
     args = " ".join(str(a).replace("{model_dir}", f"<{model.get('name')}>") for a in s.get("args") or [])
     if len(args) > 48:
         args = args[:40] + "~" + hashlib.sha1(args.encode()).hexdigest()[:6]
     uses_model = any("{model_dir}" in str(a) for a in s.get("args") or [])
+    launcher = (config.get("launcher") or {}).get("name") or ""
     parts = [
         config.get("variant"),
         f"script:{Path(s['path']).name}" + (f" {args}" if args else ""),
         model_label(model) if uses_model else None,
         f"fix={'+'.join(s['fix'])}" if s.get("fix") else None,
         f"max_new_tokens<={s['max_new_tokens']}" if s.get("max_new_tokens") else None,
+        # a script runs under the launcher its user names (the DeepSpeed one passes --local_rank): two launchers,
+        # two configurations
+        None if launcher in ("", "torchrun") else f"launcher={launcher}",
         shared_gpu_label(config),
     ]
     stack = stack_label(config.get("stack") or {})
