@@ -100,7 +100,7 @@ def test_weight_census_counts_params_buffers_and_meta():
 
 
 def test_sampler_reads_nvml_per_process_figure_sparingly_but_at_every_window_end():
-    from dsexp.rank.probes.sampler import PROCESS_EVERY
+    from dsexp.rank.probes.sampler import FULL_EVERY
 
     class FakeNvml:
         process_reads = 0
@@ -114,7 +114,7 @@ def test_sampler_reads_nvml_per_process_figure_sparingly_but_at_every_window_end
 
     nvml = FakeNvml()
     s = PeakSampler(nvml=nvml)
-    for _ in range(2 * PROCESS_EVERY):
+    for _ in range(2 * FULL_EVERY):
         s.sample()
     assert nvml.process_reads == 2
     assert s.take()["nvml_process_used_peak"] == 3 and nvml.process_reads == 3

@@ -1,52 +1,120 @@
-"""Where a peak-sampler reading's time goes on a GPU machine: each probe timed alone in a process that holds
-a CUDA context and some device memory, as a rank does. Usage (device machine, env sourced):
+"""Where a peak-sampler reading's time goes on a GPU machine, in a process that holds a CUDA context and some device
+memory, as a rank does: each probe timed warm (back to back) and cold (once after each 10 ms sleep, as the sampler's
+thread runs it), then the sampler's thread itself for 5 s at its default and at other settings. Usage (device
+machine, env sourced):
     python3 scripts/gpu/sampler_cost.py > $OUT/sampler_cost.json"""
 
 from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 
 import torch
 
-from dsexp.rank.probes.gpu import NvmlDevice
+from dsexp.rank.probes import sampler as sampler_mod
+from dsexp.rank.probes.gpu import NvmlDevice, allocator_reading
 from dsexp.rank.probes.host import ProcFiles
 from dsexp.rank.probes.sampler import PeakSampler
 
 
-def per_call_us(fn, n: int = 2000) -> dict:
+def per_call_us(fn, n: int = 2000) -> float:
     fn()
-    c0, t0 = time.thread_time(), time.perf_counter()
+    c0 = time.thread_time()
     for _ in range(n):
         fn()
-    return {"cpu_us": 1e6 * (time.thread_time() - c0) / n, "wall_us": 1e6 * (time.perf_counter() - t0) / n}
+    return round(1e6 * (time.thread_time() - c0) / n, 1)
+
+
+def cold_us(fn, n: int = 300, gap_s: float = 0.01) -> float:
+    """CPU per call when each call follows a sleep of gap_s in its own thread (the sampler's situation)."""
+    out = []
+
+    def run():
+        wait, total = threading.Event(), 0.0
+        for _ in range(n):
+            wait.wait(gap_s)
+            c0 = time.thread_time()
+            fn()
+            total += time.thread_time() - c0
+        out.append(total)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return round(1e6 * out[0] / n, 1)
+
+
+def thread_cost(seconds: float = 5.0, period_s: float = 0.01, cls=PeakSampler, **kw) -> dict:
+    s = cls(period_s, **kw).start()
+    time.sleep(seconds)
+    s.stop()
+    return {
+        "period_ms": period_s * 1000,
+        "samples": s.samples,
+        "cpu_us_per_reading": round(1e6 * s.cpu_s / s.samples, 1),
+        "core_pct": round(100 * s.cpu_s / seconds, 3),
+    }
+
+
+class EveryReadingFull(PeakSampler):
+    """The sampler as it was before the change: status, meminfo and NVML's device figure at every reading."""
+
+    def _read(self, at_end):
+        vals = {**self._proc.read(), "nvml_device_used": self.nvml.used()}
+        if at_end or self.samples % 5 == 0:
+            vals["nvml_process_used"] = self.nvml.process_used()
+        return {k: v for k, v in vals.items() if v is not None}, {}
+
+
+class DeviceAtFullOnly(PeakSampler):
+    """A candidate: NVML's device figure only at the full readings too (between them, statm alone)."""
+
+    def _read(self, at_end):
+        if at_end or self.samples % sampler_mod.FULL_EVERY == 0:
+            return super()._read(at_end)
+        return self._proc.read_rss(), {}
 
 
 def main() -> int:
     x = torch.empty(2**28, dtype=torch.uint8, device="cuda:0")  # a context and 256 MiB on the device
     nvml, proc = NvmlDevice(0), ProcFiles()
-    sampler = PeakSampler(0.01, nvml=nvml)
+    probes = {
+        "statm (RSS, anon)": proc.read_rss,
+        "status + meminfo (split, node)": proc.read,
+        "nvml device used": nvml.used,
+        "nvml process list": nvml.process_used,
+        "torch allocator stats": lambda: allocator_reading(0),
+        "sampler reading (default mix)": PeakSampler(0.01, nvml=nvml).sample,
+    }
     out = {
         "device": torch.cuda.get_device_name(0),
-        "host_proc_read": per_call_us(proc.read),
-        "nvml_device_used": per_call_us(nvml.used),
-        "nvml_process_list": per_call_us(nvml.process_used, 500),
-        "sampler_reading_mixed": per_call_us(sampler.sample),
+        "full_every": sampler_mod.FULL_EVERY,
+        "probes_us": {name: {"warm": per_call_us(fn, 500), "cold": cold_us(fn)} for name, fn in probes.items()},
+        "threads": {
+            "default, 10 ms": thread_cost(nvml=nvml),
+            "default, 20 ms": thread_cost(period_s=0.02, nvml=nvml),
+            "before (full every reading), 10 ms": thread_cost(cls=EveryReadingFull, nvml=nvml),
+            "NVML device figure at full readings only, 10 ms": thread_cost(cls=DeviceAtFullOnly, nvml=nvml),
+            "default, 10 ms, main thread busy in Python": busy(lambda: thread_cost(nvml=nvml)),
+        },
     }
-    for period in (0.01, 0.02):  # the thread as it runs in a rank: a reading, then a wait of `period`
-        s = PeakSampler(period, nvml=nvml).start()
-        time.sleep(5)
-        s.stop()
-        out[f"thread_{period * 1000:g}ms_5s"] = {
-            "samples": s.samples,
-            "cpu_s": s.cpu_s,
-            "cpu_us_per_reading": 1e6 * s.cpu_s / s.samples,
-            "core_pct": 100 * s.cpu_s / 5.0,
-        }
     del x
     json.dump(out, sys.stdout, indent=1)
     return 0
+
+
+def busy(measure):
+    """Run `measure` while this process's main thread computes in Python (a rank loading a model)."""
+    result = []
+    t = threading.Thread(target=lambda: result.append(measure()))
+    t.start()
+    n = 0
+    while t.is_alive():
+        n += sum(i * i for i in range(1000))
+    t.join()
+    return result[0]
 
 
 if __name__ == "__main__":

@@ -78,11 +78,22 @@ def snapshot(model) -> Dict[str, Any]:
     return bufs
 
 
-def nonfinite(tensors: Dict[str, Any]) -> List[str]:
-    """Names of the floating tensors holding NaN or inf (meta tensors have no values and are skipped)."""
+def nonfinite(tensors: Dict[str, Any], on_host: bool = False) -> List[str]:
+    """Names of the floating tensors holding NaN or inf (meta tensors have no values and are skipped); `on_host`:
+    each is checked on a host copy (see `host_copy`)."""
     import torch
 
-    return [n for n, t in tensors.items() if t.is_floating_point() and not t.is_meta and not torch.isfinite(t).all()]
+    def bad(t) -> bool:
+        return not torch.isfinite(host_copy(t) if on_host else t).all()
+
+    return [n for n, t in tensors.items() if t.is_floating_point() and not t.is_meta and bad(t)]
+
+
+def host_copy(t):
+    """The tensor on the host. A buffer check made on the GPU leaves its temporaries (isfinite's mask, a copy of the
+    expected buffer) in the caching allocator's reserve: on the H200 at 20B shapes, 0.21 GiB reserved and not
+    allocated after init, in every untrimmed run, charged to the engine by every NVML figure."""
+    return t.detach().cpu()
 
 
 def _state(current, expected) -> str:
@@ -90,11 +101,12 @@ def _state(current, expected) -> str:
 
     if current.is_meta:
         return "meta"
+    current, expected = host_copy(current), host_copy(expected)
     if current.is_floating_point() and not torch.isfinite(current).all():
         return "nonfinite"
     if current.dtype != expected.dtype:
         return "cast"
-    if current.shape != expected.shape or not torch.equal(current, expected.to(current.device)):
+    if current.shape != expected.shape or not torch.equal(current, expected):
         return "changed"
     return "same"
 
@@ -141,7 +153,7 @@ def after_load(model, ctx, recompute: bool) -> Tuple[Dict[str, Any], Dict[str, A
 
     t0 = time.perf_counter()
     expected = snapshot(build_on_meta(ctx))
-    nonfinite_as_loaded = nonfinite(non_persistent_buffers(model))
+    nonfinite_as_loaded = nonfinite(non_persistent_buffers(model), on_host=True)
     wrong, gone = differences(model, expected)
     if recompute:
         put_back(model, expected, wrong, "cpu")
@@ -160,7 +172,7 @@ def built_report(originals: Dict[str, Any]) -> Dict[str, Any]:
     return {
         "recomputed": {},
         "checked": len(originals),
-        "nonfinite_as_loaded": nonfinite(originals),
+        "nonfinite_as_loaded": nonfinite(originals, on_host=True),
         "from_constructor": True,
     }
 

@@ -1,13 +1,15 @@
 """Background peak sampler: the highest host and NVML figures reached between two phase snapshots.
 
 A daemon thread reads /proc (and NVML when there is a GPU) every `period_s`; `take()` returns the
-peaks since the previous `take()` and starts a new window. A reading is two `pread`s of files held
-open, and the thread sleeps between readings, so it costs well under 1% of a core (`make bench`
-measures it). An optional `beat` callback gets the running window's peaks every `beat_s` (the
-rank's live file). NVML's per-process figure is read every PROCESS_EVERY readings and at every
-`take()` (its query lists every process on the device); the device figure every time. Without
-`start()` there is no thread: each window's peak is the reading `take()` makes at its end
-(`probe.sample_ms=0`, for measuring what the sampler itself costs).
+peaks since the previous `take()` and starts a new window. Each reading is what moves fastest and costs least:
+the process's RSS and its anonymous part (one read of /proc/self/statm) and NVML's device figure (the headline
+peak). One reading in FULL_EVERY, and every `take()`, is full: it adds status's file/shmem split, the node's used
+memory (/proc/meminfo) and NVML's per-process figure (its query lists every process on the device). After each
+sleep every distinct kernel path and Python function runs cold, several times its warm cost, so the thread's CPU
+is set by how many of them a reading touches (`make bench` and scripts/gpu/sampler_cost.py measure it). An
+optional `beat` callback gets the running window's peaks every `beat_s` (the rank's live file). Without `start()`
+there is no thread: each window's peak is the reading `take()` makes at its end (`probe.sample_ms=0`, for
+measuring what the sampler itself costs).
 
 With a `series` (dsexp.rank.probes.memory_series) every reading also goes to the rank's memory-over-time series, with
 the allocator's figures where `allocator` reads them (one reading in ALLOCATOR_EVERY and at every `take()`; they
@@ -25,7 +27,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 from dsexp.rank.probes.host import ProcFiles
 
-PROCESS_EVERY = 5  # readings per NVML per-process reading
+FULL_EVERY = 5  # readings per full reading (RSS split, node, NVML per process)
 # readings per allocator reading (the series' torch allocated/reserved): one call builds the allocator's whole stats
 # dict, and run once every 10 ms the sampler's Python costs several times what it does warm
 ALLOCATOR_EVERY = 10
@@ -55,19 +57,19 @@ class PeakSampler:
         self.cpu_s = 0.0
         self._proc = ProcFiles()
 
-    def _read(self, full: bool) -> Tuple[Dict[str, int], Dict[str, int]]:
-        """(readings with peaks, readings for the series only)."""
-        vals = self._proc.read()
-        sparse = full or self.samples % PROCESS_EVERY == 0
+    def _read(self, at_end: bool) -> Tuple[Dict[str, int], Dict[str, int]]:
+        """(readings with peaks, readings for the series only); at_end: the reading that closes a window."""
+        full = at_end or self.samples % FULL_EVERY == 0
+        vals = self._proc.read() if full else {}
+        vals.update(self._proc.read_rss())  # statm's RSS in every reading, the full ones too
         if self.nvml is not None:
             used = self.nvml.used()
             if used is not None:
                 vals["nvml_device_used"] = used
-            # The process list is NVML's slowest query; the device figure (the headline peak) is read every time.
-            proc = self.nvml.process_used() if sparse else None
+            proc = self.nvml.process_used() if full else None
             if proc is not None:
                 vals["nvml_process_used"] = proc
-        extra = self._allocator_reading() if full or self.samples % ALLOCATOR_EVERY == 0 else {}
+        extra = self._allocator_reading() if at_end or self.samples % ALLOCATOR_EVERY == 0 else {}
         return vals, extra
 
     def _allocator_reading(self) -> Dict[str, int]:
@@ -79,9 +81,9 @@ class PeakSampler:
         except Exception:
             return {}
 
-    def sample(self, full: bool = False) -> None:
-        vals, extra = self._read(full)
-        self.last = vals
+    def sample(self, at_end: bool = False) -> None:
+        vals, extra = self._read(at_end)
+        self.last = {**self.last, **vals}  # the latest of each figure, the full reading's too
         with self._lock:
             self._commit(vals, extra)
 
@@ -123,8 +125,8 @@ class PeakSampler:
     def take(self) -> Dict[str, int]:
         """Peaks of the window just ended (including a final, full read now); opens a new window. `closed_at`: the
         final reading's stamp."""
-        vals, extra = self._read(full=True)
-        self.last = vals
+        vals, extra = self._read(at_end=True)
+        self.last = {**self.last, **vals}  # the latest of each figure, the full reading's too
         with self._lock:
             self.closed_at = self._commit(vals, extra)
             peaks, self._peaks = self._peaks, {}

@@ -138,7 +138,7 @@ def load_after(session):
             "config": config_summary(getattr(model, "config", None)),
             "placement_after": placement(model),
             # published remote code computes these in __init__ only; transformers >= 5 may leave them uninitialised
-            "nonfinite_buffers": nonfinite(non_persistent_buffers(model))[:20],
+            "nonfinite_buffers": nonfinite(non_persistent_buffers(model), on_host=True)[:20],
         }
 
     return after
