@@ -99,13 +99,14 @@ def test_weight_census_counts_params_buffers_and_meta():
     assert resident_bytes(c, "cpu") == c["param_bytes"]["cpu"] + 40
 
 
-def test_sampler_reads_nvml_per_process_figure_sparingly_but_at_every_window_end():
+def test_sampler_reads_nvml_sparingly_but_at_every_window_end():
     from dsexp.rank.probes.sampler import FULL_EVERY
 
     class FakeNvml:
-        process_reads = 0
+        device_reads = process_reads = 0
 
         def used(self):
+            self.device_reads += 1
             return 7
 
         def process_used(self):
@@ -116,6 +117,8 @@ def test_sampler_reads_nvml_per_process_figure_sparingly_but_at_every_window_end
     s = PeakSampler(nvml=nvml)
     for _ in range(2 * FULL_EVERY):
         s.sample()
-    assert nvml.process_reads == 2
-    assert s.take()["nvml_process_used_peak"] == 3 and nvml.process_reads == 3
+    assert (nvml.device_reads, nvml.process_reads) == (2, 2) and "node_used" in s.last and s.samples == 2 * FULL_EVERY
+    peaks = s.take()
+    assert (peaks["nvml_process_used_peak"], peaks["nvml_device_used_peak"]) == (3, 7)
+    assert (nvml.device_reads, nvml.process_reads) == (3, 3)
     s.stop()

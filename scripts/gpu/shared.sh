@@ -3,7 +3,7 @@
 # at tp=2, 4 and 8, and ZeRO-3 as the peer at tp=2 (transformers TP is refused shared: results/h200/shared/check).
 # The first pair also measures PyTorch memory snapshots' cost (probe.memory_snapshot=false,true: issue 26).
 # The sweeps stop at BUDGET s from the start (default 540) in the order below; the folder is packed after every sweep.
-# ONLY='autotp4 autotp8' runs those sweeps alone, in the order below.
+# ONLY='autotp4 autotp8' runs those sweeps alone, in the order below (the largest tp first: what a cut budget loses last).
 # Usage (repo root, `.whl` carried): bash scripts/gpu/shared.sh
 #   -> $OUT/shared.tar.gz (results, reports, traces; no pickles), snapshots_overhead.{md,json}, snapshot_summary.json
 # Then, here: mkdir -p results/h200/shared && tar -xzf shared.tar.gz -C results/h200/shared --strip-components=1
@@ -30,10 +30,10 @@ sweep() {  # sweep NAME OVERRIDES... (only the names in $ONLY, where it is set)
     | grep -E "^dsexp: (ok|failed)|^[0-9]+ |^job " || true
   pack
 }
+sweep autotp8 experiment=autotp engine.injection_policy=infer tp=8 trim=none,all
+sweep autotp4 experiment=autotp engine.injection_policy=infer tp=4 trim=none,all
 sweep autotp2 experiment=autotp engine.injection_policy=infer tp=2 trim=none probe.memory_snapshot=false,true
 sweep autotp2_trim experiment=autotp engine.injection_policy=infer tp=2 trim=all
-sweep autotp4 experiment=autotp engine.injection_policy=infer tp=4 trim=all,none
-sweep autotp8 experiment=autotp engine.injection_policy=infer tp=8 trim=all,none
 # ZeRO-3 gathers every layer over gloo at each forward (about 40 GB a token at 20B): two new tokens, a longer timeout.
 NEW_TOKENS=2 JOB_TIMEOUT=480 sweep zero3 experiment=zero3 tp=2
 python3 scripts/gpu/snapshots_summary.py $ROOT/autotp2 "$OUT/snapshots_overhead" || true

@@ -1,15 +1,18 @@
 """Background peak sampler: the highest host and NVML figures reached between two phase snapshots.
 
 A daemon thread reads /proc (and NVML when there is a GPU) every `period_s`; `take()` returns the
-peaks since the previous `take()` and starts a new window. Each reading is what moves fastest and costs least:
-the process's RSS and its anonymous part (one read of /proc/self/statm) and NVML's device figure (the headline
-peak). One reading in FULL_EVERY, and every `take()`, is full: it adds status's file/shmem split, the node's used
-memory (/proc/meminfo) and NVML's per-process figure (its query lists every process on the device). After each
-sleep every distinct kernel path and Python function runs cold, several times its warm cost, so the thread's CPU
-is set by how many of them a reading touches (`make bench` and scripts/gpu/sampler_cost.py measure it). An
-optional `beat` callback gets the running window's peaks every `beat_s` (the rank's live file). Without `start()`
-there is no thread: each window's peak is the reading `take()` makes at its end (`probe.sample_ms=0`, for
-measuring what the sampler itself costs).
+peaks since the previous `take()` and starts a new window. Each reading is the process's RSS and its anonymous
+part (one read of /proc/self/statm): what moves fastest. One reading in FULL_EVERY, and every `take()`, is full:
+it adds status's file/shmem split, the node's used memory (/proc/meminfo) and NVML's device and per-process
+figures. NVML's figures are the caching allocator's reserve plus what lies outside it: they fall only when memory
+is handed back (empty_cache, a freed communicator), so a reading every FULL_EVERY periods and the one at each
+window's end catch their peak; torch's own peaks (the phase records) catch the allocator's. The reason for the
+split: after each sleep every kernel path and Python function runs cold. On the H200 a statm read costs 25 us
+of CPU cold (2 warm), NVML's device query 73 (7), its process list 164 (27); reading NVML at every 10 ms
+reading cost 1.3% of a core, at full readings only 0.84% (results/h200/sampler_cost.json). An optional `beat`
+callback gets the running window's peaks every `beat_s` (the rank's live file). Without `start()` there is no
+thread: each window's peak is the reading `take()` makes at its end (`probe.sample_ms=0`, for measuring what
+the sampler itself costs).
 
 With a `series` (dsexp.rank.probes.memory_series) every reading also goes to the rank's memory-over-time series, with
 the allocator's figures where `allocator` reads them (one reading in ALLOCATOR_EVERY and at every `take()`; they
@@ -27,7 +30,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 from dsexp.rank.probes.host import ProcFiles
 
-FULL_EVERY = 5  # readings per full reading (RSS split, node, NVML per process)
+FULL_EVERY = 5  # readings per full reading (RSS split, node, NVML)
 # readings per allocator reading (the series' torch allocated/reserved): one call builds the allocator's whole stats
 # dict, and run once every 10 ms the sampler's Python costs several times what it does warm
 ALLOCATOR_EVERY = 10
@@ -59,18 +62,17 @@ class PeakSampler:
 
     def _read(self, at_end: bool) -> Tuple[Dict[str, int], Dict[str, int]]:
         """(readings with peaks, readings for the series only); at_end: the reading that closes a window."""
-        full = at_end or self.samples % FULL_EVERY == 0
-        vals = self._proc.read() if full else {}
-        vals.update(self._proc.read_rss())  # statm's RSS in every reading, the full ones too
-        if self.nvml is not None:
-            used = self.nvml.used()
-            if used is not None:
-                vals["nvml_device_used"] = used
-            proc = self.nvml.process_used() if full else None
-            if proc is not None:
-                vals["nvml_process_used"] = proc
+        vals = self._proc.read_rss()
+        if at_end or self.samples % FULL_EVERY == 0:
+            vals = {**self._proc.read(), **vals, **self._nvml_reading()}  # statm's RSS, as every reading has it
         extra = self._allocator_reading() if at_end or self.samples % ALLOCATOR_EVERY == 0 else {}
         return vals, extra
+
+    def _nvml_reading(self) -> Dict[str, int]:
+        if self.nvml is None:
+            return {}
+        vals = {"nvml_device_used": self.nvml.used(), "nvml_process_used": self.nvml.process_used()}
+        return {k: v for k, v in vals.items() if v is not None}
 
     def _allocator_reading(self) -> Dict[str, int]:
         """The series' allocator figures; never raises (take() runs at every phase end, in the rank's thread)."""
