@@ -187,9 +187,9 @@ def seed_two_commands() -> str:
 
 def shared_tp_table() -> str:
     """AutoTP at 20B shapes, untrimmed and trim=all, at tp=2, 4 and 8 with the ranks sharing the one H200: per rank
-    the census of weights, the allocator's peak (allocated: the tensors the memory model counts; reserved: plus the
-    caching allocator's rounding of its segments) and NVML's figure for the process, against the memory model
-    (weights + KV cache; NVML adds the memory outside the allocator measured in the same run)."""
+    the census of weights, the allocator's peak of allocated bytes (the tensors), its reserve after init (the
+    segments holding them) and NVML's figure for the process, each against the memory model (weights, their
+    allocator reserve replayed, + KV cache; NVML adds the memory outside the allocator measured in the same run)."""
     from dsexp.analysis.matrix import build_rows
     from dsexp.analysis.sources import results_from_dir
 
@@ -197,9 +197,9 @@ def shared_tp_table() -> str:
     results = [r for r in results if not r["config"]["probe"]["memory_snapshot"]]  # the snapshots' cost run aside
     rows = [
         "| tp | trims | weights per rank: measured / model (GiB) | Δ | allocated peak per rank: measured / model "
-        "(GiB) | Δ | reserved peak (GiB) | NVML per process, peak: measured / model + outside (GiB) | Δ "
-        "| correct (rel. err) |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "(GiB) | Δ | reserved after init: measured / replayed (GiB) | Δ | NVML per process, peak: measured / model "
+        "+ outside (GiB) | Δ | correct (rel. err) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
 
     def pct(a, b):
@@ -209,18 +209,19 @@ def shared_tp_table() -> str:
         job, p = row.record, row.prediction
         weights = max(rk.phase("init").weights_device for rk in job.ranks)
         allocated = max(ph.gpu.get("gpu_alloc_peak") or 0 for rk in job.ranks for ph in rk.phases())
-        reserved = max(ph.gpu.get("gpu_reserved_peak") or 0 for rk in job.ranks for ph in rk.phases())
+        reserved = max(rk.phase("init").gpu.get("gpu_reserved") or 0 for rk in job.ranks)
         process = max(rk.max_over_phases("nvml_process_used") or 0 for rk in job.ranks)
         model = max(w + k for w, k in zip(p.weights, p.kv_cache))
+        held = max(r + k for r, k in zip(p.reserve, p.kv_cache))
         outside = max((ph.gpu.get("nvml_process_used") or 0) - (ph.gpu.get("gpu_reserved") or 0)
                       for rk in job.ranks for ph in rk.phases())  # fmt: skip
         corr = job.correctness
         rows.append(
             f"| {row.tp} | {row.config.get('trim', {}).get('name')} | {weights / GIB:.2f} / {p.weights_max / GIB:.2f} "
             f"| {pct(weights, p.weights_max)} | {allocated / GIB:.2f} / {model / GIB:.2f} | {pct(allocated, model)} "
-            f"| {reserved / GIB:.2f} | {process / GIB:.2f} / {(model + outside) / GIB:.2f} "
-            f"| {pct(process, model + outside)} | {'yes' if corr.get('passed') else 'no'} "
-            f"({corr.get('logits_rel_err', 0):.4f}) |"
+            f"| {reserved / GIB:.3f} / {max(p.reserve) / GIB:.3f} | {pct(reserved, max(p.reserve))} "
+            f"| {process / GIB:.2f} / {(held + outside) / GIB:.2f} | {pct(process, held + outside)} "
+            f"| {'yes' if corr.get('passed') else 'no'} ({corr.get('logits_rel_err', 0):.4f}) |"
         )
     return "\n".join(rows)
 

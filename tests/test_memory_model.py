@@ -148,7 +148,8 @@ def test_kv_cache_floor_and_start_overhead_on_gpu():
         * 2
     )
     assert p.kv_cache == [kv, kv] and p.overhead == 600 * 2**20
-    assert p.floor() == p.weights_max + kv + 600 * 2**20
+    assert p.floor() == max(p.reserve) + kv + 600 * 2**20
+    assert p.weights_max < max(p.reserve) == 2 * 2**20 * -(-max(p.reserve) // (2 * 2**20))  # whole 2 MiB segments
 
 
 def test_host_cost_by_loading_strategy():
@@ -248,7 +249,7 @@ def test_floor_overhead_is_the_memory_outside_pytorch_over_the_run():
             }
     p = predict(res, 2)
     assert p.overhead == (22900 - 20600 + 1500 - 900) * mib  # generate: 2300 MiB outside PyTorch + 600 MiB reserve
-    assert p.floor() == p.weights_max + max(p.kv_cache) + p.overhead
+    assert p.floor() == max(r + k for r, k in zip(p.reserve, p.kv_cache)) + p.overhead
 
 
 def test_host_model_for_gpu_runs_by_loading_strategy():

@@ -439,8 +439,10 @@ def scaling_with_tp(f: RunFacts) -> List[Finding]:
 
 
 def floor_terms(p: Prediction) -> str:
-    """What the per-GPU floor adds up, for a sentence: weights + KV cache + memory outside PyTorch's allocator."""
-    return f"weights {m.human(p.weights_max)} + KV cache {m.human(max(p.kv_cache))} + {m.human(p.overhead)}"
+    """What the per-GPU floor adds up, for a sentence: weights (+ the allocator's segments beyond them) + KV cache +
+    memory outside PyTorch's allocator."""
+    slack = f" + allocator segments {m.human(p.segment_slack)}" if p.segment_slack else ""
+    return f"weights {m.human(p.weights_max)}{slack} + KV cache {m.human(max(p.kv_cache))} + {m.human(p.overhead)}"
 
 
 def gpu_overhead(f: RunFacts) -> List[Finding]:

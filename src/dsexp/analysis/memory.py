@@ -6,6 +6,11 @@ by the rules of the trims it ran (dsexp.trims.<key>.placement). DeepSpeed's init
 (buffers too) to the engine dtype; the other engines keep buffers in the dtype the model built them
 (dsexp.analysis.placements.tensors).
 
+On a GPU the caching allocator holds the weights in segments, not in their bytes: `reserve` replays the engine's
+allocations through the allocator's rules (dsexp.analysis.allocator; exact to the byte for AutoTP on the H200),
+for engines that say the order they allocate in (init_inference without kernel injection); for the others, the
+weights' bytes.
+
 KV cache: 2 x layers x kv_heads(rank) x head_dim x tokens x bytes. Device memory outside PyTorch's
 allocator (CUDA context, NCCL communicator, cuBLAS workspaces, most created after `start`): measured by the
 run itself, see `nonpytorch_overhead`. Host: what loading costs each rank, by loading strategy (`_host`).
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from dsexp.analysis import architecture as arch
+from dsexp.analysis.allocator import Reserve, replay
 from dsexp.analysis.placements import Placement, Strategy, Tensor, replicated, tensors, unchanged
 from dsexp.analysis.user_script import as_pipeline_result, is_script
 from dsexp.core.result import JobRecord, Phase
@@ -49,6 +55,8 @@ class Prediction:
     strategy: Strategy
     placements: List[Placement]
     weights: List[int]  # bytes on each rank's compute device
+    reserve: List[int]  # what a GPU's caching allocator reserves to hold them (segments; dsexp.analysis.allocator;
+    # the weights themselves where the engine does not say the order it allocates them in)
     kv_cache: List[int]
     tokens: int
     dims: arch.Dims
@@ -88,9 +96,15 @@ class Prediction:
                 groups[re.sub(r"\.\d+\.", ".*.", p.name)] += p.full
         return dict(groups.most_common())
 
+    @property
+    def segment_slack(self) -> int:
+        """The largest rank's reserve beyond its weights: segments the allocator took and the weights do not fill."""
+        return max(r - w for r, w in zip(self.reserve, self.weights))
+
     def floor(self) -> int:
-        """Per-device floor: weights + KV cache (+ the memory outside PyTorch on GPUs), max over ranks."""
-        per_rank = max(w + k for w, k in zip(self.weights, self.kv_cache))
+        """Per-GPU floor, max over ranks: the allocator's reserve for the weights + KV cache + the memory outside
+        PyTorch's allocator."""
+        per_rank = max(r + k for r, k in zip(self.reserve, self.kv_cache))
         return per_rank + (self.overhead or 0)
 
 
@@ -114,6 +128,7 @@ def predict(result: Dict[str, Any], tp: Optional[int] = None) -> Prediction:
         strategy=strategy,
         placements=placements,
         weights=weights,
+        reserve=_reserve(placements, weights, strategy),
         kv_cache=kv,
         tokens=tokens,
         dims=d,
@@ -150,6 +165,20 @@ def place(model, strategy: Strategy, tp: int, shared: Optional[Dict[str, str]] =
         placements = dedupe.share(placements, shared, tp, notes)
     out = (placements, modules, notes, error)
     return (*out, found or None) if with_policy else out
+
+
+def allocator_reserve(placements: List[Placement], rank: int, s: Strategy) -> Optional[Reserve]:
+    """The caching allocator's reserve for this rank's weights, replaying the engine's allocations in its order (the
+    engine member's `placement.allocation_order`); None where the engine does not say its order."""
+    order = getattr(part(s.engine, "placement"), "allocation_order", None) if s.engine in ENGINES else None
+    sizes = order(placements, rank, s) if order else None
+    return replay(sizes) if sizes is not None else None
+
+
+def _reserve(placements: List[Placement], weights: List[int], s: Strategy) -> List[int]:
+    """Per rank: the allocator's reserve for the weights, or the weights themselves where it is not modelled."""
+    held = [allocator_reserve(placements, r, s) for r in range(len(weights))]
+    return [h.reserved if h is not None else w for h, w in zip(held, weights)]
 
 
 def splits_weights(engine: str) -> bool:

@@ -17,6 +17,9 @@ With kernel injection: layers whose class has a DeepSpeed policy have their matr
 policy (e.g. InternLM2) nothing is sharded.
 
 The AutoTP rules here are also autotp_zero3's (dsexp.engines.autotp_zero3.placement).
+
+`allocation_order`: the order AutoTP puts a rank's tensors on the GPU, which the allocator's reserve depends on
+(dsexp.analysis.allocator).
 """
 
 from __future__ import annotations
@@ -39,6 +42,18 @@ def place(model, tensors: List[Tensor], s: Strategy, tp: int, notes: List[str], 
 
 
 # --- AutoTP ----------------------------------------------------------------------------------------------------
+
+
+def allocation_order(placements: List[Placement], rank: int, s: Strategy) -> Optional[List[int]]:
+    """Bytes of each tensor this rank allocates on the GPU, in AutoTP's order: each split tensor as the engine cuts it
+    walking the model (DeepSpeed's `move`), then the rest as `module.to(device)` moves them; the replay of this order
+    equals every rank's reserve after init on the H200 (results/h200/shared). None: kernel injection builds its fused
+    layers in an order not modelled."""
+    if s.kernel_inject:
+        return None
+    split_now = [p.local[rank] for p in placements if p.how != "replicated"]
+    moved_later = [p.local[rank] for p in placements if p.how == "replicated"]
+    return [*split_now, *moved_later]
 
 
 def autotp_rules(model, s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]) -> Optional[Dict[str, tuple]]:
