@@ -68,4 +68,3 @@ def replay(sizes: Iterable[int]) -> Reserve:
         else:
             allocated += block
     return Reserve(reserved, allocated)
-
