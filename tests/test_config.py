@@ -68,7 +68,7 @@ def test_tiny_architecture_presets_are_model_presets_that_validate(preset):
 def test_debug_fast_is_a_quick_functional_run():
     spec = spec_of("debug=fast")
     assert (spec.probe.sample_ms, spec.check.correctness, spec.generate.new_tokens) == (0, False, 2)
-    assert spec_of().probe.sample_ms == 10 and spec_of().check.correctness  # the default measures
+    assert spec_of().probe.sample_ms == 20 and spec_of().check.correctness  # the default measures
 
 
 def test_fault_is_off_by_default_and_set_with_the_debug_option():
@@ -153,7 +153,7 @@ def test_every_default_is_the_schemas_and_conf_sets_only_what_differs():
             repeated += [f"{path.name}: {k}" for k, v in node.items() if k != "name" and defaults.get(k, object()) == v]
     top = yaml.safe_load((CONF / "config.yaml").read_text())
     assert not repeated and set(top) == {"defaults", "dtype", "cache_dir"}, repeated
-    assert to_schema(compose()) == to_schema(compose(["tp=1", "timeout_s=900", "probe.sample_ms=10"]))
+    assert to_schema(compose()) == to_schema(compose(["tp=1", "timeout_s=900", "probe.sample_ms=20"]))
 
 
 def test_local_folder_checks(tmp_path):

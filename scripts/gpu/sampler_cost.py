@@ -13,10 +13,13 @@ import time
 
 import torch
 
+from dsexp.core.schema import ProbeConfig
 from dsexp.rank.probes import sampler as sampler_mod
 from dsexp.rank.probes.gpu import NvmlDevice, allocator_reading
 from dsexp.rank.probes.host import ProcFiles
 from dsexp.rank.probes.sampler import PeakSampler
+
+DEFAULT_MS = ProbeConfig.sample_ms
 
 
 def per_call_us(fn, n: int = 2000) -> float:
@@ -93,11 +96,13 @@ def main() -> int:
         "full_every": sampler_mod.FULL_EVERY,
         "probes_us": {name: {"warm": per_call_us(fn, 500), "cold": cold_us(fn)} for name, fn in probes.items()},
         "threads": {
-            "default, 10 ms": thread_cost(nvml=nvml),
-            "default, 20 ms": thread_cost(period_s=0.02, nvml=nvml),
-            "before (full every reading), 10 ms": thread_cost(cls=EveryReadingFull, nvml=nvml),
+            f"default, {DEFAULT_MS:g} ms": thread_cost(period_s=DEFAULT_MS / 1000, nvml=nvml),
+            "default readings, 10 ms": thread_cost(nvml=nvml),
             "NVML device figure at every reading, 10 ms": thread_cost(cls=NvmlEveryReading, nvml=nvml),
-            "default, 10 ms, main thread busy in Python": busy(lambda: thread_cost(nvml=nvml)),
+            "before (full every reading), 10 ms": thread_cost(cls=EveryReadingFull, nvml=nvml),
+            f"default, {DEFAULT_MS:g} ms, main thread busy in Python": busy(
+                lambda: thread_cost(period_s=DEFAULT_MS / 1000, nvml=nvml)
+            ),
         },
     }
     del x

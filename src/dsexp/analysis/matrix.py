@@ -223,12 +223,12 @@ def extrapolate(rows: List[Row], tps: Sequence[int] = EXTRAPOLATE_TP) -> List[Ex
 def _at(base: Row, strategy: str, tp: int) -> Extrapolated:
     """The memory model at `tp`, anchored on what the base run measured; nothing is extrapolated linearly.
 
-    weights: the model's (sharded part / tp + replicated), see `_weights_at`. GPU peak: weights + KV cache at
-    `tp` + the base run's measured memory outside PyTorch + its measured activations and allocator cache
-    (peak - floor), or the measured peak itself when the whole model passed through the GPU at init (that
-    does not shrink with tp). Host per rank: the base run's peak RSS - the modelled load cost at its tp + the
-    modelled cost at `tp` (mapped checkpoint pages + private bytes, per loading strategy). Node: used before
-    launch + ranks x the private bytes per rank (measured at the base tp, + the modelled change); the
+    weights: the model's (sharded part / tp + replicated), see `_weights_at`. GPU peak: weights + the allocator's
+    segments beyond them + KV cache at `tp` + the base run's measured memory outside PyTorch + its measured
+    activations and allocator cache (peak - floor), or the measured peak itself when the whole model passed through
+    the GPU at init (that does not shrink with tp). Host per rank: the base run's peak RSS - the modelled load cost
+    at its tp + the modelled cost at `tp` (mapped checkpoint pages + private bytes, per loading strategy). Node:
+    used before launch + ranks x the private bytes per rank (measured at the base tp, + the modelled change); the
     checkpoint's page cache is reclaimable and not counted."""
     r, bp = base.result, base.prediction
     kv = bp.dims.kv_heads
@@ -241,7 +241,7 @@ def _at(base: Row, strategy: str, tp: int) -> Extrapolated:
     per_dev, gpu = weights, m.headline(r, "gpu_peak_gib")
     if m.on_gpu(r) and gpu is not None and p.overhead is not None:
         extra = max(0, gpu * m.GIB - bp.floor())
-        per_dev = weights + max(p.kv_cache) + p.overhead + extra
+        per_dev = weights + (p.floor() - p.weights_max) + extra  # + allocator segments, KV cache, outside memory
         if any(f.code == "init_transient" for f in base.findings):
             per_dev, note = (
                 max(per_dev, gpu * m.GIB),

@@ -7,10 +7,11 @@ from dsexp.analysis.sections.common import PLOTS, ReportInputs, status_word
 
 NAME = "memory"
 MEMORY_NOTE = (
-    "Per rank, what the background sampler read every 10 ms, kept where a value moved by more than 0.2% (1 MiB at "
-    "least) or a second passed, with every phase's peak reading: host RSS and its private (anonymous) part, on a GPU "
-    "NVML's device and process figures and torch's reserved and allocated; below, the node's used memory (every "
-    "process on the machine). Shaded: the rank's phases (hatched: the one a rank died in)."
+    "Per rank, what the background sampler read (every `probe.sample_ms`, 20 ms by default), kept where a value "
+    "moved by more than 0.2% (1 MiB at least) or a second passed, with every phase's peak reading: host RSS and its"
+    " private (anonymous) part, on a GPU NVML's device and process figures and torch's reserved and allocated; "
+    "below, the node's used memory (every process on the machine). Shaded: the rank's phases (hatched: the one a "
+    "rank died in)."
 )
 TRACE_NOTE = (
     "Each job's folder also holds `trace.json`, the same curves and phases as a Chrome trace (a track per rank, "

@@ -2,7 +2,7 @@
 
 The sampler hands every reading to `add` and closes a window (`close_window`) where it closes its peak window
 (phase boundaries). `add` only queues the reading; the queue is worked through in one batch at every heartbeat
-(`flush`) and window end: run once every 10 ms, the same Python costs the sampler's thread several times more
+(`flush`) and window end: run once a sampler period, the same Python costs the sampler's thread several times more
 (its code and data are cold after each sleep: ~35 us against ~4 us a reading in a batch, `make bench`).
 
 A reading is kept when a value moved by more than MOVE_REL of itself (at least MOVE_ABS) since the last kept one,
@@ -26,7 +26,7 @@ from dsexp.core.series import header_line, row_line
 MAX_POINTS = 2000
 MOVE_REL, MOVE_ABS = 0.002, 2**20  # a move smaller than 0.2% of the value or 1 MiB is no change
 MAX_GAP_S = 1.0
-QUEUE_MAX = 200  # readings queued at most (2 s at 10 ms; a heartbeat drains them every 0.5 s)
+QUEUE_MAX = 200  # readings queued at most (4 s at 20 ms; a heartbeat drains them every 0.5 s)
 
 
 class _Point:

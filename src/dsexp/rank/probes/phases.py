@@ -50,7 +50,7 @@ class PhaseRecorder:
         world_size: int,
         local_rank: int,
         t_process: float,
-        sample_ms: float = 10.0,
+        sample_ms: float = 20.0,
         see_memory_usage: bool = True,
         nvidia_smi: bool = False,
         memory_snapshot: Optional[Dict[str, int]] = None,

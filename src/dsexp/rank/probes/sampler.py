@@ -1,18 +1,19 @@
 """Background peak sampler: the highest host and NVML figures reached between two phase snapshots.
 
-A daemon thread reads /proc (and NVML when there is a GPU) every `period_s`; `take()` returns the
-peaks since the previous `take()` and starts a new window. Each reading is the process's RSS and its anonymous
-part (one read of /proc/self/statm): what moves fastest. One reading in FULL_EVERY, and every `take()`, is full:
-it adds status's file/shmem split, the node's used memory (/proc/meminfo) and NVML's device and per-process
-figures. NVML's figures are the caching allocator's reserve plus what lies outside it: they fall only when memory
-is handed back (empty_cache, a freed communicator), so a reading every FULL_EVERY periods and the one at each
-window's end catch their peak; torch's own peaks (the phase records) catch the allocator's. The reason for the
-split: after each sleep every kernel path and Python function runs cold. On the H200 a statm read costs 25 us
-of CPU cold (2 warm), NVML's device query 73 (7), its process list 164 (27); reading NVML at every 10 ms
-reading cost 1.3% of a core, at full readings only 0.84% (results/h200/sampler_cost.json). An optional `beat`
-callback gets the running window's peaks every `beat_s` (the rank's live file). Without `start()` there is no
-thread: each window's peak is the reading `take()` makes at its end (`probe.sample_ms=0`, for measuring what
-the sampler itself costs).
+A daemon thread reads /proc (and NVML when there is a GPU) every `period_s`; `take()` returns the peaks since the
+previous `take()` and starts a new window. Each reading is the process's RSS and its anonymous part (one read of
+/proc/self/statm): what moves fastest. One reading in FULL_EVERY, and every `take()`, is full: it adds status's
+file/shmem split, the node's used memory (/proc/meminfo) and NVML's device and per-process figures. NVML's figures
+are the caching allocator's reserve plus what lies outside it: they fall only when memory is handed back
+(empty_cache, a freed communicator), so a reading every FULL_EVERY periods and the one at each window's end catch
+their peak; torch's own peaks (the phase records) catch the allocator's. The reason for the split: after each sleep
+every kernel path and Python function runs cold. On the H200 a statm read costs 25-34 us of CPU cold (2 warm),
+NVML's device query 73-101 (7-10), its process list 164-241 (27-35). Measured in one call
+(results/h200/sampler_cost.json): the readings as they were (status, meminfo and NVML every 10 ms) 2.2% of a core,
+NVML at full readings only 1.3%, and that at the default 20 ms period 0.7%. The rest is the wake-up itself, so the
+period sets the cost. An optional `beat` callback gets the running window's peaks every `beat_s` (the rank's live
+file). Without `start()` there is no thread: each window's peak is the reading `take()` makes at its end
+(`probe.sample_ms=0`, for measuring what the sampler itself costs).
 
 With a `series` (dsexp.rank.probes.memory_series) every reading also goes to the rank's memory-over-time series, with
 the allocator's figures where `allocator` reads them (one reading in ALLOCATOR_EVERY and at every `take()`; they
@@ -32,7 +33,7 @@ from dsexp.rank.probes.host import ProcFiles
 
 FULL_EVERY = 5  # readings per full reading (RSS split, node, NVML)
 # readings per allocator reading (the series' torch allocated/reserved): one call builds the allocator's whole stats
-# dict, and run once every 10 ms the sampler's Python costs several times what it does warm
+# dict, and run once a period the sampler's Python costs several times what it does warm
 ALLOCATOR_EVERY = 10
 
 
