@@ -123,13 +123,12 @@ def results(sweep: Path) -> List[Dict[str, Any]]:
 
 
 def compose(model: str) -> Dict[str, Any]:
-    from hydra import compose as hcompose
-    from hydra import initialize_config_dir
+    """The job config `python -m dsexp model=<model>` runs (dsexp's own composition: its schema registered)."""
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = hcompose("config", overrides=[f"model={model}"])
-    return OmegaConf.to_container(cfg, resolve=True)
+    from dsexp.compose.config import compose_app, without_hydra
+
+    return OmegaConf.to_container(without_hydra(compose_app([f"model={model}"])), resolve=True)
 
 
 # --- sections ---------------------------------------------------------------------------------------

@@ -186,3 +186,15 @@ def test_every_group_option_composes_as_it_did_when_its_yaml_held_every_default(
         got = dataclasses.asdict(to_schema(compose(overrides)))
         got.pop("cache_dir")
         assert json.loads(json.dumps(got)) == expected, case
+
+
+def test_the_benchmark_composes_what_a_job_runs():
+    """benchmarks/run.py reads the sampler's period from the composed config (it once composed without dsexp's
+    schema registered, and Hydra could not find `dsexp_schema`)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    composed = bench.compose("tiny")
+    assert composed["probe"]["sample_ms"] == spec_of().probe.sample_ms and composed["model"]["name"] == "tiny"

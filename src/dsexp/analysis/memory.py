@@ -324,9 +324,9 @@ CUDA_CONTEXT_BYTES = int(0.68 * 2**30)
 
 
 def shared_gpu_fit(spec, total: int) -> Optional[Dict[str, Any]]:
-    """Ranks sharing GPUs (spec.launcher.gpus): does the busiest GPU hold its ranks? Each rank's weights and KV cache
-    (the memory model) plus a CUDA context per rank, against the GPU's `total` bytes. None where the model cannot
-    predict (the run will say)."""
+    """Ranks sharing GPUs (spec.launcher.gpus): does the busiest GPU hold its ranks? Each rank's weights (as the
+    allocator reserves them) and KV cache (the memory model) plus a CUDA context per rank, against the GPU's `total`
+    bytes. None where the model cannot predict (the run will say)."""
     from dataclasses import asdict
 
     try:
@@ -335,7 +335,7 @@ def shared_gpu_fit(spec, total: int) -> Optional[Dict[str, Any]]:
         return None
     per_node, gpus = spec.ranks_per_node, int(spec.launcher.gpus)
     busiest = [r for r in range(per_node) if r % gpus == 0]  # GPU 0 of the first node: local ranks 0, gpus, ...
-    held = sum(pred.weights[r] + pred.kv_cache[r] for r in busiest)
+    held = sum(pred.reserve[r] + pred.kv_cache[r] for r in busiest)
     need = held + len(busiest) * CUDA_CONTEXT_BYTES
     gib = 2**30
     return {
