@@ -45,6 +45,11 @@ def segment_for(n: int) -> int:
     return ROUND_LARGE * -(-n // ROUND_LARGE)
 
 
+def splits_off(tail: int, small: bool) -> bool:
+    """Whether what a request leaves of its block becomes a free block of its own (else it stays with the block)."""
+    return tail >= MIN_BLOCK if small else tail > SMALL_REQUEST
+
+
 def replay(sizes: Iterable[int]) -> Reserve:
     """The allocator's reserve after these allocations, made in this order and none freed (sizes <= 0 skipped)."""
     free: dict = {True: [], False: []}  # small pool?: sorted free block sizes
@@ -62,7 +67,7 @@ def replay(sizes: Iterable[int]) -> Reserve:
             block = segment_for(n)
             reserved += block
         tail = block - n
-        if tail >= MIN_BLOCK if small else tail > SMALL_REQUEST:
+        if splits_off(tail, small):
             bisect.insort(pool, tail)
             allocated += n
         else:
