@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import mmap
+import subprocess
+import sys
+import textwrap
 import time
 
 import torch
 
+from dsexp.core.records import aggregate_metrics, headline
 from dsexp.rank.probes.host import ProcFiles, host_snapshot, node_used, status_rss
 from dsexp.rank.probes.phases import PhaseRecorder
 from dsexp.rank.probes.sampler import PeakSampler
@@ -122,3 +127,30 @@ def test_sampler_reads_nvml_sparingly_but_at_every_window_end():
     assert (peaks["nvml_process_used_peak"], peaks["nvml_device_used_peak"]) == (3, 7)
     assert (nvml.device_reads, nvml.process_reads) == (3, 3)
     s.stop()
+
+
+def test_host_peak_is_the_kernels_high_water_mark_whatever_the_sampler_saw(tmp_path):
+    """A spike between two readings (here no sampler thread at all: the phase's own readings) is in the headline:
+    the host peak is the RSS high-water mark (VmHWM) read at the phase's end. In a fresh process: the test runner's
+    own high-water mark would hide the spike."""
+    code = textwrap.dedent(
+        f"""
+        import json, time
+        from dsexp.rank.probes.phases import PhaseRecorder
+        from dsexp.rank.probes.host import status_rss
+        rec = PhaseRecorder({str(tmp_path)!r}, 0, 1, 0, time.perf_counter(), sample_ms=0, see_memory_usage=False)
+        with rec.phase("load"):
+            before = status_rss()["host_rss"]
+            blob = b"x" * (300 * 2**20)  # written, so resident
+            del blob
+        rec.finish()
+        print(json.dumps({{"before": before, "record": rec.record}}))
+        """
+    )
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    before, record = out["before"], out["record"]
+    load = record["phases"]["load"]
+    assert load["peaks"]["host_rss_peak"] - before < 100 * 2**20  # the phase's readings missed the spike
+    assert load["host"]["host_rss_hwm"] - before > 290 * 2**20
+    head = headline(aggregate_metrics([record]), [record], new_tokens=1)
+    assert head["host_peak_gib"] * 2**30 == max(ph["host"]["host_rss_hwm"] for ph in record["phases"].values())

@@ -161,6 +161,11 @@ def _max_over(metrics: Dict[str, float], quantity: str, phases=PHASES) -> Option
     return max(vals) if vals else None
 
 
+def _max_of(*vals: Optional[float]) -> Optional[float]:
+    known = [v for v in vals if v is not None]
+    return max(known) if known else None
+
+
 def headline(
     metrics: Dict[str, float], ranks: List[Optional[dict]], new_tokens: int, shared_gpu: bool = False
 ) -> Dict[str, Optional[float]]:
@@ -168,14 +173,16 @@ def headline(
 
     shared_gpu (ranks sharing a GPU over gloo): the per-GPU peak is each rank's own (NVML per process, which holds
     what a rank holds on a GPU of its own but the device's reserve), the device-wide figure is a node figure
-    (`node_gpu_peak_gib`: every rank on it); its times are gloo's on one GPU (`speed_representative`)."""
+    (`node_gpu_peak_gib`: every rank on it); its times are gloo's on one GPU (`speed_representative`). The host peak
+    per rank is the kernel's high-water mark of its RSS read at each phase end (exact) where the record has it, else
+    the sampler's peak."""
     device_peak = _max_over(metrics, "nvml_device_used_peak_gib") or _max_over(metrics, "gpu_driver_used_gib")
     gpu_peak = _max_over(metrics, "nvml_process_used_peak_gib") if shared_gpu else device_peak
     gen_s = metrics.get("generate.wall_s.max")
     out = {
         "gpu_peak_gib": gpu_peak,
         "gpu_weights_gib": metrics.get("init.weights_device_gib.max"),
-        "host_peak_gib": _max_over(metrics, "host_rss_peak_gib"),
+        "host_peak_gib": _max_of(_max_over(metrics, "host_rss_peak_gib"), _max_over(metrics, "host_rss_hwm_gib")),
         "host_anon_peak_gib": _max_over(metrics, "host_anon_peak_gib"),
         "node_host_peak_gib": _max_over(metrics, "node_used_peak_gib"),
         "load_s": metrics.get("load.wall_s.max"),

@@ -14,7 +14,8 @@ DEFINITIONS = [
     "the KV cache for prompt + generated tokens and the device memory the run measured outside PyTorch's "
     "allocator (max over phases of NVML process used - torch reserved, plus the device's own reserve at "
     "`start`: CUDA context, communicator, workspaces).",
-    "host peak / rank: RSS peak of one rank process; node host peak: total - available memory of the machine "
+    "host peak / rank: RSS peak of one rank process (the kernel's high-water mark, VmHWM, read at each phase end: "
+    "exact, whatever the sampler saw); node host peak: total - available memory of the machine "
     "(left out, `-`, for jobs packed with other jobs: `launcher.pack=true`).",
     "tp values not run: the memory model at that tp (weights: sharded part / tp + replicated; KV cache), "
     "anchored on the largest tp that completed: + its measured memory outside PyTorch and activations/cache "

@@ -21,10 +21,14 @@ _STATUS_KEYS = (
 )
 
 
-def parse_status(data: bytes) -> Dict[str, int]:
-    """RSS split into anon / file / shmem, in bytes, from the text of /proc/<pid>/status."""
+# the kernel's high-water mark of the process's RSS: its exact peak over the process's life, whatever the sampler saw
+_HWM_KEY = ((b"VmHWM:", "host_rss_hwm"),)
+
+
+def parse_status(data: bytes, keys=_STATUS_KEYS) -> Dict[str, int]:
+    """RSS split into anon / file / shmem (or the fields `keys` names), in bytes, from /proc/<pid>/status's text."""
     out: Dict[str, int] = {}
-    for key, name in _STATUS_KEYS:
+    for key, name in keys:
         i = data.find(key)
         if i >= 0:
             out[name] = int(data[i + len(key) : data.index(b"kB", i)]) * 1024
@@ -38,10 +42,10 @@ def parse_meminfo_used(data: bytes) -> int:
     return (total - int(data[i + 13 : data.index(b"kB", i)])) * 1024
 
 
-def status_rss(path: str = "/proc/self/status") -> Dict[str, int]:
-    """RSS split into anon / file / shmem, in bytes."""
+def status_rss(path: str = "/proc/self/status", hwm: bool = False) -> Dict[str, int]:
+    """RSS split into anon / file / shmem, in bytes; with `hwm`, also `host_rss_hwm` (VmHWM: the peak RSS so far)."""
     with open(path, "rb") as f:
-        return parse_status(f.read())
+        return parse_status(f.read(), _STATUS_KEYS + _HWM_KEY if hwm else _STATUS_KEYS)
 
 
 def node_used() -> int:
@@ -90,10 +94,11 @@ class ProcFiles:
 
 
 def host_snapshot() -> Dict[str, int]:
-    """Full picture at a phase boundary: RSS split, USS/PSS (smaps_rollup), node used/available/cache."""
+    """Full picture at a phase boundary: RSS split and its high-water mark so far, USS/PSS (smaps_rollup), node
+    used/available/cache."""
     full = psutil.Process().memory_full_info()
     vm = psutil.virtual_memory()
-    snap = status_rss()
+    snap = status_rss(hwm=True)
     snap.update(
         host_uss=full.uss,
         host_pss=full.pss,
