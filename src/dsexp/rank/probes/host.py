@@ -68,8 +68,9 @@ class ProcFiles:
     The sampler's hot path. Every system call releases the GIL, and while the rank's main thread runs Python,
     taking it back waits up to the interpreter's switch interval (5 ms); an open/read/close per file made a
     sample cost several of those waits, and the main thread as many forced switches. And after each sleep
-    each distinct kernel path runs cold (~25-50 us of CPU for a read that costs 1-7 us warm, `make bench`): the
-    frequent reading (`read_rss`) is statm alone, the full one (`read`) adds status's split and the node's figure."""
+    each distinct kernel path runs cold (25-90 us of CPU for a read that costs 2-15 us warm on the H200,
+    scripts/gpu/sampler_cost.py): the frequent reading (`read_rss`) is statm alone, the full one (`read`) adds
+    status's split and the node's figure."""
 
     def __init__(self):
         self._statm = os.open("/proc/self/statm", os.O_RDONLY)
