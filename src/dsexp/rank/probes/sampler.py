@@ -86,7 +86,7 @@ class PeakSampler:
 
     def sample(self, at_end: bool = False) -> None:
         vals, extra = self._read(at_end)
-        self.last = {**self.last, **vals}  # the latest of each figure, the full reading's too
+        self.last.update(vals)  # the latest of each figure, the full reading's too (readers take a dict() copy)
         with self._lock:
             self._commit(vals, extra)
 
@@ -129,7 +129,7 @@ class PeakSampler:
         """Peaks of the window just ended (including a final, full read now); opens a new window. `closed_at`: the
         final reading's stamp."""
         vals, extra = self._read(at_end=True)
-        self.last = {**self.last, **vals}  # the latest of each figure, the full reading's too
+        self.last.update(vals)
         with self._lock:
             self.closed_at = self._commit(vals, extra)
             peaks, self._peaks = self._peaks, {}
