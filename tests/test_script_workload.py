@@ -14,9 +14,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from dsexp.analysis.sections.your_script import _group_key
 from dsexp.compose.config import to_schema
 from dsexp.compose.validate import validate
 from dsexp.core.protocol import SCRIPT_ENV, SCRIPT_JOB_ENV, bootstrap_dir
@@ -131,6 +133,12 @@ def test_scripts_and_their_arguments_never_share_a_row_or_a_key(tmp_path):
     d = spec_of(f"script.path={script}", "script.args=[--n,1]", "launcher=deepspeed")
     labels = {config_label(dataclasses.asdict(s)) for s in (a, b, c, d)}
     assert len(labels) == 4 and all(lbl.startswith("script:raises.py --n") for lbl in labels)
+    # the report's table of fixes: one per configuration, so the two launchers' runs as written are two tables
+    fixed = spec_of(f"script.path={script}", "script.args=[--n,1]", "script.fix=[all]")
+    torchrun, torchrun_fixed, deepspeed = (
+        _group_key(SimpleNamespace(config=dataclasses.asdict(s), tp=s.tp)) for s in (a, fixed, d)
+    )
+    assert torchrun == torchrun_fixed and torchrun[:-1] == deepspeed[:-1] and torchrun != deepspeed
     assert len({job_key(s) for s in (a, b, c)}) == 3
     before = job_key(a)
     script.write_text(script.read_text() + "\n# edited\n")

@@ -18,9 +18,12 @@ TIE = 0.01  # per-device figures within 1% are the same memory
 
 
 def _group_key(r: Row) -> Tuple:
+    """One table per script, arguments, tp, stack and launcher: the fixes of one configuration side by side (the
+    same script under torchrun and under the DeepSpeed launcher is two configurations, as its label says)."""
     c = r.config
     s = c.get("script") or {}
-    return (s.get("path"), tuple(s.get("args") or []), r.tp, (c.get("stack") or {}).get("name"))
+    launcher = (c.get("launcher") or {}).get("name") or "torchrun"
+    return (s.get("path"), tuple(s.get("args") or []), r.tp, (c.get("stack") or {}).get("name"), launcher)
 
 
 def _fixes(r: Row) -> Tuple[str, ...]:
@@ -125,12 +128,14 @@ def scripts_lines(rows: List[Row]) -> List[str]:
     if not groups:
         return []
     out = ["## Your script: as written and fixed", ""]
-    for (path, args, tp, stack), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for (path, args, tp, stack, launcher), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
         group.sort(key=lambda r: len(_fixes(r)))
         base = next((r for r in group if not _fixes(r)), None)
         name = "/".join(str(path).split("/")[-2:]) if _same_name(groups, path) else str(path).rsplit("/", 1)[-1]
-        head = f"### `{name}{' ' + ' '.join(args) if args else ''}` at tp={tp}" + (
-            f" on stack {stack}" if stack and stack != "current" else ""
+        head = (
+            f"### `{name}{' ' + ' '.join(args) if args else ''}` at tp={tp}"
+            + (f" on stack {stack}" if stack and stack != "current" else "")
+            + (f" under launcher={launcher}" if launcher != "torchrun" else "")
         )
         out += [head, "", _table(group, base), ""]
         best = _best(group)
