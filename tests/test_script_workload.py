@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from dsexp.analysis.sections.your_script import _group_key
+from dsexp.analysis.user_script import what_it_did
 from dsexp.compose.config import to_schema
 from dsexp.compose.validate import validate
 from dsexp.core.protocol import SCRIPT_ENV, SCRIPT_JOB_ENV, bootstrap_dir
@@ -286,3 +287,21 @@ def test_a_script_run_from_another_machine_is_predicted_from_the_config_it_recor
     assert not Path(result["ranks"][0]["script"]["calls"][0]["source"]).exists()
     measured = [rk.phase(Phase.INIT).weights_device for rk in JobRecord.of(result).ranks]
     assert predict(result).weights == measured and len(measured) == 4
+
+
+def test_the_diagnosis_says_what_the_script_called_with_which_arguments_and_where_the_weights_went():
+    calls = [
+        {"kind": "load", "api": "AutoModelForCausalLM.from_pretrained", "kwargs": {"torch_dtype": "torch.bfloat16"},
+         "placement_after": {"by_device": {"cpu": 3 * 2**20}}},
+        {"kind": "init", "api": "deepspeed.init_inference",
+         "given": {"mp_size": 2, "replace_with_kernel_inject": False},
+         "placement_after": {"by_device": {"cpu": 2**20, "cuda:0": 2**21}}},
+        {"kind": "generate", "api": "LlamaForCausalLM.generate", "kwargs": {"max_new_tokens": 8}, "new_tokens": 8},
+    ]  # fmt: skip
+    result = {"config": {"script": {"path": "main.py"}}, "ranks": [{"rank": 0, "script": {"calls": calls}}]}
+    assert what_it_did(result) == (
+        "AutoModelForCausalLM.from_pretrained(torch_dtype=torch.bfloat16) -> parameters 3.00 MiB on cpu; "
+        "deepspeed.init_inference(mp_size=2, replace_with_kernel_inject=False) -> parameters 1.00 MiB on cpu, "
+        "2.00 MiB on cuda:0; LlamaForCausalLM.generate(max_new_tokens=8) -> 8 new tokens"
+    )
+    assert what_it_did({"config": result["config"], "ranks": [{"rank": 0, "script": {}}]}) == ""

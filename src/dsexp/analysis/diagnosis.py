@@ -70,10 +70,14 @@ def diagnose(
 
 
 def script_findings(f: RunFacts) -> List[Finding]:
-    """A user's script: how it failed, the causes its facts show (each with its fix), and the measured weights per
-    rank against the memory model's prediction from the call it made."""
+    """A user's script: how it failed, the causes its facts show (each with its fix), what it called (its arguments,
+    where the parameters were after each call), and the measured weights per rank against the memory model's
+    prediction from the call it made."""
     causes = [Finding(c["code"], "problem", f"{c['text']}. Fix: {c['fix']}") for c in user_script.causes(f.result)]
     found = failed(f) + causes
+    did = user_script.what_it_did(f.result)
+    if did:
+        found.append(Finding("script_calls", "info", f"what the script did on rank 0: {did}"))
     if m.init_recorded(f.result):
         found += weights_vs_model(f)
     if m.completed(f.result):

@@ -355,6 +355,23 @@ def causes(result: Dict[str, Any]) -> List[Finding]:
     return [f for rule in RULES for f in rule(result)]
 
 
+def what_it_did(result: Dict[str, Any], rank: int = 0) -> str:
+    """The script's recorded calls on a rank, in order, as one sentence: each call with the arguments it gave and
+    where the parameters were after it ("" when it recorded none)."""
+    steps = []
+    for c in calls(result, rank):
+        given = c.get("kwargs") if c.get("kwargs") is not None else c.get("given")
+        args = ", ".join(f"{k}={v}" for k, v in given.items()) if isinstance(given, dict) else ", ".join(given or [])
+        step = f"{c.get('api')}({args})"
+        where = ((c.get("placement_after") or {}).get("by_device")) or {}
+        if where:
+            step += " -> parameters " + ", ".join(f"{_gib(b)} on {dev}" for dev, b in sorted(where.items()))
+        if c.get("new_tokens") is not None:
+            step += f" -> {c['new_tokens']} new tokens"
+        steps.append(step)
+    return "; ".join(steps)
+
+
 def _f(code: str, text: str, fix: str) -> Finding:
     return {"code": code, "text": text, "fix": fix}
 
