@@ -47,6 +47,8 @@ def job_key(spec: JobConfig) -> str:
     d = asdict(spec)
     for k in ("tracking", "rerun", "timeout_s"):
         d.pop(k, None)
+    if not spec.budget.active:  # no budget: the key of every result recorded before budgets existed
+        d.pop("budget", None)
     if spec.script.path:
         d["script_sha1"] = script_job.digest(spec.script.path)
     return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
