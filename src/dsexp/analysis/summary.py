@@ -47,7 +47,9 @@ def write_report(
     figures = write_plots(rows, extra, out / PLOTS)
     memory = write_memory_plots(rows, out / PLOTS)
     parent, view = mlflow.view(rows) if mlflow else (None, None)
-    parts = render_sections(ReportInputs(rows, extra, figures, memory))
+    from dsexp.analysis.budget_runs import read_search
+
+    parts = render_sections(ReportInputs(rows, extra, figures, memory, read_search(sweep_dir)))
     (out / SUMMARY_MD).write_text(render_markdown(rows, parts, source or str(sweep_dir), parent, view))
     frame(rows).to_csv(out / SUMMARY_CSV, index=False)
     if mlflow:

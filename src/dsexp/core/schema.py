@@ -154,7 +154,7 @@ class BudgetConfig:
 
     gpu_gib is what one GPU (one rank) may use, all of it: on a GPU each rank caps its caching allocator at gpu_gib
     minus what lives outside it (CUDA context, communicator), so a larger GPU stands in for one of this size. On a
-    CPU run the device budget is simulated (dsexp.rank.budget): cpu_scale multiplies the memory model's bytes above
+    CPU run the device budget is simulated (dsexp.rank.budget_cap): cpu_scale multiplies the memory model's bytes above
     the weights there (> 1: a card that needs more than the model says, as tests make it)."""
 
     gpus: Optional[int] = None  # GPUs the budget has (a configuration with tp > gpus does not fit)

@@ -2,6 +2,7 @@
 `python -m dsexp.report --print NAME` and the `{{report:NAME}}` placeholders of docs/FINDINGS.in.md use) and
 `render(inputs) -> markdown`, heading included, or "" where the sweep has nothing for it:
 
+    budget           budget_answer       a budget search's answer, its misses and runs
     scripts          your_script         users' scripts, as written and fixed
     recommendation   recommendation      what to run, and against the memory model's floor
     matrix           matrix_table        every run: measured, predicted, speed
@@ -20,6 +21,7 @@ from __future__ import annotations
 from typing import Dict
 
 from dsexp.analysis.sections import (
+    budget_answer,
     definitions,
     matrix_table,
     memory_over_time,
@@ -35,6 +37,7 @@ from dsexp.analysis.sections import (
 from dsexp.analysis.sections.common import ReportInputs
 
 SECTIONS = (
+    budget_answer,
     your_script,
     recommendation,
     matrix_table,

@@ -1,0 +1,56 @@
+"""The budget on a rank (budget.*): a GPU of budget.gpu_gib, enforced; on a CPU run, simulated.
+
+GPU: the rank caps its caching allocator with torch.cuda.set_per_process_memory_fraction at the budget minus what
+this process holds outside the allocator (its CUDA context and communicator, measured at the end of `start`), so a
+larger GPU runs out of memory where a GPU of the budget's size would. Memory outside the allocator that comes later
+(cuBLAS workspaces) is not capped: the search compares the measured peaks with the budget too.
+
+CPU: there is no device allocator to cap. Each workload point's device need is simulated as the weights this rank
+holds (measured after init) plus the memory model's bytes above the weights for the point (dsexp.predict.capacity)
+times budget.cpu_scale; past the budget the point raises torch.OutOfMemoryError, as a capped GPU would, and the
+capacity workload records it as an out-of-memory point. The rank records which of the two it did.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+GIB = 2**30
+
+
+def budget_bytes(spec) -> Optional[int]:
+    b = spec.budget
+    return int(b.gpu_gib * GIB) if b.active and b.gpu_gib is not None else None
+
+
+def cap_allocator(device_index: int, budget: int, outside: int) -> Dict[str, Any]:
+    """Cap this process's allocator at budget - outside bytes of the device; what was set, for the rank's record."""
+    import torch
+
+    total = torch.cuda.get_device_properties(device_index).total_memory
+    cap = max(0, budget - outside)
+    fraction = min(1.0, cap / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device_index)
+    return {
+        "how": "enforced",
+        "budget_bytes": budget,
+        "outside_bytes": outside,
+        "cap_bytes": cap,
+        "fraction": fraction,
+        "device_total": total,
+    }
+
+
+def outside_bytes(readings: Dict[str, Dict[str, Optional[int]]], fallback: int) -> int:
+    """This process's device bytes outside the allocator at the latest reading of `start` (after the communicator
+    where there is one); `fallback` where NVML could not see the process."""
+    for name in ("communicator", "context"):
+        value = (readings.get(name) or {}).get("outside")
+        if value is not None:
+            return int(value)
+    return fallback
+
+
+def simulated_need(weights: int, above: int, scale: float) -> int:
+    """A CPU run's stand-in for a point's device need: the weights held plus the model's bytes above them, scaled."""
+    return int(weights + above * scale)
