@@ -41,14 +41,26 @@ def cap_allocator(device_index: int, budget: int, outside: int) -> Dict[str, Any
     }
 
 
-def outside_bytes(readings: Dict[str, Dict[str, Optional[int]]], fallback: int) -> int:
+def outside_bytes(readings: Dict[str, Dict[str, Optional[int]]], device_index: int) -> int:
     """This process's device bytes outside the allocator at the latest reading of `start` (after the communicator
-    where there is one); `fallback` where NVML could not see the process."""
+    where there is one). Where NVML could not see the process: the device's used bytes minus this allocator's
+    reserve, which counts other processes on the GPU too (a smaller cap: the budget errs on the safe side)."""
     for name in ("communicator", "context"):
         value = (readings.get(name) or {}).get("outside")
         if value is not None:
             return int(value)
-    return fallback
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device_index)
+    return max(0, total - free - torch.cuda.memory_reserved(device_index))
+
+
+def enforce(spec, device_index: int, readings: Dict[str, Dict[str, Optional[int]]]) -> Optional[Dict[str, Any]]:
+    """A GPU rank under a budget (budget.enforce): cap its allocator (cap_allocator); None without a budget."""
+    budget = budget_bytes(spec)
+    if budget is None or not spec.budget.enforce:
+        return None
+    return cap_allocator(device_index, budget, outside_bytes(readings, device_index))
 
 
 def simulated_need(weights: int, above: int, scale: float) -> int:
