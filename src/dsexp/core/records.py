@@ -16,6 +16,7 @@ from dsexp import trims
 from dsexp.core.fs import read_json
 from dsexp.core.protocol import live_file, rank_file
 from dsexp.core.schema import stack_label
+from dsexp.core.workload import metric_name
 
 GIB = 2**30
 
@@ -46,7 +47,9 @@ HEADLINE = (
 
 
 def phase_kind(key: str) -> str:
-    """A phase key's kind: "generate_2" -> "generate" (the second generate call); "generate" -> "generate"."""
+    """A phase key's kind: "generate_2" -> "generate" (the second generate call); "generate" -> "generate";
+    "generate[b=8,l=2048]" -> "generate" (a point of a workload grid, dsexp.core.workload)."""
+    key = key.split("[", 1)[0]
     base, _, n = key.rpartition("_")
     return base if base and n.isdigit() else key
 
@@ -89,7 +92,38 @@ def phase_quantities(phase: Dict[str, Any]) -> Dict[str, float]:
     if phase.get("weights_device") is not None:
         out["weights_device_gib"] = phase["weights_device"] / GIB
     out.update(see_memory_quantities(phase.get("see_memory_usage") or {}))
+    out.update(point_quantities(phase.get("point") or {}))
     return {k: v for k, v in out.items() if v is not None}
+
+
+def point_quantities(point: Dict[str, Any]) -> Dict[str, float]:
+    """A workload point's figures (dsexp.rank.generation): the prefill's and the decode's peaks in GiB, the KV
+    cache, TTFT/TPOT/e2e p50 and p90 in seconds, tokens/s."""
+    out: Dict[str, float] = {}
+    for window in ("prefill", "decode"):
+        for k, v in (point.get(window) or {}).items():
+            if isinstance(v, (int, float)):
+                out[f"{window}_{k}_gib"] = v / GIB
+    if isinstance(point.get("kv_cache_bytes"), int):
+        out["kv_cache_gib"] = point["kv_cache_bytes"] / GIB
+    lat = point.get("latency") or {}
+    for name in ("ttft", "tpot", "e2e"):
+        for q in ("p50", "p90"):
+            if isinstance((lat.get(name) or {}).get(q), (int, float)):
+                out[f"{name}_{q}_s"] = lat[name][q]
+    if isinstance(lat.get("tokens_per_s"), (int, float)):
+        out["tokens_per_s"] = lat["tokens_per_s"]
+    return out
+
+
+def point_rate(ranks: List[Optional[dict]]) -> Optional[float]:
+    """Generated tokens/s of the first rank's workload points (the largest over a grid), None where none was timed."""
+    rec = next((r for r in ranks if r), None) or {}
+    rates = [
+        ((ph.get("point") or {}).get("latency") or {}).get("tokens_per_s") for ph in (rec.get("phases") or {}).values()
+    ]
+    rates = [r for r in rates if isinstance(r, (int, float))]
+    return max(rates) if rates else None
 
 
 # DeepSpeed's see_memory_usage prints "GB" but divides by 1024**3: its figures are GiB, like dsexp's.
@@ -120,7 +154,7 @@ def aggregate_metrics(ranks: Iterable[Optional[dict]]) -> Dict[str, float]:
             continue
         for pname, phase in (rec.get("phases") or {}).items():
             for q, v in phase_quantities(phase).items():
-                per.setdefault(f"{pname}.{q}", {})[rec["rank"]] = v
+                per.setdefault(f"{metric_name(pname)}.{q}", {})[rec["rank"]] = v
     out: Dict[str, float] = {}
     for name, by_rank in per.items():
         vals = list(by_rank.values())
@@ -151,7 +185,7 @@ def node_metrics(ranks: List[Optional[dict]]) -> Dict[str, float]:
             q = phase_quantities(phase)
             for name in NODE_QUANTITIES:
                 if name in q:
-                    key = f"{pname}.{name}.node_{host}"
+                    key = f"{metric_name(pname)}.{name}.node_{host}"
                     out[key] = max(out.get(key, 0.0), q[name])
     return out
 
@@ -188,14 +222,14 @@ def headline(
         "load_s": metrics.get("load.wall_s.max"),
         "init_s": metrics.get("init.wall_s.max"),
         "generate_s": gen_s,
-        "tokens_per_s": (new_tokens / gen_s) if gen_s else None,
+        "tokens_per_s": point_rate(ranks) or ((new_tokens / gen_s) if gen_s else None),
     }
     if shared_gpu:
         out["node_gpu_peak_gib"] = device_peak
     return out
 
 
-def config_label(config: Dict[str, Any]) -> str:
+def config_label(config: Dict[str, Any], workload: bool = True) -> str:
     """A configuration's short name, everything but tp: variant/model/load/engine/zero/dtype/trims (what is set),
     and `@stack` when the ranks ran on a software stack other than the job's own environment. A load that keeps
     the buffers as loaded (load.restore_buffers=false) is marked `+buffers_as_loaded`."""
@@ -215,8 +249,23 @@ def config_label(config: Dict[str, Any]) -> str:
         f"{dtype}<-{mdtype}" if mdtype and dtype != mdtype else dtype,
         trims.label(config.get("trim")),
         shared_gpu_label(config),
+        workload_label(config) if workload else None,
     ]
     return "/".join(str(p) for p in parts if p) + ("" if stack == "current" else f"@{stack}")
+
+
+def workload_label(config: Dict[str, Any]) -> Optional[str]:
+    """The workload's shape where it is not the default prompt at batch 1: `b8xL2048`, a grid `b[1,8]xL[512,2048]`
+    (two shapes are two configurations of the matrix; the capacity report groups them with workload=False)."""
+    g = config.get("generate") or {}
+    batch, length = g.get("batch_size", 1), g.get("prompt_tokens")
+    if batch in (None, 1) and length is None:
+        return None
+
+    def show(v: Any) -> str:
+        return "[" + ",".join(map(str, v)) + "]" if isinstance(v, (list, tuple)) else str(v)
+
+    return f"b{show(batch or 1)}" + ("" if length is None else f"xL{show(length)}")
 
 
 def script_label(config: Dict[str, Any]) -> str:
