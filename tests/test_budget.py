@@ -57,3 +57,57 @@ def test_a_budget_within_the_gpu_at_hand_passes():
     assert spec.budget.gpus == 4
     spec = checked(["budget.gpus=2", "budget.gpu_gib=24", "device=cuda", "tp=2"], 2, 141 * GIB)
     assert spec.device == "cuda"
+
+
+# --- the search end to end, on CPU (the device budget simulated: dsexp.rank.budget_cap) ---------------------------
+
+SEARCH = ["-m", "model=tiny", "debug=fast", "generate.prompt_tokens=64"]
+
+
+def needs(tp: int, batches, *extra: str):
+    """The memory model's device need (busiest rank) at each batch, as the search predicts it."""
+    from dsexp.compose.budget.model import predict_config
+
+    from helpers.run import spec_of
+
+    spec = spec_of("model=tiny", "debug=fast", "generate.prompt_tokens=64", f"tp={tp}", *extra)
+    return predict_config(spec, list(batches)).needs
+
+
+def read_state(sweep):
+    import json
+
+    return json.loads((sweep / "budget.json").read_text())
+
+
+@pytest.mark.slow  # two dsexp processes and a job of one rank: 280 s on the 2 shared cores (most of it imports)
+def test_a_budget_search_on_cpu_skips_the_miss_and_settles_in_one_job_then_resumes_with_nothing_to_do(
+    tmp_path, cache_dir
+):
+    """tp=2 takes more GPUs than the budget has: not launched. tp=1, with the model exact on the CPU
+    (cpu_scale=1), runs the model's largest batch and the next one in one job: the first runs, the second is out of
+    memory (a result), a one-step bracket. Run again on the same folder: the search resumes with nothing left."""
+    from helpers.run import run_dsexp, sweep_results
+
+    batches = range(1, 9)
+    tp1 = needs(1, batches, "budget.gpus=1", "budget.gpu_gib=1")
+    budget = (tp1[2] + tp1[3]) // 2  # between batch 3 and batch 4
+    args = [*SEARCH, "budget.gpus=1", f"budget.gpu_gib={budget / GIB!r}", "budget.batch_max=8", "tp=1,2"]
+    out = run_dsexp([*args, "hydra.sweep.dir=sw"], tmp_path, cache_dir).stdout
+    sweep = tmp_path / "sw"
+    state = read_state(sweep)
+    by_key = {c["key"]: c for c in state["configs"]}
+    assert by_key["tp=2"]["miss"]["where"] == "gpus" and by_key["tp=2"]["points"] == []
+    assert "not launched: tp=2: tp=2 needs 2 GPUs; the budget has 1" in out
+    c = by_key["tp=1"]
+    assert [(p["batch"], p["status"]) for p in c["points"]] == [(3, "ok"), (4, "oom")]
+    assert (c["largest_ok"], c["smallest_oom"], state["runs"], len(state["jobs"])) == (3, 4, 2, 1)
+    (res,) = sweep_results(sweep)
+    assert res["status"] == "ok" and res["config"]["generate"]["batch_size"] == [3, 4]
+    summary = (sweep / "summary.md").read_text()
+    assert "## Budget search" in summary and "**Answer**: `tp=1` at batch **3**" in summary
+    assert "simulated on the CPU" in summary and "2 points in 1 jobs, against 16 for the full grid" in summary
+    assert "- `tp=2`: tp=2 needs 2 GPUs; the budget has 1" in summary
+    again = run_dsexp([*args, "hydra.sweep.dir=sw"], tmp_path, cache_dir).stdout
+    assert "resumed from 1 jobs" in again and len(sweep_results(sweep)) == 1
+    assert read_state(sweep)["runs"] == 2

@@ -66,3 +66,50 @@ def enforce(spec, device_index: int, readings: Dict[str, Dict[str, Optional[int]
 def simulated_need(weights: int, above: int, scale: float) -> int:
     """A CPU run's stand-in for a point's device need: the weights held plus the model's bytes above them, scaled."""
     return int(weights + above * scale)
+
+
+def simulate_point(ctx, weights: Optional[int], point) -> Optional[Dict[str, Any]]:
+    """A CPU rank under a budget: this workload point's simulated device need (module docstring), for the rank's
+    record; None on a GPU (the cap holds there) or without a budget."""
+    budget = budget_bytes(ctx.spec)
+    if ctx.on_gpu or budget is None or weights is None:
+        return None
+    above = above_weights_bytes(ctx, point.batch, point.prompt_tokens)
+    scale = ctx.spec.budget.cpu_scale
+    need = simulated_need(weights, above, scale)
+    return {
+        "how": "simulated",
+        "simulated_need": need,
+        "weights": weights,
+        "above": above,
+        "cpu_scale": scale,
+        "budget_bytes": budget,
+        "fits": need <= budget,
+    }
+
+
+def check_simulated(simulated: Optional[Dict[str, Any]]) -> None:
+    """Past the budget: the out-of-memory error a GPU of the budget's size would raise."""
+    if simulated and not simulated["fits"]:
+        import torch
+
+        raise torch.OutOfMemoryError(
+            f"dsexp budget (simulated on the CPU): this point needs {simulated['simulated_need'] / GIB:.3f} GiB, "
+            f"over the budget's {simulated['budget_bytes'] / GIB:.3f} GiB"
+        )
+
+
+def above_weights_bytes(ctx, batch: int, prompt_tokens: Optional[int]) -> int:
+    """The memory model's peak above the weights on this rank for a point (dsexp.predict.capacity)."""
+    from dataclasses import asdict
+
+    from dsexp.predict import architecture as arch
+    from dsexp.predict.capacity import Workload, above_weights, peak_per_rank
+    from dsexp.predict.placements import Strategy
+
+    result = {"config": asdict(ctx.spec), "runtime": {**ctx.runtime, "device": "cpu", "model_dir": str(ctx.model_dir)}}
+    strategy = Strategy.from_result(result)
+    dims = arch.dims(arch.meta_model(arch.model_source(result["config"], result["runtime"]), strategy.dtype))
+    w = Workload(batch, int(prompt_tokens or 0), int(ctx.spec.generate.new_tokens))
+    terms = above_weights(dims, strategy, ctx.world_size, w)
+    return peak_per_rank([0] * ctx.world_size, terms)[ctx.rank]

@@ -5,18 +5,28 @@ why; every run the search made against the full grid's count."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional
 
 from dsexp.analysis import budget_runs as B
 from dsexp.analysis.markdown import md_table
+from dsexp.analysis.measured import human
 from dsexp.analysis.sections.common import ReportInputs
 
 NAME = "budget"
 GIB = 2**30
 
 
-def gib(v: Optional[float]) -> str:
-    return "-" if v is None else f"{v / GIB:.2f}"
+def size(v: Optional[float]) -> str:
+    """Bytes as a sentence says them (GiB, or MiB for tiny CPU models)."""
+    return "-" if v is None else human(v)
+
+
+def gib_setting(v: float) -> str:
+    """A budget.gpu_gib value that holds v bytes (3 significant digits, rounded up)."""
+    g = v / GIB
+    digits = max(0, 2 - int(math.floor(math.log10(g)))) if g > 0 else 0
+    return f"{math.ceil(g * 10**digits) / 10**digits:.{digits}f}"
 
 
 def render(inputs: ReportInputs) -> str:
@@ -62,18 +72,18 @@ def _budget_line(s: Dict[str, Any], how: Optional[str]) -> str:
 def _candidate_line(title: str, c: B.Candidate, s: Dict[str, Any]) -> str:
     budget = s["budget"]["device"]
     peaks = [d for d in c.device if d is not None]
-    per_gpu = " / ".join(gib(d) for d in c.device)
-    margin = gib(budget - max(peaks)) if peaks else "-"
+    per_gpu = " / ".join(size(d) for d in c.device)
+    margin = size(budget - max(peaks)) if peaks else "-"
     host = ""
     if c.host is not None:
-        host = f"; host {gib(c.host)} GiB"
+        host = f"; host {size(c.host)} over its ranks"
         if s["budget"].get("host") is not None:
-            host += f" (margin {gib(s['budget']['host'] - c.host)} GiB)"
+            host += f" (margin {size(s['budget']['host'] - c.host)})"
     tps = "-" if c.tokens_per_s is None else f"{c.tokens_per_s:.1f}"
     ttft = "-" if c.ttft_s is None else f"{c.ttft_s * 1000:.1f} ms"
     return (
-        f"{title}: `{c.key}` at batch **{c.batch}**: {tps} tokens/s, TTFT {ttft}; per GPU {per_gpu} GiB "
-        f"(margin {margin} GiB to the budget's {gib(budget)}){host}. Job `{c.job}`."
+        f"{title}: `{c.key}` at batch **{c.batch}**: {tps} tokens/s, TTFT {ttft}; per GPU {per_gpu} "
+        f"(margin {margin} to the budget's {size(budget)}){host}. Job `{c.job}`."
     )
 
 
@@ -91,13 +101,13 @@ def _what_if(c: B.Candidate, s: Dict[str, Any]) -> List[str]:
     w = c.entry.get("what_if") or {}
     if w.get("double_batch") is not None:
         out.append(
-            f"Batch {2 * c.batch} on `{c.key}` would need {gib(w['double_batch'])} GiB per GPU "
-            f"(predicted, with the measured gap): budget.gpu_gib={w['double_batch'] / GIB:.1f}."
+            f"Batch {2 * c.batch} on `{c.key}` would need {size(w['double_batch'])} per GPU "
+            f"(predicted, with the measured gap): budget.gpu_gib={gib_setting(w['double_batch'])}."
         )
     for tp, need in (w.get("tp_down") or {}).items():
         out.append(
-            f"tp={tp} at batch {c.batch} would need {gib(need)} GiB per GPU (predicted): "
-            f"budget.gpus={tp} budget.gpu_gib={need / GIB:.1f}."
+            f"tp={tp} at batch {c.batch} would need {size(need)} per GPU (predicted, with the measured gap): "
+            f"budget.gpus={tp} budget.gpu_gib={gib_setting(need)}."
         )
     return out
 
@@ -106,10 +116,10 @@ def _nothing_fits(s: Dict[str, Any]) -> List[str]:
     closest = B.closest_miss(s)
     if closest is None:
         return ["- **No configuration fits the budget**, and none was measured (every one takes more GPUs)."]
-    why = closest["text"] or f"{closest['term']}, {gib(closest['over'])} GiB over"
+    why = closest["text"] or f"{closest['term']}, {size(closest['over'])} over"
     return [
         f"- **No configuration fits the budget.** Closest: `{closest['key']}`: {why}; "
-        f"it needs {gib(closest['over'])} GiB more per GPU."
+        f"it needs {size(closest['over'])} more per GPU."
     ]
 
 
@@ -134,10 +144,10 @@ def _runs_table(s: Dict[str, Any]) -> str:
                 c.get("predicted_largest") or "-",
                 c.get("largest_ok") or "-",
                 c.get("smallest_oom") or "-",
-                gib(c.get("gap")) if c.get("gap") else "0",
+                size(c.get("gap")) if c.get("gap") else "0",
                 len(c.get("points") or []),
                 points or "-",
             ]
         )
-    header = ["configuration", "predicted largest", "largest ran", "smallest OOM", "gap GiB", "runs", "batch:status"]
+    header = ["configuration", "predicted largest", "largest ran", "smallest OOM", "gap", "runs", "batch:status"]
     return md_table(header, body, [False, True, True, True, True, True, False])

@@ -35,6 +35,12 @@ def outside_bytes(spec: JobConfig) -> int:
     return CUDA_CONTEXT_BYTES
 
 
+def weights_held(pred, spec: JobConfig) -> List[int]:
+    """Per rank: what the allocator reserves for the weights on a GPU; on a CPU run (no caching allocator) their
+    bytes."""
+    return pred.reserve if spec.device == "cuda" else pred.weights
+
+
 def rank_terms(pred, spec: JobConfig, batch: int) -> List[Dict[str, int]]:
     """Each rank's terms at this batch, in the order they are allocated: weights, outside, then the capacity model's."""
     from dsexp.predict.capacity import Workload, above_weights
@@ -43,7 +49,7 @@ def rank_terms(pred, spec: JobConfig, batch: int) -> List[Dict[str, int]]:
     above = above_weights(pred.dims, pred.strategy, pred.tp, Workload(batch, int(g.prompt_tokens), int(g.new_tokens)))
     outside = outside_bytes(spec)
     return [
-        {"weights": pred.reserve[r], "outside": outside, **{k: int(v[r]) for k, v in above.items()}}
+        {"weights": weights_held(pred, spec)[r], "outside": outside, **{k: int(v[r]) for k, v in above.items()}}
         for r in range(pred.tp)
     ]
 
@@ -54,7 +60,7 @@ def device_needs(pred, spec: JobConfig, batch: int) -> List[int]:
 
     g = spec.generate
     above = above_weights(pred.dims, pred.strategy, pred.tp, Workload(batch, int(g.prompt_tokens), int(g.new_tokens)))
-    return [p + outside_bytes(spec) for p in peak_per_rank(pred.reserve, above)]
+    return [p + outside_bytes(spec) for p in peak_per_rank(weights_held(pred, spec), above)]
 
 
 def breaking_term(terms: Dict[str, int], need: int, budget: int) -> str:
@@ -112,10 +118,12 @@ def describe(miss: Miss) -> str:
     """One line: what breaks the budget and by how much."""
     if miss.where == "gpus":
         return f"tp={int(miss.need)} needs {int(miss.need)} GPUs; the budget has {int(miss.budget)}"
+    from dsexp.analysis.measured import human
+
     where = "per GPU" if miss.where == "device" else "on the host"
     return (
-        f"{miss.term} carries the need to {miss.need / GIB:.2f} GiB {where}, "
-        f"{miss.over / GIB:.2f} GiB over the budget's {miss.budget / GIB:.2f} GiB"
+        f"{miss.term} carries the need to {human(miss.need)} {where}, "
+        f"{human(miss.over)} over the budget's {human(miss.budget)}"
     )
 
 

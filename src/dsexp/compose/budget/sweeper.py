@@ -162,15 +162,29 @@ class BudgetSearch:
                 batch = [self.overrides[c.key] + [f"{BATCH_KEY}=[{','.join(map(str, b))}]"] for c, b in todo]
                 self.sweeper.validate_batch_is_legal(batch)
                 results = self.sweeper.launcher.launch(batch, initial_job_idx=self.job_idx)
-                for i, ret in enumerate(results):
-                    job_dir = Path(getattr(ret, "working_dir", None) or self.sweep_dir / str(self.job_idx + i))
+                for i, ((c, batches), ret) in enumerate(zip(todo, results)):
+                    job_dir = self.job_dir(ret, self.job_idx + i)
+                    before = len(c.points)
                     self.absorb(job_dir, measured.read_json(job_dir / measured.RESULT))
+                    if len(c.points) == before and not c.failed:  # never ask for the same thing twice
+                        c.failed = f"its job {job_dir} recorded none of the batches {batches}"
                 self.job_idx += len(batch)
                 returns.append(results)
                 self.save()
         finally:
             self.save(final=True)
         return returns
+
+    def job_dir(self, ret: Any, num: int) -> Path:
+        """Where a launched job wrote its result: its Hydra output folder (the basic and submitit launchers give the
+        job's config; with hydra.job.chdir=false Hydra's working_dir is the launch folder), else the launcher's
+        working_dir (dsexp's SLURM launcher), else the sweep's numbered subfolder."""
+        cfg = getattr(ret, "hydra_cfg", None)
+        out = OmegaConf.select(cfg, "hydra.runtime.output_dir") if OmegaConf.is_config(cfg) else None
+        for cand in (out, getattr(ret, "working_dir", None)):
+            if cand and (Path(cand) / measured.RESULT).is_file():
+                return Path(cand)
+        return self.sweep_dir / str(num)
 
     def _announce(self) -> None:
         s = self.state
