@@ -80,6 +80,7 @@ def read_state(sweep):
     return json.loads((sweep / "budget.json").read_text())
 
 
+@pytest.mark.timeout(1200)
 @pytest.mark.slow  # two dsexp processes and a job of one rank: 280 s on the 2 shared cores (most of it imports)
 def test_a_budget_search_on_cpu_skips_the_miss_and_settles_in_one_job_then_resumes_with_nothing_to_do(
     tmp_path, cache_dir
@@ -111,3 +112,165 @@ def test_a_budget_search_on_cpu_skips_the_miss_and_settles_in_one_job_then_resum
     again = run_dsexp([*args, "hydra.sweep.dir=sw"], tmp_path, cache_dir).stdout
     assert "resumed from 1 jobs" in again and len(sweep_results(sweep)) == 1
     assert read_state(sweep)["runs"] == 2
+
+
+def test_a_budget_nothing_meets_is_an_answer_naming_the_closest_configuration_and_its_first_failing_term(
+    tmp_path, cache_dir
+):
+    """Every configuration is predicted past the budget at batch 1: nothing is launched, and the report's answer is
+    the closest one (tp=2: half the weights per rank), the term that breaks the budget first (its weights) and by how
+    much."""
+    from helpers.run import run_dsexp
+
+    tp2 = needs(2, [1], "budget.gpus=2", "budget.gpu_gib=1")[0]
+    budget = tp2 // 4  # below tp=2's weights per rank
+    args = [*SEARCH, "budget.gpus=2", f"budget.gpu_gib={budget / GIB!r}", "budget.batch_max=4", "tp=1,2"]
+    out = run_dsexp([*args, "hydra.sweep.dir=sw"], tmp_path, cache_dir).stdout
+    sweep = tmp_path / "sw"
+    state = read_state(sweep)
+    assert state["runs"] == 0 and state["jobs"] == [] and not [p for p in sweep.glob("*") if p.name.isdigit()]
+    misses = {c["key"]: c["miss"] for c in state["configs"]}
+    assert {m["term"] for m in misses.values()} == {"weights"}
+    assert misses["tp=2"]["need"] - misses["tp=2"]["budget"] < misses["tp=1"]["need"] - misses["tp=1"]["budget"]
+    assert out.count("not launched:") == 2
+    summary = (sweep / "summary.md").read_text()
+    assert "**No configuration fits the budget.** Closest: `tp=2`: weights carries the need to" in summary
+    assert "0 points in 0 jobs, against 8 for the full grid" in summary
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.slow  # a search of several one-rank jobs, run twice (killed, then resumed): minutes on 2 shared cores
+def test_a_search_the_model_gets_wrong_bisects_to_a_one_step_bracket_and_resumes_after_a_kill(tmp_path, cache_dir):
+    """The CPU card needs 1.6x the model's bytes above the weights (budget.cpu_scale): tp=2's first guess runs out of
+    memory; the search bisects on what it measured to a one-step bracket within ceil(log2 8)+2 runs, and its
+    measured gap moves the first guess of its neighbour (trim=all). tp=1 is predicted not to fit (its weights). The
+    search is killed (Ctrl-C) after its first job and run again on the same folder: it resumes from what it
+    measured and overwrites no result."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers.run import run_dsexp
+
+    tp2 = needs(2, range(1, 9), "budget.gpus=2", "budget.gpu_gib=1")
+    budget = tp2[5]  # the model says batch 6 fits tp=2; the card (x1.6 above the weights) holds fewer
+    args = [*SEARCH, "budget.gpus=2", f"budget.gpu_gib={budget / GIB!r}", "budget.batch_max=8", "budget.cpu_scale=1.6"]
+    args += ["tp=1,2", "trim=none,all", "hydra.sweep.dir=sw"]
+    env = {**os.environ, "DSEXP_CACHE": str(cache_dir), "PYTHONUNBUFFERED": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    sweep = tmp_path / "sw"
+    with open(tmp_path / "first.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "dsexp", *args], cwd=tmp_path, env=env, stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + 600
+            while not (sweep / "0" / "result.json").exists():
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
+                time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)  # Ctrl-C
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    first = (sweep / "0" / "result.json").read_text()
+    before = read_state(sweep)
+    assert before["runs"] >= 1
+    out = run_dsexp(args, tmp_path, cache_dir).stdout
+    assert "resumed from" in out
+    assert (sweep / "0" / "result.json").read_text() == first  # nothing recorded is overwritten
+    state = read_state(sweep)
+    configs = {c["key"]: c for c in state["configs"]}
+    assert configs["tp=1 trim=none"]["miss"]["term"] == "weights" and configs["tp=1 trim=all"]["miss"]
+    for key in ("tp=2 trim=none", "tp=2 trim=all"):
+        c = configs[key]
+        assert c["settled"] and not c["failed"], c
+        assert len(c["points"]) <= state["run_bound"] == 5
+        lo, hi = c["largest_ok"], c["smallest_oom"]
+        assert lo is not None and hi == lo + 1 and hi <= c["predicted_largest"], c
+        assert c["gap"] > 0 or key != "tp=2 trim=none"
+        # the bracket is the card's: the simulated need at lo fits the budget, at hi it does not
+        for batch, fits in ((lo, True), (hi, False)):
+            job = next(p["job"] for p in c["points"] if p["batch"] == batch)
+            ranks = [json.loads(f.read_text()) for f in sorted((tmp_path / job / "ranks").glob("rank?.json"))]
+            sims = [ph["budget"] for r in ranks for ph in r["phases"].values() if (ph.get("budget") or {})]
+            assert any(s["fits"] is fits for s in sims), (batch, sims)
+    assert state["runs"] < state["full_grid_runs"] == 32
+    summary = (sweep / "summary.md").read_text()
+    assert "**Answer**: `tp=2 trim=" in summary and "- `tp=1 trim=none`: weights carries" in summary
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_budget_search_runs_its_jobs_through_the_slurm_launcher(slurm_cluster, tmp_path, cache_dir):
+    """The search hands its jobs to dsexp's SLURM launcher (two a round): each is a SLURM job, the search settles
+    as under the local launcher, and the sweep's report holds the answer."""
+    from helpers.run import run_dsexp, sweep_results
+
+    tp1 = needs(1, range(1, 5), "budget.gpus=2", "budget.gpu_gib=1")
+    budget = (tp1[1] + tp1[2]) // 2  # tp=1: batch 2 fits, 3 does not (the model is exact on the CPU)
+    args = [*SEARCH, "hydra/launcher=dsexp_slurm", "hydra.sweeper.budget_jobs_at_once=2", "budget.gpus=2"]
+    args += [f"budget.gpu_gib={budget / GIB!r}", "budget.batch_max=4", "tp=1,2", "hydra.sweep.dir=sw"]
+    run_dsexp(args, tmp_path, cache_dir, extra_env=slurm_cluster.env_vars)
+    sweep = tmp_path / "sw"
+    state = read_state(sweep)
+    configs = {c["key"]: c for c in state["configs"]}
+    assert (configs["tp=1"]["largest_ok"], configs["tp=1"]["smallest_oom"]) == (2, 3)
+    assert configs["tp=2"]["settled"] and not configs["tp=2"]["failed"]
+    results = sweep_results(sweep)
+    assert results and all(r["slurm"]["state"] == "COMPLETED" for r in results)
+    assert "## Budget search" in (sweep / "summary.md").read_text()
+
+
+# --- the budget on a rank (dsexp.rank.budget_cap) ------------------------------------------------------------------
+
+
+def rank_ctx(workload: str = "pipeline", **budget):
+    from dsexp.core.schema import BudgetConfig, JobConfig
+    from dsexp.rank.context import RankContext
+
+    spec = JobConfig(budget=BudgetConfig(**budget))
+    return RankContext(spec, 0, 0, 1, None, None, runtime={"workload": workload})
+
+
+def test_only_the_measured_run_is_held_to_the_budget():
+    from dsexp.rank.budget_cap import held_to_budget
+
+    assert held_to_budget(rank_ctx(gpus=1, gpu_gib=1))
+    assert not held_to_budget(rank_ctx("reference", gpus=1, gpu_gib=1))  # the tp=1 reference is not the config
+    assert not held_to_budget(rank_ctx())
+
+
+def test_a_simulated_point_past_the_budget_is_out_of_memory_as_on_a_capped_gpu():
+    import torch
+
+    from dsexp.rank.budget_cap import check_simulated, outside_bytes, simulated_need
+
+    assert simulated_need(100, 50, 1.5) == 175
+    check_simulated({"fits": True, "simulated_need": 10, "budget_bytes": 20})
+    with pytest.raises(torch.OutOfMemoryError, match="over the budget"):
+        check_simulated({"fits": False, "simulated_need": 30 * GIB, "budget_bytes": 24 * GIB})
+    readings = {"context": {"outside": 500}, "communicator": {"outside": 700}}
+    assert outside_bytes(readings, 0) == 700  # the latest reading of start: the communicator counts
+    assert outside_bytes({"context": {"outside": 500}}, 0) == 500
+
+
+@pytest.mark.gpu
+def test_the_allocator_cap_makes_a_large_gpu_run_out_of_memory_at_the_budget():
+    """One GPU capped at 2 GiB (what lives outside the allocator counted against it): 1 GiB is allocated, 2.5 GiB
+    is out of memory, though the GPU has far more."""
+    import torch
+
+    from dsexp.rank.budget_cap import cap_allocator
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda:0")
+    cap = cap_allocator(0, 2 * GIB, outside=256 * 2**20)
+    assert cap["cap_bytes"] == 2 * GIB - 256 * 2**20 and cap["device_total"] > 4 * GIB
+    a = torch.empty(GIB, dtype=torch.uint8, device="cuda:0")
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.empty(int(2.5 * GIB), dtype=torch.uint8, device="cuda:0")
+    del a
+    torch.cuda.set_per_process_memory_fraction(1.0, 0)

@@ -18,6 +18,11 @@ from typing import Any, Dict, Optional
 GIB = 2**30
 
 
+def held_to_budget(ctx) -> bool:
+    """The measured run only: the tp=1 reference and the split are the job's tools, not the configuration."""
+    return ctx.runtime.get("workload", "pipeline") == "pipeline" and budget_bytes(ctx.spec) is not None
+
+
 def budget_bytes(spec) -> Optional[int]:
     b = spec.budget
     return int(b.gpu_gib * GIB) if b.active and b.gpu_gib is not None else None
@@ -55,12 +60,12 @@ def outside_bytes(readings: Dict[str, Dict[str, Optional[int]]], device_index: i
     return max(0, total - free - torch.cuda.memory_reserved(device_index))
 
 
-def enforce(spec, device_index: int, readings: Dict[str, Dict[str, Optional[int]]]) -> Optional[Dict[str, Any]]:
-    """A GPU rank under a budget (budget.enforce): cap its allocator (cap_allocator); None without a budget."""
-    budget = budget_bytes(spec)
-    if budget is None or not spec.budget.enforce:
+def enforce(ctx, device_index: int, readings: Dict[str, Dict[str, Optional[int]]]) -> Optional[Dict[str, Any]]:
+    """A GPU rank of the measured run under a budget (budget.enforce): cap its allocator (cap_allocator); None
+    otherwise."""
+    if not held_to_budget(ctx) or not ctx.spec.budget.enforce:
         return None
-    return cap_allocator(device_index, budget, outside_bytes(readings, device_index))
+    return cap_allocator(device_index, budget_bytes(ctx.spec), outside_bytes(readings, device_index))
 
 
 def simulated_need(weights: int, above: int, scale: float) -> int:
@@ -71,9 +76,9 @@ def simulated_need(weights: int, above: int, scale: float) -> int:
 def simulate_point(ctx, weights: Optional[int], point) -> Optional[Dict[str, Any]]:
     """A CPU rank under a budget: this workload point's simulated device need (module docstring), for the rank's
     record; None on a GPU (the cap holds there) or without a budget."""
-    budget = budget_bytes(ctx.spec)
-    if ctx.on_gpu or budget is None or weights is None:
+    if ctx.on_gpu or not held_to_budget(ctx) or weights is None:
         return None
+    budget = budget_bytes(ctx.spec)
     above = above_weights_bytes(ctx, point.batch, point.prompt_tokens)
     scale = ctx.spec.budget.cpu_scale
     need = simulated_need(weights, above, scale)

@@ -78,7 +78,7 @@ def _start_distributed(ctx: RankContext, rec: PhaseRecorder) -> dict:
     if ctx.on_gpu:
         from dsexp.rank.budget_cap import enforce
 
-        cap = enforce(ctx.spec, torch.cuda.current_device(), outside)
+        cap = enforce(ctx, torch.cuda.current_device(), outside)
         if cap:
             rec.note(budget=cap)  # before any weight is loaded: the whole run is held to the budget
     return {**out, "outside": outside} if outside else out

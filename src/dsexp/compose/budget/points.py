@@ -6,7 +6,8 @@ the allocator's reserved peak over the prefill and the decode plus what the proc
 (measured at the end of `start`); on a CPU run the simulated need the rank checked against the budget
 (dsexp.rank.budget_cap). A point skipped because a smaller one ran out of memory is no run (the smaller one is the
 boundary). A job that failed out of memory before any point (the weights do not fit under the cap) is out of memory at
-all its batches; any other failure (wrong output, a crash, a host out of memory) stops the configuration.
+all its batches; a job ended from outside (NOT_MEASURED) measured nothing and runs again when the search resumes; any
+other failure (wrong output, a crash, a host out of memory) stops the configuration.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ __all__ = ["host_need", "points_of", "identity", "job_batches", "sweep_results",
 
 GIB = 2**30
 RESULT = "result.json"
+# A job ended from outside (Ctrl-C, SLURM's time limit, a node lost): nothing measured, the search runs it again
+NOT_MEASURED = ("interrupted", "time_limit", "slurm_cancelled", "node_failed")
 
 
 def identity(config: Dict[str, Any]) -> str:
@@ -57,6 +60,8 @@ def points_of(job_dir: Path, result: Dict[str, Any]) -> Tuple[List[Point], Optio
     batches = job_batches(result.get("config") or {})
     if not rec.ok:
         cause = rec.cause or "failed"
+        if cause in NOT_MEASURED:
+            return [], None
         if cause == "oom_gpu":
             return [Point(b, OOM, job=str(job_dir)) for b in batches], None
         return [
