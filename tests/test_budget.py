@@ -165,20 +165,19 @@ def test_a_search_the_model_gets_wrong_bisects_to_a_one_step_bracket_and_resumes
     with open(tmp_path / "first.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "dsexp", *args], cwd=tmp_path, env=env, stdout=log, stderr=log)
         try:
-            deadline = time.monotonic() + 600
-            while not (sweep / "0" / "result.json").exists():
+            deadline = time.monotonic() + 900
+            while not ((sweep / "budget.json").exists() and read_state(sweep)["runs"] >= 1):  # its first job counted
                 assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
                 time.sleep(0.5)
-            proc.send_signal(signal.SIGINT)  # Ctrl-C
+            proc.send_signal(signal.SIGINT)  # Ctrl-C, during its second job
             proc.wait(timeout=120)
         finally:
             if proc.poll() is None:
                 proc.kill()
     first = (sweep / "0" / "result.json").read_text()
     before = read_state(sweep)
-    assert before["runs"] >= 1
     out = run_dsexp(args, tmp_path, cache_dir).stdout
-    assert "resumed from" in out
+    assert "dsexp budget: resumed from" in out and before["runs"] >= 1
     assert (sweep / "0" / "result.json").read_text() == first  # nothing recorded is overwritten
     state = read_state(sweep)
     configs = {c["key"]: c for c in state["configs"]}
@@ -274,3 +273,16 @@ def test_the_allocator_cap_makes_a_large_gpu_run_out_of_memory_at_the_budget():
         torch.empty(int(2.5 * GIB), dtype=torch.uint8, device="cuda:0")
     del a
     torch.cuda.set_per_process_memory_fraction(1.0, 0)
+
+
+def test_the_space_is_the_sweeps_dimensions_and_the_batch_is_not_one_of_them():
+    from dsexp.compose.budget.sweeper import Space
+
+    space = Space(["budget.gpus=2", "model=tiny", "tp=1,2", "load=eager,meta,sharded"])
+    assert space.dims == ["tp", "load"] and len(space.combos) == 6
+    assert space.coordinates(space.combos[-1]) == {"tp": "2", "load": "sharded"}
+    assert "budget.gpus=2" in space.combos[0]
+    with pytest.raises(ConfigError, match="generate.batch_size is what a budget searches"):
+        Space(["budget.gpus=2", "generate.batch_size=1,8", "tp=1"])
+    with pytest.raises(ConfigError, match="one budget a search"):
+        Space(["budget.gpu_gib=24,40", "tp=1"])

@@ -41,7 +41,7 @@ def budget_active(config: DictConfig) -> bool:
 class Space:
     """The sweep's dimensions and every configuration of their product, each with its overrides."""
 
-    def __init__(self, arguments: List[str], config_loader):
+    def __init__(self, arguments: List[str], config_loader=None):
         parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(arguments)
         self.dims = [o.get_key_element() for o in parsed if o.is_sweep_override()]
         given = {o.get_key_element() for o in parsed}
