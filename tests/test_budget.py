@@ -176,7 +176,8 @@ def test_a_search_the_model_gets_wrong_bisects_to_a_one_step_bracket_and_resumes
                 proc.kill()
     first = (sweep / "0" / "result.json").read_text()
     before = read_state(sweep)
-    out = run_dsexp(args, tmp_path, cache_dir).stdout
+    proc = run_dsexp(args, tmp_path, cache_dir)
+    out = proc.stdout
     assert "dsexp budget: resumed from" in out and before["runs"] >= 1
     assert (sweep / "0" / "result.json").read_text() == first  # nothing recorded is overwritten
     state = read_state(sweep)
@@ -196,6 +197,7 @@ def test_a_search_the_model_gets_wrong_bisects_to_a_one_step_bracket_and_resumes
             sims = [ph["budget"] for r in ranks for ph in r["phases"].values() if (ph.get("budget") or {})]
             assert any(s["fits"] is fits for s in sims), (batch, sims)
     assert state["runs"] < state["full_grid_runs"] == 32
+    assert (sweep / "summary.md").is_file(), proc.stderr[-3000:]
     summary = (sweep / "summary.md").read_text()
     assert "**Answer**: `tp=2 trim=" in summary and "- `tp=1 trim=none`: weights carries" in summary
 

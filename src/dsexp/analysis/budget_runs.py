@@ -21,6 +21,11 @@ STATE_FILE = "budget.json"
 GIB = 2**30
 
 
+def job_name(job_dir: Any) -> str:
+    """A job's folder name: its number in the sweep (results copied elsewhere keep it, not their absolute path)."""
+    return Path(str(job_dir)).name
+
+
 def read_search(sweep_dir: Path) -> Optional[Dict[str, Any]]:
     return read_json(Path(sweep_dir) / STATE_FILE)
 
@@ -101,14 +106,15 @@ class Candidate:
 
 def candidates(search: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> List[Candidate]:
     """Every configuration with a largest batch that ran and no failure (wrong output, a crash, over the host
-    budget), fastest first (tokens/s at that batch; fewer GPUs, then the larger batch, break ties)."""
+    budget), fastest first (tokens/s at that batch; fewer GPUs, then the larger batch, break ties). results: by job
+    folder name (job_name)."""
     out = []
     for c in search.get("configs") or []:
         b = c.get("largest_ok")
         if b is None or c.get("failed"):
             continue
         point = next((p for p in c.get("points") or [] if p["batch"] == b and p["status"] == "ok"), None)
-        res = results.get(str(point.get("job"))) if point else None
+        res = results.get(job_name(point.get("job"))) if point else None
         if res is None:
             continue
         sp = speed(res, b)

@@ -33,7 +33,7 @@ def render(inputs: ReportInputs) -> str:
     s = inputs.search
     if not s:
         return ""
-    results = {str(r.result.get("job_dir")): r.result for r in inputs.rows}
+    results = {B.job_name(r.result.get("job_dir")): r.result for r in inputs.rows}
     how = B.enforcement([r.result for r in inputs.rows])
     lines = ["## Budget search", "", _budget_line(s, how), ""]
     found = B.candidates(s, results)

@@ -122,6 +122,7 @@ class BudgetSearch:
         if key is None:
             return
         c = next(c for c in self.state.configs if c.key == key)
+        job_dir = Path(result.get("job_dir") or job_dir)  # as the job recorded itself (the report matches on it)
         if any(j["dir"] == str(job_dir) for j in self.jobs):
             return
         points, stop = measured.points_of(job_dir, result)
