@@ -288,3 +288,53 @@ def test_the_space_is_the_sweeps_dimensions_and_the_batch_is_not_one_of_them():
         Space(["budget.gpus=2", "generate.batch_size=1,8", "tp=1"])
     with pytest.raises(ConfigError, match="one budget a search"):
         Space(["budget.gpu_gib=24,40", "tp=1"])
+
+
+# --- a job's result read back as the search's points (dsexp.compose.budget.points) ---------------------------------
+
+
+def job_result(status="ok", cause=None, batches=(3, 4), points=(), phases=None):
+    """A result.json as a job writes it, with only what the search reads: its config's batches, its status and
+    cause, and each rank's points and phases."""
+    rank = {"rank": 0, "points": list(points), "phases": phases or {}}
+    out = {"status": status, "config": {"generate": {"batch_size": list(batches)}}, "ranks": [rank, dict(rank)]}
+    if cause:
+        out["failure"] = {"cause": cause, "message": "m"}
+    return out
+
+
+def test_a_jobs_points_are_its_batches_as_its_ranks_recorded_them():
+    from pathlib import Path
+
+    from dsexp.compose.budget import points as P
+
+    sim = {"budget": {"simulated_need": 700, "fits": True}}
+    res = job_result(
+        batches=(3, 4, 5),
+        points=[
+            {"batch": 3, "phase": "generate[b=3,l=64]", "status": "ok"},
+            {"batch": 4, "phase": "generate[b=4,l=64]", "status": "oom"},
+            {"batch": 5, "phase": "generate[b=5,l=64]", "status": "skipped"},  # larger than an OOM: not a run
+        ],
+        phases={"generate[b=3,l=64]": sim},
+    )
+    pts, stop = P.points_of(Path("j"), res)
+    assert [(p.batch, p.status, p.peak) for p in pts] == [(3, "ok", 700), (4, "oom", None)] and stop is None
+
+
+@pytest.mark.parametrize(
+    "cause, statuses, stops",
+    [
+        ("oom_gpu", ["oom", "oom"], False),  # the weights do not fit under the cap: every batch is out of memory
+        ("interrupted", [], False),  # Ctrl-C: nothing measured, run again on resume
+        ("time_limit", [], False),
+        ("incorrect_output", ["failed", "failed"], True),  # not an answer: the configuration stops
+    ],
+)
+def test_a_failed_job_is_a_boundary_a_rerun_or_a_stop_by_its_cause(cause, statuses, stops):
+    from pathlib import Path
+
+    from dsexp.compose.budget import points as P
+
+    pts, stop = P.points_of(Path("j"), job_result("failed", cause))
+    assert [p.status for p in pts] == statuses and (stop is not None) == stops
