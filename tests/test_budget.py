@@ -338,3 +338,56 @@ def test_a_failed_job_is_a_boundary_a_rerun_or_a_stop_by_its_cause(cause, status
 
     pts, stop = P.points_of(Path("j"), job_result("failed", cause))
     assert [p.status for p in pts] == statuses and (stop is not None) == stops
+
+
+def test_the_answer_is_the_fastest_configuration_at_its_largest_batch_with_margins_and_what_more_would_need():
+    from dsexp.analysis.matrix import Row
+    from dsexp.analysis.sections import budget_answer
+    from dsexp.analysis.sections.common import ReportInputs
+
+    def run(job, batch, need, tps):
+        point = {"batch": batch, "phase": "generate", "status": "ok"}
+        phase = {
+            "budget": {"simulated_need": need, "how": "simulated"},
+            "point": {"latency": {"tokens_per_s": tps, "ttft": {"p50": 0.05}}},
+        }
+        res = job_result(batches=(batch,), points=[point], phases={"generate": phase})
+        res["job_dir"] = f"/elsewhere/sw/{job}"
+        for rk in res["ranks"]:
+            rk["budget"] = {"how": "simulated"}
+        return Row(res, None)
+
+    def config(key, tp, ok, oom, job, what_if=None):
+        return {
+            "key": key,
+            "tp": tp,
+            "largest_ok": ok,
+            "smallest_oom": oom,
+            "miss": None,
+            "failed": None,
+            "gap": 0,
+            "points": [{"batch": ok, "status": "ok", "job": f"sw/{job}"}],
+            "what_if": what_if or {},
+        }
+
+    state = {
+        "budget": {"gpus": 2, "gpu_gib": 24, "host_gib": None, "device": 24 * GIB, "host": None, "cpu_scale": 1.0},
+        "prompt_tokens": 2048,
+        "new_tokens": 8,
+        "batches": list(range(1, 65)),
+        "runs": 9,
+        "jobs": [1] * 6,
+        "full_grid_runs": 256,
+        "run_bound": 8,
+        "configs": [
+            config("tp=1", 1, 8, 9, 0),
+            config("tp=2", 2, 24, 25, 1, {"double_batch": 30 * GIB, "tp_down": {"1": 40 * GIB}}),
+        ],
+    }
+    text = budget_answer.render(ReportInputs([run(0, 8, 20 * GIB, 90.0), run(1, 24, 22 * GIB, 210.0)], search=state))
+    assert "**Answer**: `tp=2` at batch **24**: 210.0 tokens/s, TTFT 50.0 ms" in text
+    assert "per GPU 22.00 GiB / 22.00 GiB (margin 2.00 GiB to the budget's 24.00 GiB)" in text
+    assert "Runner-up: `tp=1` at batch **8**: 90.0 tokens/s" in text
+    assert "Batch 48 on `tp=2` would need 30.00 GiB per GPU" in text and "budget.gpu_gib=30.0" in text
+    assert "tp=1 at batch 24 would need 40.00 GiB per GPU" in text
+    assert "9 points in 6 jobs, against 256 for the full grid" in text and "simulated on the CPU" in text
