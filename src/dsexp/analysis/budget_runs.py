@@ -141,7 +141,7 @@ def closest_miss(search: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     device, best = search["budget"]["device"], None
     for c in search.get("configs") or []:
         miss = c.get("miss")
-        if miss and miss["where"] != "gpus":
+        if miss and miss["where"] in ("device", "host"):
             over, term = miss["need"] - miss["budget"], miss["term"]
         elif not miss and c.get("largest_ok") is None and c.get("points"):
             over, term = (c["needs"][0] + (c.get("gap") or 0)) - device, "measured out of memory at the smallest batch"

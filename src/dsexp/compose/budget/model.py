@@ -63,6 +63,17 @@ def device_needs(pred, spec: JobConfig, batch: int) -> List[int]:
     return [p + outside_bytes(spec) for p in peak_per_rank(weights_held(pred, spec), above)]
 
 
+def token_limit(pred, spec: JobConfig) -> Optional[Miss]:
+    """Kernel injection's workspace holds max_out_tokens tokens: prompt + new tokens past it cannot run at any batch
+    (dsexp.predict.capacity.limit_cause)."""
+    from dsexp.predict.capacity import Workload, limit_cause
+
+    g = spec.generate
+    if not limit_cause(pred.strategy, Workload(1, int(g.prompt_tokens), int(g.new_tokens))):
+        return None
+    return Miss("max_out_tokens", int(g.prompt_tokens) + int(g.new_tokens), spec.engine.max_out_tokens, where="tokens")
+
+
 def breaking_term(terms: Dict[str, int], need: int, budget: int) -> str:
     """The term whose bytes, added in order, carry the total past the budget (the largest term above the weights
     where the terms are not all held at once and their running sum never passes it)."""
@@ -90,8 +101,11 @@ def predict_config(spec: JobConfig, batches: List[int]) -> Predicted:
     terms = rank_terms(pred, spec, batches[0])[busiest]
     host = pred.host.node if pred.host else None
     miss = None
+    too_long = token_limit(pred, spec)
     if spec.tp > b.gpus:
         miss = Miss("gpus", spec.tp, b.gpus, where="gpus")
+    elif too_long is not None:
+        miss = too_long
     elif needs[0] > device:
         miss = Miss(breaking_term(terms, needs[0], device), needs[0], device)
     elif b.host_gib is not None and host is not None and host > b.host_gib * GIB:
@@ -118,6 +132,11 @@ def describe(miss: Miss) -> str:
     """One line: what breaks the budget and by how much."""
     if miss.where == "gpus":
         return f"tp={int(miss.need)} needs {int(miss.need)} GPUs; the budget has {int(miss.budget)}"
+    if miss.where == "tokens":
+        return (
+            f"prompt + new tokens = {int(miss.need)} exceed kernel injection's max_out_tokens={int(miss.budget)} "
+            "(its workspace holds that many; raise engine.max_out_tokens)"
+        )
     from dsexp.analysis.measured import human
 
     where = "per GPU" if miss.where == "device" else "on the host"

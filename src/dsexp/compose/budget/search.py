@@ -41,7 +41,7 @@ class Miss:
     term: str
     need: float
     budget: float
-    where: str = "device"  # device | host | gpus
+    where: str = "device"  # device | host | gpus (counts) | tokens (kernel injection's max_out_tokens)
 
     @property
     def over(self) -> float:
