@@ -15,7 +15,8 @@ The KV cache holds the KV heads each rank keeps (all of them, replicated, where 
 exceeds them); at the prefill's peak it holds L tokens (the last layer's MLP), at the end L + new - 1, and each
 decode step concatenates one layer's keys (then values) into a new tensor while the old one is alive. generate
 (transformers >= 4.45: `logits_to_keep=1`) computes the logits for the last token only: B x vocab in the dtype and
-its fp32 copy, and the min-length processors' copies (`logits`). Each tensor is rounded as the caching allocator hands it out (predict.allocator).
+its fp32 copy, and the min-length processors' copies (`logits`). Each tensor is rounded as the caching allocator
+hands it out (predict.allocator).
 
 Kernel injection runs DeepSpeed's own kernels: its workspace (GenWorkSpace in
 csrc/transformer/inference/includes/inference_context.h) holds the KV cache and the temporaries, sized at layer 0's
@@ -215,6 +216,7 @@ def largest_batch(
 ) -> int:
     """The largest batch (up to max_batch) whose every rank fits the device; 0 if not even batch 1 does. The
     peak grows with the batch, so a bisection finds it."""
+
     def ok(b: int) -> bool:
         w = Workload(b, prompt_tokens, new_tokens)
         return fits(dims, strategy, tp, weights_reserve, w, device_bytes, outside_bytes)
