@@ -142,39 +142,15 @@ def nonpytorch_overhead(result: Dict[str, Any]) -> Optional[int]:
     return max(vals) if vals else None
 
 
-# --- ranks sharing a GPU ---------------------------------------------------------------------------
-
-# What a rank's process holds on the device beyond its allocator before any collective: the CUDA context and the
-# kernels loaded with it (NVML per process - torch reserved; 0.68 GiB on the H200 with torch 2.11 / CUDA 13, at 2, 4
-# and 8 ranks sharing it alike). The fit check adds one per rank; the run itself measures it (start.outside.context).
-CUDA_CONTEXT_BYTES = int(0.68 * 2**30)
-
-
-def shared_gpu_fit(spec, total: int) -> Optional[Dict[str, Any]]:
-    """Ranks sharing GPUs (spec.launcher.gpus): does the busiest GPU hold its ranks? Each rank's weights (as the
-    allocator reserves them) and KV cache (the memory model) plus a CUDA context per rank, against the GPU's `total`
-    bytes. None where the model cannot predict (the run will say)."""
+def shared_gpu_fit_of(spec, total: int):
+    """The memory model's answer for a job whose ranks share GPUs (dsexp.predict.fit.shared_gpu_fit), from its
+    config alone; None where the model cannot predict it (the run will say)."""
     from dataclasses import asdict
+
+    from dsexp.predict.fit import shared_gpu_fit
 
     try:
         pred = predict({"config": asdict(spec), "runtime": {"device": "cuda"}})
     except Exception:
         return None
-    per_node, gpus = spec.ranks_per_node, int(spec.launcher.gpus)
-    busiest = [r for r in range(per_node) if r % gpus == 0]  # GPU 0 of the first node: local ranks 0, gpus, ...
-    held = sum(pred.reserve[r] + pred.kv_cache[r] for r in busiest)
-    need = held + len(busiest) * CUDA_CONTEXT_BYTES
-    gib = 2**30
-    return {
-        "fits": need <= total,
-        "need": need,
-        "total": total,
-        "ranks_on_gpu": len(busiest),
-        "message": (
-            f"tp={spec.tp} with launcher.gpus={gpus}: {len(busiest)} ranks share one GPU and are predicted to hold "
-            f"{need / gib:.1f} GiB there ({held / gib:.1f} GiB of weights and KV cache from the memory model + "
-            f"{len(busiest)} CUDA contexts of {CUDA_CONTEXT_BYTES / gib:.2f} GiB), more than the GPU's "
-            f"{total / gib:.1f} GiB; use more GPUs (launcher.gpus), a larger tp's engine that splits the weights, "
-            "or a smaller model"
-        ),
-    }
+    return shared_gpu_fit(pred, spec.ranks_per_node, int(spec.launcher.gpus), total)
