@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dsexp.core.records import metric_name, phase_kind, phase_quantities, workload_label
+from dsexp.analysis.labels import workload_label
+from dsexp.core.records import metric_name, phase_kind, phase_quantities
 from dsexp.core.schema import ConfigError
 from dsexp.core.workload import Point, dominated, grid, parse_phase, percentile, summary
 

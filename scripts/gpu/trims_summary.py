@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from dsexp.analysis import measured as m
+from dsexp.analysis.labels import config_label
 from dsexp.analysis.memory import predict
 from dsexp.analysis.sources import results_from_dir
-from dsexp.core.records import config_label
 
 
 def summary(r: dict) -> dict:

@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from dsexp.core.context import RankContext
 from dsexp.core.workload import Point, summary
-from dsexp.rank.context import RankContext
 
 
 def prompt_ids(ctx: RankContext, vocab_size: int) -> List[int]:

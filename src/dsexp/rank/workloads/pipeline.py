@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from dsexp.core.context import RankContext
 from dsexp.core.protocol import logits_file
 from dsexp.core.workload import Point, dominated, grid
-from dsexp.rank.context import RankContext
 from dsexp.rank.faults import maybe_inject, maybe_oom
 from dsexp.rank.generation import point_ids
 from dsexp.rank.probes.phases import PhaseRecorder
