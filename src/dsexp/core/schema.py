@@ -90,7 +90,7 @@ class GenerateConfig:
 @dataclass
 class ProbeConfig:
     # background peak sampler period (<= 20 ms); 0: no sampler, peaks = phase-end readings. 20: its thread costs
-    # 0.7% of a core on the H200 where 10 ms cost 1.3-1.5% (results/h200/sampler_cost.json, dsexp.rank.probes.sampler)
+    # 0.7% of a core on the H200 where 10 ms cost 1.3-1.5% (results/h200/sampler_cost, dsexp.rank.probes.sampler)
     sample_ms: float = 20.0
     see_memory_usage: bool = True  # also record what DeepSpeed's see_memory_usage prints, for comparison
     nvidia_smi: bool = False  # also record `nvidia-smi` per phase (cross-check on GPU machines)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measure how SLURM's faults look from submitit on a throwaway cluster (the numbers in docs/notes-slurm.md).
 
-    sudo .venv/bin/python scripts/slurm_probe.py --group basic --out /tmp/probe-basic.json
+    sudo make benchmark NAME=slurm_probe ARGS="--group basic --out /tmp/probe-basic.json"
     groups: basic (ok, ids, arrays, resources, submit-to-start), cancel, timeout, down, two_nodes
 
 Each group starts its own cluster (tests/helpers/slurm_cluster.py) on its own ports and stops it at the end.

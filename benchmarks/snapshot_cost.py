@@ -1,5 +1,6 @@
-"""What PyTorch memory snapshots cost a job (scripts/gpu/snapshots.sh): the same job with probe.memory_snapshot=false
-and true, side by side. Usage: python scripts/gpu/snapshots_summary.py SWEEP_DIR OUT_STEM -> OUT_STEM.json, OUT_STEM.md
+"""What PyTorch memory snapshots cost a job (campaign shared, sweep autotp2): the same job with
+probe.memory_snapshot=false and true, side by side. Usage: python benchmarks/snapshot_cost.py SWEEP_DIR OUT_STEM ->
+OUT_STEM.json, OUT_STEM.md
 
 Per job: wall time, each phase's wall time (slowest rank), the time between phases (where the dumps happen: start
 to the end of the last phase, minus the phases), per rank and phase the snapshot's size, events and dump time (or
