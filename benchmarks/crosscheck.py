@@ -1,6 +1,7 @@
 """Compare dsexp's per-rank GPU figures with torch.cuda.max_memory_allocated and nvidia-smi from the same run.
 
-Usage: python benchmarks/crosscheck.py SWEEP_DIR > crosscheck.md   (campaign matrix, sweep foundation: probe.nvidia_smi=true)
+Usage: python benchmarks/crosscheck.py SWEEP_DIR > crosscheck.md
+(campaign matrix, sweep foundation: its jobs ran with probe.nvidia_smi=true)
 """
 
 import json

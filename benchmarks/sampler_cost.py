@@ -1,7 +1,7 @@
 """Where a peak-sampler reading's time goes on a GPU machine, in a process that holds a CUDA context and some device
 memory, as a rank does: each probe timed warm (back to back) and cold (once after each 10 ms sleep, as the sampler's
 thread runs it), then the sampler's thread itself for 5 s at its default and at other settings. Needs a CUDA GPU:
-    python benchmarks/sampler_cost.py > sampler_cost.json     (campaign sampler_cost, or make benchmark NAME=sampler_cost)"""
+    python benchmarks/sampler_cost.py > sampler_cost.json   (campaign sampler_cost; make benchmark NAME=sampler_cost)"""
 
 from __future__ import annotations
 

@@ -361,7 +361,8 @@ def stack_bisect(folder: Path = BISECT) -> str:
             first_shared = version
         copying = copies if first_shared is None else copying
         cells = [version, status, f"{model / GIB:.2f}", " / ".join(f"{u / GIB:.2f}" for u in uss)]
-        cells += [" / ".join(f"{a / GIB:.2f}" for a in anon), " / ".join(f"{ld['host_file'] / GIB:.2f}" for _, ld in loads)]
+        cells += [" / ".join(f"{a / GIB:.2f}" for a in anon)]
+        cells += [" / ".join(f"{load['host_file'] / GIB:.2f}" for _, load in loads)]
         rows.append("| " + " | ".join(cells + ["yes" if copies else "no"]) + " |")
     rows += [
         "",

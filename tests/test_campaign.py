@@ -9,11 +9,10 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from dsexp.campaign import run as crun
+from dsexp.campaign import runner as crun
 from dsexp.campaign.__main__ import main
 from dsexp.campaign.spec import Campaign, Step, load, names, parse, substitute, sweep_overrides
 from dsexp.core.schema import ConfigError
@@ -114,9 +113,11 @@ def test_a_bad_step_is_refused_naming_it(raw, message):
 
 def test_a_campaign_outside_results_or_unknown_is_refused():
     with pytest.raises(ConfigError, match="under results/"):
-        parse("bad", {"about": "x", "machine": "m", "results": "/tmp/x", "findings": ["f"], "steps": []} | {
-            "steps": [{"name": "a", "command": ["ls"], "timeout_s": 1}]
-        })
+        parse(
+            "bad",
+            {"about": "x", "machine": "m", "results": "/tmp/x", "findings": ["f"], "steps": []}
+            | {"steps": [{"name": "a", "command": ["ls"], "timeout_s": 1}]},
+        )
     with pytest.raises(ConfigError, match="no campaign 'nope'"):
         load("nope")
 
@@ -128,22 +129,23 @@ def test_substitution_leaves_hydra_interpolations_alone():
 def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys):
     assert main(["cpu_smoke", "--dry-run", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "w")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    sweep = f"python -m dsexp -m model=tiny tp=1 generate.new_tokens=2 check.correctness=false hydra.sweep.dir={tmp_path}/w/tiny"
+    sweep = "python -m dsexp -m model=tiny tp=1 generate.new_tokens=2 check.correctness=false hydra.sweep.dir="
+    sweep += f"{tmp_path}/w/tiny"
     assert sweep in lines
     assert not (tmp_path / "out").exists() and not (tmp_path / "w").exists()
 
 
 def test_dry_run_of_a_campaign_with_models_and_steps_of_every_kind(tmp_path, capsys):
-    assert main(["scripts", "--dry-run", "--out", str(tmp_path / "o"), "--work", "/w", "--only", "write_seed20,seed20"]) == 0
+    only = ["--only", "write_seed20,seed20"]
+    assert main(["scripts", "--dry-run", "--out", str(tmp_path / "o"), "--work", "/w", *only]) == 0
     out = capsys.readouterr().out
     assert "python -m dsexp.campaign.model_dir model=internlm2_20b_shapes model.dims.num_hidden_layers=24" in out
     assert "python tests/helpers/user_scripts.py /w/seed20_main main.py '<D20>'" in out
     assert "script.path=/w/seed20_main/main.py tp=2 'script.fix=[all],[]' launcher=deepspeed stack=seed" in out
     assert "export USE_FLAX=0" in out and "write_seed24" not in out
     assert main(["tests", "--dry-run", "--out", "/o"]) == 0
-    assert "python -m pytest -m gpu -p no:cacheprovider -q -rA --junitxml=/o/gpu_tests.xml tests > /o/gpu_tests.txt" in (
-        capsys.readouterr().out
-    )
+    pytest = "python -m pytest -m gpu -p no:cacheprovider -q -rA --junitxml=/o/gpu_tests.xml tests > /o/gpu_tests.txt"
+    assert pytest in capsys.readouterr().out
 
 
 def test_a_frozen_campaign_only_dry_runs(tmp_path):

@@ -6,13 +6,16 @@ Exit status 1 if a step failed or ran out of time (the steps after it still run)
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
-from dsexp.campaign.run import run_campaign
+from dsexp.campaign.runner import run_campaign
 from dsexp.campaign.spec import REPO, load, names
 from dsexp.core.schema import ConfigError
+
+WORK_ENV = "DSEXP_CAMPAIGN_WORK"  # where campaigns' sweeps run by default (scripts/gpu/env.sh: /tmp/campaigns)
 
 
 def main(argv=None) -> int:
@@ -22,7 +25,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--only", help="comma-separated step names (default: every step)")
     ap.add_argument("--out", type=Path, help="results folder (default: the campaign's, e.g. results/h200/shared)")
-    ap.add_argument("--work", type=Path, help="where the sweeps run (default multirun/campaigns/<name>/<time>)")
+    work_help = f"sweeps run here (default: ${WORK_ENV} or multirun/campaigns, then <name>/<time>)"
+    ap.add_argument("--work", type=Path, help=work_help)
     args = ap.parse_args(argv)
     if args.list or not args.name:
         for name in names():
@@ -32,7 +36,8 @@ def main(argv=None) -> int:
     try:
         campaign = load(args.name)
         out = (args.out or REPO / campaign.results).resolve()
-        work = (args.work or REPO / "multirun" / "campaigns" / args.name / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
+        root = Path(os.environ.get(WORK_ENV) or REPO / "multirun" / "campaigns")
+        work = (args.work or root / args.name / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
         only = args.only.split(",") if args.only else None
         return run_campaign(campaign, out, work, dry_run=args.dry_run, only=only)
     except ConfigError as e:

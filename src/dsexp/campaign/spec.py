@@ -91,9 +91,8 @@ def parse_step(campaign: str, raw: dict) -> Step:
         raise ConfigError(f"{where}: a name of letters, digits, _.- (and / for a sub-folder)")
     if not isinstance(raw.get("timeout_s"), int) or raw["timeout_s"] <= 0:
         raise ConfigError(f"{where}: timeout_s, a whole number of seconds > 0")
-    return Step(
-        raw["name"], kinds[0], _strings(where, raw[kinds[0]]), raw["timeout_s"], raw.get("stdout"), _env(where, raw.get("env"))
-    )
+    args = _strings(where, raw[kinds[0]])
+    return Step(raw["name"], kinds[0], args, raw["timeout_s"], raw.get("stdout"), _env(where, raw.get("env")))
 
 
 def parse(name: str, raw: dict) -> Campaign:

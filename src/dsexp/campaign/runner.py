@@ -186,4 +186,3 @@ def run_campaign(
         print(f"# step {step.name}: {json.dumps(outcome)}", flush=True)
         save_record(out, record)
     return int(failed)
-
