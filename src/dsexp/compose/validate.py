@@ -195,12 +195,12 @@ def _validate_gpus(spec: JobConfig, device: str, gpus: int) -> None:
 def _validate_shared_fit(spec: JobConfig, gpu_total: Optional[int] = None) -> None:
     """Ranks sharing GPUs: refuse a job whose predicted memory on its busiest GPU exceeds that GPU (the memory model's
     weights and KV cache per rank, plus a CUDA context per process)."""
-    from dsexp.analysis.memory import shared_gpu_fit
+    from dsexp.analysis.memory import shared_gpu_fit_of
 
     total = gpu_total if gpu_total is not None else gpu_memory_total()
     if total is None:
         return
-    fit = shared_gpu_fit(spec, total)
+    fit = shared_gpu_fit_of(spec, total)
     if fit is not None and not fit["fits"]:
         raise ConfigError(fit["message"])
 

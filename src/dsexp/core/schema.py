@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 DTYPES = ("fp32", "bf16", "fp16")
+TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # torch.<name> of each
 DEVICES = ("auto", "cpu", "cuda")
 LOADERS = ("eager", "meta", "sharded")
 LAUNCHERS = ("torchrun", "deepspeed")

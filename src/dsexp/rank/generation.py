@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List
 
-from dsexp.rank.context import RankContext
+from dsexp.core.context import RankContext
 
 
 def prompt_ids(ctx: RankContext, vocab_size: int) -> List[int]:

@@ -308,7 +308,7 @@ def ensure_parent(sweep_dir: Path, tracker: Tracker, experiment: str, tags: Dict
 
 
 def run_name(config: Dict[str, Any]) -> str:
-    from dsexp.core.records import config_label
+    from dsexp.analysis.labels import config_label
 
     return f"{config_label(config)}/tp{config['tp']}"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
+from dsexp.core.context import RankContext
 from dsexp.core.protocol import logits_file
-from dsexp.rank.context import RankContext
 from dsexp.rank.faults import maybe_inject
 from dsexp.rank.probes.phases import PhaseRecorder
 

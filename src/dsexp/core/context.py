@@ -1,4 +1,5 @@
-"""What a rank knows about its job: the validated config, its place in the world, and job-time facts."""
+"""What a rank knows about its job: the validated config, its place in the world, and job-time facts (here, below
+the families, because the engines' and trims' rank code reads it as the worker does)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict
 
-from dsexp.core.schema import JobConfig
+from dsexp.core.schema import TORCH_DTYPE_NAMES, JobConfig
 
 
 @dataclass
@@ -26,6 +27,6 @@ class RankContext:
 
     @property
     def torch_dtype(self):
-        from dsexp.models.presets import torch_dtype
+        import torch
 
-        return torch_dtype(self.spec.dtype)
+        return getattr(torch, TORCH_DTYPE_NAMES[self.spec.dtype])

@@ -12,7 +12,7 @@ import sys
 from collections import defaultdict
 from typing import Dict, Iterable, List, Set, Tuple
 
-from dsexp.rank.compat import config_fields
+from dsexp.core.compat import config_fields
 
 _NOT_USE = (
     "/pydantic/",

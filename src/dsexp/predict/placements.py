@@ -5,12 +5,9 @@ decide placement (Strategy), the model's tensors as the engine holds them (Tenso
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 
-from dsexp.analysis import architecture as arch
-from dsexp.engines import ENGINES
-from dsexp.engines.base import effective_policy
-from dsexp.trims import active as active_trims
+from dsexp.predict import architecture as arch
 
 
 @dataclass
@@ -43,6 +40,9 @@ class Strategy:
     restore_buffers: bool = True  # the loader puts back the non-persistent buffers the engine cast (their dtype)
     trims: Dict[str, bool] = field(default_factory=dict)  # trim.<key>: true (dsexp.trims.MODEL_TRIMS)
     deepspeed: Optional[str] = None  # the version the ranks ran (a stack's), None: this environment's
+    # The engine's traits the model reads (dsexp.engines.base.EngineTraits), filled by whoever builds the strategy:
+    casts_buffers: bool = False  # the whole module, buffers included, cast to the run dtype
+    splits_weights: bool = False  # each rank keeps its slice of the weights and its own KV heads
 
     def trimmed(self, key: str) -> bool:
         return bool(self.trims.get(key))
@@ -51,49 +51,6 @@ class Strategy:
         from dsexp.core.schema import version_tuple
 
         return self.deepspeed is not None and version_tuple(self.deepspeed) < version
-
-    @property
-    def casts_buffers(self) -> bool:
-        return self.engine in ENGINES and ENGINES[self.engine].casts_buffers
-
-    @classmethod
-    def from_result(cls, result: Dict[str, Any]) -> "Strategy":
-        from dsexp.core.schema import EngineConfig
-
-        c = result.get("config") or {}
-        model, eng, zero, load = (c.get(k) or {} for k in ("model", "engine", "zero", "load"))
-        runtime = result.get("runtime") or {}
-        dtype, model_dtype = c.get("dtype") or model.get("dtype", "bf16"), model.get("dtype", "bf16")
-        conversion = runtime.get("conversion", f"{model_dtype}->{dtype}" if dtype != model_dtype else None)
-        return cls(
-            engine=eng.get("name", EngineConfig.name),
-            kernel_inject=bool(eng.get("kernel_inject")),
-            policy=_policy_used(result),
-            zero_stage=int(zero.get("stage") or 0),
-            offload=zero.get("offload") or "none",
-            dtype=dtype,
-            model_dtype=model_dtype,
-            load=load.get("name", "eager"),
-            fmt=load.get("format", "safetensors"),
-            device=runtime.get("device") or c.get("device") or "cpu",
-            max_out_tokens=int(eng.get("max_out_tokens") or 0),
-            conversion=conversion,
-            restore_buffers=load.get("restore_buffers", True) is not False,
-            trims=dict.fromkeys(active_trims(c.get("trim") or {}), True),
-            deepspeed=((result.get("software") or {}).get("versions") or {}).get("deepspeed")
-            or (c.get("stack") or {}).get("deepspeed"),
-        )
-
-
-def _policy_used(result: Dict[str, Any]) -> Optional[Dict[str, List[str]]]:
-    """The injection policy the engine reported it used, else what the config resolves to."""
-    report = result.get("engine") or {}
-    if "injection_policy" in report:
-        return report["injection_policy"] or None
-    eng, model = ((result.get("config") or {}).get(k) or {} for k in ("engine", "model"))
-    return effective_policy(
-        eng.get("injection_policy", "auto"), bool(eng.get("kernel_inject")), model.get("injection_policy")
-    )
 
 
 @dataclass
@@ -167,3 +124,15 @@ def chunks(n: int, tp: int) -> List[int]:
     """torch.chunk's sizes."""
     size = -(-n // tp)
     return [max(0, min(size, n - r * size)) for r in range(tp)]
+
+
+class Placer(Protocol):
+    """An engine member's `placement.place`: where each of the model's tensors (meta device) lies on each of tp ranks.
+
+    Returns (placements, the module classes the engine removes and adds: {"removed": {}, "added": {}}). Appends to
+    `notes` what the prediction assumes, in words; fills `found` with how an AutoTP policy was found. Raises
+    AssertionError where DeepSpeed itself refuses (e.g. AutoTP finds no policy)."""
+
+    def __call__(
+        self, model: Any, tensors: List[Tensor], s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]
+    ) -> Tuple[List[Placement], Dict[str, Dict[str, int]]]: ...
