@@ -87,3 +87,213 @@ def test_fix_all_keeps_the_scripts_own_move_and_fills_a_tied_head(tmp_path, cach
         assert any("to(cpu) before the engine: the device move left to init_inference" in str(a) for a in applied)
         move = next(c for c in rk["script"]["calls"] if c["kind"] == "move")
         assert "error" not in move
+
+
+# --- the lines to change: from what the run recorded, Python that needs nothing from dsexp -----------------------
+
+
+def script_result(calls, applied=None, status="ok", correctness=None, check=True, reference=None, fix=("all",),
+                  not_applicable=None, **extra):  # fmt: skip
+    """A script's result.json as the job writes it, with rank 0's recorded calls and remedies."""
+    fixes = {"applied": applied or {}, "not_applicable": not_applicable or {}}
+    rank = {"rank": 0, "status": status, "phases": {}, "timeline": [], "script": {"calls": calls, "fixes": fixes}}
+    return {
+        "config": {"script": {"path": "/home/me/gen.py", "fix": list(fix)}, "tp": 2, "check": {"correctness": check},
+                   "model": {"name": "local"}},
+        "status": status,
+        "failure": None if status == "ok" else {"cause": "engine_error", "message": "RuntimeError: boom"},
+        "correctness": correctness,
+        "runtime": {"device": "cpu", "reference": reference or {}},
+        "ranks": [rank],
+        **extra,
+    }  # fmt: skip
+
+
+def load_call(kwargs, config_dtype="float32", api="AutoModelForCausalLM.from_pretrained"):
+    return {"kind": "load", "api": api, "source": "/data/opt-125m", "kwargs": kwargs,
+            "config": {"model_type": "opt", "torch_dtype": config_dtype}}  # fmt: skip
+
+
+INIT = {"kind": "init", "api": "deepspeed.init_inference", "engine": "init_inference",
+        "called_with": {"tensor_parallel": {"tp_size": 2}, "dtype": "torch.float32",
+                        "replace_with_kernel_inject": False}}  # fmt: skip
+
+
+def test_the_lines_to_change_are_built_from_the_run_and_need_nothing_from_dsexp():
+    """Issue 34, 5: a float32 model without remote code: no bfloat16, no trust_remote_code, the config it uses
+    defined first, no file of this repository named; valid Python."""
+    from dsexp.analysis.script_lines import code_lines
+
+    applied = {
+        "meta_load": [{"source": "/data/opt-125m", "filled_by": "deepspeed"},
+                      "OPTForCausalLM.to(cuda:0) before the engine: the device move left to init_inference"],
+        "autotp": [{"replace_with_kernel_inject": False, "injection_policy": {"OPTDecoderLayer": ["self_attn.out_proj",
+                                                                                                 "fc2"]}}],
+        "drop_unread": ["init_inference's zero= block dropped: init_inference never reads it"],
+        "restore_buffers": [{"after_load": {}}],
+    }  # fmt: skip
+    text = "\n".join(code_lines(script_result([load_call({}), INIT], applied)))
+    compile(text, "lines_to_change", "exec")
+    assert "bfloat16" not in text and "trust_remote_code" not in text
+    assert "examples/" not in text and "dsexp" not in text and "seed_fixed" not in text
+    assert text.index("config = AutoConfig.from_pretrained('/data/opt-125m')") < text.index("from_config(config")
+    assert "torch_dtype=torch.float32" in text and "OnDevice(dtype=torch.float32" in text
+    assert "type(m).__name__ == 'OPTDecoderLayer'" in text and "('self_attn.out_proj', 'fc2')" in text
+    engine = [line for line in text.splitlines() if line.startswith("engine = deepspeed.init_inference(")]
+    assert len(engine) == 1 and "checkpoint=checkpoint" in engine[0] and "zero" not in engine[0]
+    assert "# change: init_inference's zero= block dropped" in text
+    # published remote code in bf16: the flags it gave come back
+    remote = load_call({"torch_dtype": "torch.bfloat16", "trust_remote_code": True}, "bfloat16")
+    text = "\n".join(code_lines(script_result([remote, INIT], {"meta_load": applied["meta_load"]})))
+    compile(text, "lines_to_change", "exec")
+    assert "AutoConfig.from_pretrained('/data/opt-125m', trust_remote_code=True)" in text
+    assert "trust_remote_code=True, torch_dtype=torch.bfloat16)" in text
+
+
+# --- a failed run reads as what happened -------------------------------------------------------------------------
+
+
+def rows(*results):
+    from dsexp.analysis.matrix import Row
+
+    return [Row(r, None) for r in results]
+
+
+def report_text(*results) -> str:
+    from dsexp.analysis.sections.your_script import scripts_lines
+
+    return "\n".join(scripts_lines(rows(*results)))
+
+
+def test_every_variant_failed_is_not_called_correctness_switched_off():
+    """Issue 34, 3 and 12: check.correctness on, every variant failed: the report says they failed, not that the
+    check was off; with the check off, it says that."""
+    load = load_call({})
+    failed = [script_result([load], status="failed", fix=f) for f in ((), ("all",))]
+    text = report_text(*failed)
+    assert "check.correctness=false" not in text
+    assert "No variant ran to the end, so none could be checked" in text and "- (run failed)" in text
+    off = [script_result([load], status="failed", check=False, fix=f) for f in ((), ("all",))]
+    assert "Correctness was not checked here (check.correctness=false)" in report_text(*off)
+
+
+def test_a_failed_reference_and_a_remedy_not_applied_are_said_under_the_table():
+    """Issue 34, 2: a tp=2 run ok whose world-size-1 reference failed: its correctness cell says why, the reason is
+    under the table; a remedy that could not act on the script's call is listed with its reason."""
+    ref = {"path": "/c/refs/x.pt", "failed": "RuntimeError in init: strict fill failed"}
+    why = {"meta_load": "AutoModelForCausalLM.from_pretrained loaded as written: it passes tp_plan='auto'"}
+    text = report_text(script_result([load_call({}), INIT], reference=ref, not_applicable=why))
+    assert "- (reference failed)" in text
+    assert "its world-size-1 reference failed (RuntimeError in init: strict fill failed)" in text
+    assert "meta_load not applied: AutoModelForCausalLM.from_pretrained loaded as written" in text
+    assert "check.correctness=false" not in text
+
+
+def test_a_script_that_stops_before_loading_gets_words_not_a_traceback(capsys):
+    """Issue 34, 4: a script that fails before any from_pretrained: its row says why there is no prediction, in
+    words; nothing is printed."""
+    from dsexp.analysis.matrix import build_rows
+    from dsexp.analysis.sections.weights_table import weights_table
+
+    res = script_result([], status="failed", fix=())
+    (row,) = build_rows([res])
+    assert row.prediction is None and row.model_error == (
+        "the script stopped before loading a model (no from_pretrained or pipeline call)"
+    )
+    assert "LookupError" not in weights_table([row]) and "Traceback" not in capsys.readouterr().err
+
+
+def phase(wall_s, **more):
+    return {"wall_s": wall_s, "peaks": {}, "host": {}, **more}
+
+
+def test_a_phase_that_never_ended_has_no_time_and_no_tokens_per_s():
+    """Issue 34, 7: a rank killed in generate (its phase known from its heartbeat) or failing in it: no generate
+    time, no tokens/s; load and init, which ended, keep theirs."""
+    from dsexp.core.records import aggregate_metrics, headline
+
+    ok = {"rank": 0, "phases": {"load": phase(1.0), "init": phase(0.5), "generate": phase(2.0)}, "error": None}
+    killed = {"rank": 1, "phases": {"load": phase(1.1), "init": phase(0.6), "generate": phase(2.4, partial=True)}}
+    failed = {**killed, "phases": {**killed["phases"], "generate": phase(2.4)}, "error": {"phase": "generate"}}
+    for other in (killed, failed):
+        ranks = [ok, other]
+        h = headline(aggregate_metrics(ranks), ranks, new_tokens=20)
+        assert h["generate_s"] is None and h["tokens_per_s"] is None
+        assert h["load_s"] == 1.1 and h["init_s"] == 0.6
+    ranks = [ok, {**killed, "phases": {**killed["phases"], "generate": phase(2.2)}}]
+    assert headline(aggregate_metrics(ranks), ranks, new_tokens=22)["tokens_per_s"] == pytest.approx(10.0)
+
+
+def test_tokens_per_s_counts_every_sequence_and_every_generate_call():
+    """Issue 34, 6: a batch of 4 prompts x 20 new tokens, then a second call of 1 x 10: 90 tokens over both calls'
+    time (each the slowest rank's)."""
+    from dsexp.job.script_job import generation_speed
+
+    calls = [
+        {"kind": "generate", "phase": "generate", "new_tokens": 20, "sequences": 4, "generated_tokens": 80},
+        {"kind": "generate", "phase": "generate_2", "new_tokens": 10, "sequences": 1, "generated_tokens": 10},
+    ]
+    r0 = {"rank": 0, "phases": {"generate": phase(2.0), "generate_2": phase(0.5)}, "script": {"calls": calls}}
+    r1 = {"rank": 1, "phases": {"generate": phase(2.5), "generate_2": phase(0.5)}, "script": {"calls": calls}}
+    speed = generation_speed([r0, r1])
+    assert speed == {"generate_s": 3.0, "tokens_per_s": 30.0, "generated_tokens": 90}
+    cut = [{**calls[0]}, {**calls[1], "error": "RuntimeError: killed"}]
+    assert generation_speed([{**r0, "script": {"calls": cut}}, r1])["tokens_per_s"] is None
+
+
+def test_generate_records_every_sequence_of_the_batch():
+    import torch
+
+    from dsexp.rank.workloads.script.facts import generate_after
+
+    prompt = torch.ones(4, 7, dtype=torch.long)
+    out = generate_after(None, torch.ones(4, 27, dtype=torch.long), (), {"input_ids": prompt})
+    assert out == {"prompt_tokens": 7, "new_tokens": 20, "sequences": 4, "generated_tokens": 80}
+
+
+def test_a_script_with_no_engine_shows_the_weights_each_rank_held():
+    """Issue 34, 9: plain transformers on two ranks: no init phase; each rank's weights are those its model held
+    after the script's last call that placed it."""
+    from dsexp.analysis import measured as m
+    from dsexp.core.result import RankRecord
+
+    rk = {"rank": 0, "script": {"calls": []}, "timeline": [{"phase": "load"}, {"phase": "move"}],
+          "phases": {"load": {"weights_device": 0}, "move": {"weights_device": 3 * 2**20}, "generate": {}}}  # fmt: skip
+    assert RankRecord(rk).weights_held == 3 * 2**20
+    assert m.weights_per_rank({"ranks": [rk, {**rk, "rank": 1}]}) == [3 * 2**20, 3 * 2**20]
+    engine = {**rk, "phases": {**rk["phases"], "init": {"weights_device": 2**20}}}
+    assert RankRecord(engine).weights_held == 2**20
+    assert RankRecord({**rk, "script": {}}).weights_held is None  # dsexp's own job: after init only
+
+
+def test_a_rank_torn_down_after_another_failed_says_how_it_ended():
+    """A rank stopped by the launcher after the other rank failed records no error of its own: its record gets
+    the phase it was in (a script's: after its last call) and how it stopped."""
+    import signal
+
+    from dsexp.job.failures import classify, record_how_ranks_ended
+
+    failed = {
+        "rank": 0,
+        "status": "failed",
+        "script": {},
+        "phases": {"load": phase(1.0)},
+        "timeline": [{"phase": "load"}],
+        "error": {
+            "phase": "after_load",
+            "type": "ValidationError",
+            "message": "mics_shard_size",
+            "outside_calls": True,
+        },
+    }
+    torn = {"rank": 1, "status": "running", "script": {}, "phases": {"load": phase(1.0)},
+            "timeline": [{"phase": "load"}], "error": None}  # fmt: skip
+    ranks = [failed, torn]
+    exits = {1: -signal.SIGTERM}
+    failure = classify(False, 1, ranks, {}, exits=exits)
+    assert failure["rank"] == 0
+    record_how_ranks_ended(ranks, failure, exits, 1)
+    assert torn["error"]["phase"] == "after_load" and torn["status"] == "failed"
+    assert torn["error"]["message"] == "rank 1 killed by SIGTERM after rank 0 failed, without an error of its own"
+    assert failed["error"]["type"] == "ValidationError"  # a rank's own error is kept
+    assert classify(False, 1, ranks, {}, exits={})["rank"] == 0  # read again, the torn-down rank is not blamed

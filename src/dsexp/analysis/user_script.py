@@ -73,8 +73,10 @@ def as_pipeline_result(result: Dict[str, Any]) -> Dict[str, Any]:
     transformers' tp_plan); no engine call: every tensor whole on every rank. Raises LookupError where the script
     loaded nothing dsexp can rebuild (a hub id, no load call)."""
     load, init = first_call(result, "load"), first_call(result, "init")
-    if not load or not isinstance(load.get("source"), str):
-        raise LookupError("the script loaded no model folder dsexp could read (no from_pretrained/pipeline call)")
+    if not load:
+        raise LookupError("the script stopped before loading a model (no from_pretrained or pipeline call)")
+    if not isinstance(load.get("source"), str):
+        raise LookupError(f"the script loaded {load.get('source')!r}, not a model folder dsexp can read")
     kw = load.get("kwargs") or {}
     given = (init or {}).get("called_with") or (init or {}).get("given") or {}  # as the remedies made the call
     applied = applied_fixes(result)

@@ -145,6 +145,31 @@ def _is_engine(call: Dict[str, Any]) -> bool:
 
 
 def new_tokens(ranks: List[Optional[dict]]) -> int:
-    """Tokens rank 0's first generate call made (tokens/s is over that call's phase, as for dsexp's own jobs)."""
+    """Tokens rank 0's first generate call made (kept for records written before generation_speed)."""
     calls = (((ranks[0] or {}).get("script") or {}).get("calls") or []) if ranks else []
     return next((int(c.get("new_tokens") or 0) for c in calls if c.get("phase") == "generate"), 0)
+
+
+def generation_speed(ranks: List[Optional[dict]]) -> Dict[str, Optional[float]]:
+    """The script's generation as the headline gives it: generate_s, the time of every generate call rank 0 made
+    (each the slowest rank's), and tokens_per_s, every sequence's new tokens over that time (a batch of 4 x 20
+    new tokens is 80). None where a generate call never ended (a rank failed or was killed in it)."""
+    rank0 = (ranks[0] or {}) if ranks else {}
+    gens = [c for c in (rank0.get("script") or {}).get("calls") or [] if c.get("kind") == "generate"]
+    if not gens or any("error" in c or "generated_tokens" not in c for c in gens):
+        return {"generate_s": None, "tokens_per_s": None, "generated_tokens": None}
+    seconds = 0.0
+    for c in gens:
+        walls = [((rk or {}).get("phases") or {}).get(c["phase"], {}).get("wall_s") for rk in ranks]
+        seconds += max((w for w in walls if w is not None), default=0.0)
+    tokens = sum(int(c["generated_tokens"]) for c in gens)
+    return {"generate_s": seconds, "tokens_per_s": tokens / seconds if seconds else None, "generated_tokens": tokens}
+
+
+def weights_held_gib(ranks: List[Optional[dict]]) -> Optional[float]:
+    """The most weights a rank held on its device, for a script with no init phase (as it left its model)."""
+    from dsexp.core.result import RankRecord
+
+    held = [RankRecord(rk).weights_held for rk in ranks if rk]
+    held = [w for w in held if w is not None]
+    return max(held) / 2**30 if held else None

@@ -327,11 +327,15 @@ def _caller() -> Optional[str]:
 
 
 def generate_after(model, out, args: tuple, kwargs: dict) -> Dict[str, Any]:
-    """How many tokens it generated (sequences minus the prompt)."""
+    """What it generated: the positions added to each sequence (new_tokens), the sequences it returned (a batch of
+    prompts, times num_return_sequences) and their product (generated_tokens, the count tokens/s is of)."""
     seqs = getattr(out, "sequences", out)
     prompt = kwargs.get("input_ids", args[0] if args else None)
     if hasattr(seqs, "shape") and hasattr(prompt, "shape"):
-        return {"prompt_tokens": int(prompt.shape[-1]), "new_tokens": int(seqs.shape[-1] - prompt.shape[-1])}
+        new = int(seqs.shape[-1] - prompt.shape[-1])
+        rows = int(seqs.shape[0]) if len(seqs.shape) > 1 else 1
+        return {"prompt_tokens": int(prompt.shape[-1]), "new_tokens": new, "sequences": rows,
+                "generated_tokens": new * rows}  # fmt: skip
     return {}
 
 
