@@ -4,6 +4,7 @@ says. The scripts are written as users write them (tests/data/user_scripts/, or 
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -297,3 +298,21 @@ def test_a_rank_torn_down_after_another_failed_says_how_it_ended():
     assert torn["error"]["message"] == "rank 1 killed by SIGTERM after rank 0 failed, without an error of its own"
     assert failed["error"]["type"] == "ValidationError"  # a rank's own error is kept
     assert classify(False, 1, ranks, {}, exits={})["rank"] == 0  # read again, the torn-down rank is not blamed
+
+
+def test_a_single_run_of_a_script_missing_its_input_writes_its_report_and_no_traceback(tmp_path, cache_dir):
+    """Issue 34, 4 and 10: without -m, a script whose prompts file is missing fails before loading anything: the
+    run writes summary.md beside result.json, the console holds no traceback of dsexp's, the report says in words
+    why there is no prediction, and the rank's error is the script's own FileNotFoundError."""
+    proc = run_dsexp([f"script.path={SCRIPTS / 'prompts_file.py'}", "model=tiny",
+                      "script.args=[--model,'{model_dir}',--prompts,missing.txt]", "hydra.run.dir=one"],
+                     tmp_path, cache_dir, check=False)  # fmt: skip
+    result = json.loads((tmp_path / "one" / "result.json").read_text())
+    assert result["status"] == "failed" and result["failure"]["cause"] == "script_error"
+    assert result["ranks"][0]["error"]["type"] == "FileNotFoundError"
+    assert result["ranks"][0]["error"]["phase"] == "start"
+    summary = (tmp_path / "one" / "summary.md").read_text()
+    assert "the script stopped before loading a model" in summary
+    assert "LookupError" not in summary and "check.correctness=false" not in summary
+    console = proc.stdout + proc.stderr
+    assert "Traceback" not in console and "LookupError" not in console, console[-3000:]
