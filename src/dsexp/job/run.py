@@ -384,8 +384,9 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     result["metrics"] = records.aggregate_metrics(ranks)
     new_tokens = script_job.new_tokens(ranks) if spec.workload == "script" else spec.generate.new_tokens
     result["headline"] = records.headline(result["metrics"], ranks, new_tokens, spec.shared_gpu)
-    if spec.workload == "script":  # every generate call, every sequence of each batch; weights without an engine
+    if spec.workload == "script":  # every generate call and sequence; one-time costs apart; weights without an engine
         result["headline"].update(script_job.generation_speed(ranks))
+        script_job.without_one_time(result["headline"], ranks)
         result["headline"].setdefault("gpu_weights_gib", None)
         if result["headline"]["gpu_weights_gib"] is None:
             result["headline"]["gpu_weights_gib"] = script_job.weights_held_gib(ranks)

@@ -160,7 +160,7 @@ def generation_speed(ranks: List[Optional[dict]]) -> Dict[str, Optional[float]]:
         return {"generate_s": None, "tokens_per_s": None, "generated_tokens": None}
     seconds = 0.0
     for c in gens:
-        walls = [((rk or {}).get("phases") or {}).get(c["phase"], {}).get("wall_s") for rk in ranks]
+        walls = [phase_seconds(rk or {}, c["phase"]) for rk in ranks]
         seconds += max((w for w in walls if w is not None), default=0.0)
     tokens = sum(int(c["generated_tokens"]) for c in gens)
     return {"generate_s": seconds, "tokens_per_s": tokens / seconds if seconds else None, "generated_tokens": tokens}
@@ -173,3 +173,27 @@ def weights_held_gib(ranks: List[Optional[dict]]) -> Optional[float]:
     held = [RankRecord(rk).weights_held for rk in ranks if rk]
     held = [w for w in held if w is not None]
     return max(held) / 2**30 if held else None
+
+
+def one_time_costs(rank: Optional[dict]) -> List[Dict[str, Any]]:
+    """The one-time costs a rank recorded (an op DeepSpeed built, a checkpoint written), each with its phase."""
+    events = (((rank or {}).get("script") or {}).get("events")) or []
+    return [e for e in events if e.get("kind") == "one_time"]
+
+
+def phase_seconds(rank: dict, phase: str) -> Optional[float]:
+    """A phase's wall time less the one-time costs paid inside it (shown apart)."""
+    wall = ((rank.get("phases") or {}).get(phase) or {}).get("wall_s")
+    if wall is None:
+        return None
+    return max(0.0, wall - sum(e["seconds"] for e in one_time_costs(rank) if e.get("in_phase") == phase))
+
+
+def without_one_time(headline: Dict[str, Any], ranks: List[Optional[dict]]) -> None:
+    """load_s and init_s without the one-time costs paid in them; one_time_s: the most a rank paid in all."""
+    paid = [sum(e["seconds"] for e in one_time_costs(rk)) for rk in ranks if rk]
+    headline["one_time_s"] = max(paid) if any(paid) else None
+    for phase in ("load", "init"):
+        if headline.get(f"{phase}_s") is not None:
+            walls = [phase_seconds(rk, phase) for rk in ranks if rk]
+            headline[f"{phase}_s"] = max((w for w in walls if w is not None), default=None)

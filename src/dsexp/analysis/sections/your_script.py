@@ -75,6 +75,30 @@ def _unchecked(r: Row) -> str:
     return "no generate on rank 0"
 
 
+ONE_TIME = {
+    "op_build": "DeepSpeed building its op {name}",
+    "checkpoint_written": "the script writing a checkpoint to {name}",
+}
+
+
+def one_time_lines(r: Row) -> List[str]:
+    """Each one-time cost rank 0 paid (an op compiled, a checkpoint written), with the phase it fell in; the phase
+    times in the tables leave it out."""
+    rank0 = r.record.ranks[0].script if r.record.ranks else {}
+    out = []
+    for e in (rank0.get("events") or []) if rank0 else []:
+        if e.get("kind") != "one_time":
+            continue
+        what = ONE_TIME.get(e.get("what"), "{name}").format(name=e.get("name"))
+        how = " (a build already in torch's extensions cache, loaded)" if e.get("cached") else ""
+        size = f", {m.human(e['bytes'])}" if e.get("bytes") else ""
+        out.append(
+            f"one-time cost: {e['seconds']:.1f} s of {e.get('in_phase')} on rank 0 was {what}{how}{size}; "
+            "left out of the phase's time"
+        )
+    return out
+
+
 def _status(r: Row) -> str:
     return "ok" if r.record.ok else f"failed: {r.record.cause}"
 
@@ -157,6 +181,7 @@ def _notes(group: List[Row]) -> List[str]:
         skipped = (r.record.ranks[0].script.get("fixes") or {}).get("not_applicable") if r.record.ranks else None
         for name, why in (skipped or {}).items():
             notes.append(f"- {label}: {name} not applied: {why}")
+        notes += [f"- {label}: {line}" for line in one_time_lines(r)]
     return notes + [""] if notes else []
 
 

@@ -403,3 +403,26 @@ class _Tee(io.TextIOBase):
         for st in self.streams:
             with contextlib.suppress(Exception):
                 st.flush()
+
+
+# --- one-time costs -------------------------------------------------------------------------------------
+
+
+def op_cached(name: str) -> bool:
+    """Whether torch's extensions cache already holds a build of this op (then jit_load only loads it)."""
+    import glob
+    import os
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    try:
+        folder = _get_build_directory(name, verbose=False)
+    except Exception:
+        return False
+    return bool(glob.glob(os.path.join(folder, "*.so")))
+
+
+def folder_bytes(folder) -> int:
+    from pathlib import Path
+
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
