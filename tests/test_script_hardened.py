@@ -403,3 +403,46 @@ def test_help_says_what_dsexp_does_its_first_commands_and_where_the_report_is(tm
     assert "multirun/<date>/<time>/summary.md" in text and "outputs/<date>/<time>/summary.md" in text
     assert text.index("== Five commands") < text.index("== Configuration groups ==")
     assert "engine: " in text and "model: " in text  # Hydra's groups, after
+
+
+# --- ranks sharing a GPU ------------------------------------------------------------------------------------
+
+
+def tp_plan_killed(shared: bool, tp_plan="auto"):
+    load = load_call({"dtype": "torch.bfloat16", **({"tp_plan": tp_plan} if tp_plan else {})}, "bfloat16")
+    res = script_result([load], status="failed", fix=())
+    res["runtime"]["shared_gpu"] = shared
+    res["failure"] = {"cause": "rank_crashed", "type": "signal", "rank": 1,
+                      "message": "rank 1 was killed by SIGSEGV without a Python error"}  # fmt: skip
+    return res
+
+
+def test_a_tp_plan_script_killed_on_a_shared_gpu_is_named_as_the_crash_hf_tp_is_refused_for():
+    """Issue 34, 11 (from the H200 run's record): rank 1 SIGSEGV in generate, ranks sharing one GPU: the diagnosis
+    names the cause dsexp's own engine=hf_tp is refused on a shared GPU for; not without a shared GPU or tp_plan."""
+    from dsexp.analysis.user_script import causes
+    from dsexp.engines.hf_tp import SHARED_GPU_REFUSED
+
+    (found,) = [f for f in causes(tp_plan_killed(True)) if f["code"] == "tp_plan_on_shared_gpu"]
+    assert "tp_plan='auto'" in found["text"] and SHARED_GPU_REFUSED in found["text"]
+    assert "killed by SIGSEGV" in found["text"] and "a GPU of its own" in found["fix"]
+    assert not [f for f in causes(tp_plan_killed(False)) if f["code"] == "tp_plan_on_shared_gpu"]
+    assert not [f for f in causes(tp_plan_killed(True, None)) if f["code"] == "tp_plan_on_shared_gpu"]
+
+
+@pytest.mark.gpu
+def test_a_tp_plan_script_on_one_shared_gpu_is_diagnosed(tmp_path, cache_dir):
+    """On the GPU machine: transformers' tp_plan at tp=2 with both ranks on one GPU dies by a signal in generate, as
+    on the H200 (rank 1 SIGSEGV, rank 0 SIGBUS; torch 2.11): the diagnosis names the shared-GPU crash, and every
+    rank's record says how it ended. (Should a later torch fix it, this test fails and engine=hf_tp's refusal on a
+    shared GPU can go.)"""
+    from dsexp.analysis.user_script import causes
+
+    run_dsexp(["-m", f"script.path={SCRIPTS / 'hf_tp_plan_batch.py'}", "script.args=['{model_dir}']",
+               "model=tiny_llama", "tp=2", "launcher.gpus=1", "device=cuda", "hydra.sweep.dir=s"],
+              tmp_path, cache_dir)  # fmt: skip
+    (res,) = sweep_results(tmp_path / "s")
+    assert res["runtime"]["shared_gpu"] and res["status"] == "failed", res.get("failure")
+    assert res["failure"]["type"] == "signal", res["failure"]
+    assert all(rk["error"] for rk in res["ranks"]), [rk.get("error") for rk in res["ranks"]]
+    assert "tp_plan_on_shared_gpu" in {f["code"] for f in causes(res)}, res["failure"]
