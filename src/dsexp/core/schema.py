@@ -142,9 +142,13 @@ class ScriptConfig:
 
     path: Optional[str] = None
     args: List[str] = field(default_factory=list)
-    fix: List[str] = field(default_factory=list)
+    fix: Any = field(default_factory=list)  # a list of remedies; one written plainly (script.fix=all) is [all]
     max_new_tokens: Optional[int] = None
     local_rank_arg: bool = True
+
+    def __post_init__(self) -> None:
+        fix = self.fix if isinstance(self.fix, (list, tuple)) else [] if self.fix in (None, "") else [self.fix]
+        self.fix = [str(f) for f in fix]  # validation names any that is not a remedy
 
 
 MODEL_DIR_ARG = "{model_dir}"

@@ -409,6 +409,12 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     result["metrics"] = records.aggregate_metrics(ranks)
     new_tokens = script_job.new_tokens(ranks) if spec.workload == "script" else spec.generate.new_tokens
     result["headline"] = records.headline(result["metrics"], ranks, new_tokens, spec.shared_gpu)
+    if spec.workload == "script":  # every generate call and sequence; one-time costs apart; weights without an engine
+        result["headline"].update(script_job.generation_speed(ranks))
+        script_job.without_one_time(result["headline"], ranks)
+        result["headline"].setdefault("gpu_weights_gib", None)
+        if result["headline"]["gpu_weights_gib"] is None:
+            result["headline"]["gpu_weights_gib"] = script_job.weights_held_gib(ranks)
     result["engine"] = (ranks[0] or {}).get("engine") if ranks else None
     result["software"] = (ranks[0] or {}).get("software") if ranks else None
     hangs = (
@@ -416,15 +422,19 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
         if outcome.timed_out
         else None
     )
+    exits, terminated = failures.launcher_exits(job_dir), failures.terminated_ranks(job_dir, spec.tp)
     failure = failures.classify(
         outcome.timed_out,
         outcome.returncode,
         ranks,
         tails,
-        exits=failures.launcher_exits(job_dir),
+        exits=exits,
         hangs=hangs,
-        terminated=failures.terminated_ranks(job_dir, spec.tp),
+        terminated=terminated,
         oom_killed=(result["teardown"].get("oom_kills") or 0) > (base.get("oom_kills") or 0),
+    )
+    failures.record_how_ranks_ended(
+        ranks, failure, {**exits, **{r: -signal.SIGTERM for r in terminated}}, outcome.returncode
     )
     if failure is None and spec.workload == "script":
         failure = script_job.outcome(spec, ranks)  # a script that never reached an engine

@@ -17,6 +17,15 @@ DEFINITIONS = [
     "host peak / rank: RSS peak of one rank process (the kernel's high-water mark, VmHWM, read at each phase end: "
     "exact, whatever the sampler saw); node host peak: total - available memory of the machine "
     "(left out, `-`, for jobs packed with other jobs: `launcher.pack=true`).",
+    "load_s / init_s / generate_s: a phase's wall time, the slowest rank's; shown only for a phase every rank "
+    "ended (a phase cut short by a failure or a kill has no duration: its figures are `-`).",
+    "tokens/s: tokens generated over generate_s. dsexp's own jobs: generate.new_tokens of its one prompt. A user's "
+    "script: every generate call rank 0 made, each sequence's new positions (batch rows x num_return_sequences x "
+    "new tokens, padding after an early end of sequence included), over the sum of those calls' times; `-` where "
+    "a call did not end.",
+    "one-time cost (a user's script): time paid once and reused after, measured where it happened and left out "
+    "of the phase it fell in: DeepSpeed compiling an op (torch's extensions cache keeps it for later runs), the "
+    "script writing a checkpoint (save_pretrained); listed under the script's table.",
     "tp values not run: the memory model at that tp (weights: sharded part / tp + replicated; KV cache), "
     "anchored on the largest tp that completed: + its measured memory outside PyTorch and activations/cache "
     "(peak - floor); host per rank = its peak RSS - the modelled load cost at its tp + the cost at the new "
