@@ -52,6 +52,16 @@ class SweepCallback(Callback):
                 f"        open it with {where}"
             )
 
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """A single run (no -m): its report beside its result.json, as a sweep's is beside its jobs."""
+        job_return = kwargs.get("job_return")
+        hydra_cfg = getattr(job_return, "hydra_cfg", None)
+        if hydra_cfg is None:
+            return
+        run_dir = Path(hydra_cfg.hydra.runtime.output_dir)
+        if (run_dir / "result.json").is_file():
+            summarise_sweep(run_dir, None)
+
 
 def start_packing(config: DictConfig, sweep_dir: Path) -> None:
     """launcher.pack=true: fix the sweep's GPU pool (from this process's view) for the jobs to claim from."""

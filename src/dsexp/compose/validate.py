@@ -275,7 +275,12 @@ def _validate_model(spec: JobConfig, heads: bool = True) -> None:
         weights = [p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")]
         if not weights:
             raise ConfigError(f"model.path={m.path!r} holds no weights (*.safetensors or *.bin)")
-        cfg = folder_config(folder)
+        try:
+            cfg = folder_config(folder)
+        except (ValueError, OSError) as e:  # json's JSONDecodeError is a ValueError
+            raise ConfigError(f"model.path={m.path!r}: config.json is not valid JSON ({e})") from None
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"model.path={m.path!r}: config.json holds {type(cfg).__name__}, not an object")
         if cfg.get("auto_map") and not m.trust_remote_code:
             raise ConfigError(
                 f"model.path={m.path!r} ships its own modeling code (auto_map in config.json); "

@@ -197,6 +197,15 @@ def _max_of(*vals: Optional[float]) -> Optional[float]:
     return max(known) if known else None
 
 
+def phase_ended(ranks: List[Optional[dict]], phase: str) -> bool:
+    """Every rank that entered `phase` ended it: not cut short by its error, not known only from a heartbeat
+    (a phase that never ended has no duration to show, only how long it ran before it stopped)."""
+    entered = [r for r in ranks if r and phase in (r.get("phases") or {})]
+    return bool(entered) and all(
+        not r["phases"][phase].get("partial") and (r.get("error") or {}).get("phase") != phase for r in entered
+    )
+
+
 def headline(
     metrics: Dict[str, float], ranks: List[Optional[dict]], new_tokens: int, shared_gpu: bool = False
 ) -> Dict[str, Optional[float]]:
@@ -209,15 +218,15 @@ def headline(
     the sampler's peak."""
     device_peak = _max_over(metrics, "nvml_device_used_peak_gib") or _max_over(metrics, "gpu_driver_used_gib")
     gpu_peak = _max_over(metrics, "nvml_process_used_peak_gib") if shared_gpu else device_peak
-    gen_s = metrics.get("generate.wall_s.max")
+    gen_s = metrics.get("generate.wall_s.max") if phase_ended(ranks, "generate") else None
     out = {
         "gpu_peak_gib": gpu_peak,
         "gpu_weights_gib": metrics.get("init.weights_device_gib.max"),
         "host_peak_gib": _max_of(_max_over(metrics, "host_rss_peak_gib"), _max_over(metrics, "host_rss_hwm_gib")),
         "host_anon_peak_gib": _max_over(metrics, "host_anon_peak_gib"),
         "node_host_peak_gib": _max_over(metrics, "node_used_peak_gib"),
-        "load_s": metrics.get("load.wall_s.max"),
-        "init_s": metrics.get("init.wall_s.max"),
+        "load_s": metrics.get("load.wall_s.max") if phase_ended(ranks, "load") else None,
+        "init_s": metrics.get("init.wall_s.max") if phase_ended(ranks, "init") else None,
         "generate_s": gen_s,
         "tokens_per_s": point_rate(ranks) or ((new_tokens / gen_s) if gen_s else None),
     }

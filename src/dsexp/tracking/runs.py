@@ -171,6 +171,7 @@ class Tracker:
             "dsexp.attempt": str(result.get("attempt", 1)),
             "dsexp.attempt_id": attempt_id or "",
             **outcome_tags(result),
+            **{f"dsexp.{k}": result[k] for k in ("campaign", "commit") if result.get(k)},  # python -m dsexp.campaign
         }
         if parent_id:
             tags["mlflow.parentRunId"] = parent_id
