@@ -30,6 +30,7 @@ class Dims:
     intermediate: int = 0
     heads: int = 0
     vocab: int = 0
+    attention: str = "sdpa"  # the attention the model's code runs (config._attn_implementation): eager holds scores
 
 
 def model_source(config: Dict[str, Any], runtime: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -107,6 +108,7 @@ def dims(model) -> Dims:
         intermediate=getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size,
         heads=heads,
         vocab=cfg.vocab_size,
+        attention=getattr(model.config, "_attn_implementation", None) or "eager",
     )
 
 

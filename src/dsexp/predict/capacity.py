@@ -136,11 +136,15 @@ def workspace(s: Shapes, tp: int, batch: int, max_seq: int, e: int) -> int:
     return (activation + temp + cache) * max_seq * e
 
 
-def above_weights(dims: Any, strategy: Any, tp: int, w: Workload, attention: str = "sdpa") -> Dict[str, List[int]]:
+def above_weights(
+    dims: Any, strategy: Any, tp: int, w: Workload, attention: Optional[str] = None
+) -> Dict[str, List[int]]:
     """{term: bytes per rank} at the generate call's largest moment: kv_cache, activations_split,
     activations_whole, logits; with kernel injection the workspace (which holds the KV cache and the temporaries)
-    and the logits."""
+    and the logits. attention: the model's (dims.attention: "eager" keeps the scores; anything else, SDPA or flash
+    kernels, does not); None: the dims'."""
     s, e = Shapes.of(dims), DTYPE_BYTES[strategy.dtype]
+    attention = attention or getattr(dims, "attention", "sdpa")
     if getattr(strategy, "kernel_inject", False):
         max_seq = int(getattr(strategy, "max_out_tokens", 0) or 1024)
         return {
