@@ -37,6 +37,7 @@ def grid_job(tmp_path_factory, cache_dir):
         cache_dir,
     )
     (result,) = sweep_results(cwd / "multirun" / "grid")
+    result["_sweep_dir"] = str(cwd / "multirun" / "grid")
     return result
 
 
@@ -107,3 +108,19 @@ def test_the_kv_cache_each_rank_measured_is_the_models_term(grid_job):
             assert point["kv_cache_bytes"] == exact, key
             term = cap.kv_cache(shapes, held["kv_heads"], point["batch"], tokens, 2)
             assert exact <= term < exact + 2 * shapes.layers * 512  # the allocator's 512-byte rounding per tensor
+
+
+def test_the_report_shows_each_point_measured_against_the_model(grid_job, tmp_path):
+    from pathlib import Path
+
+    from dsexp.analysis.summary import write_report
+
+    parts = write_report(Path(grid_job["_sweep_dir"]), out_dir=tmp_path)
+    table = parts["capacity"]
+    assert "| 4 | 16 | 64 | oom |" in table and "| 4 | 24 | 96 | skipped |" in table
+    ok_rows = [line for line in table.splitlines() if "| ok |" in line]
+    assert len(ok_rows) == 6  # every point that ran, its KV cache measured against the model's term
+    assert "TTFT" in parts["latency"] and "| 2 | 16 |" in parts["latency"]
+    assert "batch 1, 2, 4" in parts["recommendation"]
+    assert (tmp_path / "plots" / "memory_vs_tokens.png").stat().st_size > 0
+    assert (tmp_path / "plots" / "latency_vs_batch.png").stat().st_size > 0
