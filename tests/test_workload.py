@@ -107,3 +107,9 @@ def test_a_shape_that_cannot_run_is_refused_before_launch(overrides, needle):
     with pytest.raises(ConfigError) as e:
         spec_of(*overrides)
     assert needle in str(e.value)
+
+
+def test_kernel_injection_past_max_out_tokens_is_refused_naming_both():
+    with pytest.raises(ConfigError) as e:
+        spec_of("engine.kernel_inject=true", "generate.prompt_tokens=1020", "generate.new_tokens=8", gpus=1)
+    assert "= 1028 tokens, past engine.max_out_tokens=1024" in str(e.value)

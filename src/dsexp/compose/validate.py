@@ -355,8 +355,15 @@ def _validate_context(spec: JobConfig) -> None:
     lengths = [n for n in as_list(spec.generate.prompt_tokens) if n is not None]
     if not lengths:
         return
-    limit = model_dims(spec).get("max_position_embeddings")
     total = max(lengths) + spec.generate.new_tokens
+    if spec.engine.kernel_inject and total > spec.engine.max_out_tokens:
+        raise ConfigError(
+            f"generate.prompt_tokens={max(lengths)} + generate.new_tokens={spec.generate.new_tokens} = {total} "
+            f"tokens, past engine.max_out_tokens={spec.engine.max_out_tokens}: kernel injection's workspace holds "
+            "that many (past it DeepSpeed gives wrong output or an illegal memory access, #2485, #4506); raise "
+            "engine.max_out_tokens"
+        )
+    limit = model_dims(spec).get("max_position_embeddings")
     if limit and total > int(limit):
         raise ConfigError(
             f"generate.prompt_tokens={max(lengths)} + generate.new_tokens={spec.generate.new_tokens} = {total} "
