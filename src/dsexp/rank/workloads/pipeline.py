@@ -119,8 +119,9 @@ def run_point(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: s
         raise
     if oom is not None:
         oom["allocator"] = allocator_state(ctx.on_gpu)
+    rec.end(key)  # its memory snapshot (probe.memory_snapshot) still holds the allocator's cache as the point left it
+    if oom is not None:
         release_memory(ctx.on_gpu)
-    rec.end(key)
     out_of_memory = ranks_out_of_memory(ctx, oom is not None)
     entry = {**point.to_dict(), "phase": key, "status": "oom" if out_of_memory else "ok"}
     if out_of_memory:
