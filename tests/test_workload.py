@@ -113,3 +113,18 @@ def test_kernel_injection_past_max_out_tokens_is_refused_naming_both():
     with pytest.raises(ConfigError) as e:
         spec_of("engine.kernel_inject=true", "generate.prompt_tokens=1020", "generate.new_tokens=8", gpus=1)
     assert "= 1028 tokens, past engine.max_out_tokens=1024" in str(e.value)
+
+
+def test_the_headline_peaks_count_a_grids_points():
+    from dsexp.core.records import aggregate_metrics, headline
+
+    point = {"latency": {"tokens_per_s": 40.0}}
+    rank = {
+        "rank": 0,
+        "phases": {
+            "load": {"wall_s": 1.0, "peaks": {"host_rss_peak": 2**30}},
+            "generate[b=8,l=64]": {"wall_s": 2.0, "peaks": {"host_rss_peak": 3 * 2**30}, "point": point},
+        },
+    }
+    h = headline(aggregate_metrics([rank]), [rank], new_tokens=4)
+    assert h["host_peak_gib"] == 3.0 and h["tokens_per_s"] == 40.0

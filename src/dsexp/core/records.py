@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from dsexp.core.fs import read_json
 from dsexp.core.protocol import live_file, rank_file
-from dsexp.core.workload import metric_name
+from dsexp.core.workload import metric_name, parse_phase
 
 GIB = 2**30
 
@@ -111,6 +111,12 @@ def point_quantities(point: Dict[str, Any]) -> Dict[str, float]:
     if isinstance(lat.get("tokens_per_s"), (int, float)):
         out["tokens_per_s"] = lat["tokens_per_s"]
     return out
+
+
+def point_phases(ranks: List[Optional[dict]]) -> tuple:
+    """The metric names of the workload points' phases the ranks recorded (`generate_b8_l2048`)."""
+    keys = {k for rec in ranks if rec for k in (rec.get("phases") or {}) if parse_phase(k)}
+    return tuple(sorted(metric_name(k) for k in keys))
 
 
 def point_rate(ranks: List[Optional[dict]]) -> Optional[float]:
@@ -216,15 +222,20 @@ def headline(
     (`node_gpu_peak_gib`: every rank on it); its times are gloo's on one GPU (`speed_representative`). The host peak
     per rank is the kernel's high-water mark of its RSS read at each phase end (exact) where the record has it, else
     the sampler's peak."""
-    device_peak = _max_over(metrics, "nvml_device_used_peak_gib") or _max_over(metrics, "gpu_driver_used_gib")
-    gpu_peak = _max_over(metrics, "nvml_process_used_peak_gib") if shared_gpu else device_peak
+    phases = PHASES + point_phases(ranks)  # a grid's points are generate phases too
+    device_peak = _max_over(metrics, "nvml_device_used_peak_gib", phases) or _max_over(
+        metrics, "gpu_driver_used_gib", phases
+    )
+    gpu_peak = _max_over(metrics, "nvml_process_used_peak_gib", phases) if shared_gpu else device_peak
     gen_s = metrics.get("generate.wall_s.max") if phase_ended(ranks, "generate") else None
     out = {
         "gpu_peak_gib": gpu_peak,
         "gpu_weights_gib": metrics.get("init.weights_device_gib.max"),
-        "host_peak_gib": _max_of(_max_over(metrics, "host_rss_peak_gib"), _max_over(metrics, "host_rss_hwm_gib")),
-        "host_anon_peak_gib": _max_over(metrics, "host_anon_peak_gib"),
-        "node_host_peak_gib": _max_over(metrics, "node_used_peak_gib"),
+        "host_peak_gib": _max_of(
+            _max_over(metrics, "host_rss_peak_gib", phases), _max_over(metrics, "host_rss_hwm_gib", phases)
+        ),
+        "host_anon_peak_gib": _max_over(metrics, "host_anon_peak_gib", phases),
+        "node_host_peak_gib": _max_over(metrics, "node_used_peak_gib", phases),
         "load_s": metrics.get("load.wall_s.max") if phase_ended(ranks, "load") else None,
         "init_s": metrics.get("init.wall_s.max") if phase_ended(ranks, "init") else None,
         "generate_s": gen_s,
