@@ -121,6 +121,5 @@ def test_the_report_shows_each_point_measured_against_the_model(grid_job, tmp_pa
     ok_rows = [line for line in table.splitlines() if "| ok |" in line]
     assert len(ok_rows) == 6  # every point that ran, its KV cache measured against the model's term
     assert "TTFT" in parts["latency"] and "| 2 | 16 |" in parts["latency"]
-    assert "batch 1, 2, 4" in parts["recommendation"]
     assert (tmp_path / "plots" / "memory_vs_tokens.png").stat().st_size > 0
     assert (tmp_path / "plots" / "latency_vs_batch.png").stat().st_size > 0

@@ -67,3 +67,13 @@ def test_largest_batch_is_predicted_for_the_gpu_the_run_had_beside_what_ran():
     shared.prediction.reserve = [5 * GIB, 5 * GIB]
     (half,) = capa.largest_batches([shared], capa.point_rows([shared]))
     assert half.predicted < fit.predicted
+
+
+def test_the_recommendation_states_the_workload_it_holds_for():
+    from dsexp.analysis.sections.recommendation import workload_line
+
+    row = row_of(gpu_result({(1, 512): ("ok", 11 * GIB, 11 * GIB)}))
+    line = workload_line(row)
+    assert "batch 1, 8, a prompt of 512 tokens, 8 new tokens (a grid" in line
+    row.config["generate"] = {"new_tokens": 16}
+    assert "batch 1, the prompt text" in workload_line(row) and "grid" not in workload_line(row)
