@@ -212,14 +212,3 @@ def latency(prefill: List[float], e2e: List[float], batch: int, new_tokens: int,
         "tokens_per_s": batch * new_tokens * len(e2e) / total if total > 0 else None,
         "prefill_tokens_per_s": batch * prompt_len / mean_prefill if mean_prefill > 0 else None,
     }
-
-
-def run_generate(module, ctx: RankContext, extra: Dict[str, Any]) -> Dict[str, Any]:
-    """Greedy decode exactly `new_tokens` tokens on the prompt text at batch 1; return ids and the first step's
-    logits (fp32, CPU). The split workload's and a plain check's one call."""
-    import torch
-
-    ids = prompt_ids(ctx, module.config.vocab_size)
-    inp = torch.tensor([ids], device=ctx.device if ctx.on_gpu else "cpu")
-    out = call_generate(module, inp, ctx.spec.generate.new_tokens, extra, output_logits=True)
-    return {"prompt_ids": ids, "tokens": out.sequences[0, len(ids) :].tolist(), "first_logits": first_logits(out)}
