@@ -229,8 +229,8 @@ def test_a_budget_search_runs_its_jobs_through_the_slurm_launcher(slurm_cluster,
 
 
 def rank_ctx(workload: str = "pipeline", **budget):
+    from dsexp.core.context import RankContext
     from dsexp.core.schema import BudgetConfig, JobConfig
-    from dsexp.rank.context import RankContext
 
     spec = JobConfig(budget=BudgetConfig(**budget))
     return RankContext(spec, 0, 0, 1, None, None, runtime={"workload": workload})

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 
 from dsexp.core.fs import read_json
 from dsexp.core.records import phase_quantities
-from dsexp.core.result import JobRecord
+from dsexp.core.result import JobRecord, RankRecord
 
 STATE_FILE = "budget.json"
 GIB = 2**30
@@ -39,9 +39,9 @@ def point_phase(result: Dict[str, Any], batch: int) -> Optional[str]:
     return None
 
 
-def rank_need(rank_raw: Dict[str, Any], phase_key: str) -> Optional[int]:
+def rank_need(rk: RankRecord, phase_key: str) -> Optional[int]:
     """One rank's device need at a point (module docstring)."""
-    phase = (rank_raw.get("phases") or {}).get(phase_key) or {}
+    phase = rk.phase(phase_key).raw or {}
     simulated = (phase.get("budget") or {}).get("simulated_need")
     if simulated is not None:
         return int(simulated)
@@ -50,12 +50,12 @@ def rank_need(rank_raw: Dict[str, Any], phase_key: str) -> Optional[int]:
     reserved = [r for r in reserved if r is not None]
     if not reserved:
         return None
-    return max(reserved) + int((rank_raw.get("budget") or {}).get("outside_bytes") or 0)
+    return max(reserved) + int((rk.raw.get("budget") or {}).get("outside_bytes") or 0)
 
 
 def device_per_rank(result: Dict[str, Any], batch: int) -> List[Optional[int]]:
     key = point_phase(result, batch)
-    return [rank_need(rk.raw, key) if key else None for rk in JobRecord.of(result).ranks]
+    return [rank_need(rk, key) if key else None for rk in JobRecord.of(result).ranks]
 
 
 def host_need(result: Dict[str, Any]) -> Optional[int]:
@@ -64,7 +64,7 @@ def host_need(result: Dict[str, Any]) -> Optional[int]:
     for rk in JobRecord.of(result).ranks:
         peaks = [
             max(q.get("host_rss_peak_gib", 0.0), q.get("host_rss_hwm_gib", 0.0))
-            for q in (phase_quantities(ph) for ph in (rk.raw.get("phases") or {}).values())
+            for q in (phase_quantities(ph.raw) for ph in rk.phases())
         ]
         if peaks:
             total += int(max(peaks) * GIB)
@@ -76,7 +76,7 @@ def speed(result: Dict[str, Any], batch: int) -> Dict[str, Optional[float]]:
     """Tokens/s and TTFT (p50) of rank 0 at this batch."""
     key = point_phase(result, batch)
     rank0 = next(iter(JobRecord.of(result).ranks), None)
-    point = ((rank0.raw.get("phases") or {}).get(key) or {}).get("point") or {} if rank0 and key else {}
+    point = (rank0.phase(key).raw or {}).get("point") or {} if rank0 and key else {}
     lat = point.get("latency") or {}
     return {"tokens_per_s": lat.get("tokens_per_s"), "ttft_s": (lat.get("ttft") or {}).get("p50")}
 

@@ -3,16 +3,17 @@ the recommendation; and the memory model's figures at tp values the sweep did no
 
 from __future__ import annotations
 
-import traceback
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from dsexp.analysis import measured as m
 from dsexp.analysis.diagnosis import UNSHARDED, WEIGHT_TOL, Finding, diagnose, text
-from dsexp.analysis.memory import Prediction, predict, splits_weights
-from dsexp.core.records import config_label
+from dsexp.analysis.labels import config_label
+from dsexp.analysis.memory import predict, splits_weights
 from dsexp.core.result import JobRecord
+from dsexp.predict.weights_per_rank import Prediction
 from dsexp.trims import label as trims_label
 
 EXTRAPOLATE_TP = (4, 8)
@@ -113,9 +114,12 @@ def build_rows(results: Sequence[Dict[str, Any]]) -> List[Row]:
     for r in latest_per_config(results):
         try:
             rows.append(Row(r, predict(r)))
-        except Exception as e:  # a model we cannot rebuild still gets its measured row
-            rows.append(Row(r, None, model_error=f"{type(e).__name__}: {e}"))
-            traceback.print_exc()
+        except LookupError as e:  # nothing to rebuild (a script that failed before loading a model): said in words
+            rows.append(Row(r, None, model_error=str(e).strip("'\"")))
+        except Exception as e:  # a model we cannot rebuild still gets its measured row, and the console one line
+            rows.append(Row(r, None, model_error="the memory model could not rebuild this model"))
+            print(f"dsexp: no prediction for {r.get('job_dir') or r.get('key')}: {type(e).__name__}: {e}"[:500],
+                  file=sys.stderr)  # fmt: skip
     rows.sort(key=lambda row: (row.strategy, row.tp))
     for row in rows:
         siblings = [o.result for o in rows if o.strategy == row.strategy and o is not row]

@@ -39,8 +39,9 @@ def device_word(result: Result) -> str:
 
 
 def weights_per_rank(result: Result) -> List[int]:
-    """Parameter + buffer bytes on each rank's compute device after init (the census)."""
-    weights = (rk.phase(Phase.INIT).weights_device for rk in JobRecord.of(result).ranks)
+    """Parameter + buffer bytes on each rank's compute device after init (the census; a script with no engine
+    call: as it left its model)."""
+    weights = (rk.weights_held for rk in JobRecord.of(result).ranks)
     return [w for w in weights if w is not None]
 
 

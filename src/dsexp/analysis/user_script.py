@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from dsexp.analysis import measured as m
 from dsexp.core.records import phase_kind
+from dsexp.core.remedies import CONTEXT_ENV
 from dsexp.core.result import JobRecord
 from dsexp.engines import hf_tp, init_inference, zero_inference
 from dsexp.trims import MODEL_TRIMS
@@ -73,8 +74,10 @@ def as_pipeline_result(result: Dict[str, Any]) -> Dict[str, Any]:
     transformers' tp_plan); no engine call: every tensor whole on every rank. Raises LookupError where the script
     loaded nothing dsexp can rebuild (a hub id, no load call)."""
     load, init = first_call(result, "load"), first_call(result, "init")
-    if not load or not isinstance(load.get("source"), str):
-        raise LookupError("the script loaded no model folder dsexp could read (no from_pretrained/pipeline call)")
+    if not load:
+        raise LookupError("the script stopped before loading a model (no from_pretrained or pipeline call)")
+    if not isinstance(load.get("source"), str):
+        raise LookupError(f"the script loaded {load.get('source')!r}, not a model folder dsexp can read")
     kw = load.get("kwargs") or {}
     given = (init or {}).get("called_with") or (init or {}).get("given") or {}  # as the remedies made the call
     applied = applied_fixes(result)
@@ -99,7 +102,9 @@ def as_pipeline_result(result: Dict[str, Any]) -> Dict[str, Any]:
     elif kw.get("tp_plan"):
         engine = {"name": hf_tp.TRAITS.name}
     trims = ((applied.get("trims") or [{}])[-1]) if "trims" in applied else {}
-    trim = {k: True for k in MODEL_TRIMS if k in trims}
+    trim: Dict[str, Any] = {k: True for k in MODEL_TRIMS if k in trims}
+    if "context" in applied:  # the allocator's settings the fix gave the ranks (the memory model reads them)
+        trim["env"] = dict(CONTEXT_ENV)
     config = {
         **(result.get("config") or {}),
         "model": model,
@@ -337,7 +342,30 @@ def buffers_left_uninitialised(result: Dict[str, Any]) -> List[Finding]:
     ]
 
 
+def tp_plan_on_shared_gpu(result: Dict[str, Any]) -> List[Finding]:
+    """transformers' tensor parallelism (from_pretrained(tp_plan=...)) on ranks sharing a GPU, killed by a signal:
+    the crash dsexp refuses its own engine=hf_tp on a shared GPU for (engines/hf_tp: SHARED_GPU_REFUSED)."""
+    fail = result.get("failure") or {}
+    load = first_call(result, "load") or {}
+    tp_plan = (load.get("kwargs") or {}).get("tp_plan")
+    shared = (result.get("runtime") or {}).get("shared_gpu")
+    killed = fail.get("type") == "signal" or "killed by SIG" in str(fail.get("message"))
+    if not tp_plan or not shared or not killed:
+        return []
+    return [
+        _f(
+            "tp_plan_on_shared_gpu",
+            f"the script shards with transformers' tensor parallelism (from_pretrained(tp_plan={tp_plan!r})) on "
+            f"ranks sharing a GPU, whose collectives go over gloo; {fail.get('message')}: the known crash of this "
+            f"setting ({hf_tp.SHARED_GPU_REFUSED}), the one dsexp refuses its own engine=hf_tp on a shared GPU for",
+            "give each rank a GPU of its own (as many GPUs as tp, no launcher.gpus), or shard with "
+            "deepspeed.init_inference (AutoTP), which runs on ranks sharing a GPU",
+        )
+    ]
+
+
 RULES = (
+    tp_plan_on_shared_gpu,
     buffers_left_uninitialised,
     rejected_field,
     remote_code_cache,

@@ -10,7 +10,8 @@ from typing import Any, Dict, List
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from dsexp.core.records import config_label, node_shared
+from dsexp.analysis.labels import config_label
+from dsexp.core.records import node_shared
 from dsexp.tracking.runs import Tracker, ensure_parent, read_sweep_state, resolve_uri
 
 
@@ -50,6 +51,16 @@ class SweepCallback(Callback):
                 f"MLflow: experiment '{state['experiment']}', parent run {state['run_id']} in {state['uri']}\n"
                 f"        open it with {where}"
             )
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """A single run (no -m): its report beside its result.json, as a sweep's is beside its jobs."""
+        job_return = kwargs.get("job_return")
+        hydra_cfg = getattr(job_return, "hydra_cfg", None)
+        if hydra_cfg is None:
+            return
+        run_dir = Path(hydra_cfg.hydra.runtime.output_dir)
+        if (run_dir / "result.json").is_file():
+            summarise_sweep(run_dir, None)
 
 
 def start_packing(config: DictConfig, sweep_dir: Path) -> None:

@@ -198,12 +198,12 @@ def _validate_gpus(spec: JobConfig, device: str, gpus: int) -> None:
 def _validate_shared_fit(spec: JobConfig, gpu_total: Optional[int] = None) -> None:
     """Ranks sharing GPUs: refuse a job whose predicted memory on its busiest GPU exceeds that GPU (the memory model's
     weights and KV cache per rank, plus a CUDA context per process)."""
-    from dsexp.analysis.memory import shared_gpu_fit
+    from dsexp.analysis.memory import shared_gpu_fit_of
 
     total = gpu_total if gpu_total is not None else gpu_memory_total()
     if total is None:
         return
-    fit = shared_gpu_fit(spec, total)
+    fit = shared_gpu_fit_of(spec, total)
     if fit is not None and not fit["fits"]:
         raise ConfigError(fit["message"])
 
@@ -326,7 +326,12 @@ def _validate_model(spec: JobConfig, heads: bool = True) -> None:
         weights = [p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")]
         if not weights:
             raise ConfigError(f"model.path={m.path!r} holds no weights (*.safetensors or *.bin)")
-        cfg = folder_config(folder)
+        try:
+            cfg = folder_config(folder)
+        except (ValueError, OSError) as e:  # json's JSONDecodeError is a ValueError
+            raise ConfigError(f"model.path={m.path!r}: config.json is not valid JSON ({e})") from None
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"model.path={m.path!r}: config.json holds {type(cfg).__name__}, not an object")
         if cfg.get("auto_map") and not m.trust_remote_code:
             raise ConfigError(
                 f"model.path={m.path!r} ships its own modeling code (auto_map in config.json); "
@@ -401,8 +406,15 @@ def _validate_context(spec: JobConfig) -> None:
     lengths = [n for n in as_list(spec.generate.prompt_tokens) if n is not None]
     if not lengths:
         return
-    limit = model_dims(spec).get("max_position_embeddings")
     total = max(lengths) + spec.generate.new_tokens
+    if spec.engine.kernel_inject and total > spec.engine.max_out_tokens:
+        raise ConfigError(
+            f"generate.prompt_tokens={max(lengths)} + generate.new_tokens={spec.generate.new_tokens} = {total} "
+            f"tokens, past engine.max_out_tokens={spec.engine.max_out_tokens}: kernel injection's workspace holds "
+            "that many (past it DeepSpeed gives wrong output or an illegal memory access, #2485, #4506); raise "
+            "engine.max_out_tokens"
+        )
+    limit = model_dims(spec).get("max_position_embeddings")
     if limit and total > int(limit):
         raise ConfigError(
             f"generate.prompt_tokens={max(lengths)} + generate.new_tokens={spec.generate.new_tokens} = {total} "

@@ -7,16 +7,13 @@ Everything later stages need (analysis, report, MLflow sync) is in result.json.
 
 from __future__ import annotations
 
-import hashlib
 from enum import Enum
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
-from dsexp import trims
 from dsexp.core.fs import read_json
 from dsexp.core.protocol import live_file, rank_file
-from dsexp.core.schema import stack_label
-from dsexp.core.workload import metric_name
+from dsexp.core.workload import metric_name, parse_phase
 
 GIB = 2**30
 
@@ -116,6 +113,12 @@ def point_quantities(point: Dict[str, Any]) -> Dict[str, float]:
     return out
 
 
+def point_phases(ranks: List[Optional[dict]]) -> tuple:
+    """The metric names of the workload points' phases the ranks recorded (`generate_b8_l2048`)."""
+    keys = {k for rec in ranks if rec for k in (rec.get("phases") or {}) if parse_phase(k)}
+    return tuple(sorted(metric_name(k) for k in keys))
+
+
 def point_rate(ranks: List[Optional[dict]]) -> Optional[float]:
     """Generated tokens/s of the first rank's workload points (the largest over a grid), None where none was timed."""
     rec = next((r for r in ranks if r), None) or {}
@@ -200,6 +203,15 @@ def _max_of(*vals: Optional[float]) -> Optional[float]:
     return max(known) if known else None
 
 
+def phase_ended(ranks: List[Optional[dict]], phase: str) -> bool:
+    """Every rank that entered `phase` ended it: not cut short by its error, not known only from a heartbeat
+    (a phase that never ended has no duration to show, only how long it ran before it stopped)."""
+    entered = [r for r in ranks if r and phase in (r.get("phases") or {})]
+    return bool(entered) and all(
+        not r["phases"][phase].get("partial") and (r.get("error") or {}).get("phase") != phase for r in entered
+    )
+
+
 def headline(
     metrics: Dict[str, float], ranks: List[Optional[dict]], new_tokens: int, shared_gpu: bool = False
 ) -> Dict[str, Optional[float]]:
@@ -210,17 +222,22 @@ def headline(
     (`node_gpu_peak_gib`: every rank on it); its times are gloo's on one GPU (`speed_representative`). The host peak
     per rank is the kernel's high-water mark of its RSS read at each phase end (exact) where the record has it, else
     the sampler's peak."""
-    device_peak = _max_over(metrics, "nvml_device_used_peak_gib") or _max_over(metrics, "gpu_driver_used_gib")
-    gpu_peak = _max_over(metrics, "nvml_process_used_peak_gib") if shared_gpu else device_peak
-    gen_s = metrics.get("generate.wall_s.max")
+    phases = PHASES + point_phases(ranks)  # a grid's points are generate phases too
+    device_peak = _max_over(metrics, "nvml_device_used_peak_gib", phases) or _max_over(
+        metrics, "gpu_driver_used_gib", phases
+    )
+    gpu_peak = _max_over(metrics, "nvml_process_used_peak_gib", phases) if shared_gpu else device_peak
+    gen_s = metrics.get("generate.wall_s.max") if phase_ended(ranks, "generate") else None
     out = {
         "gpu_peak_gib": gpu_peak,
         "gpu_weights_gib": metrics.get("init.weights_device_gib.max"),
-        "host_peak_gib": _max_of(_max_over(metrics, "host_rss_peak_gib"), _max_over(metrics, "host_rss_hwm_gib")),
-        "host_anon_peak_gib": _max_over(metrics, "host_anon_peak_gib"),
-        "node_host_peak_gib": _max_over(metrics, "node_used_peak_gib"),
-        "load_s": metrics.get("load.wall_s.max"),
-        "init_s": metrics.get("init.wall_s.max"),
+        "host_peak_gib": _max_of(
+            _max_over(metrics, "host_rss_peak_gib", phases), _max_over(metrics, "host_rss_hwm_gib", phases)
+        ),
+        "host_anon_peak_gib": _max_over(metrics, "host_anon_peak_gib", phases),
+        "node_host_peak_gib": _max_over(metrics, "node_used_peak_gib", phases),
+        "load_s": metrics.get("load.wall_s.max") if phase_ended(ranks, "load") else None,
+        "init_s": metrics.get("init.wall_s.max") if phase_ended(ranks, "init") else None,
         "generate_s": gen_s,
         "tokens_per_s": point_rate(ranks) or ((new_tokens / gen_s) if gen_s else None),
     }
@@ -229,93 +246,10 @@ def headline(
     return out
 
 
-def config_label(config: Dict[str, Any], workload: bool = True) -> str:
-    """A configuration's short name, everything but tp: variant/model/load/engine/zero/dtype/trims (what is set),
-    and `@stack` when the ranks ran on a software stack other than the job's own environment. A load that keeps
-    the buffers as loaded (load.restore_buffers=false) is marked `+buffers_as_loaded`."""
-    if (config.get("script") or {}).get("path"):
-        return script_label(config)
-    model, load, eng, zero = (config.get(k) or {} for k in ("model", "load", "engine", "zero"))
-    dtype, mdtype = config.get("dtype") or model.get("dtype"), model.get("dtype")
-    stack = stack_label(config.get("stack") or {})
-    parts = [
-        config.get("variant"),
-        model_label(model),
-        (load.get("name") or "eager")
-        + ("-bin" if load.get("format") == "bin" else "")
-        + ("+buffers_as_loaded" if load.get("restore_buffers") is False else ""),
-        (eng.get("name") or "") + ("+inject" if eng.get("kernel_inject") else ""),
-        None if (zero.get("name") or "none") == "none" else f"zero-{zero.get('name')}",
-        f"{dtype}<-{mdtype}" if mdtype and dtype != mdtype else dtype,
-        trims.label(config.get("trim")),
-        shared_gpu_label(config),
-        workload_label(config) if workload else None,
-    ]
-    return "/".join(str(p) for p in parts if p) + ("" if stack == "current" else f"@{stack}")
-
-
-def workload_label(config: Dict[str, Any]) -> Optional[str]:
-    """The workload's shape where it is not the default prompt at batch 1: `b8xL2048`, a grid `b[1,8]xL[512,2048]`
-    (two shapes are two configurations of the matrix; the capacity report groups them with workload=False)."""
-    g = config.get("generate") or {}
-    batch, length = g.get("batch_size", 1), g.get("prompt_tokens")
-    if batch in (None, 1) and length is None:
-        return None
-
-    def show(v: Any) -> str:
-        return "[" + ",".join(map(str, v)) + "]" if isinstance(v, (list, tuple)) else str(v)
-
-    return f"b{show(batch or 1)}" + ("" if length is None else f"xL{show(length)}")
-
-
-def script_label(config: Dict[str, Any]) -> str:
-    """A user's script's configuration: variant/script:<file> <args>/model (when {model_dir} is used)/fix=.../
-    cap/launcher (other than torchrun)/shared_gpu, and `@stack`. Its arguments are part of it (two argument lists
-    never share a row)."""
-    s = config["script"]
-    model = config.get("model") or {}
-    args = " ".join(str(a).replace("{model_dir}", f"<{model.get('name')}>") for a in s.get("args") or [])
-    if len(args) > 48:
-        args = args[:40] + "~" + hashlib.sha1(args.encode()).hexdigest()[:6]
-    uses_model = any("{model_dir}" in str(a) for a in s.get("args") or [])
-    launcher = (config.get("launcher") or {}).get("name") or ""
-    parts = [
-        config.get("variant"),
-        f"script:{Path(s['path']).name}" + (f" {args}" if args else ""),
-        model_label(model) if uses_model else None,
-        f"fix={'+'.join(s['fix'])}" if s.get("fix") else None,
-        f"max_new_tokens<={s['max_new_tokens']}" if s.get("max_new_tokens") else None,
-        # a script runs under the launcher its user names (the DeepSpeed one passes --local_rank): two launchers,
-        # two configurations
-        None if launcher in ("", "torchrun") else f"launcher={launcher}",
-        shared_gpu_label(config),
-    ]
-    stack = stack_label(config.get("stack") or {})
-    return "/".join(str(p) for p in parts if p) + ("" if stack == "current" else f"@{stack}")
-
-
-def shared_gpu_label(config: Dict[str, Any]) -> Optional[str]:
-    """`shared_gpu` (or `shared_<n>gpu`) for a GPU run whose ranks share launcher.gpus GPUs per node: its speed is
-    gloo's on shared GPUs, so it is never the same row as a run with a GPU per rank."""
-    gpus = (config.get("launcher") or {}).get("gpus")
-    if gpus is None or config.get("device") == "cpu":
-        return None
-    return "shared_gpu" if int(gpus) == 1 else f"shared_{gpus}gpu"
-
-
 def speed_representative(result: Dict[str, Any]) -> bool:
     """False for a run whose ranks shared GPUs (gloo on one device): its phase times and tokens/s are not a
     multi-GPU machine's and stay out of speed comparisons."""
     return not (result.get("runtime") or {}).get("shared_gpu")
-
-
-def model_label(model: Dict[str, Any]) -> Optional[str]:
-    """The model's name; for a user's folder or a config-only model, which one (folder name or architecture)."""
-    name = model.get("name")
-    source = model.get("path") or model.get("config_path")
-    if name in ("local", "config") and (source or model.get("arch")):
-        return f"{name}:{Path(source).name if source else model['arch']}"
-    return name
 
 
 def node_shared(result: Dict[str, Any]) -> bool:

@@ -129,6 +129,16 @@ class RankRecord:
         return _mapping(_mapping(self.script.get("fixes")).get("applied"))
 
     @property
+    def weights_held(self) -> Optional[int]:
+        """The weights on the rank's device after init; for a user's script that made no engine call, after the
+        last of its calls that recorded them (the model as the script left it: whole, on every rank)."""
+        w = self.phase(Phase.INIT).weights_device
+        if w is not None or not self.script or any(phase_kind(k) == "init" for k in self.phase_keys):
+            return w
+        held = (self.phase(k).weights_device for k in reversed(self.timeline_phases))
+        return next((w for w in held if w is not None), None)
+
+    @property
     def timeline_phases(self) -> Tuple[str, ...]:
         """The phase keys in the order the rank entered them (a phase that happened twice appears twice)."""
         return tuple(t.get("phase") for t in self.raw.get("timeline") or [])

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 DTYPES = ("fp32", "bf16", "fp16")
+TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # torch.<name> of each
 DEVICES = ("auto", "cpu", "cuda")
 LOADERS = ("eager", "meta", "sharded")
 LAUNCHERS = ("torchrun", "deepspeed")
@@ -100,7 +101,7 @@ class GenerateConfig:
 @dataclass
 class ProbeConfig:
     # background peak sampler period (<= 20 ms); 0: no sampler, peaks = phase-end readings. 20: its thread costs
-    # 0.7% of a core on the H200 where 10 ms cost 1.3-1.5% (results/h200/sampler_cost.json, dsexp.rank.probes.sampler)
+    # 0.7% of a core on the H200 where 10 ms cost 1.3-1.5% (results/h200/sampler_cost, dsexp.rank.probes.sampler)
     sample_ms: float = 20.0
     see_memory_usage: bool = True  # also record what DeepSpeed's see_memory_usage prints, for comparison
     nvidia_smi: bool = False  # also record `nvidia-smi` per phase (cross-check on GPU machines)
@@ -151,9 +152,13 @@ class ScriptConfig:
 
     path: Optional[str] = None
     args: List[str] = field(default_factory=list)
-    fix: List[str] = field(default_factory=list)
+    fix: Any = field(default_factory=list)  # a list of remedies; one written plainly (script.fix=all) is [all]
     max_new_tokens: Optional[int] = None
     local_rank_arg: bool = True
+
+    def __post_init__(self) -> None:
+        fix = self.fix if isinstance(self.fix, (list, tuple)) else [] if self.fix in (None, "") else [self.fix]
+        self.fix = [str(f) for f in fix]  # validation names any that is not a remedy
 
 
 @dataclass

@@ -38,9 +38,9 @@ class Point:
 
 def as_list(value: Any) -> List[Any]:
     """An int, None or a list (OmegaConf's ListConfig included) as a list."""
-    if value is None or isinstance(value, (int, str)):
-        return [value]
-    return list(value)
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        return list(value)
+    return [value]
 
 
 def grid(generate: Any) -> List[Point]:

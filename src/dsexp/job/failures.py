@@ -197,6 +197,9 @@ def _phase_at_stop(rec: Optional[dict]) -> Optional[str]:
     partial = [p for p, v in phases.items() if v.get("partial")]
     if partial:
         return partial[-1]
+    if rec.get("script") is not None:  # a user's script: between its observed calls, after the last one it ended
+        timeline = rec.get("timeline") or []
+        return f"after_{timeline[-1]['phase']}" if timeline else "start"
     done = [p for p in PHASES if p in phases]
     return PHASES[min(len(done), len(PHASES) - 1)]
 
@@ -205,6 +208,8 @@ def _is_victim(rank: int, rec: Optional[dict], exits: Dict[int, int]) -> bool:
     if exits.get(rank) == -signal.SIGTERM:
         return True  # the launcher stopped it because another rank failed
     err = (rec or {}).get("error")
+    if (err or {}).get("stopped"):
+        return bool(err.get("after_rank") is not None)  # recorded by record_how_ranks_ended, after another's failure
     return bool(err) and bool(_COLLATERAL.search(f"{err.get('message')}\n{err.get('traceback', '')}"))
 
 
@@ -221,6 +226,33 @@ def _culprit(ranks: List[Optional[dict]], exits: Dict[int, int], at_stop: Dict[i
         return float(t) if t is not None else float("inf")
 
     return min(primary, key=lambda r: (when(r), _PHASE_ORDER.get(at_stop[r], len(PHASES)), r))
+
+
+def record_how_ranks_ended(
+    ranks: List[Optional[dict]], failure: Optional[Dict[str, Any]], exits: Dict[int, int], returncode: Optional[int]
+) -> None:
+    """Every rank that did not finish ok and recorded no error of its own (torn down after another rank failed,
+    killed by a signal, exited hard) gets one: the phase it was in (or after), and how it stopped."""
+    culprit = (failure or {}).get("rank")
+    for r, rec in enumerate(ranks):
+        if rec is None or rec.get("status") == "ok" or rec.get("error"):
+            continue
+        code = exits.get(r)
+        how = (
+            f"killed by {_signal_name(-code)}" if code is not None and code < 0
+            else f"exited with code {code}" if code is not None
+            else f"stopped (launcher rc={returncode})"
+        )  # fmt: skip
+        after = f" after rank {culprit} failed" if culprit is not None and culprit != r else ""
+        rec["error"] = {
+            "phase": _phase_at_stop(rec),
+            "type": "Stopped",
+            "message": f"rank {r} {how}{after}, without an error of its own",
+            "time": rec.get("last_alive"),
+            "stopped": True,
+            **({"after_rank": culprit} if after else {}),
+        }
+        rec["status"] = "failed"
 
 
 def _from_error(err: dict) -> Dict[str, Any]:

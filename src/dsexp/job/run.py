@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -28,10 +29,11 @@ from typing import Any, Dict, List, Optional, Tuple
 from dsexp.core import records
 from dsexp.core.checkpoint import checkpoint_problem
 from dsexp.core.fs import read_json, write_json_atomic
-from dsexp.core.protocol import RESULT, STACK_IMPORT_ERROR, write_job_file
+from dsexp.core.protocol import CAMPAIGN_ENV, COMMIT_ENV, RESULT, STACK_IMPORT_ERROR, write_job_file
 from dsexp.core.schema import JobConfig, dtype_conversion
 from dsexp.core.series import read_job_series
 from dsexp.job import correctness, failures, script_job, teardown
+from dsexp.job.budget import budget_runtime
 from dsexp.job.cluster import slurm
 from dsexp.job.launch import run_ranks
 from dsexp.job.overlay import StackError, prepare_stack
@@ -39,6 +41,28 @@ from dsexp.job.roles import RoleFailed
 
 ATTEMPTS = Path(".dsexp") / "attempts"
 _ATTEMPT_FILES = (RESULT, "job.json", "launcher.log", "ranks", "reference", "trace.json")
+
+
+def source_commit() -> Optional[str]:
+    """The git commit of the dsexp source tree this process runs ("-dirty" when tracked files differ from it), or
+    None where it is no git checkout (an installed wheel, a copied tree)."""
+    src = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(src), *args], capture_output=True, text=True, timeout=10).stdout
+
+    try:
+        sha = git("rev-parse", "HEAD").strip()
+        return sha and sha + ("-dirty" if git("status", "--porcelain", "--untracked-files=no").strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def provenance() -> Dict[str, str]:
+    """What made this result: the campaign (`python -m dsexp.campaign` sets $DSEXP_CAMPAIGN) and the commit
+    ($DSEXP_COMMIT where the campaign set it, else this source tree's)."""
+    out = {"campaign": os.environ.get(CAMPAIGN_ENV), "commit": os.environ.get(COMMIT_ENV) or source_commit()}
+    return {k: v for k, v in out.items() if v}
 
 
 def job_key(spec: JobConfig) -> str:
@@ -178,6 +202,7 @@ def run_job(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
         "attempt_id": uuid.uuid4().hex,
         "earlier_attempts": earlier,
         "stale_reaped": stale,
+        **provenance(),
     }
     allocation = slurm.env_facts()  # run as a SLURM job: its id and node (the final state is added by the sweep)
     if allocation:
@@ -305,6 +330,7 @@ def record_invalid(config: Dict[str, Any], job_dir: Path, message: str) -> Dict[
         "attempt_id": uuid.uuid4().hex,
         "earlier_attempts": archive_attempt(job_dir),
         "failure": {"cause": "invalid_config", "rank": None, "phase": None, "type": "ConfigError", "message": message},
+        **provenance(),
     }
     allocation = slurm.env_facts()
     if allocation:
@@ -342,6 +368,7 @@ def prepare(spec: JobConfig, job_dir: Path) -> Tuple[Dict[str, Any], Any]:
     else:
         ref = correctness.ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
         runtime.update(prepare_load(spec, runtime, job_dir))
+        runtime.update(budget_runtime(spec, runtime))  # a CPU run under a budget: what its ranks simulate
     runtime["cache"] = cache_use(spec, runtime)
     return runtime, ref
 
@@ -386,6 +413,12 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     result["metrics"] = records.aggregate_metrics(ranks)
     new_tokens = script_job.new_tokens(ranks) if spec.workload == "script" else spec.generate.new_tokens
     result["headline"] = records.headline(result["metrics"], ranks, new_tokens, spec.shared_gpu)
+    if spec.workload == "script":  # every generate call and sequence; one-time costs apart; weights without an engine
+        result["headline"].update(script_job.generation_speed(ranks))
+        script_job.without_one_time(result["headline"], ranks)
+        result["headline"].setdefault("gpu_weights_gib", None)
+        if result["headline"]["gpu_weights_gib"] is None:
+            result["headline"]["gpu_weights_gib"] = script_job.weights_held_gib(ranks)
     result["engine"] = (ranks[0] or {}).get("engine") if ranks else None
     result["software"] = (ranks[0] or {}).get("software") if ranks else None
     hangs = (
@@ -393,15 +426,19 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
         if outcome.timed_out
         else None
     )
+    exits, terminated = failures.launcher_exits(job_dir), failures.terminated_ranks(job_dir, spec.tp)
     failure = failures.classify(
         outcome.timed_out,
         outcome.returncode,
         ranks,
         tails,
-        exits=failures.launcher_exits(job_dir),
+        exits=exits,
         hangs=hangs,
-        terminated=failures.terminated_ranks(job_dir, spec.tp),
+        terminated=terminated,
         oom_killed=(result["teardown"].get("oom_kills") or 0) > (base.get("oom_kills") or 0),
+    )
+    failures.record_how_ranks_ended(
+        ranks, failure, {**exits, **{r: -signal.SIGTERM for r in terminated}}, outcome.returncode
     )
     if failure is None and spec.workload == "script":
         failure = script_job.outcome(spec, ranks)  # a script that never reached an engine

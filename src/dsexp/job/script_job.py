@@ -145,6 +145,55 @@ def _is_engine(call: Dict[str, Any]) -> bool:
 
 
 def new_tokens(ranks: List[Optional[dict]]) -> int:
-    """Tokens rank 0's first generate call made (tokens/s is over that call's phase, as for dsexp's own jobs)."""
+    """Tokens rank 0's first generate call made (kept for records written before generation_speed)."""
     calls = (((ranks[0] or {}).get("script") or {}).get("calls") or []) if ranks else []
     return next((int(c.get("new_tokens") or 0) for c in calls if c.get("phase") == "generate"), 0)
+
+
+def generation_speed(ranks: List[Optional[dict]]) -> Dict[str, Optional[float]]:
+    """The script's generation as the headline gives it: generate_s, the time of every generate call rank 0 made
+    (each the slowest rank's), and tokens_per_s, every sequence's new tokens over that time (a batch of 4 x 20
+    new tokens is 80). None where a generate call never ended (a rank failed or was killed in it)."""
+    rank0 = (ranks[0] or {}) if ranks else {}
+    gens = [c for c in (rank0.get("script") or {}).get("calls") or [] if c.get("kind") == "generate"]
+    if not gens or any("error" in c or "generated_tokens" not in c for c in gens):
+        return {"generate_s": None, "tokens_per_s": None, "generated_tokens": None}
+    seconds = 0.0
+    for c in gens:
+        walls = [phase_seconds(rk or {}, c["phase"]) for rk in ranks]
+        seconds += max((w for w in walls if w is not None), default=0.0)
+    tokens = sum(int(c["generated_tokens"]) for c in gens)
+    return {"generate_s": seconds, "tokens_per_s": tokens / seconds if seconds else None, "generated_tokens": tokens}
+
+
+def weights_held_gib(ranks: List[Optional[dict]]) -> Optional[float]:
+    """The most weights a rank held on its device, for a script with no init phase (as it left its model)."""
+    from dsexp.core.result import RankRecord
+
+    held = [RankRecord(rk).weights_held for rk in ranks if rk]
+    held = [w for w in held if w is not None]
+    return max(held) / 2**30 if held else None
+
+
+def one_time_costs(rank: Optional[dict]) -> List[Dict[str, Any]]:
+    """The one-time costs a rank recorded (an op DeepSpeed built, a checkpoint written), each with its phase."""
+    events = (((rank or {}).get("script") or {}).get("events")) or []
+    return [e for e in events if e.get("kind") == "one_time"]
+
+
+def phase_seconds(rank: dict, phase: str) -> Optional[float]:
+    """A phase's wall time less the one-time costs paid inside it (shown apart)."""
+    wall = ((rank.get("phases") or {}).get(phase) or {}).get("wall_s")
+    if wall is None:
+        return None
+    return max(0.0, wall - sum(e["seconds"] for e in one_time_costs(rank) if e.get("in_phase") == phase))
+
+
+def without_one_time(headline: Dict[str, Any], ranks: List[Optional[dict]]) -> None:
+    """load_s and init_s without the one-time costs paid in them; one_time_s: the most a rank paid in all."""
+    paid = [sum(e["seconds"] for e in one_time_costs(rk)) for rk in ranks if rk]
+    headline["one_time_s"] = max(paid) if any(paid) else None
+    for phase in ("load", "init"):
+        if headline.get(f"{phase}_s") is not None:
+            walls = [phase_seconds(rk, phase) for rk in ranks if rk]
+            headline[f"{phase}_s"] = max((w for w in walls if w is not None), default=None)

@@ -6,9 +6,10 @@ larger GPU runs out of memory where a GPU of the budget's size would. Memory out
 (cuBLAS workspaces) is not capped: the search compares the measured peaks with the budget too.
 
 CPU: there is no device allocator to cap. Each workload point's device need is simulated as the weights this rank
-holds (measured after init) plus the memory model's bytes above the weights for the point (dsexp.predict.capacity)
-times budget.cpu_scale; past the budget the point raises torch.OutOfMemoryError, as a capped GPU would, and the
-capacity workload records it as an out-of-memory point. The rank records which of the two it did.
+holds (measured after init) plus the memory model's bytes above the weights for the point (dsexp.predict.capacity;
+the job hands each rank those bytes: dsexp.job.budget) times budget.cpu_scale; past the budget the point raises
+torch.OutOfMemoryError, as a capped GPU would, and the capacity workload records it as an out-of-memory point. The
+rank records which of the two it did.
 """
 
 from __future__ import annotations
@@ -105,16 +106,6 @@ def check_simulated(simulated: Optional[Dict[str, Any]]) -> None:
 
 
 def above_weights_bytes(ctx, batch: int, prompt_tokens: Optional[int]) -> int:
-    """The memory model's peak above the weights on this rank for a point (dsexp.predict.capacity)."""
-    from dataclasses import asdict
-
-    from dsexp.predict import architecture as arch
-    from dsexp.predict.capacity import Workload, above_weights, peak_per_rank
-    from dsexp.predict.placements import Strategy
-
-    result = {"config": asdict(ctx.spec), "runtime": {**ctx.runtime, "device": "cpu", "model_dir": str(ctx.model_dir)}}
-    strategy = Strategy.from_result(result)
-    dims = arch.dims(arch.meta_model(arch.model_source(result["config"], result["runtime"]), strategy.dtype))
-    w = Workload(batch, int(prompt_tokens or 0), int(ctx.spec.generate.new_tokens))
-    terms = above_weights(dims, strategy, ctx.world_size, w)
-    return peak_per_rank([0] * ctx.world_size, terms)[ctx.rank]
+    """The memory model's bytes above the weights on this rank at this point, as the job computed them for every
+    point of its grid (dsexp.job.budget: the model the budget search predicted with)."""
+    return int(ctx.runtime["budget_above"][str(batch)][ctx.rank])

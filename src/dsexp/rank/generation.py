@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from dsexp.core.context import RankContext
 from dsexp.core.workload import Point, summary
-from dsexp.rank.context import RankContext
 
 
 def prompt_ids(ctx: RankContext, vocab_size: int) -> List[int]:
@@ -62,19 +62,6 @@ class Clock:
         end.record()
         torch.cuda.synchronize()
         return out, start.elapsed_time(end) / 1000.0
-
-
-def device_peaks(on_gpu: bool, reset: bool = True) -> Dict[str, int]:
-    """The allocator's peaks since the last reset (GPU; empty on the CPU), then a reset (host-side counters: no
-    synchronize, so a read inside generate does not stall it)."""
-    if not on_gpu:
-        return {}
-    import torch
-
-    out = {"gpu_alloc_peak": torch.cuda.max_memory_allocated(), "gpu_reserved_peak": torch.cuda.max_memory_reserved()}
-    if reset:
-        torch.cuda.reset_peak_memory_stats()
-    return out
 
 
 def cache_bytes(cache) -> Optional[int]:
@@ -144,19 +131,19 @@ def first_logits(out):
 
 
 def memory_run(module, inp, n: int, extra: Dict[str, Any], on_gpu: bool, split_window: Callable[[], Dict]):
-    """One generate whose peaks are split at the prefill's end: (output, seconds, {prefill: peaks, decode: peaks})."""
+    """One generate whose peaks are split at the prefill's end: (output, seconds, {prefill: peaks, decode: peaks}).
+    split_window (PhaseRecorder.split_window) closes the sampler's and, on a GPU, torch's peak windows."""
     from transformers import LogitsProcessorList
 
     windows: Dict[str, Dict[str, int]] = {}
 
     def at_prefill_end():
-        windows["prefill"] = {**split_window(), **device_peaks(on_gpu)}
+        windows["prefill"] = split_window()
 
-    device_peaks(on_gpu)  # the prefill's window starts here
-    split_window()
+    split_window()  # the prefill's window starts here
     procs = LogitsProcessorList([make_split(at_prefill_end)])
     out, secs = Clock(on_gpu).time(lambda: call_generate(module, inp, n, extra, logits_processor=procs))
-    windows["decode"] = {**split_window(), **device_peaks(on_gpu)}
+    windows["decode"] = split_window()
     return out, secs, windows
 
 
@@ -212,14 +199,3 @@ def latency(prefill: List[float], e2e: List[float], batch: int, new_tokens: int,
         "tokens_per_s": batch * new_tokens * len(e2e) / total if total > 0 else None,
         "prefill_tokens_per_s": batch * prompt_len / mean_prefill if mean_prefill > 0 else None,
     }
-
-
-def run_generate(module, ctx: RankContext, extra: Dict[str, Any]) -> Dict[str, Any]:
-    """Greedy decode exactly `new_tokens` tokens on the prompt text at batch 1; return ids and the first step's
-    logits (fp32, CPU). The split workload's and a plain check's one call."""
-    import torch
-
-    ids = prompt_ids(ctx, module.config.vocab_size)
-    inp = torch.tensor([ids], device=ctx.device if ctx.on_gpu else "cpu")
-    out = call_generate(module, inp, ctx.spec.generate.new_tokens, extra, output_logits=True)
-    return {"prompt_ids": ids, "tokens": out.sequences[0, len(ids) :].tolist(), "first_logits": first_logits(out)}

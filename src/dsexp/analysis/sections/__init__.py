@@ -6,6 +6,8 @@
     scripts          your_script         users' scripts, as written and fixed
     recommendation   recommendation      what to run, and against the memory model's floor
     matrix           matrix_table        every run: measured, predicted, speed
+    capacity         capacity            memory above the weights per workload point; the largest batch that fits
+    latency          latency             TTFT, TPOT, e2e and tokens/s per workload point
     stacks           stack_comparison    one configuration on each software stack
     weights          weights_table       weights per rank, predicted vs measured
     trims            trim_effects        each trimmed run against the same one untrimmed
@@ -22,7 +24,9 @@ from typing import Dict
 
 from dsexp.analysis.sections import (
     budget_answer,
+    capacity,
     definitions,
+    latency,
     matrix_table,
     memory_over_time,
     plot_links,
@@ -41,6 +45,8 @@ SECTIONS = (
     your_script,
     recommendation,
     matrix_table,
+    capacity,
+    latency,
     stack_comparison,
     weights_table,
     trim_effects,

@@ -9,9 +9,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from dsexp.analysis import measured as m
 from dsexp.analysis.markdown import md_table
 from dsexp.analysis.matrix import Row
+from dsexp.analysis.script_lines import code_lines
 from dsexp.analysis.sections.common import ReportInputs
 from dsexp.analysis.user_script import first_call, is_script
-from dsexp.core.result import Phase
 
 NAME = "scripts"
 TIE = 0.01  # per-device figures within 1% are the same memory
@@ -43,7 +43,7 @@ def _device_per_rank(r: Row) -> List[Optional[float]]:
     """GPU: each rank's NVML process peak (its own, ranks sharing a GPU included); CPU: weights after the engine."""
     if r.record.on_gpu:
         return _peak_per_rank(r, "nvml_process_used_peak")
-    return [rk.phase(Phase.INIT).weights_device for rk in r.record.ranks]
+    return [rk.weights_held for rk in r.record.ranks]
 
 
 def _peak_per_rank(r: Row, key: str) -> List[Optional[int]]:
@@ -59,9 +59,44 @@ def _gibs(vals: Sequence[Optional[float]], nd: int = 2) -> str:
 def _correct(r: Row) -> str:
     c = r.record.correctness
     if not c:
-        return "-"
+        return f"- ({_unchecked(r)})"
     err = c.get("logits_rel_err")
     return ("yes" if c.get("passed") else "**no**") + (f" ({err:.1e})" if err is not None else "")
+
+
+def _unchecked(r: Row) -> str:
+    """Why a run has no correctness verdict, in a few words (the notes under the table say more)."""
+    if not (r.config.get("check") or {}).get("correctness", True):
+        return "check off"
+    if not r.record.ok:
+        return "run failed"
+    if (r.result.get("runtime") or {}).get("reference", {}).get("failed"):
+        return "reference failed"
+    return "no generate on rank 0"
+
+
+ONE_TIME = {
+    "op_build": "DeepSpeed building its op {name}",
+    "checkpoint_written": "the script writing a checkpoint to {name}",
+}
+
+
+def one_time_lines(r: Row) -> List[str]:
+    """Each one-time cost rank 0 paid (an op compiled, a checkpoint written), with the phase it fell in; the phase
+    times in the tables leave it out."""
+    rank0 = r.record.ranks[0].script if r.record.ranks else {}
+    out = []
+    for e in (rank0.get("events") or []) if rank0 else []:
+        if e.get("kind") != "one_time":
+            continue
+        what = ONE_TIME.get(e.get("what"), "{name}").format(name=e.get("name"))
+        how = " (a build already in torch's extensions cache, loaded)" if e.get("cached") else ""
+        size = f", {m.human(e['bytes'])}" if e.get("bytes") else ""
+        out.append(
+            f"one-time cost: {e['seconds']:.1f} s of {e.get('in_phase')} on rank 0 was {what}{how}{size}; "
+            "left out of the phase's time"
+        )
+    return out
 
 
 def _status(r: Row) -> str:
@@ -79,41 +114,11 @@ def _best(group: List[Row]) -> Optional[Row]:
 
 
 def lines_to_change(r: Row) -> List[str]:
-    """The remedies that applied, as the lines a user changes in the script (filled from what the run recorded)."""
-    applied = _applied_remedies(r)
-    init = first_call(r.result, "init") or {}
-    load = first_call(r.result, "load") or {}
-    out = []
-    for name, done in applied.items():
-        if name == "autotp":
-            policy = next((d.get("injection_policy") for d in done if isinstance(d, dict)), None)
-            pol = ", ".join(f"{k}: {tuple(v)}" for k, v in (policy or {}).items())
-            out.append(
-                "deepspeed.init_inference(...): `replace_with_kernel_inject=False, injection_policy={" + pol + "}` "
-                "(classes from the model, e.g. `type(model.model.layers[0])`)"
-            )
-        elif name == "drop_unread":
-            out += [f"{d}" for d in done if isinstance(d, str)]
-        elif name == "host_load":
-            out += [f"{d}" for d in done if isinstance(d, str)]
-        elif name == "meta_load":
-            files = f"<the .safetensors files of {load.get('source')}>"
-            out.append(
-                "load on the meta device instead of from_pretrained: `with deepspeed.OnDevice(dtype=torch.bfloat16, "
-                "device='meta'): model = AutoModelForCausalLM.from_config(config, trust_remote_code=True)`, then "
-                "`deepspeed.init_inference(..., checkpoint={'type': 'ds_model', 'checkpoints': [" + files + "], "
-                "'version': 1.0})`; recompute the rotary tables from the model's own __init__ after it "
-                "(examples/seed_fixed.py, step 1)"
-            )
-        elif name == "restore_buffers":
-            out.append("after from_pretrained, recompute the non-persistent buffers (examples/seed_fixed.py, step 1)")
-        elif name == "trims":
-            out.append("the trims around init_inference (examples/seed_fixed.py, step 2)")
-        elif name == "context":
-            out.append("`os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'` before importing torch")
-    if init and not out:
-        out.append("nothing to change: no remedy applied")
-    return out
+    """The remedies that applied, as the Python a user puts in the script (built from what the run recorded)."""
+    lines = code_lines(r.result)
+    if not lines and first_call(r.result, "init"):
+        return ["# nothing to change: no remedy applied"]
+    return lines
 
 
 def render(inputs: ReportInputs) -> str:
@@ -144,12 +149,40 @@ def scripts_lines(rows: List[Row]) -> List[str]:
             dev = max(v or 0 for v in _device_per_rank(best))
             out += [f"Recommended: **script.fix={list(_fixes(best)) or '[]'}** (remedies that applied: {which}), "
                     f"{m.human(dev)} per rank on the device, correct. Lines to change in the script:", ""]  # fmt: skip
-            out += [f"- {line}" for line in lines_to_change(best)] + [""]
-        elif not any(r.record.correctness for r in group):
-            out += ["Correctness was not checked here (check.correctness=false): no recommendation.", ""]
+            out += ["```python", *lines_to_change(best), "```", ""]
         else:
-            out += ["No variant ran correct here: see the diagnosis below.", ""]
+            out += [_no_recommendation(group), ""]
+        out += _notes(group)
     return out
+
+
+def _no_recommendation(group: List[Row]) -> str:
+    """Why no variant is recommended, from what the runs recorded."""
+    if any(r.record.correctness for r in group):
+        return "No variant ran correct here: see the diagnosis below."
+    if all(_unchecked(r) == "check off" for r in group):
+        return "Correctness was not checked here (check.correctness=false): no recommendation."
+    if not any(r.record.ok for r in group):
+        return (
+            "No variant ran to the end, so none could be checked for correctness: each failure is in the table "
+            "and in the diagnosis below."
+        )
+    return "No variant that ran to the end could be checked for correctness (why: below): no recommendation."
+
+
+def _notes(group: List[Row]) -> List[str]:
+    """Under the table: why a reference failed, and each remedy that was asked for but did not apply."""
+    notes = []
+    for r in group:
+        label = ",".join(_fixes(r)) or "as written"
+        failed = ((r.result.get("runtime") or {}).get("reference") or {}).get("failed")
+        if failed and not r.record.correctness:
+            notes.append(f"- {label}: not checked for correctness: its world-size-1 reference failed ({failed})")
+        skipped = (r.record.ranks[0].script.get("fixes") or {}).get("not_applicable") if r.record.ranks else None
+        for name, why in (skipped or {}).items():
+            notes.append(f"- {label}: {name} not applied: {why}")
+        notes += [f"- {label}: {line}" for line in one_time_lines(r)]
+    return notes + [""] if notes else []
 
 
 def _same_name(groups: Dict[Tuple, List[Row]], path: str) -> bool:

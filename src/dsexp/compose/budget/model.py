@@ -30,7 +30,7 @@ class Predicted:
 def outside_bytes(spec: JobConfig) -> int:
     if spec.device != "cuda":
         return 0
-    from dsexp.analysis.memory import CUDA_CONTEXT_BYTES
+    from dsexp.predict.fit import CUDA_CONTEXT_BYTES
 
     return CUDA_CONTEXT_BYTES
 

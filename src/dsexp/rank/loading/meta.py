@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List
 
-from dsexp.rank.context import RankContext
+from dsexp.core.context import RankContext
 from dsexp.rank.loading import buffers, files
 from dsexp.rank.loading.base import Loaded, Loader
 from dsexp.rank.loading.buffers import build_on_meta
@@ -92,6 +92,16 @@ def unfillable(model, checkpoint_keys: set) -> Dict[str, str]:
     return reasons
 
 
+def tied_names(model) -> Dict[str, str]:
+    """{alias: name} for every parameter the model holds under several names (a head tied to its embedding)."""
+    first: Dict[int, str] = {}
+    tied: Dict[str, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        tied.update({name: first[id(p)]} if id(p) in first else {})
+        first.setdefault(id(p), name)
+    return tied
+
+
 def _meta_leftovers(module) -> List[str]:
     return [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
 
@@ -104,7 +114,10 @@ class MetaLoader(Loader):
         originals = buffers.snapshot(model)
         paths = files.checkpoint_files(ctx.model_dir, ctx.spec.load.format)
         if not deepspeed_fills(ctx):
-            fill = buffers.restoring(ctx, originals, lambda m: {"filled_by": "dsexp", "fill": files.fill(m, paths)})
+            tied = tied_names(model)  # the engine's placement (to_empty) unties a tied head: the fill ties it again
+            fill = buffers.restoring(
+                ctx, originals, lambda m: {"filled_by": "dsexp", "fill": files.fill(m, paths, tied)}
+            )
             return Loaded(
                 model,
                 finalize=fill,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from dsexp.core.context import RankContext
 from dsexp.core.protocol import logits_file
 from dsexp.core.workload import Point, dominated, grid
 from dsexp.rank.budget_cap import check_simulated, simulate_point
-from dsexp.rank.context import RankContext
 from dsexp.rank.faults import maybe_inject, maybe_oom
 from dsexp.rank.generation import point_ids
 from dsexp.rank.probes.phases import PhaseRecorder
@@ -123,8 +123,9 @@ def run_point(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: s
         raise
     if oom is not None:
         oom["allocator"] = allocator_state(ctx.on_gpu)
+    rec.end(key)  # its memory snapshot (probe.memory_snapshot) still holds the allocator's cache as the point left it
+    if oom is not None:
         release_memory(ctx.on_gpu)
-    rec.end(key)
     if simulated:
         rec.annotate_phase(key, budget=simulated)
         rec.note(budget={k: simulated[k] for k in ("how", "budget_bytes", "cpu_scale")})

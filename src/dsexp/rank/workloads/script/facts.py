@@ -265,7 +265,7 @@ def _trace_fields(session, given) -> None:
     """Trace which config fields DeepSpeed reads from now to the end of the run (init and generate)."""
     import importlib
 
-    from dsexp.rank.probes.config_trace import FieldReadTracer
+    from dsexp.core.config_trace import FieldReadTracer
 
     classes = [getattr(importlib.import_module(mod), name) for mod, name in INFERENCE_CONFIGS]
     tracer = FieldReadTracer(classes).start()
@@ -327,11 +327,15 @@ def _caller() -> Optional[str]:
 
 
 def generate_after(model, out, args: tuple, kwargs: dict) -> Dict[str, Any]:
-    """How many tokens it generated (sequences minus the prompt)."""
+    """What it generated: the positions added to each sequence (new_tokens), the sequences it returned (a batch of
+    prompts, times num_return_sequences) and their product (generated_tokens, the count tokens/s is of)."""
     seqs = getattr(out, "sequences", out)
     prompt = kwargs.get("input_ids", args[0] if args else None)
     if hasattr(seqs, "shape") and hasattr(prompt, "shape"):
-        return {"prompt_tokens": int(prompt.shape[-1]), "new_tokens": int(seqs.shape[-1] - prompt.shape[-1])}
+        new = int(seqs.shape[-1] - prompt.shape[-1])
+        rows = int(seqs.shape[0]) if len(seqs.shape) > 1 else 1
+        return {"prompt_tokens": int(prompt.shape[-1]), "new_tokens": new, "sequences": rows,
+                "generated_tokens": new * rows}  # fmt: skip
     return {}
 
 
@@ -399,3 +403,26 @@ class _Tee(io.TextIOBase):
         for st in self.streams:
             with contextlib.suppress(Exception):
                 st.flush()
+
+
+# --- one-time costs -------------------------------------------------------------------------------------
+
+
+def op_cached(name: str) -> bool:
+    """Whether torch's extensions cache already holds a build of this op (then jit_load only loads it)."""
+    import glob
+    import os
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    try:
+        folder = _get_build_directory(name, verbose=False)
+    except Exception:
+        return False
+    return bool(glob.glob(os.path.join(folder, "*.so")))
+
+
+def folder_bytes(folder) -> int:
+    from pathlib import Path
+
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())

@@ -52,6 +52,10 @@ class Fixes:
     def _record(self, name: str, what: Any) -> None:
         self.done.setdefault(name, []).append(what)
 
+    def _not_applied(self, name: str, why: str) -> None:
+        """A remedy that could not act on a call the script made: the call runs as written, the reason recorded."""
+        self.skipped[name] = why
+
     def report(self) -> Dict[str, Any]:
         return {"asked": self.asked, "active": self.active, "not_applicable": self.skipped, "applied": self.done}
 
@@ -65,6 +69,8 @@ class Fixes:
         """(fn, args, kwargs) to call instead: the remedies' changes to the call the script made."""
         if kind == "load":
             return self._before_load(fact, fn, args, kwargs)
+        if kind == "move" and self.meta is not None and not self.engine_called and _on_meta(fact):
+            return self._move_on_meta(fact, fn, [*args, *kwargs.values()]), args, kwargs
         if kind == "move" and self.on("host_load") and not self.engine_called and moves_to_gpu(fact):
             model = self.session.model
             self._record("host_load", f"skipped {fact['api']}({', '.join(map(str, fact.get('target') or []))})")
@@ -92,10 +98,29 @@ class Fixes:
                     self._record("host_load", f"{fact['api']}: {key}={asked!r} dropped (loaded on the host)")
                     if key == "device":
                         self._pending_device = asked
-        source = fact.get("source")
-        if self.on("meta_load") and fact["api"].endswith("from_pretrained") and _local_folder(source):
-            return self._meta_from_pretrained(source, kw), args, kw
+        if self.on("meta_load") and fact["api"].endswith("from_pretrained") and self.meta is None:
+            why = meta_load_obstacle(fact.get("source"), kw)
+            if why is None:
+                return self._meta_from_pretrained(fact["source"], kw), args, kw
+            self._not_applied("meta_load", f"{fact['api']} loaded as written: {why}")
         return fn, args, kw
+
+    def _move_on_meta(self, fact: Dict[str, Any], fn: Callable, target: list) -> Callable:
+        """The script moves the model before the engine while meta_load holds it on the meta device (no data to
+        copy): the device part is left to init_inference, which places each rank's part; a dtype asked for is
+        applied (a cast is defined on meta)."""
+        import torch
+
+        dtype = next((t for t in target if isinstance(t, torch.dtype)), None)
+        model = self.session.model
+        call = f"{fact['api']}({', '.join(map(str, fact.get('target') or []))})"
+        kept = f", its dtype {dtype} applied" if dtype is not None else ""
+        self._record(
+            "meta_load",
+            f"{call} before the engine: the device move left to init_inference (the model is on the meta device "
+            f"until it loads each rank's part){kept}",
+        )
+        return lambda *a, **k: model if dtype is None else fn(dtype)
 
     def _meta_from_pretrained(self, source: str, kwargs: dict) -> Callable:
         """from_pretrained replaced by dsexp's meta build (parameters on meta, buffers from the constructor)."""
@@ -219,7 +244,7 @@ class Fixes:
         import copy
         from pathlib import Path
 
-        from dsexp.rank.context import RankContext
+        from dsexp.core.context import RankContext
 
         s = self.session
         spec = copy.deepcopy(s.spec)
@@ -257,7 +282,7 @@ class Fixes:
 
 
 def _zero_fields(cls) -> set:
-    from dsexp.rank.compat import config_fields
+    from dsexp.core.compat import config_fields
 
     fields = config_fields(cls)
     return set(fields) | {getattr(f, "alias", None) for f in fields.values()} - {None}
@@ -284,6 +309,21 @@ def _places_on_device(key: str, value: Any) -> bool:
     if key == "device_map":
         return value not in (None, "cpu") and value != {"": "cpu"}
     return _to_gpu([value])
+
+
+def _on_meta(fact: Dict[str, Any]) -> bool:
+    return bool((fact.get("placement_before") or {}).get("on_meta"))
+
+
+def meta_load_obstacle(source: Any, kwargs: Dict[str, Any]) -> Optional[str]:
+    """Why meta_load cannot replace this from_pretrained (None: it can): it needs a local folder of checkpoint
+    files and a load that hands the whole model to init_inference, not one that places or shards it itself."""
+    if not _local_folder(source):
+        return f"{source!r} is not a local model folder (meta_load reads the checkpoint files)"
+    for key in ("tp_plan", "device_map", "quantization_config", "load_in_8bit", "load_in_4bit"):
+        if kwargs.get(key) not in (None, False, "cpu"):
+            return f"it passes {key}={kwargs[key]!r}: transformers places the model itself, not init_inference"
+    return None
 
 
 def _local_folder(source: Any) -> bool:

@@ -8,6 +8,8 @@
 | transformers.generation.utils            | GenerationMixin.generate (and so remote `chat`)   | generate |
 | deepspeed                                | init_inference, initialize                        | init     |
 | deepspeed.runtime.utils                  | see_memory_usage (an event: peaks read first)     | -        |
+| deepspeed.ops.op_builder.builder         | OpBuilder.jit_load (a one-time cost: an op built) | -        |
+| transformers.modeling_utils              | save_pretrained (a one-time cost: files written)  | -        |
 | torch.distributed.distributed_c10d       | ranks sharing a GPU: every group is gloo          | -        |
 
 A post-import hook on sys.meta_path wraps the loader of exactly these modules, so the patch lands before any other
@@ -68,6 +70,7 @@ def install(session: ScriptSession, shared_gpu: bool) -> None:
         "transformers.generation.utils": lambda m: _patch_generate(m, session),
         "deepspeed": lambda m: _patch_deepspeed(m, session),
         "deepspeed.runtime.utils": lambda m: _patch_see_memory(m, session),
+        "deepspeed.ops.op_builder.builder": lambda m: _patch_op_builder(m, session),
     }
     if session.fixes is not None:
         patches.update(session.fixes.patches())
@@ -124,6 +127,33 @@ def _patch_pretrained(m, session: ScriptSession) -> None:
     _observed_classmethod(cls, "from_pretrained", "load", session, facts.load_before, facts.load_after(session))
     for name in ("to", "cuda"):
         _observed_method(cls, name, "move", session, facts.move_before(name), facts.move_after(session))
+    _patch_save(cls, session)
+
+
+def _patch_save(cls, session: ScriptSession) -> None:
+    """save_pretrained: a checkpoint written, a one-time cost (the folder and its bytes recorded)."""
+    orig = cls.save_pretrained
+
+    @functools.wraps(orig)
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        what = {"what": "checkpoint_written", "name": str(save_directory)}
+        out = session.one_time(what, lambda: orig(self, save_directory, *args, **kwargs))
+        session.events[-1]["bytes"] = facts.folder_bytes(save_directory)
+        return out
+
+    cls.save_pretrained = save_pretrained
+
+
+def _patch_op_builder(m, session: ScriptSession) -> None:
+    """OpBuilder.jit_load: DeepSpeed compiling (or loading its cached build of) an op, a one-time cost."""
+    orig = m.OpBuilder.jit_load
+
+    @functools.wraps(orig)
+    def jit_load(self, *args, **kwargs):
+        what = {"what": "op_build", "name": self.name, "cached": facts.op_cached(self.name)}
+        return session.one_time(what, lambda: orig(self, *args, **kwargs))
+
+    m.OpBuilder.jit_load = jit_load
 
 
 def _patch_auto(m, session: ScriptSession) -> None:

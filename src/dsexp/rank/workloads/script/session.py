@@ -28,6 +28,7 @@ class ScriptSession:
         self.depth = 0  # > 0 inside an observed call: nested observed calls are part of it
         self.implicit: Optional[str] = None  # the open `start` phase, until the first observed call
         self.last_phase: Optional[str] = None
+        self.open_phase: Optional[str] = None  # the observed call's phase while it runs
         self.exit_code: Any = None
         self.finished = False
         self.finishers: List[Callable[[], Dict[str, Any]]] = []  # facts only known at the end (fields never read)
@@ -86,14 +87,16 @@ class ScriptSession:
                     from dsexp.rank.workloads.script.facts import printable
 
                     fact["called_with"] = {k: printable(v) for k, v in kwargs.items() if k != "model"}
-            key = fact["phase"] = self.last_phase = self.rec.begin(kind, align=False)
+            key = fact["phase"] = self.last_phase = self.open_phase = self.rec.begin(kind, align=False)
             try:
                 out = fn(*args, **kwargs)
             except BaseException as e:
+                self.open_phase = None
                 self.rec.end(key, error=e)
                 fact["error"] = f"{type(e).__name__}: {e}"[:1000]
                 self.note(fact)
                 raise
+            self.open_phase = None
             self.rec.end(key)
             if self.fixes is not None:
                 out = self.fixes.after_call(kind, fact, out)
@@ -102,6 +105,16 @@ class ScriptSession:
             return out
         finally:
             self.depth -= 1
+
+    def one_time(self, what: Dict[str, Any], call: Callable[[], Any]):
+        """Run a cost paid once and reused after (DeepSpeed compiling an op, a checkpoint written), timed and recorded
+        apart from the phase it falls in (the job leaves it out of that phase's time)."""
+        phase = self.open_phase or self.after_last_phase()
+        t0 = time.perf_counter()
+        try:
+            return call()
+        finally:
+            self.event({"kind": "one_time", "in_phase": phase, "seconds": time.perf_counter() - t0, **what})
 
     def note(self, fact: Dict[str, Any]) -> None:
         self.calls.append(fact)

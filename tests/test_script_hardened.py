@@ -1,0 +1,448 @@
+"""Issue 34: a new user's scripts through the script mode. A remedy never breaks a call the script makes (or is
+refused before launch, or recorded as not applied); a failed run reads as what happened; every figure means what it
+says. The scripts are written as users write them (tests/data/user_scripts/, or here into tmp_path)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dsexp.core.remedies import not_applicable
+from dsexp.core.schema import ConfigError
+
+from helpers.run import run_dsexp, spec_of, sweep_results
+
+SCRIPTS = Path(__file__).parent / "data" / "user_scripts"
+
+
+def by_tp(results):
+    return {r["config"]["tp"]: r for r in results}
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+# --- a remedy never breaks the script's calls ----------------------------------------------------------------
+
+
+def test_remedies_that_need_an_engine_are_refused_for_a_script_that_calls_none(tmp_path):
+    """Plain transformers, no DeepSpeed: host_load would keep its .to(device) from happening and meta_load would
+    leave the model unfilled; asked by name they are refused before launch, under `all` they are not applied."""
+    plain = write(tmp_path, "plain.py", """
+        import sys, torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(sys.argv[1]).to("cuda" if torch.cuda.is_available() else "cpu")
+        print(model.generate(torch.tensor([[1, 2, 3]]).to(model.device), max_new_tokens=3))
+    """)  # fmt: skip
+    for name in ("meta_load", "host_load"):
+        with pytest.raises(ConfigError, match=f"script.fix={name} cannot apply: .*plain.py never calls"):
+            spec_of(f"script.path={plain}", f"script.fix=[{name}]")
+    spec = spec_of(f"script.path={plain}", "script.fix=[all]", "tp=2")
+    assert "never calls" in not_applicable("meta_load", spec) and not_applicable("autotp", spec) is None
+    sharded = write(tmp_path, "sharded.py", plain.read_text() + "import deepspeed\ndeepspeed.init_inference(model)\n")
+    assert not_applicable("meta_load", spec_of(f"script.path={sharded}", "script.fix=[all]")) is None
+
+
+def test_meta_load_leaves_alone_a_load_that_places_or_shards_the_model_itself(tmp_path):
+    from dsexp.rank.workloads.script.fixes import meta_load_obstacle
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    assert meta_load_obstacle(str(folder), {"torch_dtype": "bfloat16"}) is None
+    assert "tp_plan='auto'" in meta_load_obstacle(str(folder), {"tp_plan": "auto"})
+    assert "device_map='auto'" in meta_load_obstacle(str(folder), {"device_map": "auto"})
+    assert meta_load_obstacle(str(folder), {"device_map": "cpu"}) is None
+    assert "not a local model folder" in meta_load_obstacle("org/model", {})
+
+
+def test_a_head_tied_to_its_embedding_is_named_for_the_fill():
+    from transformers import OPTConfig, OPTForCausalLM
+
+    from dsexp.rank.loading.meta import tied_names
+
+    cfg = OPTConfig(vocab_size=64, hidden_size=16, ffn_dim=32, num_hidden_layers=1, num_attention_heads=2,
+                    word_embed_proj_dim=16, max_position_embeddings=32)  # fmt: skip
+    assert tied_names(OPTForCausalLM(cfg)) == {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+    cfg.tie_word_embeddings = False
+    assert tied_names(OPTForCausalLM(cfg)) == {}
+
+
+def test_fix_all_keeps_the_scripts_own_move_and_fills_a_tied_head(tmp_path, cache_dir):
+    """Issue 34, 1 and 2: a script that moves its model to its device after loading, on a model whose head is tied
+    to its embedding, with script.fix=all at tp=2: meta_load leaves the move to the engine (recorded) and fills the
+    tied head, so the run and its world-size-1 reference (tp=1, where dsexp fills the model) are ok and correct."""
+    run_dsexp(["-m", f"script.path={SCRIPTS / 'to_device_tied.py'}", "script.args=[--model,'{model_dir}']",
+               "model=tiny_opt", "tp=2", "script.fix=[all]", "hydra.sweep.dir=s"], tmp_path, cache_dir)  # fmt: skip
+    (res,) = sweep_results(tmp_path / "s")
+    assert res["status"] == "ok" and res["correctness"]["passed"], (res.get("failure"), res["runtime"]["reference"])
+    assert "failed" not in res["runtime"]["reference"]
+    for rk in res["ranks"]:
+        applied = rk["script"]["fixes"]["applied"]["meta_load"]
+        assert any("to(cpu) before the engine: the device move left to init_inference" in str(a) for a in applied)
+        move = next(c for c in rk["script"]["calls"] if c["kind"] == "move")
+        assert "error" not in move
+    # DeepSpeed's CPU all-reduce op, loaded (or built) as the process group starts: a one-time cost, recorded apart
+    # (here the autotp remedy starts the group just before init_inference, so it falls after the script's move)
+    built = [e for e in res["ranks"][0]["script"]["events"] if e.get("what") == "op_build"]
+    assert built and built[0]["name"] == "deepspeed_shm_comm" and built[0]["in_phase"] == "after_move", built
+
+
+# --- the lines to change: from what the run recorded, Python that needs nothing from dsexp -----------------------
+
+
+def script_result(calls, applied=None, status="ok", correctness=None, check=True, reference=None, fix=("all",),
+                  not_applicable=None, **extra):  # fmt: skip
+    """A script's result.json as the job writes it, with rank 0's recorded calls and remedies."""
+    fixes = {"applied": applied or {}, "not_applicable": not_applicable or {}}
+    rank = {"rank": 0, "status": status, "phases": {}, "timeline": [], "script": {"calls": calls, "fixes": fixes}}
+    return {
+        "config": {"script": {"path": "/home/me/gen.py", "fix": list(fix)}, "tp": 2, "check": {"correctness": check},
+                   "model": {"name": "local"}},
+        "status": status,
+        "failure": None if status == "ok" else {"cause": "engine_error", "message": "RuntimeError: boom"},
+        "correctness": correctness,
+        "runtime": {"device": "cpu", "reference": reference or {}},
+        "ranks": [rank],
+        **extra,
+    }  # fmt: skip
+
+
+def load_call(kwargs, config_dtype="float32", api="AutoModelForCausalLM.from_pretrained"):
+    return {"kind": "load", "api": api, "source": "/data/opt-125m", "kwargs": kwargs,
+            "config": {"model_type": "opt", "torch_dtype": config_dtype}}  # fmt: skip
+
+
+INIT = {"kind": "init", "api": "deepspeed.init_inference", "engine": "init_inference",
+        "called_with": {"tensor_parallel": {"tp_size": 2}, "dtype": "torch.float32",
+                        "replace_with_kernel_inject": False}}  # fmt: skip
+
+
+def test_the_lines_to_change_are_built_from_the_run_and_need_nothing_from_dsexp():
+    """Issue 34, 5: a float32 model without remote code: no bfloat16, no trust_remote_code, the config it uses
+    defined first, no file of this repository named; valid Python."""
+    from dsexp.analysis.script_lines import code_lines
+
+    applied = {
+        "meta_load": [{"source": "/data/opt-125m", "filled_by": "deepspeed"},
+                      "OPTForCausalLM.to(cuda:0) before the engine: the device move left to init_inference"],
+        "autotp": [{"replace_with_kernel_inject": False, "injection_policy": {"OPTDecoderLayer": ["self_attn.out_proj",
+                                                                                                 "fc2"]}}],
+        "drop_unread": ["init_inference's zero= block dropped: init_inference never reads it"],
+        "restore_buffers": [{"after_load": {}}],
+    }  # fmt: skip
+    text = "\n".join(code_lines(script_result([load_call({}), INIT], applied)))
+    compile(text, "lines_to_change", "exec")
+    assert "bfloat16" not in text and "trust_remote_code" not in text
+    assert "examples/" not in text and "dsexp" not in text and "seed_fixed" not in text
+    assert text.index("config = AutoConfig.from_pretrained('/data/opt-125m')") < text.index("from_config(config")
+    assert "torch_dtype=torch.float32" in text and "OnDevice(dtype=torch.float32" in text
+    assert "type(m).__name__ == 'OPTDecoderLayer'" in text and "('self_attn.out_proj', 'fc2')" in text
+    engine = [line for line in text.splitlines() if line.startswith("engine = deepspeed.init_inference(")]
+    assert len(engine) == 1 and "checkpoint=checkpoint" in engine[0] and "zero" not in engine[0]
+    assert "# change: init_inference's zero= block dropped" in text
+    # published remote code in bf16: the flags it gave come back
+    remote = load_call({"torch_dtype": "torch.bfloat16", "trust_remote_code": True}, "bfloat16")
+    text = "\n".join(code_lines(script_result([remote, INIT], {"meta_load": applied["meta_load"]})))
+    compile(text, "lines_to_change", "exec")
+    assert "AutoConfig.from_pretrained('/data/opt-125m', trust_remote_code=True)" in text
+    assert "trust_remote_code=True, torch_dtype=torch.bfloat16)" in text
+
+
+# --- a failed run reads as what happened -------------------------------------------------------------------------
+
+
+def rows(*results):
+    from dsexp.analysis.matrix import Row
+
+    return [Row(r, None) for r in results]
+
+
+def report_text(*results) -> str:
+    from dsexp.analysis.sections.your_script import scripts_lines
+
+    return "\n".join(scripts_lines(rows(*results)))
+
+
+def test_every_variant_failed_is_not_called_correctness_switched_off():
+    """Issue 34, 3 and 12: check.correctness on, every variant failed: the report says they failed, not that the
+    check was off; with the check off, it says that."""
+    load = load_call({})
+    failed = [script_result([load], status="failed", fix=f) for f in ((), ("all",))]
+    text = report_text(*failed)
+    assert "check.correctness=false" not in text
+    assert "No variant ran to the end, so none could be checked" in text and "- (run failed)" in text
+    off = [script_result([load], status="failed", check=False, fix=f) for f in ((), ("all",))]
+    assert "Correctness was not checked here (check.correctness=false)" in report_text(*off)
+
+
+def test_a_failed_reference_and_a_remedy_not_applied_are_said_under_the_table():
+    """Issue 34, 2: a tp=2 run ok whose world-size-1 reference failed: its correctness cell says why, the reason is
+    under the table; a remedy that could not act on the script's call is listed with its reason."""
+    ref = {"path": "/c/refs/x.pt", "failed": "RuntimeError in init: strict fill failed"}
+    why = {"meta_load": "AutoModelForCausalLM.from_pretrained loaded as written: it passes tp_plan='auto'"}
+    text = report_text(script_result([load_call({}), INIT], reference=ref, not_applicable=why))
+    assert "- (reference failed)" in text
+    assert "its world-size-1 reference failed (RuntimeError in init: strict fill failed)" in text
+    assert "meta_load not applied: AutoModelForCausalLM.from_pretrained loaded as written" in text
+    assert "check.correctness=false" not in text
+
+
+def test_a_script_that_stops_before_loading_gets_words_not_a_traceback(capsys):
+    """Issue 34, 4: a script that fails before any from_pretrained: its row says why there is no prediction, in
+    words; nothing is printed."""
+    from dsexp.analysis.matrix import build_rows
+    from dsexp.analysis.sections.weights_table import weights_table
+
+    res = script_result([], status="failed", fix=())
+    (row,) = build_rows([res])
+    assert row.prediction is None and row.model_error == (
+        "the script stopped before loading a model (no from_pretrained or pipeline call)"
+    )
+    assert "LookupError" not in weights_table([row]) and "Traceback" not in capsys.readouterr().err
+
+
+def phase(wall_s, **more):
+    return {"wall_s": wall_s, "peaks": {}, "host": {}, **more}
+
+
+def test_a_phase_that_never_ended_has_no_time_and_no_tokens_per_s():
+    """Issue 34, 7: a rank killed in generate (its phase known from its heartbeat) or failing in it: no generate
+    time, no tokens/s; load and init, which ended, keep theirs."""
+    from dsexp.core.records import aggregate_metrics, headline
+
+    ok = {"rank": 0, "phases": {"load": phase(1.0), "init": phase(0.5), "generate": phase(2.0)}, "error": None}
+    killed = {"rank": 1, "phases": {"load": phase(1.1), "init": phase(0.6), "generate": phase(2.4, partial=True)}}
+    failed = {**killed, "phases": {**killed["phases"], "generate": phase(2.4)}, "error": {"phase": "generate"}}
+    for other in (killed, failed):
+        ranks = [ok, other]
+        h = headline(aggregate_metrics(ranks), ranks, new_tokens=20)
+        assert h["generate_s"] is None and h["tokens_per_s"] is None
+        assert h["load_s"] == 1.1 and h["init_s"] == 0.6
+    ranks = [ok, {**killed, "phases": {**killed["phases"], "generate": phase(2.2)}}]
+    assert headline(aggregate_metrics(ranks), ranks, new_tokens=22)["tokens_per_s"] == pytest.approx(10.0)
+
+
+def test_tokens_per_s_counts_every_sequence_and_every_generate_call():
+    """Issue 34, 6: a batch of 4 prompts x 20 new tokens, then a second call of 1 x 10: 90 tokens over both calls'
+    time (each the slowest rank's)."""
+    from dsexp.job.script_job import generation_speed
+
+    calls = [
+        {"kind": "generate", "phase": "generate", "new_tokens": 20, "sequences": 4, "generated_tokens": 80},
+        {"kind": "generate", "phase": "generate_2", "new_tokens": 10, "sequences": 1, "generated_tokens": 10},
+    ]
+    r0 = {"rank": 0, "phases": {"generate": phase(2.0), "generate_2": phase(0.5)}, "script": {"calls": calls}}
+    r1 = {"rank": 1, "phases": {"generate": phase(2.5), "generate_2": phase(0.5)}, "script": {"calls": calls}}
+    speed = generation_speed([r0, r1])
+    assert speed == {"generate_s": 3.0, "tokens_per_s": 30.0, "generated_tokens": 90}
+    cut = [{**calls[0]}, {**calls[1], "error": "RuntimeError: killed"}]
+    assert generation_speed([{**r0, "script": {"calls": cut}}, r1])["tokens_per_s"] is None
+
+
+def test_generate_records_every_sequence_of_the_batch():
+    import torch
+
+    from dsexp.rank.workloads.script.facts import generate_after
+
+    prompt = torch.ones(4, 7, dtype=torch.long)
+    out = generate_after(None, torch.ones(4, 27, dtype=torch.long), (), {"input_ids": prompt})
+    assert out == {"prompt_tokens": 7, "new_tokens": 20, "sequences": 4, "generated_tokens": 80}
+
+
+def test_a_script_with_no_engine_shows_the_weights_each_rank_held():
+    """Issue 34, 9: plain transformers on two ranks: no init phase; each rank's weights are those its model held
+    after the script's last call that placed it."""
+    from dsexp.analysis import measured as m
+    from dsexp.core.result import RankRecord
+
+    rk = {"rank": 0, "script": {"calls": []}, "timeline": [{"phase": "load"}, {"phase": "move"}],
+          "phases": {"load": {"weights_device": 0}, "move": {"weights_device": 3 * 2**20}, "generate": {}}}  # fmt: skip
+    assert RankRecord(rk).weights_held == 3 * 2**20
+    assert m.weights_per_rank({"ranks": [rk, {**rk, "rank": 1}]}) == [3 * 2**20, 3 * 2**20]
+    engine = {**rk, "phases": {**rk["phases"], "init": {"weights_device": 2**20}}}
+    assert RankRecord(engine).weights_held == 2**20
+    assert RankRecord({**rk, "script": {}}).weights_held is None  # dsexp's own job: after init only
+
+
+def test_a_rank_torn_down_after_another_failed_says_how_it_ended():
+    """A rank stopped by the launcher after the other rank failed records no error of its own: its record gets
+    the phase it was in (a script's: after its last call) and how it stopped."""
+    import signal
+
+    from dsexp.job.failures import classify, record_how_ranks_ended
+
+    failed = {
+        "rank": 0,
+        "status": "failed",
+        "script": {},
+        "phases": {"load": phase(1.0)},
+        "timeline": [{"phase": "load"}],
+        "error": {
+            "phase": "after_load",
+            "type": "ValidationError",
+            "message": "mics_shard_size",
+            "outside_calls": True,
+        },
+    }
+    torn = {"rank": 1, "status": "running", "script": {}, "phases": {"load": phase(1.0)},
+            "timeline": [{"phase": "load"}], "error": None}  # fmt: skip
+    ranks = [failed, torn]
+    exits = {1: -signal.SIGTERM}
+    failure = classify(False, 1, ranks, {}, exits=exits)
+    assert failure["rank"] == 0
+    record_how_ranks_ended(ranks, failure, exits, 1)
+    assert torn["error"]["phase"] == "after_load" and torn["status"] == "failed"
+    assert torn["error"]["message"] == "rank 1 killed by SIGTERM after rank 0 failed, without an error of its own"
+    assert failed["error"]["type"] == "ValidationError"  # a rank's own error is kept
+    assert classify(False, 1, ranks, {}, exits={})["rank"] == 0  # read again, the torn-down rank is not blamed
+
+
+def test_a_single_run_of_a_script_missing_its_input_writes_its_report_and_no_traceback(tmp_path, cache_dir):
+    """Issue 34, 4 and 10: without -m, a script whose prompts file is missing fails before loading anything: the
+    run writes summary.md beside result.json, the console holds no traceback of dsexp's, the report says in words
+    why there is no prediction, and the rank's error is the script's own FileNotFoundError."""
+    proc = run_dsexp([f"script.path={SCRIPTS / 'prompts_file.py'}", "model=tiny",
+                      "script.args=[--model,'{model_dir}',--prompts,missing.txt]", "hydra.run.dir=one"],
+                     tmp_path, cache_dir, check=False)  # fmt: skip
+    result = json.loads((tmp_path / "one" / "result.json").read_text())
+    assert result["status"] == "failed" and result["failure"]["cause"] == "script_error"
+    assert result["ranks"][0]["error"]["type"] == "FileNotFoundError"
+    assert result["ranks"][0]["error"]["phase"] == "start"
+    summary = (tmp_path / "one" / "summary.md").read_text()
+    assert "the script stopped before loading a model" in summary
+    assert "LookupError" not in summary and "check.correctness=false" not in summary
+    console = proc.stdout + proc.stderr
+    assert "Traceback" not in console and "LookupError" not in console, console[-3000:]
+
+
+class _Recorder:
+    """Just what a ScriptSession asks of its PhaseRecorder outside observed calls."""
+
+    record = {"error": None}
+
+    def note(self, **kw):
+        self.noted = kw
+
+
+def test_an_op_deepspeed_builds_is_a_one_time_cost_left_out_of_its_phase():
+    """Issue 34, 8: DeepSpeed compiling deepspeed_shm_comm in init (78.8 s on a fresh machine, 0.5 s after): the
+    hook times it as a one-time cost of init; the headline's init_s leaves it out and the report says it."""
+    import time
+    from types import SimpleNamespace
+
+    from dsexp.analysis.sections.your_script import one_time_lines
+    from dsexp.job.script_job import without_one_time
+    from dsexp.rank.workloads.script.hooks import _patch_op_builder
+    from dsexp.rank.workloads.script.session import ScriptSession
+
+    class OpBuilder:
+        name = "deepspeed_shm_comm"
+
+        def jit_load(self, verbose=True):
+            time.sleep(0.05)
+            return "the op"
+
+    spec = SimpleNamespace(script=SimpleNamespace(path="gen.py", args=[], fix=[]))
+    session = ScriptSession(_Recorder(), spec, {"device": "cpu"}, 0, 0)
+    _patch_op_builder(SimpleNamespace(OpBuilder=OpBuilder), session)
+    session.open_phase = session.last_phase = "init"  # inside the script's init_inference call
+    assert OpBuilder().jit_load() == "the op"
+    (event,) = session.events
+    assert event["what"] == "op_build" and event["in_phase"] == "init" and event["seconds"] >= 0.05
+    assert event["cached"] in (True, False)
+
+    event = {**event, "seconds": 78.8, "cached": False}
+    ranks = [{"rank": r, "phases": {"load": phase(1.0), "init": phase(79.4 + r / 10)},
+              "script": {"events": [event]}} for r in (0, 1)]  # fmt: skip
+    head = {"load_s": 1.0, "init_s": 79.5}
+    without_one_time(head, ranks)
+    assert head["init_s"] == pytest.approx(0.7) and head["one_time_s"] == 78.8 and head["load_s"] == 1.0
+    (line,) = one_time_lines(rows({**script_result([]), "ranks": [ranks[0]]})[0])
+    assert line == ("one-time cost: 78.8 s of init on rank 0 was DeepSpeed building its op deepspeed_shm_comm; "
+                    "left out of the phase's time")  # fmt: skip
+
+
+# --- input as a new user writes it --------------------------------------------------------------------------
+
+
+def test_script_fix_all_written_plainly_is_the_list_all():
+    script = SCRIPTS / "to_device_tied.py"
+    assert spec_of(f"script.path={script}", "script.fix=all").script.fix == ["all"]
+    assert spec_of(f"script.path={script}", "script.fix=[all]").script.fix == ["all"]
+    assert spec_of(f"script.path={script}").script.fix == []
+    with pytest.raises(ConfigError, match="unknown remedy 'fast'"):
+        spec_of(f"script.path={script}", "script.fix=fast")
+
+
+def test_a_model_folder_whose_config_is_not_json_is_refused_before_launch(tmp_path):
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"")
+    (folder / "config.json").write_text('{"model_type": "llama", "hidden_size": 64,\n "num_hidden_lay')
+    with pytest.raises(ConfigError, match=r"model.path='.*my-model': config.json is not valid JSON \(Unterminated"):
+        spec_of("model=local", f"model.path={folder}")
+
+
+def test_help_says_what_dsexp_does_its_first_commands_and_where_the_report_is(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "dsexp", "--help"], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert text.startswith("dsexp runs DeepSpeed inference on several ranks") and "powered by Hydra" not in text
+    commands = [line for line in text.splitlines() if line.strip().startswith("python -m dsexp")]
+    assert len(commands) == 5 and any("script.path=" in c for c in commands)
+    assert "multirun/<date>/<time>/summary.md" in text and "outputs/<date>/<time>/summary.md" in text
+    assert text.index("== Five commands") < text.index("== Configuration groups ==")
+    assert "engine: " in text and "model: " in text  # Hydra's groups, after
+
+
+# --- ranks sharing a GPU ------------------------------------------------------------------------------------
+
+
+def tp_plan_killed(shared: bool, tp_plan="auto"):
+    load = load_call({"dtype": "torch.bfloat16", **({"tp_plan": tp_plan} if tp_plan else {})}, "bfloat16")
+    res = script_result([load], status="failed", fix=())
+    res["runtime"]["shared_gpu"] = shared
+    res["failure"] = {"cause": "rank_crashed", "type": "signal", "rank": 1,
+                      "message": "rank 1 was killed by SIGSEGV without a Python error"}  # fmt: skip
+    return res
+
+
+def test_a_tp_plan_script_killed_on_a_shared_gpu_is_named_as_the_crash_hf_tp_is_refused_for():
+    """Issue 34, 11 (from the H200 run's record): rank 1 SIGSEGV in generate, ranks sharing one GPU: the diagnosis
+    names the cause dsexp's own engine=hf_tp is refused on a shared GPU for; not without a shared GPU or tp_plan."""
+    from dsexp.analysis.user_script import causes
+    from dsexp.engines.hf_tp import SHARED_GPU_REFUSED
+
+    (found,) = [f for f in causes(tp_plan_killed(True)) if f["code"] == "tp_plan_on_shared_gpu"]
+    assert "tp_plan='auto'" in found["text"] and SHARED_GPU_REFUSED in found["text"]
+    assert "killed by SIGSEGV" in found["text"] and "a GPU of its own" in found["fix"]
+    assert not [f for f in causes(tp_plan_killed(False)) if f["code"] == "tp_plan_on_shared_gpu"]
+    assert not [f for f in causes(tp_plan_killed(True, None)) if f["code"] == "tp_plan_on_shared_gpu"]
+
+
+@pytest.mark.gpu
+def test_a_tp_plan_script_on_one_shared_gpu_is_diagnosed(tmp_path, cache_dir):
+    """On the GPU machine: transformers' tp_plan at tp=2 with both ranks on one GPU dies by a signal in generate, as
+    on the H200 (rank 1 SIGSEGV, rank 0 SIGBUS; torch 2.11): the diagnosis names the shared-GPU crash, and every
+    rank's record says how it ended. (Should a later torch fix it, this test fails and engine=hf_tp's refusal on a
+    shared GPU can go.)"""
+    from dsexp.analysis.user_script import causes
+
+    run_dsexp(["-m", f"script.path={SCRIPTS / 'hf_tp_plan_batch.py'}", "script.args=['{model_dir}']",
+               "model=tiny_llama", "tp=2", "launcher.gpus=1", "device=cuda", "hydra.sweep.dir=s"],
+              tmp_path, cache_dir)  # fmt: skip
+    (res,) = sweep_results(tmp_path / "s")
+    assert res["runtime"]["shared_gpu"] and res["status"] == "failed", res.get("failure")
+    assert res["failure"]["type"] == "signal", res["failure"]
+    assert all(rk["error"] for rk in res["ranks"]), [rk.get("error") for rk in res["ranks"]]
+    assert "tp_plan_on_shared_gpu" in {f["code"] for f in causes(res)}, res["failure"]
