@@ -182,15 +182,17 @@ def test_a_campaign_run_records_its_name_and_commit_in_each_result(tmp_path, cac
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
     out, work = tmp_path / "out", tmp_path / "work"
     cmd = [sys.executable, "-m", "dsexp.campaign", "cpu_smoke", "--out", str(out), "--work", str(work)]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((out / "tiny" / "0" / "result.json").read_text())
     assert result["status"] == "ok" and result["campaign"] == "cpu_smoke"
-    assert result["commit"] == source_commit() and len(result["commit"].split("-")[0]) == 40
+    sha = result["commit"].split("-")[0]  # "-dirty" follows the tree's state when the runner started
+    assert sha == source_commit().split("-")[0] and len(sha) == 40
     assert not (out / "tiny" / "0" / "ranks").exists() and (work / "tiny" / "0" / "ranks").is_dir()
     record = json.loads((out / "campaign.json").read_text())
     (step,) = record["runs"][0]["steps"]
     assert record["runs"][0]["commit"] == result["commit"] and step["rc"] == 0 and step["results"] == 1
+    assert step["command"].startswith("python -m dsexp -m model=tiny tp=1 ")
 
 
 def test_every_benchmark_runs_from_a_make_target():

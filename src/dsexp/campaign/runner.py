@@ -28,6 +28,7 @@ from dsexp.job.run import source_commit
 # sweep's report and plots. Not kept: checkpoints, logits, snapshot pickles, rank logs, traces.
 CAMPAIGN_KEEP = ("*/" + RESULT, "summary.md", "summary.csv", "multirun.yaml", "plots/*.png")
 RECORD = "campaign.json"
+MODEL_TIMEOUT_S = 3600  # writing a model's random-weight checkpoint (20B shapes: about a minute on an H200 host)
 GRACE_S = 30  # after SIGTERM at a step's time limit: dsexp stops its ranks, then the step is killed
 
 
@@ -160,7 +161,7 @@ def run_campaign(
         argv = model_command([substitute(o, values) for o in overrides], python)
         print(f"# model {name} (its folder is ${name})\n{shlex.join(argv)}", flush=True)
         if not dry_run:
-            proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
+            proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=MODEL_TIMEOUT_S)
             if proc.returncode != 0:
                 raise RuntimeError(f"model {name}: {proc.stderr[-2000:]}")
             values[name] = proc.stdout.strip().splitlines()[-1]
@@ -182,7 +183,8 @@ def run_campaign(
         if step.kind == "overrides":
             outcome["results"] = collect(work / step.name, out / step.name)
         failed |= outcome["rc"] != 0 or outcome["timed_out"]
-        record["steps"].append({"name": step.name, "command": argv[1:], **outcome})
+        shown = ["python" if i == 0 and a == python else a for i, a in enumerate(argv)]
+        record["steps"].append({"name": step.name, "command": shlex.join(shown), **outcome})
         print(f"# step {step.name}: {json.dumps(outcome)}", flush=True)
         save_record(out, record)
     return int(failed)
