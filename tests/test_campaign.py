@@ -139,7 +139,8 @@ def test_dry_run_of_a_campaign_with_models_and_steps_of_every_kind(tmp_path, cap
     only = ["--only", "write_seed20,seed20"]
     assert main(["scripts", "--dry-run", "--out", str(tmp_path / "o"), "--work", "/w", *only]) == 0
     out = capsys.readouterr().out
-    assert "python -m dsexp.campaign.model_dir model=internlm2_20b_shapes model.dims.num_hidden_layers=24" in out
+    assert "# model D20 (its folder is $D20)\npython -m dsexp.campaign.model_dir model=internlm2_20b_shapes\n" in out
+    assert "num_hidden_layers=24" not in out  # D24: only the steps left out name it
     assert "python tests/helpers/user_scripts.py /w/seed20_main main.py '<D20>'" in out
     assert "script.path=/w/seed20_main/main.py tp=2 'script.fix=[all],[]' launcher=deepspeed stack=seed" in out
     assert "export USE_FLAX=0" in out and "write_seed24" not in out

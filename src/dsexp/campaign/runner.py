@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -143,6 +144,12 @@ def selected(campaign: Campaign, only: Optional[List[str]]) -> List[Step]:
     return [s for s in campaign.steps if not only or s.name in only]
 
 
+def needed_models(campaign: Campaign, steps: List[Step]) -> Dict[str, List[str]]:
+    """The models the chosen steps name ($NAME or ${NAME}): only those are written."""
+    text = " ".join(a for s in steps for a in [*s.args, s.stdout or ""])
+    return {n: o for n, o in campaign.models.items() if re.search(rf"\$\{{?{n}\b", text)}
+
+
 def run_campaign(
     campaign: Campaign, out: Path, work: Path, dry_run: bool = False, only: Optional[List[str]] = None
 ) -> int:
@@ -157,7 +164,7 @@ def run_campaign(
     print(f"# campaign {campaign.name} at {sha}: {campaign.results} -> {out} (work: {work})", flush=True)
     if dry_run and campaign.env:
         print("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in campaign.env.items()))
-    for name, overrides in campaign.models.items():
+    for name, overrides in needed_models(campaign, steps).items():
         argv = model_command([substitute(o, values) for o in overrides], python)
         print(f"# model {name} (its folder is ${name})\n{shlex.join(argv)}", flush=True)
         if not dry_run:
