@@ -94,6 +94,8 @@ def test_a_step_overrides_the_common_key_it_sets():
     got = sweep_overrides(c, zero3)
     assert "generate.new_tokens=2" in got and "generate.new_tokens=8" not in got
     assert "timeout_s=480" in got and "timeout_s=300" not in got and "model=internlm2_20b_shapes" in got
+    slurm = sweep_overrides(c, zero3, add=["hydra/launcher=dsexp_slurm", "timeout_s=900"])
+    assert slurm[-2:] == ["hydra/launcher=dsexp_slurm", "timeout_s=900"] and "timeout_s=480" not in slurm
 
 
 @pytest.mark.parametrize(

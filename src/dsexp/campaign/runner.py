@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, TextIO
+from typing import Dict, Iterable, List, Optional, Sequence, TextIO
 
 from dsexp.campaign.spec import REPO, Campaign, Step, substitute, sweep_overrides
 from dsexp.core.protocol import CAMPAIGN_ENV, COMMIT_ENV, RESULT
@@ -38,10 +38,12 @@ def commit() -> str:
     return source_commit() or os.environ.get(COMMIT_ENV) or "unknown"
 
 
-def command(campaign: Campaign, step: Step, values: Dict[str, str], python: str = "python") -> List[str]:
-    """The step's command line, substituted."""
+def command(
+    campaign: Campaign, step: Step, values: Dict[str, str], python: str = "python", add: Sequence[str] = ()
+) -> List[str]:
+    """The step's command line, substituted (`add`: overrides for every sweep, from the command line)."""
     if step.kind == "overrides":
-        args = [*sweep_overrides(campaign, step), f"hydra.sweep.dir={values['WORK']}/{step.name}"]
+        args = [*sweep_overrides(campaign, step, add), f"hydra.sweep.dir={values['WORK']}/{step.name}"]
         argv = [python, "-m", "dsexp", "-m", *args]
     elif step.kind == "pytest":
         argv = [python, "-m", "pytest", *step.args]
@@ -151,7 +153,12 @@ def needed_models(campaign: Campaign, steps: List[Step]) -> Dict[str, List[str]]
 
 
 def run_campaign(
-    campaign: Campaign, out: Path, work: Path, dry_run: bool = False, only: Optional[List[str]] = None
+    campaign: Campaign,
+    out: Path,
+    work: Path,
+    dry_run: bool = False,
+    only: Optional[List[str]] = None,
+    add: Sequence[str] = (),
 ) -> int:
     """Run (or with dry_run, print) the campaign. Returns 0 if every step exited 0 in time, else 1."""
     steps = selected(campaign, only)
@@ -177,7 +184,7 @@ def run_campaign(
     record = {"campaign": campaign.name, "commit": sha, "started": time.time(), "machine": machine(), "steps": []}
     failed = False
     for step in steps:
-        argv = command(campaign, step, values, python)
+        argv = command(campaign, step, values, python, add)
         stdout = Path(substitute(step.stdout, values)) if step.stdout else None
         where = f" -> {out / step.name}" if step.kind == "overrides" else f" > {stdout}" if stdout else ""
         print(f"# step {step.name} ({step.kind}, at most {step.timeout_s} s){where}", flush=True)
