@@ -69,6 +69,8 @@ class Fixes:
         """(fn, args, kwargs) to call instead: the remedies' changes to the call the script made."""
         if kind == "load":
             return self._before_load(fact, fn, args, kwargs)
+        if kind == "generate" and self.meta is not None and not self.engine_called and _has_meta(self.session.model):
+            self.whole_again(f"{fact['api']} before any engine call")
         if kind == "move" and self.meta is not None and not self.engine_called and _on_meta(fact):
             return self._move_on_meta(fact, fn, [*args, *kwargs.values()]), args, kwargs
         if kind == "move" and self.on("host_load") and not self.engine_called and moves_to_gpu(fact):
@@ -105,6 +107,24 @@ class Fixes:
             self._not_applied("meta_load", f"{fact['api']} loaded as written: {why}")
         return fn, args, kw
 
+    def whole_again(self, why: str) -> None:
+        """The script uses the model meta_load holds on the meta device for something other than the engine (it
+        saves it, it generates before sharding): the model is filled from the files on the host, as from_pretrained
+        would have left it, and meta_load is recorded as not applied to that load (a later load may take it)."""
+        from dsexp.rank.loading import buffers, files
+        from dsexp.rank.loading.meta import tied_names
+
+        model, folder = self.meta.model, self.meta.info.get("source")
+        tied = tied_names(model)
+        kept = {n: b.detach().clone() for n, b in buffers.non_persistent_buffers(model).items() if not b.is_meta}
+        model.to_empty(device="cpu")
+        fmt = "safetensors" if any(p.endswith(".safetensors") for p in os.listdir(folder)) else "bin"
+        files.fill(model, files.checkpoint_files(folder, fmt), tied)
+        buffers.restore(model, kept, "cpu")
+        self.meta = None
+        self.done.pop("meta_load", None)
+        self._not_applied("meta_load", f"{folder}: loaded whole on the host after all: {why} needs its weights")
+
     def _move_on_meta(self, fact: Dict[str, Any], fn: Callable, target: list) -> Callable:
         """The script moves the model before the engine while meta_load holds it on the meta device (no data to
         copy): the device part is left to init_inference, which places each rank's part; a dtype asked for is
@@ -129,7 +149,8 @@ class Fixes:
             from dsexp.rank.loading.meta import MetaLoader
 
             self.meta = MetaLoader().load(self._ctx(source, kwargs), {})
-            self._record("meta_load", {"source": source, **self.meta.info})
+            self.meta.info["source"] = source
+            self._record("meta_load", dict(self.meta.info))
             return self.meta.model
 
         return load
@@ -309,6 +330,10 @@ def _places_on_device(key: str, value: Any) -> bool:
     if key == "device_map":
         return value not in (None, "cpu") and value != {"": "cpu"}
     return _to_gpu([value])
+
+
+def _has_meta(model) -> bool:
+    return model is not None and any(p.is_meta for p in model.parameters())
 
 
 def _on_meta(fact: Dict[str, Any]) -> bool:
