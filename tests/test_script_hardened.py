@@ -446,3 +446,17 @@ def test_a_tp_plan_script_on_one_shared_gpu_is_diagnosed(tmp_path, cache_dir):
     assert res["failure"]["type"] == "signal", res["failure"]
     assert all(rk["error"] for rk in res["ranks"]), [rk.get("error") for rk in res["ranks"]]
     assert "tp_plan_on_shared_gpu" in {f["code"] for f in causes(res)}, res["failure"]
+
+
+def test_the_engine_handed_where_transformers_expects_the_model_is_named():
+    """DeepSpeed's tutorial writes `pipe.model = deepspeed.init_inference(...)`: transformers 5's pipeline then reads
+    generation_config from the InferenceEngine (seen with tests/data/user_scripts/pipeline_textgen.py)."""
+    from dsexp.analysis.user_script import causes
+
+    res = script_result([load_call({})], status="failed", fix=())
+    message = "AttributeError: 'InferenceEngine' object has no attribute 'generation_config'"
+    res["failure"] = {"cause": "script_error", "type": "AttributeError", "message": message}
+    (found,) = [f for f in causes(res) if f["code"] == "engine_as_model"]
+    assert "`generation_config`" in found["text"] and ".module" in found["fix"]
+    res["failure"]["message"] = "AttributeError: 'NoneType' object has no attribute 'generation_config'"
+    assert not [f for f in causes(res) if f["code"] == "engine_as_model"]
