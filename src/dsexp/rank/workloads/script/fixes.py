@@ -250,12 +250,20 @@ class Fixes:
     # --- helpers ---------------------------------------------------------------------------------------
 
     def _ensure_distributed(self, remedy: str) -> None:
+        """DeepSpeed's communicator before init_inference would make it. A script that made its own torch process
+        group has none yet: init_distributed wraps that group (DeepSpeed's calls fail without it)."""
         import deepspeed
+        import deepspeed.comm as ds_comm
         import torch.distributed as dist
 
-        if not dist.is_initialized():
+        if not ds_comm.is_initialized():
+            own = dist.is_initialized()
             deepspeed.init_distributed()
-            self._record(remedy, "deepspeed.init_distributed() before init_inference")
+            self._record(
+                remedy,
+                "deepspeed.init_distributed() before init_inference"
+                + (" (wraps the script's own process group)" if own else ""),
+            )
 
     def _world(self) -> int:
         return int(os.environ.get("WORLD_SIZE", "1"))
