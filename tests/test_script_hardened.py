@@ -460,3 +460,18 @@ def test_the_engine_handed_where_transformers_expects_the_model_is_named():
     assert "`generation_config`" in found["text"] and ".module" in found["fix"]
     res["failure"]["message"] = "AttributeError: 'NoneType' object has no attribute 'generation_config'"
     assert not [f for f in causes(res) if f["code"] == "engine_as_model"]
+
+
+def test_a_bloom_checkpoint_deepspeed_cannot_fill_from_meta_is_known_before_the_engine():
+    """perplexity.py (tests/data/user_scripts) on Bloom with script.fix=all at tp=2 failed in init with
+    KeyError 'word_embeddings.weight': DeepSpeed looks Bloom's tensors up without `transformer.`, which files saved
+    by transformers keep. The meta load sees it before the engine (the remedy then loads as written)."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    from dsexp.rank.loading.meta import names_deepspeed_looks_up
+
+    model = BloomForCausalLM(BloomConfig(vocab_size=64, hidden_size=16, n_layer=1, n_head=2))
+    saved = set(model.state_dict())
+    assert ("word_embeddings.weight", "transformer.word_embeddings.weight") in names_deepspeed_looks_up(model, saved)
+    as_deepspeed_expects = {k.split(".", 1)[1] if k.startswith("transformer.") else k for k in saved}
+    assert names_deepspeed_looks_up(model, as_deepspeed_expects) == []

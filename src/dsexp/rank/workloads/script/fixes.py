@@ -103,7 +103,7 @@ class Fixes:
         if self.on("meta_load") and fact["api"].endswith("from_pretrained") and self.meta is None:
             why = meta_load_obstacle(fact.get("source"), kw)
             if why is None:
-                return self._meta_from_pretrained(fact["source"], kw), args, kw
+                return self._meta_from_pretrained(fact, fn, kw), args, kw
             self._not_applied("meta_load", f"{fact['api']} loaded as written: {why}")
         return fn, args, kw
 
@@ -142,13 +142,19 @@ class Fixes:
         )
         return lambda *a, **k: model if dtype is None else fn(dtype)
 
-    def _meta_from_pretrained(self, source: str, kwargs: dict) -> Callable:
-        """from_pretrained replaced by dsexp's meta build (parameters on meta, buffers from the constructor)."""
+    def _meta_from_pretrained(self, fact: Dict[str, Any], fn: Callable, kwargs: dict) -> Callable:
+        """from_pretrained replaced by dsexp's meta build (parameters on meta, buffers from the constructor); where
+        the meta load refuses this model (DeepSpeed could not fill it), the call as written, the reason recorded."""
+        source = fact["source"]
 
-        def load(*_args, **_kwargs):
+        def load(*args, **kw):
             from dsexp.rank.loading.meta import MetaLoader
 
-            self.meta = MetaLoader().load(self._ctx(source, kwargs), {})
+            try:
+                self.meta = MetaLoader().load(self._ctx(source, kwargs), {})
+            except RuntimeError as e:
+                self._not_applied("meta_load", f"{fact['api']} loaded as written: {e}"[:1000])
+                return fn(*args, **kw)
             self.meta.info["source"] = source
             self._record("meta_load", dict(self.meta.info))
             return self.meta.model
