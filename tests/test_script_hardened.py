@@ -475,3 +475,47 @@ def test_a_bloom_checkpoint_deepspeed_cannot_fill_from_meta_is_known_before_the_
     assert ("word_embeddings.weight", "transformer.word_embeddings.weight") in names_deepspeed_looks_up(model, saved)
     as_deepspeed_expects = {k.split(".", 1)[1] if k.startswith("transformer.") else k for k in saved}
     assert names_deepspeed_looks_up(model, as_deepspeed_expects) == []
+
+
+# --- slow: ten scripts of a new user's kinds, at tp=1 and 2, as written and with every remedy ------------------
+
+# script, model, its arguments, {tp: what the failure message says} where the run fails for a reason of its own
+TEN = [
+    ("pipeline_textgen.py", "tiny_gpt2", ["--model", "'{model_dir}'"],
+     {1: "'InferenceEngine' object has no attribute 'generation_config'",
+      2: "AutoTP not supported for model. Please use kernel injection"}),
+    ("old_api_mp_size.py", "tiny_opt", ["'{model_dir}'"], {}),
+    ("config_dict.py", "tiny_qwen2_tied", ["'{model_dir}'"], {}),
+    ("class_based.py", "tiny", ["--model", "'{model_dir}'"], {}),
+    ("sample_many.py", "tiny_gpt_neox", ["-m", "'{model_dir}'"], {}),
+    ("perplexity.py", "tiny_bloom", ["--model", "'{model_dir}'"], {}),
+    ("save_then_shard.py", "tiny", ["--model", "'{model_dir}'"], {}),
+    ("cast_then_shard.py", "tiny_llama", ["'{model_dir}'"], {}),
+    ("kernel_inject.py", "tiny_gpt2", ["--model", "'{model_dir}'"],
+     {1: "This op had not been implemented on CPU backend", 2: "This op had not been implemented on CPU backend"}),
+    ("manual_decode.py", "tiny_llama", ["--model", "'{model_dir}'"], {}),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, model, args, fails", TEN, ids=[t[0] for t in TEN])
+def test_ten_scripts_at_tp_1_and_2_as_written_and_fixed(tmp_path, cache_dir, script, model, args, fails):
+    """Every run is ok and correct (or ok with no generate call to check: a forward-only script), or failed with
+    the cause the script or its libraries really hit (docs/user-guide.md, "Scripts tried")."""
+    run_dsexp(["-m", f"script.path={SCRIPTS / script}", f"script.args=[{','.join(args)}]", f"model={model}",
+               "tp=1,2", "script.fix=[],[all]", "script.max_new_tokens=8", "hydra.sweep.dir=s"],
+              tmp_path, cache_dir)  # fmt: skip
+    results = sweep_results(tmp_path / "s")
+    assert len(results) == 4
+    for res in results:
+        tp, what = res["config"]["tp"], f"{script} tp={res['config']['tp']} fix={res['config']['script']['fix']}"
+        if tp in fails:
+            assert res["status"] == "failed" and fails[tp] in res["failure"]["message"], (what, res.get("failure"))
+            continue
+        assert res["status"] == "ok", (what, res.get("failure"))
+        generated = [c for c in res["ranks"][0]["script"]["calls"] if c["kind"] == "generate"]
+        if generated:
+            assert res["correctness"]["passed"], (what, res["correctness"], res["runtime"]["reference"])
+            assert res["headline"]["tokens_per_s"] > 0
+        else:
+            assert res["correctness"] is None and res["headline"]["tokens_per_s"] is None, what
