@@ -12,7 +12,7 @@ from dsexp import trims
 from dsexp.core.schema import stack_label
 
 
-def config_label(config: Dict[str, Any]) -> str:
+def config_label(config: Dict[str, Any], workload: bool = True) -> str:
     """A configuration's short name, everything but tp: variant/model/load/engine/zero/dtype/trims (what is set),
     and `@stack` when the ranks ran on a software stack other than the job's own environment. A load that keeps
     the buffers as loaded (load.restore_buffers=false) is marked `+buffers_as_loaded`."""
@@ -32,8 +32,23 @@ def config_label(config: Dict[str, Any]) -> str:
         f"{dtype}<-{mdtype}" if mdtype and dtype != mdtype else dtype,
         trims.label(config.get("trim")),
         shared_gpu_label(config),
+        workload_label(config) if workload else None,
     ]
     return "/".join(str(p) for p in parts if p) + ("" if stack == "current" else f"@{stack}")
+
+
+def workload_label(config: Dict[str, Any]) -> Optional[str]:
+    """The workload's shape where it is not the default prompt at batch 1: `b8xL2048`, a grid `b[1,8]xL[512,2048]`
+    (two shapes are two configurations of the matrix; the capacity report groups them with workload=False)."""
+    g = config.get("generate") or {}
+    batch, length = g.get("batch_size", 1), g.get("prompt_tokens")
+    if batch in (None, 1) and length is None:
+        return None
+
+    def show(v: Any) -> str:
+        return "[" + ",".join(map(str, v)) + "]" if isinstance(v, (list, tuple)) else str(v)
+
+    return f"b{show(batch or 1)}" + ("" if length is None else f"xL{show(length)}")
 
 
 def script_label(config: Dict[str, Any]) -> str:

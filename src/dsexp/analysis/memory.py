@@ -88,7 +88,13 @@ def strategy_of(result: Dict[str, Any]) -> Strategy:
         or (c.get("stack") or {}).get("deepspeed"),
         casts_buffers=bool(traits and traits.casts_buffers),
         splits_weights=bool(traits and traits.splits_weights),
+        expandable_segments="expandable_segments:true" in alloc_conf(c).replace(" ", "").lower(),
     )
+
+
+def alloc_conf(config: Dict[str, Any]) -> str:
+    """PYTORCH_CUDA_ALLOC_CONF as the ranks got it (trim.env; a script's `context` fix sets it there too)."""
+    return str(((config.get("trim") or {}).get("env") or {}).get("PYTORCH_CUDA_ALLOC_CONF") or "")
 
 
 def _policy_used(result: Dict[str, Any]) -> Optional[Dict[str, List[str]]]:
@@ -123,18 +129,23 @@ def nonpytorch_overhead(result: Dict[str, Any]) -> Optional[int]:
     PyTorch's allocator at its largest over the phases (NVML process used - torch reserved: CUDA context, NCCL
     communicator, cuBLAS workspaces, which mostly appear after `start`) plus what the device itself holds apart
     from the process at `start` (NVML device used - process used). Runs without per-process NVML figures fall
-    back to the device memory in use after `start`."""
+    back to the device memory in use after `start`.
+
+    Where ranks share a GPU, the per-GPU peak the floor is held against is each rank's own process (the headline,
+    dsexp.core.records.headline): the device's reserve is not in it, so it is not in the floor either (counting it
+    put the floor of every shared-GPU run on the H200 0.6 GiB above its measured peak)."""
     from dsexp.analysis.measured import device_reserve
 
+    job = JobRecord.of(result)
     vals = []
-    for rk in JobRecord.of(result).ranks:
+    for rk in job.ranks:
         start = rk.phase(Phase.START).gpu
         outside = [
             ph.gpu["nvml_process_used"] - (ph.gpu.get("gpu_reserved") or 0)
             for ph in rk.phases()
             if ph.gpu.get("nvml_process_used")
         ]
-        reserve = device_reserve(result, rk)
+        reserve = 0 if job.shared_gpu else device_reserve(result, rk)
         if outside and reserve is not None:
             vals.append(max(outside) + reserve)
         elif (start.get("nvml_device_used") or start.get("gpu_driver_used")) is not None:

@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from dsexp.core.fs import read_json
 from dsexp.core.protocol import live_file, rank_file
+from dsexp.core.workload import metric_name, parse_phase
 
 GIB = 2**30
 
@@ -43,7 +44,9 @@ HEADLINE = (
 
 
 def phase_kind(key: str) -> str:
-    """A phase key's kind: "generate_2" -> "generate" (the second generate call); "generate" -> "generate"."""
+    """A phase key's kind: "generate_2" -> "generate" (the second generate call); "generate" -> "generate";
+    "generate[b=8,l=2048]" -> "generate" (a point of a workload grid, dsexp.core.workload)."""
+    key = key.split("[", 1)[0]
     base, _, n = key.rpartition("_")
     return base if base and n.isdigit() else key
 
@@ -86,7 +89,44 @@ def phase_quantities(phase: Dict[str, Any]) -> Dict[str, float]:
     if phase.get("weights_device") is not None:
         out["weights_device_gib"] = phase["weights_device"] / GIB
     out.update(see_memory_quantities(phase.get("see_memory_usage") or {}))
+    out.update(point_quantities(phase.get("point") or {}))
     return {k: v for k, v in out.items() if v is not None}
+
+
+def point_quantities(point: Dict[str, Any]) -> Dict[str, float]:
+    """A workload point's figures (dsexp.rank.generation): the prefill's and the decode's peaks in GiB, the KV
+    cache, TTFT/TPOT/e2e p50 and p90 in seconds, tokens/s."""
+    out: Dict[str, float] = {}
+    for window in ("prefill", "decode"):
+        for k, v in (point.get(window) or {}).items():
+            if isinstance(v, (int, float)):
+                out[f"{window}_{k}_gib"] = v / GIB
+    if isinstance(point.get("kv_cache_bytes"), int):
+        out["kv_cache_gib"] = point["kv_cache_bytes"] / GIB
+    lat = point.get("latency") or {}
+    for name in ("ttft", "tpot", "e2e"):
+        for q in ("p50", "p90"):
+            if isinstance((lat.get(name) or {}).get(q), (int, float)):
+                out[f"{name}_{q}_s"] = lat[name][q]
+    if isinstance(lat.get("tokens_per_s"), (int, float)):
+        out["tokens_per_s"] = lat["tokens_per_s"]
+    return out
+
+
+def point_phases(ranks: List[Optional[dict]]) -> tuple:
+    """The metric names of the workload points' phases the ranks recorded (`generate_b8_l2048`)."""
+    keys = {k for rec in ranks if rec for k in (rec.get("phases") or {}) if parse_phase(k)}
+    return tuple(sorted(metric_name(k) for k in keys))
+
+
+def point_rate(ranks: List[Optional[dict]]) -> Optional[float]:
+    """Generated tokens/s of the first rank's workload points (the largest over a grid), None where none was timed."""
+    rec = next((r for r in ranks if r), None) or {}
+    rates = [
+        ((ph.get("point") or {}).get("latency") or {}).get("tokens_per_s") for ph in (rec.get("phases") or {}).values()
+    ]
+    rates = [r for r in rates if isinstance(r, (int, float))]
+    return max(rates) if rates else None
 
 
 # DeepSpeed's see_memory_usage prints "GB" but divides by 1024**3: its figures are GiB, like dsexp's.
@@ -117,7 +157,7 @@ def aggregate_metrics(ranks: Iterable[Optional[dict]]) -> Dict[str, float]:
             continue
         for pname, phase in (rec.get("phases") or {}).items():
             for q, v in phase_quantities(phase).items():
-                per.setdefault(f"{pname}.{q}", {})[rec["rank"]] = v
+                per.setdefault(f"{metric_name(pname)}.{q}", {})[rec["rank"]] = v
     out: Dict[str, float] = {}
     for name, by_rank in per.items():
         vals = list(by_rank.values())
@@ -148,7 +188,7 @@ def node_metrics(ranks: List[Optional[dict]]) -> Dict[str, float]:
             q = phase_quantities(phase)
             for name in NODE_QUANTITIES:
                 if name in q:
-                    key = f"{pname}.{name}.node_{host}"
+                    key = f"{metric_name(pname)}.{name}.node_{host}"
                     out[key] = max(out.get(key, 0.0), q[name])
     return out
 
@@ -182,19 +222,24 @@ def headline(
     (`node_gpu_peak_gib`: every rank on it); its times are gloo's on one GPU (`speed_representative`). The host peak
     per rank is the kernel's high-water mark of its RSS read at each phase end (exact) where the record has it, else
     the sampler's peak."""
-    device_peak = _max_over(metrics, "nvml_device_used_peak_gib") or _max_over(metrics, "gpu_driver_used_gib")
-    gpu_peak = _max_over(metrics, "nvml_process_used_peak_gib") if shared_gpu else device_peak
+    phases = PHASES + point_phases(ranks)  # a grid's points are generate phases too
+    device_peak = _max_over(metrics, "nvml_device_used_peak_gib", phases) or _max_over(
+        metrics, "gpu_driver_used_gib", phases
+    )
+    gpu_peak = _max_over(metrics, "nvml_process_used_peak_gib", phases) if shared_gpu else device_peak
     gen_s = metrics.get("generate.wall_s.max") if phase_ended(ranks, "generate") else None
     out = {
         "gpu_peak_gib": gpu_peak,
         "gpu_weights_gib": metrics.get("init.weights_device_gib.max"),
-        "host_peak_gib": _max_of(_max_over(metrics, "host_rss_peak_gib"), _max_over(metrics, "host_rss_hwm_gib")),
-        "host_anon_peak_gib": _max_over(metrics, "host_anon_peak_gib"),
-        "node_host_peak_gib": _max_over(metrics, "node_used_peak_gib"),
+        "host_peak_gib": _max_of(
+            _max_over(metrics, "host_rss_peak_gib", phases), _max_over(metrics, "host_rss_hwm_gib", phases)
+        ),
+        "host_anon_peak_gib": _max_over(metrics, "host_anon_peak_gib", phases),
+        "node_host_peak_gib": _max_over(metrics, "node_used_peak_gib", phases),
         "load_s": metrics.get("load.wall_s.max") if phase_ended(ranks, "load") else None,
         "init_s": metrics.get("init.wall_s.max") if phase_ended(ranks, "init") else None,
         "generate_s": gen_s,
-        "tokens_per_s": (new_tokens / gen_s) if gen_s else None,
+        "tokens_per_s": point_rate(ranks) or ((new_tokens / gen_s) if gen_s else None),
     }
     if shared_gpu:
         out["node_gpu_peak_gib"] = device_peak

@@ -84,8 +84,18 @@ class LauncherConfig:
 
 @dataclass
 class GenerateConfig:
+    """The workload's shape. batch_size and prompt_tokens are each an int or a list: a list is a grid run inside one
+    job (the model loads once; each point its own phase, dsexp.core.workload). prompt_tokens null: the prompt text
+    as the model's tokenizer cuts it; N: a prompt of exactly N tokens (the text's ids repeated), the same on every
+    rank and in the tp=1 reference. Each point: `warmup` untimed generate calls, then `repeats` timed ones of
+    `new_tokens` tokens and `repeats` prefills (generate with one new token)."""
+
     prompt: str = "what is deepspeed?"
     new_tokens: int = 16
+    batch_size: Any = 1
+    prompt_tokens: Any = None
+    repeats: int = 1
+    warmup: int = 0
 
 
 @dataclass

@@ -50,8 +50,14 @@ def splits_off(tail: int, small: bool) -> bool:
     return tail >= MIN_BLOCK if small else tail > SMALL_REQUEST
 
 
-def replay(sizes: Iterable[int]) -> Reserve:
-    """The allocator's reserve after these allocations, made in this order and none freed (sizes <= 0 skipped)."""
+def replay(sizes: Iterable[int], expandable: bool = False) -> Reserve:
+    """The allocator's reserve after these allocations, made in this order and none freed (sizes <= 0 skipped).
+
+    expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): each pool is one segment that maps 2 MiB pages
+    as it grows, so nothing is left in half-used segments: the reserve is the requests rounded, then to 2 MiB
+    pages per pool."""
+    if expandable:
+        return _replay_expandable(sizes)
     free: dict = {True: [], False: []}  # small pool?: sorted free block sizes
     reserved = allocated = 0
     for size in sizes:
@@ -73,3 +79,13 @@ def replay(sizes: Iterable[int]) -> Reserve:
         else:
             allocated += block
     return Reserve(reserved, allocated)
+
+
+def _replay_expandable(sizes: Iterable[int]) -> Reserve:
+    pools = {True: 0, False: 0}  # small pool?: bytes of its requests, rounded
+    for size in sizes:
+        if size > 0:
+            n = round_request(size)
+            pools[n <= SMALL_REQUEST] += n
+    reserved = sum(ROUND_LARGE * -(-b // ROUND_LARGE) for b in pools.values())
+    return Reserve(reserved, sum(pools.values()))

@@ -20,11 +20,17 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 @dataclass(frozen=True)
 class Dims:
-    """The architecture numbers the KV cache depends on."""
+    """The architecture numbers the KV cache depends on, and those the activations above the weights depend on
+    (predict.capacity)."""
 
     layers: int
     kv_heads: int
     head_dim: int
+    hidden: int = 0
+    intermediate: int = 0
+    heads: int = 0
+    vocab: int = 0
+    attention: str = "sdpa"  # the attention the model's code runs (config._attn_implementation): eager holds scores
 
 
 def model_source(config: Dict[str, Any], runtime: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -94,7 +100,16 @@ def dims(model) -> Dims:
     heads = cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return Dims(layers=cfg.num_hidden_layers, kv_heads=kv, head_dim=head_dim)
+    return Dims(
+        layers=cfg.num_hidden_layers,
+        kv_heads=kv,
+        head_dim=head_dim,
+        hidden=cfg.hidden_size,
+        intermediate=getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size,
+        heads=heads,
+        vocab=cfg.vocab_size,
+        attention=getattr(model.config, "_attn_implementation", None) or "eager",
+    )
 
 
 def checkpoint_files(folder: Optional[str]) -> Dict[str, int]:

@@ -43,6 +43,7 @@ class Strategy:
     # The engine's traits the model reads (dsexp.engines.base.EngineTraits), filled by whoever builds the strategy:
     casts_buffers: bool = False  # the whole module, buffers included, cast to the run dtype
     splits_weights: bool = False  # each rank keeps its slice of the weights and its own KV heads
+    expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (trim.env, script.fix)
 
     def trimmed(self, key: str) -> bool:
         return bool(self.trims.get(key))

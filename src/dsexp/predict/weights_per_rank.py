@@ -112,7 +112,9 @@ def reserve(
     """Per rank: the allocator's reserve for the weights (the engine's allocations replayed in its order), or the
     weights themselves where the engine does not say its order."""
     held = [order(placements, r, s) if order else None for r in range(len(weights))]
-    return [replay(sizes).reserved if sizes is not None else w for sizes, w in zip(held, weights)]
+    return [
+        replay(sizes, s.expandable_segments).reserved if sizes is not None else w for sizes, w in zip(held, weights)
+    ]
 
 
 def host(
