@@ -41,13 +41,24 @@ def weights_held(pred, spec: JobConfig) -> List[int]:
     return pred.reserve if spec.device == "cuda" else pred.weights
 
 
-def rank_terms(pred, spec: JobConfig, batch: int) -> List[Dict[str, int]]:
-    """Each rank's terms at this batch, in the order they are allocated: weights, outside, then the capacity model's."""
-    from dsexp.predict.capacity import Workload, above_weights
+def terms_at(pred, spec: JobConfig, batch: int) -> Dict[str, List[int]]:
+    """The capacity model's terms above the weights at this batch, per rank, as its `fits` counts them: with kernel
+    injection the workspace DeepSpeed shrinks to the free memory, down to prompt + new tokens, plus what it keeps
+    free."""
+    from dsexp.predict import capacity as cap
 
     g = spec.generate
-    above = above_weights(pred.dims, pred.strategy, pred.tp, Workload(batch, int(g.prompt_tokens), int(g.new_tokens)))
-    outside = outside_bytes(spec)
+    w = cap.Workload(batch, int(g.prompt_tokens), int(g.new_tokens))
+    if not pred.strategy.kernel_inject:
+        return cap.above_weights(pred.dims, pred.strategy, pred.tp, w)
+    s, e = cap.Shapes.of(pred.dims), cap.DTYPE_BYTES[pred.strategy.dtype]
+    space = cap.workspace(s, pred.tp, batch, w.prompt_tokens + w.new_tokens, e) + cap.WORKSPACE_KEPT_FREE
+    return {"workspace": [space] * pred.tp, "logits": [cap.logits(s, batch, e, decode=w.new_tokens > 1)] * pred.tp}
+
+
+def rank_terms(pred, spec: JobConfig, batch: int) -> List[Dict[str, int]]:
+    """Each rank's terms at this batch, in the order they are allocated: weights, outside, then the capacity model's."""
+    above, outside = terms_at(pred, spec, batch), outside_bytes(spec)
     return [
         {"weights": weights_held(pred, spec)[r], "outside": outside, **{k: int(v[r]) for k, v in above.items()}}
         for r in range(pred.tp)
@@ -56,11 +67,9 @@ def rank_terms(pred, spec: JobConfig, batch: int) -> List[Dict[str, int]]:
 
 def device_needs(pred, spec: JobConfig, batch: int) -> List[int]:
     """Per rank: the capacity model's peak (weights included) plus what lives outside the allocator."""
-    from dsexp.predict.capacity import Workload, above_weights, peak_per_rank
+    from dsexp.predict.capacity import peak_per_rank
 
-    g = spec.generate
-    above = above_weights(pred.dims, pred.strategy, pred.tp, Workload(batch, int(g.prompt_tokens), int(g.new_tokens)))
-    return [p + outside_bytes(spec) for p in peak_per_rank(weights_held(pred, spec), above)]
+    return [p + outside_bytes(spec) for p in peak_per_rank(weights_held(pred, spec), terms_at(pred, spec, batch))]
 
 
 def token_limit(pred, spec: JobConfig) -> Optional[Miss]:
