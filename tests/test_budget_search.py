@@ -170,3 +170,10 @@ def test_the_bound_holds_whatever_the_model_gets_wrong():
         simulate(state, lambda c, b: tbase + tslope * b)
         assert S.runs_used(c) <= S.run_bound(n), (trial, [p.batch for p in c.points])
         assert S.largest_ok(c, batches) == true_largest(state, c, lambda c, b: tbase + tslope * b), trial
+
+
+def test_a_point_that_ran_past_the_budget_is_the_upper_side_and_its_measured_gap_counts():
+    batches = [1, 2, 3, 4]
+    c = S.Config("a", {"tp": "1"}, [10, 20, 30, 40], points=[S.Point(1, S.OK, 12), S.Point(3, S.OVER, 45)])
+    assert S.bracket(c, batches) == (0, 2)  # 1 ran within the budget, 3 ran past it
+    assert S.own_gap(c, batches, device=40) == 15  # the measured 45 where 30 was predicted

@@ -149,5 +149,5 @@ def _runs_table(s: Dict[str, Any]) -> str:
                 points or "-",
             ]
         )
-    header = ["configuration", "predicted largest", "largest ran", "smallest OOM", "gap", "runs", "batch:status"]
+    header = ["configuration", "predicted largest", "largest ran", "smallest past", "gap", "runs", "batch:status"]
     return md_table(header, body, [False, True, True, True, True, True, False])

@@ -21,11 +21,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 OK, OOM, FAILED = "ok", "oom", "failed"
+OVER = "over"  # ran, but its measured need passed the budget (memory outside a capped allocator, or no cap)
+PAST = (OOM, OVER)  # the points past the budget: the upper side of the bracket
 
 
 @dataclass
 class Point:
-    """One batch of one configuration, run: ok (with the busiest rank's device peak), oom, or failed otherwise."""
+    """One batch of one configuration, run: ok (with the busiest rank's device peak), oom, over (ran, measured past
+    the budget), or failed otherwise."""
 
     batch: int
     status: str
@@ -59,7 +62,7 @@ class Config:
     failed: Optional[str] = None  # a run failed for another cause than memory: not pursued
 
     def point(self, batch: int) -> Optional[Point]:
-        return next((p for p in self.points if p.batch == batch and p.status in (OK, OOM)), None)
+        return next((p for p in self.points if p.batch == batch and p.status in (OK, *PAST)), None)
 
 
 @dataclass
@@ -95,7 +98,7 @@ def bracket(c: Config, batches: List[int]) -> Tuple[int, int]:
     """(index of the largest batch that ran below the smallest that did not, index of that smallest); -1 and
     len(batches) where nothing is known on that side."""
     index = {b: i for i, b in enumerate(batches)}
-    ooms = [index[p.batch] for p in c.points if p.status == OOM and p.batch in index]
+    ooms = [index[p.batch] for p in c.points if p.status in PAST and p.batch in index]
     hi = min(ooms, default=len(batches))
     oks = [index[p.batch] for p in c.points if p.status == OK and p.batch in index and index[p.batch] < hi]
     return max(oks, default=-1), hi
@@ -111,7 +114,7 @@ def own_gap(c: Config, batches: List[int], device: int) -> Optional[int]:
         if p.batch not in index:
             continue
         predicted = c.needs[index[p.batch]]
-        if p.status == OK and p.peak is not None:
+        if p.status in (OK, OVER) and p.peak is not None:
             gaps.append(p.peak - predicted)
         elif p.status == OOM:
             gaps.append(device - predicted + 1)

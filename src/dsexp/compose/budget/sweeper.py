@@ -126,6 +126,9 @@ class BudgetSearch:
         if any(j["dir"] == str(job_dir) for j in self.jobs):
             return
         points, stop = measured.points_of(job_dir, result)
+        for p in points:  # a point that ran past the budget (not capped, or outside the allocator) does not fit it
+            if p.status == search.OK and p.peak is not None and p.peak > self.state.device:
+                p.status = search.OVER
         c.points += [p for p in points if p.status != search.FAILED and c.point(p.batch) is None]
         if stop:
             c.failed = stop
