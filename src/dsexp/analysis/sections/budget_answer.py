@@ -55,7 +55,7 @@ def render(inputs: ReportInputs) -> str:
 
 def _budget_line(s: Dict[str, Any], how: Optional[str]) -> str:
     b = s["budget"]
-    host = f", host {b['host_gib']} GiB" if b.get("host_gib") is not None else ""
+    host = f", host {size(b['host'])}" if b.get("host") is not None else ""
     held = {
         "enforced": "enforced: each rank's allocator capped at the budget minus what its process holds outside it",
         "simulated": (
@@ -64,7 +64,7 @@ def _budget_line(s: Dict[str, Any], how: Optional[str]) -> str:
         ),
     }.get(how or "", "compared with the measured peaks")
     return (
-        f"Budget: {b['gpus']} GPUs x {b['gpu_gib']} GiB{host}; prompts of {s['prompt_tokens']} tokens, "
+        f"Budget: {b['gpus']} GPUs x {size(b['device'])}{host}; prompts of {s['prompt_tokens']} tokens, "
         f"{s['new_tokens']} new tokens; batch {s['batches'][0]}..{s['batches'][-1]}. The device budget was {held}."
     )
 
