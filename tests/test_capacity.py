@@ -141,3 +141,8 @@ def test_largest_batch_is_the_boundary_of_what_fits():
     assert peak(b) + outside <= device < peak(b + 1) + outside
     assert cap.largest_batch(dims, s, 1, [30 * GIB], 2048, 64, device) == 0
     assert cap.largest_batch(dims, s, 1, weights, 16, 1, 140 * GIB, max_batch=64) == 64
+
+
+def test_dims_without_the_activation_shapes_are_refused_by_name():
+    with pytest.raises(ValueError, match="predict.architecture.dims"):
+        cap.above_weights(Dims(8, 8, 128), strategy(), 1, cap.Workload(1, 16, 2))

@@ -59,6 +59,11 @@ class Shapes:
     @classmethod
     def of(cls, dims: Any) -> "Shapes":
         """From predict.architecture.Dims (or anything with the same fields)."""
+        if not (getattr(dims, "hidden", 0) and getattr(dims, "heads", 0) and getattr(dims, "vocab", 0)):
+            raise ValueError(
+                f"{dims}: the memory above the weights needs hidden, intermediate, heads and vocab too; build the "
+                "dims with dsexp.predict.architecture.dims(model)"
+            )
         return cls(
             layers=dims.layers,
             hidden=dims.hidden,
