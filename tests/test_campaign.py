@@ -94,6 +94,8 @@ def test_a_step_overrides_the_common_key_it_sets():
     got = sweep_overrides(c, zero3)
     assert "generate.new_tokens=2" in got and "generate.new_tokens=8" not in got
     assert "timeout_s=480" in got and "timeout_s=300" not in got and "model=internlm2_20b_shapes" in got
+    slurm = sweep_overrides(c, zero3, add=["hydra/launcher=dsexp_slurm", "timeout_s=900"])
+    assert slurm[-2:] == ["hydra/launcher=dsexp_slurm", "timeout_s=900"] and "timeout_s=480" not in slurm
 
 
 @pytest.mark.parametrize(
@@ -139,7 +141,8 @@ def test_dry_run_of_a_campaign_with_models_and_steps_of_every_kind(tmp_path, cap
     only = ["--only", "write_seed20,seed20"]
     assert main(["scripts", "--dry-run", "--out", str(tmp_path / "o"), "--work", "/w", *only]) == 0
     out = capsys.readouterr().out
-    assert "python -m dsexp.campaign.model_dir model=internlm2_20b_shapes model.dims.num_hidden_layers=24" in out
+    assert "# model D20 (its folder is $D20)\npython -m dsexp.campaign.model_dir model=internlm2_20b_shapes\n" in out
+    assert "num_hidden_layers=24" not in out  # D24: only the steps left out name it
     assert "python tests/helpers/user_scripts.py /w/seed20_main main.py '<D20>'" in out
     assert "script.path=/w/seed20_main/main.py tp=2 'script.fix=[all],[]' launcher=deepspeed stack=seed" in out
     assert "export USE_FLAX=0" in out and "write_seed24" not in out
@@ -182,15 +185,17 @@ def test_a_campaign_run_records_its_name_and_commit_in_each_result(tmp_path, cac
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
     out, work = tmp_path / "out", tmp_path / "work"
     cmd = [sys.executable, "-m", "dsexp.campaign", "cpu_smoke", "--out", str(out), "--work", str(work)]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((out / "tiny" / "0" / "result.json").read_text())
     assert result["status"] == "ok" and result["campaign"] == "cpu_smoke"
-    assert result["commit"] == source_commit() and len(result["commit"].split("-")[0]) == 40
+    sha = result["commit"].split("-")[0]  # "-dirty" follows the tree's state when the runner started
+    assert sha == source_commit().split("-")[0] and len(sha) == 40
     assert not (out / "tiny" / "0" / "ranks").exists() and (work / "tiny" / "0" / "ranks").is_dir()
     record = json.loads((out / "campaign.json").read_text())
     (step,) = record["runs"][0]["steps"]
     assert record["runs"][0]["commit"] == result["commit"] and step["rc"] == 0 and step["results"] == 1
+    assert step["command"].startswith("python -m dsexp -m model=tiny tp=1 ")
 
 
 def test_every_benchmark_runs_from_a_make_target():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from dsexp.analysis import capacity as capa
+from dsexp.analysis import workload_points as capa
 from dsexp.core.result import JobRecord
 from dsexp.predict.architecture import Dims
 

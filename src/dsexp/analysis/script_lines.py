@@ -126,8 +126,9 @@ def _as_comments(done: List[Any], n: Names) -> List[str]:
 
 def _trims(done: List[Any], n: Names) -> List[str]:
     return [
-        "# trims (head and embedding sharded, one communicator, identical buffers shared) replace modules",
-        "# DeepSpeed builds: no few-line equivalent; keep script.fix=trims to have them",
+        "# trims (head and embedding sharded, one communicator, identical buffers shared) swap modules around",
+        "# init_inference by this model's own names (DeepSpeed's VocabParallelEmbedding, LmHeadLinearAllreduce);",
+        "# keep script.fix=trims to have them",
     ]
 
 

@@ -364,7 +364,27 @@ def tp_plan_on_shared_gpu(result: Dict[str, Any]) -> List[Finding]:
     ]
 
 
+_ENGINE_AS_MODEL = re.compile(r"'InferenceEngine' object has no attribute '(\w+)'")
+
+
+def engine_as_model(result: Dict[str, Any]) -> List[Finding]:
+    """The InferenceEngine handed where transformers expects the model (`pipe.model = deepspeed.init_inference(...)`,
+    as DeepSpeed's tutorial writes it): the engine forwards calls, not the model's attributes."""
+    found = _ENGINE_AS_MODEL.search(str((result.get("failure") or {}).get("message")))
+    if not found:
+        return []
+    return [
+        _f(
+            "engine_as_model",
+            f"the script used DeepSpeed's InferenceEngine where transformers expects the model, which reads "
+            f"`{found.group(1)}` from it: the engine forwards calls to the model, not its attributes",
+            "use the engine's model: `deepspeed.init_inference(...).module` (e.g. `pipe.model = engine.module`)",
+        )
+    ]
+
+
 RULES = (
+    engine_as_model,
     tp_plan_on_shared_gpu,
     buffers_left_uninitialised,
     rejected_field,

@@ -1,6 +1,7 @@
-"""`python -m dsexp.campaign NAME [--dry-run] [--only STEP,...] [--out DIR] [--work DIR]`; `--list` names them all.
+"""`python -m dsexp.campaign NAME [--dry-run] [--only STEP,...] [--add OVERRIDE]... [--out DIR] [--work DIR]`.
 
-Runs the campaign's steps in order and fills its results folder (--out: elsewhere); --dry-run prints the commands.
+Runs the campaign's steps in order and fills its results folder (--out: elsewhere); --dry-run prints the commands;
+--add appends an override to every sweep (`--add hydra/launcher=dsexp_slurm`); --list names every campaign.
 Exit status 1 if a step failed or ran out of time (the steps after it still run)."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="every campaign, its results folder and what it needs")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--only", help="comma-separated step names (default: every step)")
+    ap.add_argument("--add", action="append", default=[], metavar="OVERRIDE", help="appended to every sweep, wins")
     ap.add_argument("--out", type=Path, help="results folder (default: the campaign's, e.g. results/h200/shared)")
     work_help = f"sweeps run here (default: ${WORK_ENV} or multirun/campaigns, then <name>/<time>)"
     ap.add_argument("--work", type=Path, help=work_help)
@@ -39,7 +41,7 @@ def main(argv=None) -> int:
         root = Path(os.environ.get(WORK_ENV) or REPO / "multirun" / "campaigns")
         work = (args.work or root / args.name / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
         only = args.only.split(",") if args.only else None
-        return run_campaign(campaign, out, work, dry_run=args.dry_run, only=only)
+        return run_campaign(campaign, out, work, dry_run=args.dry_run, only=only, add=args.add)
     except ConfigError as e:
         print(f"dsexp.campaign: {e}", file=sys.stderr)
         return 2

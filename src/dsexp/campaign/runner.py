@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -17,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, TextIO
+from typing import Dict, Iterable, List, Optional, Sequence, TextIO
 
 from dsexp.campaign.spec import REPO, Campaign, Step, substitute, sweep_overrides
 from dsexp.core.protocol import CAMPAIGN_ENV, COMMIT_ENV, RESULT
@@ -28,6 +29,7 @@ from dsexp.job.run import source_commit
 # sweep's report and plots. Not kept: checkpoints, logits, snapshot pickles, rank logs, traces.
 CAMPAIGN_KEEP = ("*/" + RESULT, "summary.md", "summary.csv", "multirun.yaml", "plots/*.png")
 RECORD = "campaign.json"
+MODEL_TIMEOUT_S = 3600  # writing a model's random-weight checkpoint (20B shapes: about a minute on an H200 host)
 GRACE_S = 30  # after SIGTERM at a step's time limit: dsexp stops its ranks, then the step is killed
 
 
@@ -36,10 +38,12 @@ def commit() -> str:
     return source_commit() or os.environ.get(COMMIT_ENV) or "unknown"
 
 
-def command(campaign: Campaign, step: Step, values: Dict[str, str], python: str = "python") -> List[str]:
-    """The step's command line, substituted."""
+def command(
+    campaign: Campaign, step: Step, values: Dict[str, str], python: str = "python", add: Sequence[str] = ()
+) -> List[str]:
+    """The step's command line, substituted (`add`: overrides for every sweep, from the command line)."""
     if step.kind == "overrides":
-        args = [*sweep_overrides(campaign, step), f"hydra.sweep.dir={values['WORK']}/{step.name}"]
+        args = [*sweep_overrides(campaign, step, add), f"hydra.sweep.dir={values['WORK']}/{step.name}"]
         argv = [python, "-m", "dsexp", "-m", *args]
     elif step.kind == "pytest":
         argv = [python, "-m", "pytest", *step.args]
@@ -142,8 +146,19 @@ def selected(campaign: Campaign, only: Optional[List[str]]) -> List[Step]:
     return [s for s in campaign.steps if not only or s.name in only]
 
 
+def needed_models(campaign: Campaign, steps: List[Step]) -> Dict[str, List[str]]:
+    """The models the chosen steps name ($NAME or ${NAME}): only those are written."""
+    text = " ".join(a for s in steps for a in [*s.args, s.stdout or ""])
+    return {n: o for n, o in campaign.models.items() if re.search(rf"\$\{{?{n}\b", text)}
+
+
 def run_campaign(
-    campaign: Campaign, out: Path, work: Path, dry_run: bool = False, only: Optional[List[str]] = None
+    campaign: Campaign,
+    out: Path,
+    work: Path,
+    dry_run: bool = False,
+    only: Optional[List[str]] = None,
+    add: Sequence[str] = (),
 ) -> int:
     """Run (or with dry_run, print) the campaign. Returns 0 if every step exited 0 in time, else 1."""
     steps = selected(campaign, only)
@@ -156,11 +171,11 @@ def run_campaign(
     print(f"# campaign {campaign.name} at {sha}: {campaign.results} -> {out} (work: {work})", flush=True)
     if dry_run and campaign.env:
         print("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in campaign.env.items()))
-    for name, overrides in campaign.models.items():
+    for name, overrides in needed_models(campaign, steps).items():
         argv = model_command([substitute(o, values) for o in overrides], python)
         print(f"# model {name} (its folder is ${name})\n{shlex.join(argv)}", flush=True)
         if not dry_run:
-            proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
+            proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=MODEL_TIMEOUT_S)
             if proc.returncode != 0:
                 raise RuntimeError(f"model {name}: {proc.stderr[-2000:]}")
             values[name] = proc.stdout.strip().splitlines()[-1]
@@ -169,7 +184,7 @@ def run_campaign(
     record = {"campaign": campaign.name, "commit": sha, "started": time.time(), "machine": machine(), "steps": []}
     failed = False
     for step in steps:
-        argv = command(campaign, step, values, python)
+        argv = command(campaign, step, values, python, add)
         stdout = Path(substitute(step.stdout, values)) if step.stdout else None
         where = f" -> {out / step.name}" if step.kind == "overrides" else f" > {stdout}" if stdout else ""
         print(f"# step {step.name} ({step.kind}, at most {step.timeout_s} s){where}", flush=True)
@@ -182,7 +197,8 @@ def run_campaign(
         if step.kind == "overrides":
             outcome["results"] = collect(work / step.name, out / step.name)
         failed |= outcome["rc"] != 0 or outcome["timed_out"]
-        record["steps"].append({"name": step.name, "command": argv[1:], **outcome})
+        shown = ["python" if i == 0 and a == python else a for i, a in enumerate(argv)]
+        record["steps"].append({"name": step.name, "command": shlex.join(shown), **outcome})
         print(f"# step {step.name}: {json.dumps(outcome)}", flush=True)
         save_record(out, record)
     return int(failed)

@@ -20,7 +20,7 @@ import re
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 import yaml
 
@@ -128,10 +128,16 @@ def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def sweep_overrides(campaign: Campaign, step: Step) -> List[str]:
-    """A sweep step's overrides, then the campaign's common ones whose keys the step does not set."""
-    own = {override_key(o) for o in step.args}
-    return step.args + [o for o in campaign.common if override_key(o) not in own]
+def sweep_overrides(campaign: Campaign, step: Step, add: Sequence[str] = ()) -> List[str]:
+    """A sweep step's overrides, then the campaign's common ones whose keys the step does not set; `add` (the
+    command line's) after them, in place of any that set the same keys."""
+
+    def without(overrides: Sequence[str], keys: Iterable[str]) -> List[str]:
+        drop = set(keys)
+        return [o for o in overrides if override_key(o) not in drop]
+
+    own = step.args + without(campaign.common, map(override_key, step.args))
+    return without(own, map(override_key, add)) + list(add)
 
 
 def substitute(text: str, values: Mapping[str, str]) -> str:

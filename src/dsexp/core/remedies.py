@@ -37,13 +37,14 @@ def not_applicable(name: str, spec) -> Optional[str]:
         return "trims split across ranks: at tp=1 there is nothing to split"
     needs = ENGINE_NEEDED.get(name)
     if needs and not any(call in _source(spec) for call in needs):
-        return f"{name} hands the model to {' or '.join(needs)}, which {spec.script.path} never calls"
+        calls = " or ".join(f"deepspeed.{call}...)" for call in needs)
+        return f"{name} hands the model to {calls}, which {spec.script.path} never calls"
     return None
 
 
 # remedies that leave the model for the engine to place or fill: without that call the script would run on a model
-# its own code no longer put where it asked (host_load) or never filled (meta_load)
-ENGINE_NEEDED = {"host_load": ("init_inference", "initialize"), "meta_load": ("init_inference",)}
+# its own code no longer put where it asked (host_load) or never filled (meta_load); found as the calls are written
+ENGINE_NEEDED = {"host_load": ("init_inference(", "initialize("), "meta_load": ("init_inference(",)}
 
 
 def _source(spec) -> str:
@@ -53,7 +54,7 @@ def _source(spec) -> str:
         with open(path, encoding="utf-8", errors="replace") as f:
             return f.read()
     except (OSError, TypeError):
-        return "init_inference initialize"
+        return "init_inference( initialize("
 
 
 def fix_problem(fixes: List[str], spec) -> Optional[str]:

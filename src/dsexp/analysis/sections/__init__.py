@@ -5,7 +5,7 @@
     scripts          your_script         users' scripts, as written and fixed
     recommendation   recommendation      what to run, and against the memory model's floor
     matrix           matrix_table        every run: measured, predicted, speed
-    capacity         capacity            memory above the weights per workload point; the largest batch that fits
+    capacity         capacity_fit        memory above the weights per workload point; the largest batch that fits
     latency          latency             TTFT, TPOT, e2e and tokens/s per workload point
     stacks           stack_comparison    one configuration on each software stack
     weights          weights_table       weights per rank, predicted vs measured
@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Dict
 
 from dsexp.analysis.sections import (
-    capacity,
+    capacity_fit,
     definitions,
     latency,
     matrix_table,
@@ -42,7 +42,7 @@ SECTIONS = (
     your_script,
     recommendation,
     matrix_table,
-    capacity,
+    capacity_fit,
     latency,
     stack_comparison,
     weights_table,

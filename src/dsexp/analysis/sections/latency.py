@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dsexp.analysis import capacity as capa
+from dsexp.analysis import workload_points as capa
 from dsexp.analysis.sections.common import ReportInputs, num
 
 NAME = "latency"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import List
 
-from dsexp.analysis import capacity as capa
 from dsexp.analysis import measured as m
+from dsexp.analysis import workload_points as capa
 from dsexp.analysis.diagnosis import floor_terms
 from dsexp.analysis.matrix import Extrapolated, Pick, Row, main_model, recommend
 from dsexp.analysis.sections.common import ReportInputs, num, on_gpu

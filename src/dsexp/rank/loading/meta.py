@@ -102,6 +102,22 @@ def tied_names(model) -> Dict[str, str]:
     return tied
 
 
+def names_deepspeed_looks_up(model, keys: set) -> List[tuple]:
+    """[(the name DeepSpeed looks up, the file's name)] where they differ: for Bloom and OPT models DeepSpeed drops
+    the first level of every name below the top (`transformer.`), as the original checkpoints were saved; files saved
+    by transformers keep it."""
+    from deepspeed.module_inject.replace_module import skip_level_0_prefix
+
+    if not skip_level_0_prefix(model, dict.fromkeys(keys)):
+        return []
+    out = []
+    for name, _ in model.named_parameters():
+        parts = name.split(".", 1)
+        if len(parts) == 2 and "." in parts[1] and parts[1] not in keys and name in keys:
+            out.append((parts[1], name))
+    return out
+
+
 def _meta_leftovers(module) -> List[str]:
     return [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
 
@@ -146,7 +162,16 @@ class MetaLoader(Loader):
 
     @staticmethod
     def _precheck(model, paths: List[Path], undo: Callable[[], None]) -> None:
-        missing = unfillable(model, {k for p in paths for k in files.tensor_names(p)})
+        keys = {k for p in paths for k in files.tensor_names(p)}
+        renamed = names_deepspeed_looks_up(model, keys)
+        if renamed:
+            undo()
+            raise RuntimeError(
+                f"load=meta: DeepSpeed's checkpoint loader looks these tensors up without their first name level "
+                f"(replace_module.skip_level_0_prefix, for {type(model).__name__}), which the files keep: "
+                + "; ".join(f"{want!r} (the files: {have!r})" for want, have in renamed[:3])
+            )
+        missing = unfillable(model, keys)
         if missing:
             undo()
             listed = "; ".join(f"{n}: {why}" for n, why in list(missing.items())[:8])

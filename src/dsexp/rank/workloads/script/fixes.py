@@ -69,6 +69,8 @@ class Fixes:
         """(fn, args, kwargs) to call instead: the remedies' changes to the call the script made."""
         if kind == "load":
             return self._before_load(fact, fn, args, kwargs)
+        if kind == "generate" and self.meta is not None and not self.engine_called and _has_meta(self.session.model):
+            self.whole_again(f"{fact['api']} before any engine call")
         if kind == "move" and self.meta is not None and not self.engine_called and _on_meta(fact):
             return self._move_on_meta(fact, fn, [*args, *kwargs.values()]), args, kwargs
         if kind == "move" and self.on("host_load") and not self.engine_called and moves_to_gpu(fact):
@@ -101,9 +103,27 @@ class Fixes:
         if self.on("meta_load") and fact["api"].endswith("from_pretrained") and self.meta is None:
             why = meta_load_obstacle(fact.get("source"), kw)
             if why is None:
-                return self._meta_from_pretrained(fact["source"], kw), args, kw
+                return self._meta_from_pretrained(fact, fn, kw), args, kw
             self._not_applied("meta_load", f"{fact['api']} loaded as written: {why}")
         return fn, args, kw
+
+    def whole_again(self, why: str) -> None:
+        """The script uses the model meta_load holds on the meta device for something other than the engine (it
+        saves it, it generates before sharding): the model is filled from the files on the host, as from_pretrained
+        would have left it, and meta_load is recorded as not applied to that load (a later load may take it)."""
+        from dsexp.rank.loading import buffers, files
+        from dsexp.rank.loading.meta import tied_names
+
+        model, folder = self.meta.model, self.meta.info.get("source")
+        tied = tied_names(model)
+        kept = {n: b.detach().clone() for n, b in buffers.non_persistent_buffers(model).items() if not b.is_meta}
+        model.to_empty(device="cpu")
+        fmt = "safetensors" if any(p.endswith(".safetensors") for p in os.listdir(folder)) else "bin"
+        files.fill(model, files.checkpoint_files(folder, fmt), tied)
+        buffers.restore(model, kept, "cpu")
+        self.meta = None
+        self.done.pop("meta_load", None)
+        self._not_applied("meta_load", f"{folder}: loaded whole on the host after all: {why} needs its weights")
 
     def _move_on_meta(self, fact: Dict[str, Any], fn: Callable, target: list) -> Callable:
         """The script moves the model before the engine while meta_load holds it on the meta device (no data to
@@ -122,14 +142,21 @@ class Fixes:
         )
         return lambda *a, **k: model if dtype is None else fn(dtype)
 
-    def _meta_from_pretrained(self, source: str, kwargs: dict) -> Callable:
-        """from_pretrained replaced by dsexp's meta build (parameters on meta, buffers from the constructor)."""
+    def _meta_from_pretrained(self, fact: Dict[str, Any], fn: Callable, kwargs: dict) -> Callable:
+        """from_pretrained replaced by dsexp's meta build (parameters on meta, buffers from the constructor); where
+        the meta load refuses this model (DeepSpeed could not fill it), the call as written, the reason recorded."""
+        source = fact["source"]
 
-        def load(*_args, **_kwargs):
+        def load(*args, **kw):
             from dsexp.rank.loading.meta import MetaLoader
 
-            self.meta = MetaLoader().load(self._ctx(source, kwargs), {})
-            self._record("meta_load", {"source": source, **self.meta.info})
+            try:
+                self.meta = MetaLoader().load(self._ctx(source, kwargs), {})
+            except RuntimeError as e:
+                self._not_applied("meta_load", f"{fact['api']} loaded as written: {e}"[:1000])
+                return fn(*args, **kw)
+            self.meta.info["source"] = source
+            self._record("meta_load", dict(self.meta.info))
             return self.meta.model
 
         return load
@@ -229,12 +256,20 @@ class Fixes:
     # --- helpers ---------------------------------------------------------------------------------------
 
     def _ensure_distributed(self, remedy: str) -> None:
+        """DeepSpeed's communicator before init_inference would make it. A script that made its own torch process
+        group has none yet: init_distributed wraps that group (DeepSpeed's calls fail without it)."""
         import deepspeed
+        import deepspeed.comm as ds_comm
         import torch.distributed as dist
 
-        if not dist.is_initialized():
+        if not ds_comm.is_initialized():
+            own = dist.is_initialized()
             deepspeed.init_distributed()
-            self._record(remedy, "deepspeed.init_distributed() before init_inference")
+            self._record(
+                remedy,
+                "deepspeed.init_distributed() before init_inference"
+                + (" (wraps the script's own process group)" if own else ""),
+            )
 
     def _world(self) -> int:
         return int(os.environ.get("WORLD_SIZE", "1"))
@@ -309,6 +344,10 @@ def _places_on_device(key: str, value: Any) -> bool:
     if key == "device_map":
         return value not in (None, "cpu") and value != {"": "cpu"}
     return _to_gpu([value])
+
+
+def _has_meta(model) -> bool:
+    return model is not None and any(p.is_meta for p in model.parameters())
 
 
 def _on_meta(fact: Dict[str, Any]) -> bool:

@@ -136,6 +136,9 @@ def _patch_save(cls, session: ScriptSession) -> None:
 
     @functools.wraps(orig)
     def save_pretrained(self, save_directory, *args, **kwargs):
+        fixes = session.fixes
+        if fixes is not None and fixes.meta is not None and fixes.meta.model is self and not fixes.engine_called:
+            fixes.whole_again(f"{type(self).__name__}.save_pretrained({str(save_directory)!r})")
         what = {"what": "checkpoint_written", "name": str(save_directory)}
         out = session.one_time(what, lambda: orig(self, save_directory, *args, **kwargs))
         session.events[-1]["bytes"] = facts.folder_bytes(save_directory)

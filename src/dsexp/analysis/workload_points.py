@@ -52,8 +52,8 @@ def prompt_lengths(row: Row) -> Dict[str, int]:
     """{phase key: the prompt's length in tokens} from rank 0's points (a text prompt's length is its ids')."""
     rank0 = next(iter(row.record.ranks), None)
     out = {}
-    for key, phase in (rank0.raw.get("phases") or {}).items() if rank0 else ():
-        point = phase.get("point") or {}
+    for key in rank0.phase_keys if rank0 else ():
+        point = rank0.phase(key).point
         if point.get("prompt_len"):
             out[key] = int(point["prompt_len"])
     return out
@@ -77,9 +77,9 @@ def _points(row: Row) -> List[Dict[str, Any]]:
     rank0 = next(iter(row.record.ranks), None)
     if rank0 is None:
         return []
-    if rank0.raw.get("points"):
-        return list(rank0.raw["points"])
-    found = [(k, parse_phase(k)) for k in rank0.raw.get("phases") or {}]
+    if rank0.points:
+        return list(rank0.points)
+    found = [(k, parse_phase(k)) for k in rank0.phase_keys]
     return [{**p.to_dict(), "phase": k, "status": "ok"} for k, p in found if p]
 
 
@@ -92,7 +92,7 @@ def point_row(row: Row, entry: Dict[str, Any], length: int) -> PointRow:
         terms = cap.above_weights(p.dims, p.strategy, row.tp, cap.Workload(entry["batch"], length, new))
         predicted = cap.peak_per_rank([0] * row.tp, terms) if row.record.on_gpu else kv_at_end(row, entry, length)
     rank0 = next(iter(row.record.ranks), None)
-    point = ((rank0.raw.get("phases") or {}).get(entry["phase"]) or {}).get("point") or {} if rank0 else {}
+    point = rank0.phase(entry["phase"]).point if rank0 else {}
     return PointRow(
         config=config_label(row.config, workload=False),
         tp=row.tp,
@@ -122,8 +122,7 @@ def kv_at_end(row: Row, entry: Dict[str, Any], length: int) -> List[int]:
 
 def above_weights_measured(rank, key: str, on_gpu: bool) -> Optional[int]:
     """A rank's bytes above its weights at a point (module docstring); None where the point did not run there."""
-    phase = (rank.raw.get("phases") or {}).get(key) or {}
-    point = phase.get("point") or {}
+    point = rank.phase(key).point
     if not point or "out_of_memory" in point:
         return None
     if not on_gpu:

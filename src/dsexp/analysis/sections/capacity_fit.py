@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import List
 
-from dsexp.analysis import capacity as capa
 from dsexp.analysis import measured as m
+from dsexp.analysis import workload_points as capa
 from dsexp.analysis.sections.common import ReportInputs
 
 NAME = "capacity"
