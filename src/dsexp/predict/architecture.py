@@ -31,6 +31,7 @@ class Dims:
     heads: int = 0
     vocab: int = 0
     attention: str = "sdpa"  # the attention the model's code runs (config._attn_implementation): eager holds scores
+    model_type: str = ""  # the config's model_type: whose decoder code allocates the activations (predict.capacity)
 
 
 def model_source(config: Dict[str, Any], runtime: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -109,6 +110,7 @@ def dims(model) -> Dims:
         heads=heads,
         vocab=cfg.vocab_size,
         attention=getattr(model.config, "_attn_implementation", None) or "eager",
+        model_type=getattr(cfg, "model_type", "") or "",
     )
 
 

@@ -1,6 +1,6 @@
 """What fits above the weights, per rank: the KV cache, the prefill's activations, the logits, DeepSpeed's workspace.
 
-A transformers Llama (InternLM2 is laid out the same) at a prefill of T = B x L tokens holds, at its largest
+A transformers Llama (InternLM2's published code keeps two tensors more: KEEPS) at a prefill of T = B x L tokens holds, at its largest
 moment, tensors that every rank holds whole and tensors that shard with tp (read from modeling_llama.py and
 checked against torch's CPU allocator events in tests/test_capacity.py). In units of T x hidden x dtype bytes:
 - every moment: the embedding's output (LlamaModel.forward keeps `inputs_embeds`), the layer's input (its caller
@@ -55,6 +55,7 @@ class Shapes:
     kv_heads: int
     head_dim: int
     vocab: int
+    model_type: str = ""  # whose decoder code: what it keeps beyond Llama's (KEEPS)
 
     @classmethod
     def of(cls, dims: Any) -> "Shapes":
@@ -72,7 +73,15 @@ class Shapes:
             kv_heads=dims.kv_heads,
             head_dim=dims.head_dim,
             vocab=dims.vocab,
+            model_type=getattr(dims, "model_type", "") or "",
         )
+
+
+# What a decoder layer's code keeps alive beyond transformers' Llama (read from the code, measured on the CPU:
+# tests/test_capacity.py). InternLM2's, as published: `attn, present = self.attention(...)` keeps the attention's
+# output through the MLP, and `qkv = self.wqkv(...)` (the packed projection, q/k/v cut from it) stays bound through
+# the attention.
+KEEPS = {"internlm2": {"attention_output": True, "packed_qkv": True}}
 
 
 def share(total: int, tp: int, rank: int) -> int:
@@ -110,15 +119,18 @@ def prefill_moments(s: Shapes, held: Dict[str, int], w: Workload, e: int, attent
     base = 2 * hid + alloc(t * s.head_dim * e, 2)  # the embedding's output, the layer's input, cos and sin
     q = alloc(t * held["heads"] * s.head_dim * e)
     kv = alloc(t * held["kv_heads"] * s.head_dim * e)
+    keeps = KEEPS.get(s.model_type, {})
+    kept = hid if keeps.get("attention_output") else 0
+    qkv = alloc(t * (held["heads"] + 2 * held["kv_heads"]) * s.head_dim * e) if keeps.get("packed_qkv") else 0
     moments = {
-        "mlp": {"whole": base + 2 * hid, "split": alloc(t * held["intermediate"] * e, 3)},
-        "norm": {"whole": base + 5 * hid, "split": 0},
-        "attention": {"whole": base + hid, "split": 2 * q + 2 * kv},
+        "mlp": {"whole": base + 2 * hid + kept, "split": alloc(t * held["intermediate"] * e, 3)},
+        "norm": {"whole": base + 5 * hid + kept, "split": 0},
+        "attention": {"whole": base + hid, "split": 2 * q + 2 * kv + qkv},
     }
     if attention == "eager":
         scores = alloc(b * held["heads"] * ln * ln * e, 4)
         repeated = alloc(t * held["heads"] * s.head_dim * e, 2)  # repeat_kv's keys and values, all heads
-        moments["attention"] = {"whole": base + hid + alloc(b * ln * ln * e), "split": q + repeated + scores}
+        moments["attention"] = {"whole": base + hid + alloc(b * ln * ln * e), "split": q + repeated + scores + qkv}
     return moments
 
 
