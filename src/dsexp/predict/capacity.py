@@ -1,8 +1,9 @@
 """What fits above the weights, per rank: the KV cache, the prefill's activations, the logits, DeepSpeed's workspace.
 
-A transformers Llama (InternLM2's published code keeps two tensors more: KEEPS) at a prefill of T = B x L tokens holds, at its largest
-moment, tensors that every rank holds whole and tensors that shard with tp (read from modeling_llama.py and
-checked against torch's CPU allocator events in tests/test_capacity.py). In units of T x hidden x dtype bytes:
+A transformers Llama (InternLM2's published code keeps two tensors more: KEEPS) at a prefill of T = B x L tokens
+holds, at its largest moment, tensors that every rank holds whole and tensors that shard with tp (read from
+modeling_llama.py and checked against torch's CPU allocator events in tests/test_capacity.py). In units of
+T x hidden x dtype bytes:
 - every moment: the embedding's output (LlamaModel.forward keeps `inputs_embeds`), the layer's input (its caller
   keeps it) and the rotary tables (2 x T x head_dim);
 - the MLP: the residual and the normed input whole, and gate's activation, up and their product, each T x
