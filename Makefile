@@ -9,9 +9,21 @@ BENCH   ?=
 SERVER_PORT ?= 5001
 SLURM_DIR ?= /tmp/dsexp-slurm
 SLURM_NODES ?= 1
+NAME    ?=
+ARGS    ?=
+# USE_VENV=0: run with the machine's python3 (a GPU machine without network, scripts/gpu/env.sh sourced), no install
+USE_VENV ?= 1
+ifeq ($(USE_VENV),0)
+RUN  := python3
+NEED :=
+else
+RUN  := $(BIN)/python
+NEED := install
+endif
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: help install sweep test lint test-all test-slurm ui server bench bench-slurm clean slurm-up slurm-down
+.PHONY: help install sweep test lint test-all test-slurm ui server bench bench-slurm benchmark campaign findings clean \
+	slurm-up slurm-down
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -42,12 +54,21 @@ test-all: install  ## also the slow tests (headless Chromium UI check, fault mat
 test-slurm: install  ## the tests on a real local SLURM cluster (root; .ci/install-slurm.sh installs slurm-wlm, munge)
 	$(BIN)/python -m pytest -m slurm
 
-bench: install  ## dsexp's own speed on this machine -> results/<machine>/bench.{json,md} (BENCH="--only overhead"), then bench-slurm
-	$(BIN)/python benchmarks/run.py $(BENCH)
-	$(BIN)/python benchmarks/slurm.py
+bench: $(NEED)  ## dsexp's own speed on this machine -> results/<machine>/bench.{json,md} (BENCH="--only overhead"), then bench-slurm
+	$(RUN) benchmarks/run.py $(BENCH)
+	$(RUN) benchmarks/slurm.py
 
-bench-slurm: install  ## SLURM's submit-to-start time per dsexp job on a throwaway local cluster -> results/<machine>/slurm_bench.{json,md}
-	$(BIN)/python benchmarks/slurm.py
+bench-slurm: $(NEED)  ## SLURM's submit-to-start time per dsexp job on a throwaway local cluster -> results/<machine>/slurm_bench.{json,md}
+	$(RUN) benchmarks/slurm.py
+
+benchmark: $(NEED)  ## one benchmark of benchmarks/: NAME=packing ARGS="--jobs 4" (NAME= lists them)
+	@if [ -z "$(NAME)" ]; then ls benchmarks/*.py | sed 's#benchmarks/##; s#\.py$$##'; else $(RUN) benchmarks/$(NAME).py $(ARGS); fi
+
+campaign: $(NEED)  ## remake a results folder: NAME=shared [ARGS="--dry-run" or "--only autotp2"] (NAME= lists them)
+	$(RUN) -m dsexp.campaign $(if $(NAME),$(NAME),--list) $(ARGS)
+
+findings: $(NEED)  ## rebuild docs/FINDINGS.md from docs/FINDINGS.in.md and the committed results
+	$(RUN) scripts/make_findings.py
 
 ui: install  ## MLflow UI on http://127.0.0.1:$(UI_PORT) for ./mlflow.db
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port $(UI_PORT)

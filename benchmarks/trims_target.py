@@ -6,7 +6,7 @@ This script predicts that peak before any tp=2 trimmed run exists, from committe
 - weights per rank at tp=2 with every model trim: the memory model (dsexp.analysis.memory; exact on CPU);
 - the rest of the per-GPU peak is anchored on the committed untrimmed AutoTP run at tp=2 (results/h200x2/sweeps:
   allocator peak above the weights, memory outside the allocator, the device's own reserve), minus what each
-  setting saved in the tp=1 runs of scripts/gpu/trims.sh (results/h200/trims: the outside-allocator attribution
+  setting saved in the tp=1 runs of campaign trims (results/h200/trims: the outside-allocator attribution
   per rank, part by part, against the untrimmed baseline):
   * trim.world_group: the load+init growth outside the allocator at tp=2 (DeepSpeed's own communicator) less the
     same growth at tp=1 (kernels only, no group is made at tp=1);
@@ -293,7 +293,7 @@ def main(argv=None) -> int:
     tp1 = results_from_dir(args.trims) if args.trims.is_dir() else []
     tp2 = results_from_dir(args.tp2) if args.tp2.is_dir() else []
     if not any(_plain_autotp(r, 1) for r in tp1):
-        print(f"no GPU results yet: {args.trims} holds no passed tp=1 run of {MODEL} (run scripts/gpu/trims.sh)")
+        print(f"no GPU results yet: {args.trims} holds no passed tp=1 run of {MODEL} (python -m dsexp.campaign trims)")
     res = predict_target(tp1, tp2)
     text = render(res)
     print(text)

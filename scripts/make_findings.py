@@ -11,9 +11,8 @@ Placeholders in the template:
                           (results/cpu/published_code)
   {{published_gpu:SECTION}} the same on the H200 at internlm2_20b_shapes, both stacks (results/h200/published)
   {{any_model_stacks:SECTION}} transformers' own architectures on both stacks (results/cpu/any_model_stacks)
-  {{gpu_stacks}}          the seed's call on each software stack, H200 (scripts/gpu/stack_table.py on
-                          results/h200/stacks)
-  {{stack_bisect}}        the transformers release bisection (scripts/stack_bisect_table.py on results/cpu/stack_bisect)
+  {{gpu_stacks}}          the seed's call on each software stack, H200 (results/h200/stacks)
+  {{stack_bisect}}        the transformers release bisection (results/cpu/stack_bisect)
   {{trims_target}}        the tp=2 prediction for the trimmed configuration (results/h200/trims/target.md)
   {{arch_matrix}}         the architecture matrix (results/cpu/arch_matrix.md, written by its slow test)
   {{example:PATH}}        a file of the repo, verbatim (the example script)
@@ -24,7 +23,8 @@ Placeholders in the template:
   {{shared_tp_table}}     AutoTP at 20B shapes, tp=2/4/8 shared, untrimmed and trimmed: per rank against the model
   {{seed_two_commands}}   the seed's 2- and 4-GPU commands as its main.py runs them (24 layers), beside its report
 
-Usage: .venv/bin/python scripts/make_findings.py   (rewrites docs/FINDINGS.md; `--check` fails if it is stale)
+Usage: `make findings` (rewrites docs/FINDINGS.md); `scripts/make_findings.py --check` fails if it is stale;
+`scripts/make_findings.py --table gpu_stacks|stack_bisect FOLDER` prints one table (the campaigns' last steps).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ BISECT = ROOT / "results" / "cpu" / "stack_bisect" / "sweep"
 SHARED = ROOT / "results" / "h200" / "shared"
 SCRIPTS = ROOT / "results" / "h200" / "scripts"
 GIB = 2**30
+PRIVATE = 0.5  # a rank "copies" when loading adds private memory of more than half the model
 
 # The seed issue's own figures (DeepSpeed issue #5793): what its user read from see_memory_usage.
 SEED_REPORTED = [("seed issue, 2 GPUs", 92.87, 37.74), ("seed issue, 4 GPUs", 162.92, 37.74)]
@@ -271,18 +272,104 @@ def cpu_holdout() -> str:
     return "\n".join(rows)
 
 
-def script_output(script: Path, *args: str) -> str:
-    """What one of the repo's table scripts prints (its main(), in this process)."""
-    import importlib.util
-    import io
+def _fmt(v, nd=2):
+    return "-" if v is None else f"{v:.{nd}f}" if isinstance(v, float) else str(v)
 
-    spec = importlib.util.spec_from_file_location(script.stem, script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        module.main(*[Path(a) for a in args])
-    return buf.getvalue().strip()
+
+def _stack_row(res) -> str:
+    c, ranks = res["config"], res.get("ranks") or []
+    r0 = (ranks[0] if ranks else {}) or {}
+    versions = (res.get("software") or {}).get("versions") or {}
+    load, init = _phase(r0, "load"), _phase(r0, "init")
+    smu, smu_load, gpu = init.get("see_memory_usage") or {}, load.get("see_memory_usage") or {}, init.get("gpu") or {}
+    hosts = [_phase(r or {}, "load").get("host", {}) for r in ranks]
+    anon, uss = [h.get("host_anon") for h in hosts], [h.get("host_uss") for h in hosts]
+    node = max([h.get("node_used") or 0 for h in hosts] or [0])
+    failure = res.get("failure") or {}
+    message = " ".join(str(failure.get("message")).split())[:90]
+    cells = [
+        ((c.get("stack") or {}).get("name") or "current"),
+        f"transformers {versions.get('transformers', '-')}, deepspeed {versions.get('deepspeed', '-')}",
+        c.get("variant"),
+        (res.get("runtime") or {}).get("device"),
+        c["tp"],
+        "ok" if res["status"] == "ok" else f"{failure.get('cause')}: {message}",
+        f"{_fmt(smu.get('MA_GB'))} / {_fmt(smu.get('Max_MA_GB'))}",
+        f"{_fmt(smu_load.get('cpu_used_GB'))} / {_fmt(smu.get('cpu_used_GB'))}",
+        _fmt((gpu.get("gpu_alloc") or 0) / GIB if gpu else None),
+        _fmt((gpu.get("nvml_process_used") or 0) / GIB if gpu.get("nvml_process_used") else None),
+        " / ".join(_fmt(a / GIB) for a in anon if a is not None) or "-",
+        " / ".join(_fmt(u / GIB) for u in uss if u is not None) or "-",
+        _fmt(node / GIB if node else None),
+        _fmt(load.get("wall_s"), 1),
+    ]
+    return "| " + " | ".join(str(x) for x in cells) + " |"
+
+
+def gpu_stacks(folder: Path = STACKS) -> str:
+    """The seed's call on each software stack (campaign stacks): what DeepSpeed's see_memory_usage printed next to
+    dsexp's figures, and host memory per rank and node after load."""
+    from dsexp.analysis.sources import results_from_dir
+
+    rows = [
+        "| stack | versions the ranks imported | call | device | tp | status | see_memory_usage after init: MA / "
+        "Max_MA (GB) | see_memory_usage 'CPU Virtual Memory used' after load / after init (GB) | dsexp: torch "
+        "allocated after init (GiB) | dsexp: NVML process after init (GiB) | private host memory per rank after load "
+        "(GiB) | USS per rank after load (GiB) | node used after load (GiB) | load (s) |",
+        "|---|---|---|---|---:|---|---|---|---:|---:|---|---|---:|---:|",
+    ]
+    return "\n".join(rows + [_stack_row(res) for res in results_from_dir(folder)])
+
+
+def _bisect_rows(folder: Path):
+    from packaging.version import Version
+
+    from dsexp.analysis.sources import results_from_dir
+
+    out = []
+    for res in results_from_dir(folder):
+        ranks = [r for r in res.get("ranks") or [] if r]
+        version = ((res.get("software") or {}).get("versions") or {}).get("transformers")
+        if not ranks or version is None:
+            failure = res.get("failure") or {}
+            out.append((res["config"]["stack"].get("transformers") or "job env", None, failure.get("cause"), []))
+            continue
+        model = (ranks[0]["phases"]["load"].get("weights") or {}).get("param_bytes", {}).get("cpu", 0)
+        loads = [(r["phases"]["start"]["host"], r["phases"]["load"]["host"]) for r in ranks]
+        out.append((version, model, res["status"], loads))
+    return sorted(out, key=lambda r: Version(r[0]) if r[0][0].isdigit() else Version("99"))
+
+
+def stack_bisect(folder: Path = BISECT) -> str:
+    """The transformers release bisection (campaign cpu_stack_bisect): private host memory each rank adds while
+    from_pretrained loads (USS after load - USS at the end of start, which already holds the interpreter, torch and
+    transformers), by release, and the first release from which the ranks no longer make private copies."""
+    rows = [
+        "| transformers | status | model (GiB) | private memory added by the load, per rank: USS (GiB) "
+        "| anon (GiB) | file-backed pages mapped after load, per rank (GiB) | private copy? |",
+        "|---|---|---:|---|---|---|---|",
+    ]
+    first_shared, copying = None, False
+    for version, model, status, loads in _bisect_rows(folder):
+        if not loads:
+            rows.append(f"| {version} | {status} | - | - | - | - | - |")
+            continue
+        uss = [load["host_uss"] - start["host_uss"] for start, load in loads]
+        anon = [load["host_anon"] - start["host_anon"] for start, load in loads]
+        copies = max(uss) > PRIVATE * model
+        if copying and not copies and first_shared is None:
+            first_shared = version
+        copying = copies if first_shared is None else copying
+        cells = [version, status, f"{model / GIB:.2f}", " / ".join(f"{u / GIB:.2f}" for u in uss)]
+        cells += [" / ".join(f"{a / GIB:.2f}" for a in anon)]
+        cells += [" / ".join(f"{load['host_file'] / GIB:.2f}" for _, load in loads)]
+        rows.append("| " + " | ".join(cells + ["yes" if copies else "no"]) + " |")
+    rows += [
+        "",
+        f"First release whose ranks make no private copy after a copying one: **{first_shared or 'none found'}** "
+        f"(a copy: the load adds private memory (USS) of more than {PRIVATE:.0%} of the model).",
+    ]
+    return "\n".join(rows)
 
 
 def committed_table(path: Path) -> str:
@@ -311,9 +398,9 @@ def render(template: str) -> str:
         if kind == "any_model_stacks":
             return report_section(ANY_MODEL_STACKS, arg)
         if kind == "gpu_stacks":
-            return script_output(ROOT / "scripts" / "gpu" / "stack_table.py", str(STACKS))
+            return gpu_stacks()
         if kind == "stack_bisect":
-            return script_output(ROOT / "scripts" / "stack_bisect_table.py", str(BISECT))
+            return stack_bisect()
         if kind == "trims_target":
             return committed_table(TRIMS / "target.md")
         if kind == "shared":  # the 20B runs; the tiny checks of every engine (check/) stay out
@@ -339,6 +426,9 @@ def render(template: str) -> str:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--table"]:  # a campaign's step: one table from the folder it just filled
+        print({"gpu_stacks": gpu_stacks, "stack_bisect": stack_bisect}[argv[1]](Path(argv[2])))
+        return 0
     text = render((ROOT / "docs" / "FINDINGS.in.md").read_text())
     target = ROOT / "docs" / "FINDINGS.md"
     if "--check" in argv:

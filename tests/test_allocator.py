@@ -1,4 +1,4 @@
-"""The caching allocator's reserve for a rank's weights (dsexp.analysis.allocator): its rules on made-up sizes, and
+"""The caching allocator's reserve for a rank's weights (dsexp.predict.allocator): its rules on made-up sizes, and
 the replay against what every rank of the H200 runs reserved after init."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dsexp.analysis.allocator import LARGE_SEGMENT, SMALL_SEGMENT, replay
-from dsexp.analysis.memory import allocator_reserve, predict
+from dsexp.analysis.memory import predict
+from dsexp.engines.placement import allocator_reserve
+from dsexp.predict.allocator import LARGE_SEGMENT, SMALL_SEGMENT, replay
 
 MIB = 2**20
 SHARED = Path(__file__).resolve().parents[1] / "results" / "h200" / "shared"

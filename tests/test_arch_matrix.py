@@ -21,8 +21,8 @@ import yaml
 
 from dsexp.analysis import measured as m
 from dsexp.analysis.diagnosis import diagnose, tensor_differences
+from dsexp.analysis.labels import config_label
 from dsexp.analysis.memory import predict
-from dsexp.core.records import config_label
 
 from helpers.run import CONF, ROOT, run_dsexp, sweep_results
 from helpers.tables import publish

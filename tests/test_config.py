@@ -185,7 +185,18 @@ def test_every_group_option_composes_as_it_did_when_its_yaml_held_every_default(
         overrides = case.split()
         got = dataclasses.asdict(to_schema(compose(overrides)))
         got.pop("cache_dir")
+        for (group, key), default in KEYS_ADDED_SINCE.items():
+            assert got[group].pop(key) == default, (case, key)
         assert json.loads(json.dumps(got)) == expected, case
+
+
+# keys the schema gained after the snapshot, with their defaults (a grid of one point at batch 1: the job as before)
+KEYS_ADDED_SINCE = {
+    ("generate", "batch_size"): 1,
+    ("generate", "prompt_tokens"): None,
+    ("generate", "repeats"): 1,
+    ("generate", "warmup"): 0,
+}
 
 
 def test_the_benchmark_composes_what_a_job_runs():

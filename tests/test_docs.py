@@ -18,7 +18,7 @@ from helpers.run import CONF, ROOT
 from helpers.tables import publish
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-REPO_DIRS = ("conf", "src", "tests", "scripts", "docs", "results", "benchmarks", "examples", ".ci")
+REPO_DIRS = ("conf", "campaigns", "src", "tests", "scripts", "docs", "results", "benchmarks", "examples", ".ci")
 OUTSIDE = ("/work/", "shared/gpu")
 # `make TARGET` as a command: at the start of a line or code span (after VAR=value settings), or in $(...)
 MAKE = r"(?:^\s*(?:[A-Z_]+=\S+\s+)*|\$\()make (?:-s )?([a-z][a-z-]*)"

@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from dsexp.core.compat import dtype_kwargs, transformers_version
 from dsexp.models.writer import ensure_checkpoint, meta_model
-from dsexp.rank.compat import dtype_kwargs, transformers_version
 
 DIMS = dict(
     hidden_size=128,

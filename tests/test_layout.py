@@ -19,20 +19,24 @@ from helpers.run import CONF, ROOT
 SRC = ROOT / "src" / "dsexp"
 FAMILIES = ("engines", "trims")
 # What each stage may import from dsexp (itself included): the stages only ever look back. A family's members are
-# cut by where each part runs: `rank.py` on the ranks, `placement.py` in the analysis, the rest ("family": registry,
-# base, each member's traits and validation) wherever its traits are read, the standard library and core alone at
-# import (test_family_traits_import_without_torch; the engines' validation asks dsexp.models inside functions).
+# cut by where each part runs: `rank.py` on the ranks, `placement.py` in the memory model's dispatch, the rest
+# ("family": registry, base, each member's traits and validation) wherever its traits are read, the standard library
+# and core alone at import (test_family_traits_import_without_torch; the engines' validation asks dsexp.models inside
+# functions). The memory model (predict) sits under the families; what the families share with the ranks (the rank's
+# context, the config-read tracer, version shims) sits in core.
 ALLOWED = {
-    "core": {"core", "family"},  # core.records names a configuration by its trims' labels
+    "core": {"core"},
     "models": {"core", "models"},
-    "family": {"core", "models", "family"},
+    "predict": {"core", "models", "predict"},
+    "family": {"core", "models", "predict", "family"},
+    "family.placement": {"core", "models", "predict", "family", "family.placement"},
+    "family.rank": {"core", "models", "family", "family.rank"},
     "rank": {"core", "models", "rank", "family", "family.rank"},
-    "family.rank": {"core", "models", "rank", "family", "family.rank"},
-    "analysis": {"core", "models", "analysis", "family", "family.placement"},
-    "family.placement": {"core", "models", "analysis", "family", "family.placement"},
+    "analysis": {"core", "models", "predict", "analysis", "family", "family.placement"},
     "tracking": {"core", "analysis", "tracking", "family"},
-    "job": {"core", "models", "rank", "tracking", "job", "family"},
-    "compose": {"core", "models", "analysis", "tracking", "job", "compose", "family"},
+    "job": {"core", "models", "predict", "rank", "tracking", "job", "family"},
+    "compose": {"core", "models", "predict", "analysis", "tracking", "job", "compose", "family", "family.placement"},
+    "campaign": {"core", "job", "compose", "campaign"},  # runs sweeps (python -m dsexp) as a user would
 }
 # Only compose/ and the hydra_plugins package import these; the first two nowhere else at all, the last two
 # nowhere else at module level (the job's own process, on a GPU image without them, must import without them).
@@ -49,24 +53,16 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _type_checking(node: ast.AST) -> bool:
-    """An `if TYPE_CHECKING:` block: imports for annotations only, never run."""
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
 @functools.lru_cache(maxsize=1)
 def import_graph() -> Dict[str, Set[str]]:
-    """dsexp module -> the dsexp modules it imports anywhere (module level or inside functions; annotations' imports
-    under `if TYPE_CHECKING:` excepted)."""
+    """dsexp module -> the dsexp modules it imports anywhere: at module level, inside functions, and under
+    `if TYPE_CHECKING:` (an annotation's import is an arrow too)."""
     modules = {module_name(p): p for p in SRC.rglob("*.py")}
     graph: Dict[str, Set[str]] = {}
     for name, path in modules.items():
         deps = set()
         tree = ast.parse(path.read_text())
-        typing_only = {id(n) for block in ast.walk(tree) if _type_checking(block) for n in ast.walk(block)}
         for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
@@ -128,16 +124,29 @@ def test_stage_of_a_family_module():
     assert stage("dsexp.rank.workloads.pipeline") == "rank"
 
 
-@pytest.mark.parametrize("package", sorted(ALLOWED))
-def test_stages_only_look_back(package):
-    bad = sorted(
+def upward(graph: Dict[str, Set[str]], package: str) -> List[str]:
+    """The imports of `package`'s modules that reach outside what the stage may import."""
+    return sorted(
         f"{mod} -> {dep}"
-        for mod, deps in import_graph().items()
+        for mod, deps in graph.items()
         if stage(mod) == package
         for dep in deps
         if stage(dep) not in ALLOWED[package] and dep != "dsexp"
     )
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_stages_only_look_back(package):
+    bad = upward(import_graph(), package)
     assert not bad, f"{package} imports outside {sorted(ALLOWED[package])}: {bad}"
+
+
+def test_upward_sees_a_family_reaching_up_even_for_a_type():
+    graph = {"dsexp.engines.base": {"dsexp.analysis.memory"}, "dsexp.predict.fit": {"dsexp.engines"}}
+    assert upward(graph, "family") == ["dsexp.engines.base -> dsexp.analysis.memory"]
+    assert upward(graph, "predict") == ["dsexp.predict.fit -> dsexp.engines"]
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dsexp.analysis import memory\n")
+    assert "dsexp.analysis" in imported_names(tree)  # a type-only import is read as an import
 
 
 def test_family_traits_import_without_torch():
@@ -390,3 +399,54 @@ def test_analysis_reads_records_through_the_typed_record():
         if isinstance(node, ast.Constant) and node.value in ("ranks", "phases")
     ]
     assert not offenders, offenders
+
+
+def stage_arrows() -> Dict[str, Set[str]]:
+    """Stage -> the other stages it imports from (every import, lazy and type-only ones too)."""
+    arrows: Dict[str, Set[str]] = {}
+    for mod, deps in import_graph().items():
+        arrows.setdefault(stage(mod), set()).update(stage(d) for d in deps if d != "dsexp" and stage(d) != stage(mod))
+    arrows.pop("dsexp", None)
+    return arrows
+
+
+def house() -> str:
+    """The stages drawn from the imports, roof first: each stage over the ones it imports from."""
+    arrows = stage_arrows()
+    depth: Dict[str, int] = {}
+
+    def level(s: str) -> int:
+        if s not in depth:
+            depth[s] = 1 + max((level(d) for d in arrows.get(s, ())), default=-1)
+        return depth[s]
+
+    rows = sorted(arrows, key=lambda s: (-level(s), s))
+    width = max(map(len, rows))
+    return "\n".join(
+        f"{s:<{width}}  -> {' '.join(sorted(arrows[s], key=lambda d: (level(d), d))) or '-'}" for s in rows
+    )
+
+
+def test_the_house_in_the_user_guide_is_drawn_from_the_imports():
+    """docs/user-guide.md shows the stages as the imports make them (regenerate: `python tests/test_layout.py`)."""
+    doc = (ROOT / "docs" / "user-guide.md").read_text()
+    block = doc.split("<!-- house:begin -->\n```\n", 1)[1].split("\n```\n<!-- house:end -->", 1)[0]
+    assert block == house(), "docs/user-guide.md's house is stale: run `python tests/test_layout.py`"
+
+
+def test_the_house_has_the_families_under_rank_and_analysis_and_predict_under_them():
+    arrows = stage_arrows()
+    below = lambda s: arrows.get(s, set())  # noqa: E731
+    assert "family.rank" in below("rank") and "family.placement" in below("analysis")
+    assert "predict" in below("family.placement") and "predict" in below("analysis")
+    assert not below("predict") & {"family", "family.placement", "family.rank", "rank", "analysis"}
+    for part in ("family", "family.placement", "family.rank"):
+        assert not below(part) & {"rank", "analysis", "tracking", "job", "compose"}, part
+
+
+if __name__ == "__main__":  # rewrite the user guide's house from the imports
+    sys.path.insert(0, str(ROOT / "tests"))
+    guide = ROOT / "docs" / "user-guide.md"
+    head, rest = guide.read_text().split("<!-- house:begin -->\n", 1)
+    tail = rest.split("<!-- house:end -->", 1)[1]
+    guide.write_text(f"{head}<!-- house:begin -->\n```\n{house()}\n```\n<!-- house:end -->{tail}")

@@ -17,10 +17,10 @@ import torch  # noqa: E402
 
 from dsexp.compose.config import to_schema  # noqa: E402
 from dsexp.compose.validate import validate
+from dsexp.core.context import RankContext  # noqa: E402
 from dsexp.core.schema import ConfigError
 from dsexp.job import split as split_mod  # noqa: E402
 from dsexp.models.writer import ensure_checkpoint  # noqa: E402
-from dsexp.rank.context import RankContext  # noqa: E402
 from dsexp.rank.loading import buffers, files, meta  # noqa: E402
 from dsexp.rank.loading.eager import from_pretrained  # noqa: E402
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsexp.analysis.memory import place, predict
+from dsexp.analysis.memory import predict
+from dsexp.engines.placement import place
 
 from helpers.analysis_cases import (
     GIB,

@@ -135,7 +135,7 @@ def test_model_type_checkpoint_has_the_exact_shapes(tmp_path):
 def test_shared_buffers_of_a_config_folder_come_from_its_own_config(tmp_path):
     """The memory model's shared-buffer map (trim.dedupe_buffers) of a config-only folder whose run folder is not on
     this machine: built from the folder's config.json and code, as the placement is (not from arch + dims)."""
-    from dsexp.analysis.architecture import model_source
+    from dsexp.predict.architecture import model_source
     from dsexp.trims.dedupe_buffers.placement import duplicates
 
     folder = internlm2_config_folder(tmp_path / "cfg")

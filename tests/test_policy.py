@@ -11,8 +11,9 @@ import torch.nn as nn
 import yaml
 
 from dsexp.analysis.diagnosis import diagnose
-from dsexp.analysis.memory import place, predict
+from dsexp.analysis.memory import predict
 from dsexp.engines.base import INFER, effective_policy
+from dsexp.engines.placement import place
 from dsexp.models.policy import (
     KNOWN,
     decoder_layers,

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import transformers
 
+from dsexp.analysis.labels import config_label
 from dsexp.compose.config import to_schema
-from dsexp.core.records import config_label
-from dsexp.rank.compat import transformers_version
+from dsexp.core.compat import transformers_version
 
 from helpers.run import compose, run_dsexp, sweep_results
 

@@ -18,12 +18,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from dsexp.analysis.labels import config_label
 from dsexp.analysis.sections.your_script import _group_key
 from dsexp.analysis.user_script import what_it_did
 from dsexp.compose.config import to_schema
 from dsexp.compose.validate import validate
 from dsexp.core.protocol import SCRIPT_ENV, SCRIPT_JOB_ENV, bootstrap_dir
-from dsexp.core.records import config_label
 from dsexp.core.schema import ConfigError
 from dsexp.job.run import job_key, prepare_model
 

@@ -12,10 +12,11 @@ import textwrap
 import pytest
 
 from dsexp.analysis import measured as m
+from dsexp.analysis.labels import config_label
 from dsexp.compose.config import to_schema
 from dsexp.compose.validate import validate
 from dsexp.core.protocol import SHARED_GPUS_ENV
-from dsexp.core.records import config_label, headline
+from dsexp.core.records import headline
 from dsexp.core.schema import ConfigError
 from dsexp.job.launch import rank_env
 from dsexp.rank.shared_gpu import LOCAL_RANK_ENV, map_rank

@@ -13,10 +13,10 @@ import pytest
 
 from dsexp.analysis import measured as m
 from dsexp.analysis.diagnosis import diagnose
+from dsexp.analysis.labels import config_label
 from dsexp.analysis.matrix import build_rows
 from dsexp.analysis.memory import predict
 from dsexp.analysis.sections.trim_effects import trim_effects, trim_lines, trims_table
-from dsexp.core.records import config_label
 from dsexp.core.schema import ConfigError
 from dsexp.job.launch import rank_env
 from dsexp.trims import label

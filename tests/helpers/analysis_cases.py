@@ -236,8 +236,10 @@ INTERNLM2_POLICY = {"InternLM2DecoderLayer": ["attention.wo", "feed_forward.w2"]
 
 
 def strategy(**kw):
-    """A memory-model Strategy: AutoTP through init_inference, bf16, eager, on CPU, with `kw` on top."""
-    from dsexp.analysis.memory import Strategy
+    """A memory-model Strategy: AutoTP through init_inference, bf16, eager, on CPU, with `kw` on top (the engine's
+    traits as the registry says)."""
+    from dsexp.engines import ENGINES
+    from dsexp.predict.placements import Strategy
 
     base = dict(
         engine="init_inference",
@@ -253,4 +255,8 @@ def strategy(**kw):
         max_out_tokens=0,
         conversion=None,
     )
-    return Strategy(**{**base, **kw})
+    merged = {**base, **kw}
+    traits = ENGINES.get(merged["engine"])
+    merged.setdefault("casts_buffers", bool(traits and traits.casts_buffers))
+    merged.setdefault("splits_weights", bool(traits and traits.splits_weights))
+    return Strategy(**merged)

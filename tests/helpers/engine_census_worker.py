@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/
-from dsexp.analysis.memory import place, predict  # noqa: E402
+from dsexp.analysis.memory import predict
+from dsexp.engines.placement import place  # noqa: E402
 from dsexp.rank.probes.weights import resident_bytes, weight_census  # noqa: E402
 
 from helpers.analysis_cases import INTERNLM2_POLICY, TINY, InternLM2ForCausalLM, config, result, strategy  # noqa: E402

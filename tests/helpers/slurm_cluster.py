@@ -25,7 +25,7 @@ Clients find the cluster through SLURM_CONF (read by sbatch, squeue, sinfo, scan
 (start with --no-sacct to leave the real one).
 
 Test infrastructure (the fixtures in tests/helpers/slurm.py, `make slurm-up`, benchmarks/slurm.py and
-scripts/slurm_probe.py use it). Standard library only: this file must not import dsexp.
+benchmarks/slurm_probe.py use it). Standard library only: this file must not import dsexp.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ rank that raises, the model moved to the device before init_inference)."""
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 
@@ -90,3 +91,9 @@ def write_script(folder: Path, name: str, model_dir: str) -> Path:
     out = Path(folder) / name
     out.write_text(f"MODEL = {str(model_dir)!r}\n" + textwrap.dedent(SCRIPTS[name]).lstrip())
     return out
+
+
+if __name__ == "__main__":  # a campaign's step: user_scripts.py FOLDER main.py|NAME MODEL_DIR (the seed's or another)
+    folder, name, model_dir = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    folder.mkdir(parents=True, exist_ok=True)
+    print(write_seed_main(folder, model_dir) if name == "main.py" else write_script(folder, name, model_dir))

@@ -16,9 +16,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from dsexp.analysis import measured as m
 from dsexp.analysis import user_script
-from dsexp.analysis.memory import Prediction
 from dsexp.core.result import JobRecord
 from dsexp.core.schema import EngineConfig
+from dsexp.predict.weights_per_rank import Prediction
 from dsexp.trims.world_group import TRAITS as WORLD_GROUP
 
 WEIGHT_TOL = 0.02  # predicted vs measured weights: "as predicted" within 2%

@@ -10,9 +10,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from dsexp.analysis import measured as m
 from dsexp.analysis.diagnosis import UNSHARDED, WEIGHT_TOL, Finding, diagnose, text
-from dsexp.analysis.memory import Prediction, predict, splits_weights
-from dsexp.core.records import config_label
+from dsexp.analysis.labels import config_label
+from dsexp.analysis.memory import predict, splits_weights
 from dsexp.core.result import JobRecord
+from dsexp.predict.weights_per_rank import Prediction
 from dsexp.trims import label as trims_label
 
 EXTRAPOLATE_TP = (4, 8)

@@ -233,3 +233,69 @@ def _node_row(axes, views, origin: float, scale: float, unit: str) -> None:
     ax.set_xlabel("seconds since the job's first rank started")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+# (configuration, tp) -> [(tokens B x L, GiB)]
+TokenSeries = Dict[Tuple[str, int], Dict[str, List[Tuple[int, float]]]]
+
+
+def memory_vs_tokens(series: TokenSeries, on_gpu: bool, path: Path) -> Path:
+    """Memory above the weights per rank against the prefill's tokens (B x L): measured points over the memory
+    model's line, one colour per configuration and tp."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, 5.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    unit, k = m.display_unit(v for s in series.values() for pts in s.values() for _, v in pts)
+    for i, ((config, tp), s) in enumerate(sorted(series.items())):
+        c = colors[i % len(colors)]
+        pred = sorted(s.get("predicted", []))
+        if pred:
+            ax.plot([t for t, _ in pred], [v * k for _, v in pred], "--", color=c, lw=1.3)
+        pts = sorted(s.get("measured", []))
+        if pts:
+            ax.plot([t for t, _ in pts], [v * k for _, v in pts], "o", color=c, label=f"{config} tp={tp}")
+        oom = sorted(s.get("oom", []))
+        if oom:
+            ax.plot([t for t, _ in oom], [v * k for _, v in oom], "x", color=c, ms=9, mew=2)
+    from matplotlib.lines import Line2D
+
+    ax.add_line(Line2D([], [], ls="--", color="gray", label="memory model (dashed, same colour)"))
+    ax.add_line(Line2D([], [], ls="", marker="x", color="gray", label="out of memory (at the model's figure)"))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens of the prefill (batch x prompt tokens)")
+    what = "GPU allocated peak above the weights" if on_gpu else "KV cache (CPU: the countable part)"
+    ax.set_ylabel(f"{unit} per rank: {what}")
+    ax.set_title("Memory above the weights per rank against tokens")
+    ax.grid(True, alpha=0.3)
+    _legend_right(ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# (configuration, tp, prompt tokens) -> [(batch, tokens/s, TPOT p50 s)]
+LatencySeries = Dict[Tuple[str, int, int], List[Tuple[int, float, float]]]
+
+
+def latency_vs_batch(series: LatencySeries, path: Path) -> Path:
+    """Generated tokens/s and the time per output token (p50) against the batch, one line per configuration, tp and
+    prompt length."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for (config, tp, length), pts in sorted(series.items()):
+        pts = sorted(pts)
+        label = f"{config} tp={tp} L={length}"
+        left.plot([b for b, _, _ in pts], [r for _, r, _ in pts], "o-", label=label)
+        right.plot([b for b, _, _ in pts], [t * 1000 for _, _, t in pts], "o-", label=label)
+    for ax, ylabel in ((left, "generated tokens/s (every sequence)"), (right, "time per output token, p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    _legend_right(right)
+    fig.suptitle("Latency against batch")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from dsexp.analysis import measured as m
-from dsexp.analysis import plots
+from dsexp.analysis import plots, workload_points
 from dsexp.analysis.matrix import Extrapolated, Row, build_rows, extrapolate
 from dsexp.analysis.memory import predict
 from dsexp.analysis.sections import render_sections
@@ -45,6 +45,7 @@ def write_report(
     (out / PLOTS).mkdir(parents=True, exist_ok=True)
     extra = extrapolate(rows)
     figures = write_plots(rows, extra, out / PLOTS)
+    figures.update(workload_points.write_plots(workload_points.point_rows(rows), out / PLOTS))
     memory = write_memory_plots(rows, out / PLOTS)
     parent, view = mlflow.view(rows) if mlflow else (None, None)
     parts = render_sections(ReportInputs(rows, extra, figures, memory))

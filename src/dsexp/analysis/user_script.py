@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from dsexp.analysis import measured as m
 from dsexp.core.records import phase_kind
+from dsexp.core.remedies import CONTEXT_ENV
 from dsexp.core.result import JobRecord
 from dsexp.engines import hf_tp, init_inference, zero_inference
 from dsexp.trims import MODEL_TRIMS
@@ -101,7 +102,9 @@ def as_pipeline_result(result: Dict[str, Any]) -> Dict[str, Any]:
     elif kw.get("tp_plan"):
         engine = {"name": hf_tp.TRAITS.name}
     trims = ((applied.get("trims") or [{}])[-1]) if "trims" in applied else {}
-    trim = {k: True for k in MODEL_TRIMS if k in trims}
+    trim: Dict[str, Any] = {k: True for k in MODEL_TRIMS if k in trims}
+    if "context" in applied:  # the allocator's settings the fix gave the ranks (the memory model reads them)
+        trim["env"] = dict(CONTEXT_ENV)
     config = {
         **(result.get("config") or {}),
         "model": model,

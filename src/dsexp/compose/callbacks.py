@@ -10,7 +10,8 @@ from typing import Any, Dict, List
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from dsexp.core.records import config_label, node_shared
+from dsexp.analysis.labels import config_label
+from dsexp.core.records import node_shared
 from dsexp.tracking.runs import Tracker, ensure_parent, read_sweep_state, resolve_uri
 
 

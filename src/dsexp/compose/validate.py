@@ -24,6 +24,7 @@ from dsexp.core.schema import (
     JobConfig,
     is_shared,
 )
+from dsexp.core.workload import as_list
 from dsexp.engines import ENGINES, traits
 from dsexp.job.devices import visible_gpus
 from dsexp.trims import TRIMS
@@ -85,8 +86,7 @@ def validate(spec: JobConfig, gpus: Optional[int] = None, gpu_total: Optional[in
             f"probe.sample_ms={spec.probe.sample_ms}: the sampler period must be in (0, 20] ms, "
             "or 0 to turn the background sampler off (peaks are then the phase-end readings only)"
         )
-    if spec.generate.new_tokens < 1:
-        raise ConfigError(f"generate.new_tokens={spec.generate.new_tokens}: must be >= 1")
+    _validate_generate(spec)
     if spec.timeout_s <= 0:
         raise ConfigError(f"timeout_s={spec.timeout_s}: must be > 0")
 
@@ -126,6 +126,7 @@ def _validate_pipeline(spec: JobConfig, device: str) -> None:
             f"{spec.zero.stage}; choose zero=stage3, zero=stage3_offload or zero=seed_accepted"
         )
     _validate_model(spec)
+    _validate_context(spec)
     _validate_stack(spec)
     engine.check(spec)
     for trim in TRIMS.values():
@@ -195,12 +196,12 @@ def _validate_gpus(spec: JobConfig, device: str, gpus: int) -> None:
 def _validate_shared_fit(spec: JobConfig, gpu_total: Optional[int] = None) -> None:
     """Ranks sharing GPUs: refuse a job whose predicted memory on its busiest GPU exceeds that GPU (the memory model's
     weights and KV cache per rank, plus a CUDA context per process)."""
-    from dsexp.analysis.memory import shared_gpu_fit
+    from dsexp.analysis.memory import shared_gpu_fit_of
 
     total = gpu_total if gpu_total is not None else gpu_memory_total()
     if total is None:
         return
-    fit = shared_gpu_fit(spec, total)
+    fit = shared_gpu_fit_of(spec, total)
     if fit is not None and not fit["fits"]:
         raise ConfigError(fit["message"])
 
@@ -325,6 +326,49 @@ def _validate_model(spec: JobConfig, heads: bool = True) -> None:
         raise ConfigError(
             f"engine={spec.engine.name} splits attention evenly: tp={spec.tp} must divide the "
             f"model's {kv} key/value heads"
+        )
+
+
+def _validate_generate(spec: JobConfig) -> None:
+    """The workload's shape: whole numbers, a batch of at least 1, positive lengths, at least one timed repeat."""
+    g = spec.generate
+    for key, values, least in (
+        ("generate.batch_size", as_list(g.batch_size), 1),
+        ("generate.prompt_tokens", [] if g.prompt_tokens is None else as_list(g.prompt_tokens), 1),
+        ("generate.new_tokens", [g.new_tokens], 1),
+        ("generate.repeats", [g.repeats], 1),
+        ("generate.warmup", [g.warmup], 0),
+    ):
+        if not values and key != "generate.prompt_tokens":
+            raise ConfigError(f"{key}=[]: give at least one value")
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ConfigError(f"{key}={v!r}: must be a whole number (or a list of them)")
+            if v < least:
+                raise ConfigError(f"{key}={v}: must be >= {least}")
+    if g.prompt_tokens is not None and not as_list(g.prompt_tokens):
+        raise ConfigError("generate.prompt_tokens=[]: give at least one length, or null for the prompt text")
+
+
+def _validate_context(spec: JobConfig) -> None:
+    """The longest prompt plus the new tokens against the model's max_position_embeddings (where it has one)."""
+    lengths = [n for n in as_list(spec.generate.prompt_tokens) if n is not None]
+    if not lengths:
+        return
+    total = max(lengths) + spec.generate.new_tokens
+    if spec.engine.kernel_inject and total > spec.engine.max_out_tokens:
+        raise ConfigError(
+            f"generate.prompt_tokens={max(lengths)} + generate.new_tokens={spec.generate.new_tokens} = {total} "
+            f"tokens, past engine.max_out_tokens={spec.engine.max_out_tokens}: kernel injection's workspace holds "
+            "that many (past it DeepSpeed gives wrong output or an illegal memory access, #2485, #4506); raise "
+            "engine.max_out_tokens"
+        )
+    limit = model_dims(spec).get("max_position_embeddings")
+    if limit and total > int(limit):
+        raise ConfigError(
+            f"generate.prompt_tokens={max(lengths)} + generate.new_tokens={spec.generate.new_tokens} = {total} "
+            f"tokens, past model={spec.model.name}'s max_position_embeddings={limit}; shorten the prompt or the "
+            f"output, or raise model.dims.max_position_embeddings"
         )
 
 

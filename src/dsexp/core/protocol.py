@@ -22,6 +22,8 @@ STACK_IMPORT_ERROR = "StackImportError"  # the error type a rank records when it
 SCRIPT_JOB_ENV = "DSEXP_SCRIPT_JOB"  # a user's script's ranks: the job folder (dsexp.rank.bootstrap turns on)
 SCRIPT_ENV = "DSEXP_SCRIPT"  # ... and the script's path (only the process running it is a rank to measure)
 SHARED_GPUS_ENV = "DSEXP_SHARED_GPUS"  # ranks sharing GPUs: the GPUs (CUDA indices as the job saw them) they share
+CAMPAIGN_ENV = "DSEXP_CAMPAIGN"  # set by python -m dsexp.campaign: the campaign a job ran in (result.json "campaign")
+COMMIT_ENV = "DSEXP_COMMIT"  # ... and the dsexp commit it ran at (result.json "commit"; else read from git here)
 RESULT = "result.json"
 JOB_FILE = "job.json"
 

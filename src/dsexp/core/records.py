@@ -7,15 +7,13 @@ Everything later stages need (analysis, report, MLflow sync) is in result.json.
 
 from __future__ import annotations
 
-import hashlib
 from enum import Enum
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
-from dsexp import trims
 from dsexp.core.fs import read_json
 from dsexp.core.protocol import live_file, rank_file
-from dsexp.core.schema import stack_label
+from dsexp.core.workload import metric_name, parse_phase
 
 GIB = 2**30
 
@@ -46,7 +44,9 @@ HEADLINE = (
 
 
 def phase_kind(key: str) -> str:
-    """A phase key's kind: "generate_2" -> "generate" (the second generate call); "generate" -> "generate"."""
+    """A phase key's kind: "generate_2" -> "generate" (the second generate call); "generate" -> "generate";
+    "generate[b=8,l=2048]" -> "generate" (a point of a workload grid, dsexp.core.workload)."""
+    key = key.split("[", 1)[0]
     base, _, n = key.rpartition("_")
     return base if base and n.isdigit() else key
 
@@ -89,7 +89,44 @@ def phase_quantities(phase: Dict[str, Any]) -> Dict[str, float]:
     if phase.get("weights_device") is not None:
         out["weights_device_gib"] = phase["weights_device"] / GIB
     out.update(see_memory_quantities(phase.get("see_memory_usage") or {}))
+    out.update(point_quantities(phase.get("point") or {}))
     return {k: v for k, v in out.items() if v is not None}
+
+
+def point_quantities(point: Dict[str, Any]) -> Dict[str, float]:
+    """A workload point's figures (dsexp.rank.generation): the prefill's and the decode's peaks in GiB, the KV
+    cache, TTFT/TPOT/e2e p50 and p90 in seconds, tokens/s."""
+    out: Dict[str, float] = {}
+    for window in ("prefill", "decode"):
+        for k, v in (point.get(window) or {}).items():
+            if isinstance(v, (int, float)):
+                out[f"{window}_{k}_gib"] = v / GIB
+    if isinstance(point.get("kv_cache_bytes"), int):
+        out["kv_cache_gib"] = point["kv_cache_bytes"] / GIB
+    lat = point.get("latency") or {}
+    for name in ("ttft", "tpot", "e2e"):
+        for q in ("p50", "p90"):
+            if isinstance((lat.get(name) or {}).get(q), (int, float)):
+                out[f"{name}_{q}_s"] = lat[name][q]
+    if isinstance(lat.get("tokens_per_s"), (int, float)):
+        out["tokens_per_s"] = lat["tokens_per_s"]
+    return out
+
+
+def point_phases(ranks: List[Optional[dict]]) -> tuple:
+    """The metric names of the workload points' phases the ranks recorded (`generate_b8_l2048`)."""
+    keys = {k for rec in ranks if rec for k in (rec.get("phases") or {}) if parse_phase(k)}
+    return tuple(sorted(metric_name(k) for k in keys))
+
+
+def point_rate(ranks: List[Optional[dict]]) -> Optional[float]:
+    """Generated tokens/s of the first rank's workload points (the largest over a grid), None where none was timed."""
+    rec = next((r for r in ranks if r), None) or {}
+    rates = [
+        ((ph.get("point") or {}).get("latency") or {}).get("tokens_per_s") for ph in (rec.get("phases") or {}).values()
+    ]
+    rates = [r for r in rates if isinstance(r, (int, float))]
+    return max(rates) if rates else None
 
 
 # DeepSpeed's see_memory_usage prints "GB" but divides by 1024**3: its figures are GiB, like dsexp's.
@@ -120,7 +157,7 @@ def aggregate_metrics(ranks: Iterable[Optional[dict]]) -> Dict[str, float]:
             continue
         for pname, phase in (rec.get("phases") or {}).items():
             for q, v in phase_quantities(phase).items():
-                per.setdefault(f"{pname}.{q}", {})[rec["rank"]] = v
+                per.setdefault(f"{metric_name(pname)}.{q}", {})[rec["rank"]] = v
     out: Dict[str, float] = {}
     for name, by_rank in per.items():
         vals = list(by_rank.values())
@@ -151,7 +188,7 @@ def node_metrics(ranks: List[Optional[dict]]) -> Dict[str, float]:
             q = phase_quantities(phase)
             for name in NODE_QUANTITIES:
                 if name in q:
-                    key = f"{pname}.{name}.node_{host}"
+                    key = f"{metric_name(pname)}.{name}.node_{host}"
                     out[key] = max(out.get(key, 0.0), q[name])
     return out
 
@@ -185,97 +222,34 @@ def headline(
     (`node_gpu_peak_gib`: every rank on it); its times are gloo's on one GPU (`speed_representative`). The host peak
     per rank is the kernel's high-water mark of its RSS read at each phase end (exact) where the record has it, else
     the sampler's peak."""
-    device_peak = _max_over(metrics, "nvml_device_used_peak_gib") or _max_over(metrics, "gpu_driver_used_gib")
-    gpu_peak = _max_over(metrics, "nvml_process_used_peak_gib") if shared_gpu else device_peak
+    phases = PHASES + point_phases(ranks)  # a grid's points are generate phases too
+    device_peak = _max_over(metrics, "nvml_device_used_peak_gib", phases) or _max_over(
+        metrics, "gpu_driver_used_gib", phases
+    )
+    gpu_peak = _max_over(metrics, "nvml_process_used_peak_gib", phases) if shared_gpu else device_peak
     gen_s = metrics.get("generate.wall_s.max") if phase_ended(ranks, "generate") else None
     out = {
         "gpu_peak_gib": gpu_peak,
         "gpu_weights_gib": metrics.get("init.weights_device_gib.max"),
-        "host_peak_gib": _max_of(_max_over(metrics, "host_rss_peak_gib"), _max_over(metrics, "host_rss_hwm_gib")),
-        "host_anon_peak_gib": _max_over(metrics, "host_anon_peak_gib"),
-        "node_host_peak_gib": _max_over(metrics, "node_used_peak_gib"),
+        "host_peak_gib": _max_of(
+            _max_over(metrics, "host_rss_peak_gib", phases), _max_over(metrics, "host_rss_hwm_gib", phases)
+        ),
+        "host_anon_peak_gib": _max_over(metrics, "host_anon_peak_gib", phases),
+        "node_host_peak_gib": _max_over(metrics, "node_used_peak_gib", phases),
         "load_s": metrics.get("load.wall_s.max") if phase_ended(ranks, "load") else None,
         "init_s": metrics.get("init.wall_s.max") if phase_ended(ranks, "init") else None,
         "generate_s": gen_s,
-        "tokens_per_s": (new_tokens / gen_s) if gen_s else None,
+        "tokens_per_s": point_rate(ranks) or ((new_tokens / gen_s) if gen_s else None),
     }
     if shared_gpu:
         out["node_gpu_peak_gib"] = device_peak
     return out
 
 
-def config_label(config: Dict[str, Any]) -> str:
-    """A configuration's short name, everything but tp: variant/model/load/engine/zero/dtype/trims (what is set),
-    and `@stack` when the ranks ran on a software stack other than the job's own environment. A load that keeps
-    the buffers as loaded (load.restore_buffers=false) is marked `+buffers_as_loaded`."""
-    if (config.get("script") or {}).get("path"):
-        return script_label(config)
-    model, load, eng, zero = (config.get(k) or {} for k in ("model", "load", "engine", "zero"))
-    dtype, mdtype = config.get("dtype") or model.get("dtype"), model.get("dtype")
-    stack = stack_label(config.get("stack") or {})
-    parts = [
-        config.get("variant"),
-        model_label(model),
-        (load.get("name") or "eager")
-        + ("-bin" if load.get("format") == "bin" else "")
-        + ("+buffers_as_loaded" if load.get("restore_buffers") is False else ""),
-        (eng.get("name") or "") + ("+inject" if eng.get("kernel_inject") else ""),
-        None if (zero.get("name") or "none") == "none" else f"zero-{zero.get('name')}",
-        f"{dtype}<-{mdtype}" if mdtype and dtype != mdtype else dtype,
-        trims.label(config.get("trim")),
-        shared_gpu_label(config),
-    ]
-    return "/".join(str(p) for p in parts if p) + ("" if stack == "current" else f"@{stack}")
-
-
-def script_label(config: Dict[str, Any]) -> str:
-    """A user's script's configuration: variant/script:<file> <args>/model (when {model_dir} is used)/fix=.../
-    cap/launcher (other than torchrun)/shared_gpu, and `@stack`. Its arguments are part of it (two argument lists
-    never share a row)."""
-    s = config["script"]
-    model = config.get("model") or {}
-    args = " ".join(str(a).replace("{model_dir}", f"<{model.get('name')}>") for a in s.get("args") or [])
-    if len(args) > 48:
-        args = args[:40] + "~" + hashlib.sha1(args.encode()).hexdigest()[:6]
-    uses_model = any("{model_dir}" in str(a) for a in s.get("args") or [])
-    launcher = (config.get("launcher") or {}).get("name") or ""
-    parts = [
-        config.get("variant"),
-        f"script:{Path(s['path']).name}" + (f" {args}" if args else ""),
-        model_label(model) if uses_model else None,
-        f"fix={'+'.join(s['fix'])}" if s.get("fix") else None,
-        f"max_new_tokens<={s['max_new_tokens']}" if s.get("max_new_tokens") else None,
-        # a script runs under the launcher its user names (the DeepSpeed one passes --local_rank): two launchers,
-        # two configurations
-        None if launcher in ("", "torchrun") else f"launcher={launcher}",
-        shared_gpu_label(config),
-    ]
-    stack = stack_label(config.get("stack") or {})
-    return "/".join(str(p) for p in parts if p) + ("" if stack == "current" else f"@{stack}")
-
-
-def shared_gpu_label(config: Dict[str, Any]) -> Optional[str]:
-    """`shared_gpu` (or `shared_<n>gpu`) for a GPU run whose ranks share launcher.gpus GPUs per node: its speed is
-    gloo's on shared GPUs, so it is never the same row as a run with a GPU per rank."""
-    gpus = (config.get("launcher") or {}).get("gpus")
-    if gpus is None or config.get("device") == "cpu":
-        return None
-    return "shared_gpu" if int(gpus) == 1 else f"shared_{gpus}gpu"
-
-
 def speed_representative(result: Dict[str, Any]) -> bool:
     """False for a run whose ranks shared GPUs (gloo on one device): its phase times and tokens/s are not a
     multi-GPU machine's and stay out of speed comparisons."""
     return not (result.get("runtime") or {}).get("shared_gpu")
-
-
-def model_label(model: Dict[str, Any]) -> Optional[str]:
-    """The model's name; for a user's folder or a config-only model, which one (folder name or architecture)."""
-    name = model.get("name")
-    source = model.get("path") or model.get("config_path")
-    if name in ("local", "config") and (source or model.get("arch")):
-        return f"{name}:{Path(source).name if source else model['arch']}"
-    return name
 
 
 def node_shared(result: Dict[str, Any]) -> bool:

@@ -58,6 +58,11 @@ class PhaseRecord:
         return _mapping(self.raw.get("peaks"))
 
     @property
+    def point(self) -> Mapping[str, Any]:
+        """A workload point's figures (batch, prompt length, prefill/decode peaks, latency); empty elsewhere."""
+        return _mapping(self.raw.get("point"))
+
+    @property
     def outside(self) -> Mapping[str, Mapping[str, int]]:
         """GPU readings taken within `start` (after the CUDA context, after the first collective)."""
         return _mapping(self.raw.get("outside"))
@@ -151,6 +156,11 @@ class RankRecord:
     @property
     def phase_keys(self) -> Tuple[str, ...]:
         return tuple(_mapping(self.raw.get("phases")))
+
+    @property
+    def points(self) -> Tuple[Mapping[str, Any], ...]:
+        """The workload points the rank listed, in the order it ran them (empty: a record without a grid)."""
+        return tuple(self.raw.get("points") or ())
 
     def phase(self, key: Union[Phase, str]) -> PhaseRecord:
         key = key.value if isinstance(key, Phase) else key

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 DTYPES = ("fp32", "bf16", "fp16")
+TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # torch.<name> of each
 DEVICES = ("auto", "cpu", "cuda")
 LOADERS = ("eager", "meta", "sharded")
 LAUNCHERS = ("torchrun", "deepspeed")
@@ -83,14 +84,24 @@ class LauncherConfig:
 
 @dataclass
 class GenerateConfig:
+    """The workload's shape. batch_size and prompt_tokens are each an int or a list: a list is a grid run inside one
+    job (the model loads once; each point its own phase, dsexp.core.workload). prompt_tokens null: the prompt text
+    as the model's tokenizer cuts it; N: a prompt of exactly N tokens (the text's ids repeated), the same on every
+    rank and in the tp=1 reference. Each point: `warmup` untimed generate calls, then `repeats` timed ones of
+    `new_tokens` tokens and `repeats` prefills (generate with one new token)."""
+
     prompt: str = "what is deepspeed?"
     new_tokens: int = 16
+    batch_size: Any = 1
+    prompt_tokens: Any = None
+    repeats: int = 1
+    warmup: int = 0
 
 
 @dataclass
 class ProbeConfig:
     # background peak sampler period (<= 20 ms); 0: no sampler, peaks = phase-end readings. 20: its thread costs
-    # 0.7% of a core on the H200 where 10 ms cost 1.3-1.5% (results/h200/sampler_cost.json, dsexp.rank.probes.sampler)
+    # 0.7% of a core on the H200 where 10 ms cost 1.3-1.5% (results/h200/sampler_cost, dsexp.rank.probes.sampler)
     sample_ms: float = 20.0
     see_memory_usage: bool = True  # also record what DeepSpeed's see_memory_usage prints, for comparison
     nvidia_smi: bool = False  # also record `nvidia-smi` per phase (cross-check on GPU machines)

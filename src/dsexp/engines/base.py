@@ -4,7 +4,8 @@ A member is one folder, dsexp/engines/<name>/, selected by conf/engine/<name>.ya
 - `__init__.py`: TRAITS, an EngineTraits (or a subclass carrying the engine's own validation rules and its version
   gate); imports the standard library and dsexp.core only, so validation, the memory model and the ranks all read it;
 - `rank.py`: ENGINE, the class that wraps the model on a rank (a dsexp.engines.rank.Engine); imported on ranks only;
-- `placement.py`: `place`, the engine's rule in the memory model (a Placer, below); imported by dsexp.analysis only.
+- `placement.py`: `place`, the engine's rule in the memory model (a dsexp.predict.placements.Placer); imported by
+  the family's dispatch (dsexp.engines.placement) only.
 The registry (dsexp.engines) is built from the folders. The injection policy the AutoTP engines apply is resolved
 here, once, for the ranks and the memory model alike.
 """
@@ -12,12 +13,11 @@ here, once, for the ranks and the memory model alike.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 from dsexp.core.gates import VersionGate
 
 if TYPE_CHECKING:
-    from dsexp.analysis.placements import Placement, Strategy, Tensor
     from dsexp.core.schema import JobConfig
 
 
@@ -43,18 +43,6 @@ class EngineTraits:
     def shared_gpu_problem(self, spec: "JobConfig") -> Optional[str]:
         """Why the engine cannot run with ranks sharing a GPU; None: it can."""
         return None
-
-
-class Placer(Protocol):
-    """A member's `placement.place`: where each of the model's tensors (meta device) lies on each of tp ranks.
-
-    Returns (placements, the module classes the engine removes and adds: {"removed": {}, "added": {}}). Appends to
-    `notes` what the prediction assumes, in words; fills `found` with how an AutoTP policy was found. Raises
-    AssertionError where DeepSpeed itself refuses (e.g. AutoTP finds no policy)."""
-
-    def __call__(
-        self, model: Any, tensors: List["Tensor"], s: "Strategy", tp: int, notes: List[str], found: Dict[str, Any]
-    ) -> Tuple[List["Placement"], Dict[str, Dict[str, int]]]: ...
 
 
 # --- the injection policy (engine.injection_policy) ---------------------------------------------------------------

@@ -7,8 +7,8 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from typing import Any, Dict, Optional, Tuple
 
+from dsexp.core.context import RankContext
 from dsexp.engines import part
-from dsexp.rank.context import RankContext
 from dsexp.trims.dedupe_buffers.rank import HeldBuffers, dedupe_buffers
 from dsexp.trims.env.rank import env_seen
 

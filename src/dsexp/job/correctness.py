@@ -1,8 +1,8 @@
 """Correctness of every run: its first-step logits against a tp=1 eager reference of the same model and dtype.
 
-The reference is computed once per (checkpoint, dtype, prompt) by a one-rank run of the worker in
-`reference` role (`dsexp.job.roles`) and cached on disk; each job compares rank 0's logits with it. Greedy-token
-agreement is recorded but not gated on: random weights make near-ties that harmless rounding flips.
+The reference is computed once per (checkpoint, dtype, prompt: the workload grid's first point) by a one-rank run
+of the worker in `reference` role (`dsexp.job.roles`) and cached on disk; each job compares rank 0's logits with
+it. Greedy-token agreement is recorded but not gated on: random weights make near-ties that harmless rounding flips.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 from dsexp.core.fs import file_lock
 from dsexp.core.protocol import logits_file
 from dsexp.core.schema import JobConfig, TrimConfig
+from dsexp.core.workload import grid
 from dsexp.job.roles import role_spec, run_role
 
 # Relative L2 error of the first-step logits a correct run may show. Measured on CPU (gloo), tp=2 vs the tp=1
@@ -137,11 +138,13 @@ def reference_problem(logits, rec: Dict[str, Any], stack: str) -> Optional[str]:
 
 def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Path:
     """The cached tp=1 eager reference for this model and dtype, computed now if missing."""
+    first = grid(spec.generate)[0]  # the point whose logits a job saves: the grid's first
+    prompt = spec.generate.prompt if first.prompt_tokens is None else f"{spec.generate.prompt}|{first.prompt_tokens}"
     path = reference_path(
         spec.cache_dir,
         Path(runtime["model_dir"]),
         spec.dtype,
-        spec.generate.prompt,
+        prompt + ("" if first.batch == 1 else f"|b={first.batch}"),
         spec.generate.new_tokens,
         runtime["device"],
         _stack_key(runtime) + ("" if spec.load.restore_buffers else "|buffers-as-loaded"),
@@ -156,7 +159,17 @@ def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) ->
         ref_dir = job_dir / "reference"
         (rec,) = run_role(
             # the reference is shared by every trim (and cached without them): no trim, no trim.env
-            role_spec(spec, tp=1, launcher__nodes=1, launcher__hostfile=None, trim=TrimConfig()),
+            role_spec(
+                spec,
+                tp=1,
+                launcher__nodes=1,
+                launcher__hostfile=None,
+                trim=TrimConfig(),
+                generate__batch_size=first.batch,
+                generate__prompt_tokens=first.prompt_tokens,
+                generate__repeats=1,
+                generate__warmup=0,
+            ),
             runtime,
             ref_dir,
             "reference",

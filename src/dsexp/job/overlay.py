@@ -337,7 +337,7 @@ JOB_DEEPSPEED = "deepspeed==0.19.8"
 def fill_job(folder: Path, python_version: Optional[str] = None, platforms: Sequence[str] = ()) -> List[str]:
     """Download and build into `folder` the wheels dsexp's job environment needs on such a GPU machine (JOB_WHEELS,
     JOB_SOURCE_ONLY, JOB_DEEPSPEED), for this Python or another one (python_version "3.12"); the machine installs
-    them with `pip install --no-index --no-deps` (scripts/gpu/env.sh). Returns the folder's wheel names."""
+    them with `pip install --no-index --no-deps` (scripts/gpu/env.sh, docs/gpu.md). Returns the folder's wheel names."""
     folder = Path(folder).expanduser().resolve()
     folder.mkdir(parents=True, exist_ok=True)
     _pip(

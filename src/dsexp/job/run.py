@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from dsexp.core import records
 from dsexp.core.checkpoint import checkpoint_problem
 from dsexp.core.fs import read_json, write_json_atomic
-from dsexp.core.protocol import RESULT, STACK_IMPORT_ERROR, write_job_file
+from dsexp.core.protocol import CAMPAIGN_ENV, COMMIT_ENV, RESULT, STACK_IMPORT_ERROR, write_job_file
 from dsexp.core.schema import JobConfig, dtype_conversion
 from dsexp.core.series import read_job_series
 from dsexp.job import correctness, failures, script_job, teardown
@@ -39,6 +40,28 @@ from dsexp.job.roles import RoleFailed
 
 ATTEMPTS = Path(".dsexp") / "attempts"
 _ATTEMPT_FILES = (RESULT, "job.json", "launcher.log", "ranks", "reference", "trace.json")
+
+
+def source_commit() -> Optional[str]:
+    """The git commit of the dsexp source tree this process runs ("-dirty" when tracked files differ from it), or
+    None where it is no git checkout (an installed wheel, a copied tree)."""
+    src = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(src), *args], capture_output=True, text=True, timeout=10).stdout
+
+    try:
+        sha = git("rev-parse", "HEAD").strip()
+        return sha and sha + ("-dirty" if git("status", "--porcelain", "--untracked-files=no").strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def provenance() -> Dict[str, str]:
+    """What made this result: the campaign (`python -m dsexp.campaign` sets $DSEXP_CAMPAIGN) and the commit
+    ($DSEXP_COMMIT where the campaign set it, else this source tree's)."""
+    out = {"campaign": os.environ.get(CAMPAIGN_ENV), "commit": os.environ.get(COMMIT_ENV) or source_commit()}
+    return {k: v for k, v in out.items() if v}
 
 
 def job_key(spec: JobConfig) -> str:
@@ -176,6 +199,7 @@ def run_job(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path] = None) ->
         "attempt_id": uuid.uuid4().hex,
         "earlier_attempts": earlier,
         "stale_reaped": stale,
+        **provenance(),
     }
     allocation = slurm.env_facts()  # run as a SLURM job: its id and node (the final state is added by the sweep)
     if allocation:
@@ -303,6 +327,7 @@ def record_invalid(config: Dict[str, Any], job_dir: Path, message: str) -> Dict[
         "attempt_id": uuid.uuid4().hex,
         "earlier_attempts": archive_attempt(job_dir),
         "failure": {"cause": "invalid_config", "rank": None, "phase": None, "type": "ConfigError", "message": message},
+        **provenance(),
     }
     allocation = slurm.env_facts()
     if allocation:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from dsexp.core.schema import TORCH_DTYPE_NAMES
+
 
 @dataclass(frozen=True)
 class Arch:
@@ -40,8 +42,6 @@ def _internlm2_code_digest() -> str:
 
     return code_digest()
 
-
-TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 ARCHS: Dict[str, Arch] = {
     "llama": Arch(_llama_config),

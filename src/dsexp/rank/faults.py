@@ -7,6 +7,8 @@ NaN (or `value: 0`: the zeros fresh memory holds, finite but wrong, as seen on t
 transformers >= 5 leaves them uninitialised for remote code; `roles: true` makes it
 fire in the tp=1 reference run too (other faults never do).
 Used by the reliability tests to check that every failure becomes a recorded, classified result.
+`kind: oom, at_tokens: N` raises torch.OutOfMemoryError at every workload point of batch x prompt tokens >= N, on
+every rank (maybe_oom): a point that does not fit, simulated on the CPU.
 `once: true` makes the fault transient: it fires on the first attempt of a job only (a marker in the
 job folder remembers), so a resumed sweep shows the retried job succeeding.
 """
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-KINDS = ("raise", "exit", "sigkill", "sleep", "alloc_host", "alloc_gpu", "poison_buffers")
+KINDS = ("raise", "exit", "sigkill", "sleep", "alloc_host", "alloc_gpu", "poison_buffers", "oom")
 
 
 FIRED_MARK = ".dsexp-fault-fired"
@@ -28,7 +30,7 @@ FIRED_MARK = ".dsexp-fault-fired"
 def maybe_inject(fault: Optional[Dict[str, Any]], rank: int, phase: str, job_dir: Optional[Path] = None) -> None:
     if not fault or int(fault.get("rank", 0)) != rank or fault.get("phase", "load") != phase:
         return
-    if fault.get("kind") == "poison_buffers":  # applied by the loader (poison_buffers), not here
+    if fault.get("kind") in ("poison_buffers", "oom"):  # applied by the loader / at each workload point
         return
     if fault.get("once") and job_dir is not None:
         mark = Path(job_dir) / FIRED_MARK
@@ -80,3 +82,15 @@ def _alloc_host(cap_mb: int) -> None:
     hog = []
     while True:
         hog.append(bytearray(64 * 2**20))
+
+
+def maybe_oom(fault: Optional[Dict[str, Any]], batch: int, prompt_tokens: Optional[int]) -> None:
+    """kind=oom: a simulated out-of-memory error (CPU tests) at every workload point of batch x prompt tokens >=
+    `at_tokens`, on every rank (AutoTP's ranks hold the same shapes: a real one hits them all)."""
+    if not fault or fault.get("kind") != "oom":
+        return
+    need = batch * (prompt_tokens or 0)
+    if need >= int(fault.get("at_tokens", 0)):
+        import torch
+
+        raise torch.OutOfMemoryError(f"dsexp fault injection: out of memory at batch {batch} x {prompt_tokens} tokens")

@@ -1,11 +1,22 @@
-"""The generate phase: a fixed prompt, a fixed number of greedy tokens, and the first step's logits."""
+"""Generation on one rank: the prompt, the generate calls, and one workload point measured as the benchmarks do.
+
+A point (batch B, prompt of L tokens; dsexp.core.workload) runs, after `generate.warmup` untimed calls:
+- a memory run: one timed generate of `new_tokens` tokens whose window is split where the prefill ends (a logits
+  processor's first call: the prompt's forward is done), giving the peaks during the prefill and during the decode
+  (torch's allocator on a GPU, the sampler's host figures everywhere) and the KV cache's bytes at the end;
+- `repeats - 1` more timed generates of `new_tokens` tokens (e2e) and `repeats` prefills (generate with one new
+  token, as optimum-benchmark times it; the first also gives the first-step logits the correctness check reads).
+Times are CUDA events read after a synchronize on a GPU, perf_counter on the CPU. TTFT = a prefill's time, TPOT =
+(e2e - mean prefill) / (new_tokens - 1), tokens/s = B x new_tokens x timed calls / their total time.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
-from dsexp.rank.context import RankContext
+from dsexp.core.context import RankContext
+from dsexp.core.workload import Point, summary
 
 
 def prompt_ids(ctx: RankContext, vocab_size: int) -> List[int]:
@@ -19,28 +30,185 @@ def prompt_ids(ctx: RankContext, vocab_size: int) -> List[int]:
     return [b % vocab_size for b in ctx.spec.generate.prompt.encode()]
 
 
-def run_generate(module, ctx: RankContext, extra: Dict[str, Any]) -> Dict[str, Any]:
-    """Greedy decode exactly `new_tokens` tokens; return ids and the first step's logits (fp32, CPU)."""
+def point_ids(text_ids: List[int], tokens: Optional[int]) -> List[int]:
+    """A prompt of exactly `tokens` ids: the text's ids repeated and cut (None: the text's ids as they are).
+    Deterministic, so every rank and the tp=1 reference get the same ids."""
+    if tokens is None:
+        return list(text_ids)
+    reps = -(-tokens // max(1, len(text_ids)))
+    return (list(text_ids) * reps)[:tokens]
+
+
+class Clock:
+    """Seconds of one call: CUDA events with a synchronize on a GPU, perf_counter on the CPU."""
+
+    def __init__(self, on_gpu: bool):
+        self.on_gpu = on_gpu
+
+    def time(self, fn: Callable[[], Any]):
+        """(fn's result, seconds it took)."""
+        import time
+
+        import torch
+
+        if not self.on_gpu:
+            t0 = time.perf_counter()
+            out = fn()
+            return out, time.perf_counter() - t0
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        out = fn()
+        end.record()
+        torch.cuda.synchronize()
+        return out, start.elapsed_time(end) / 1000.0
+
+
+def device_peaks(on_gpu: bool, reset: bool = True) -> Dict[str, int]:
+    """The allocator's peaks since the last reset (GPU; empty on the CPU), then a reset (host-side counters: no
+    synchronize, so a read inside generate does not stall it)."""
+    if not on_gpu:
+        return {}
     import torch
 
-    cfg = module.config
-    ids = prompt_ids(ctx, cfg.vocab_size)
-    dev = ctx.device if ctx.on_gpu else "cpu"
-    inp = torch.tensor([ids], device=dev)
-    n = ctx.spec.generate.new_tokens
+    out = {"gpu_alloc_peak": torch.cuda.max_memory_allocated(), "gpu_reserved_peak": torch.cuda.max_memory_reserved()}
+    if reset:
+        torch.cuda.reset_peak_memory_stats()
+    return out
+
+
+def cache_bytes(cache) -> Optional[int]:
+    """Bytes of the key/value tensors a generate returned (a DynamicCache of transformers 5 or 4.x, or tuples)."""
+    import torch
+
+    def tensors(obj):
+        if isinstance(obj, torch.Tensor):
+            yield obj
+        elif isinstance(obj, (list, tuple)):
+            for x in obj:
+                yield from tensors(x)
+
+    if cache is None:
+        return None
+    if hasattr(cache, "layers"):
+        found = [t for layer in cache.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
+    elif hasattr(cache, "key_cache"):
+        found = [*cache.key_cache, *cache.value_cache]
+    else:
+        found = cache
+    return sum(t.numel() * t.element_size() for t in tensors(found))
+
+
+def make_split(on_split: Callable[[], None]):
+    """A logits processor that calls `on_split` at its first call (the prefill's forward is done) and changes
+    nothing."""
+    from transformers import LogitsProcessor
+
+    class PrefillEnd(LogitsProcessor):
+        def __init__(self):
+            self.called = False
+
+        def __call__(self, input_ids, scores):
+            if not self.called:
+                self.called = True
+                on_split()
+            return scores
+
+    return PrefillEnd()
+
+
+def call_generate(module, inp, new_tokens: int, extra: Dict[str, Any], **kw: Any):
+    """Greedy decode of exactly `new_tokens` tokens."""
+    import torch
+
     with torch.no_grad():
-        out = module.generate(
+        return module.generate(
             inp,
             attention_mask=torch.ones_like(inp),
-            max_new_tokens=n,
-            min_new_tokens=n,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
             do_sample=False,
-            output_logits=True,
             return_dict_in_generate=True,
             pad_token_id=0,
             **extra,
+            **kw,
         )
+
+
+def first_logits(out):
+    """The first step's logits of the first sequence, fp32 on the CPU (a DTensor from a TP plan made whole)."""
     logits = out.logits[0][0]
-    if hasattr(logits, "full_tensor"):  # DTensor from a TP plan
+    if hasattr(logits, "full_tensor"):
         logits = logits.full_tensor()
-    return {"prompt_ids": ids, "tokens": out.sequences[0, len(ids) :].tolist(), "first_logits": logits.float().cpu()}
+    return logits.float().cpu()
+
+
+def memory_run(module, inp, n: int, extra: Dict[str, Any], on_gpu: bool, split_window: Callable[[], Dict]):
+    """One generate whose peaks are split at the prefill's end: (output, seconds, {prefill: peaks, decode: peaks})."""
+    from transformers import LogitsProcessorList
+
+    windows: Dict[str, Dict[str, int]] = {}
+
+    def at_prefill_end():
+        windows["prefill"] = {**split_window(), **device_peaks(on_gpu)}
+
+    device_peaks(on_gpu)  # the prefill's window starts here
+    split_window()
+    procs = LogitsProcessorList([make_split(at_prefill_end)])
+    out, secs = Clock(on_gpu).time(lambda: call_generate(module, inp, n, extra, logits_processor=procs))
+    windows["decode"] = {**split_window(), **device_peaks(on_gpu)}
+    return out, secs, windows
+
+
+def measure_point(module, ctx: RankContext, point: Point, text_ids: List[int], extra: Dict[str, Any], split_window):
+    """Run one workload point (module docstring); return (its record, the first-step logits, the tokens of the
+    first sequence)."""
+    import torch
+
+    g = ctx.spec.generate
+    n, on_gpu = g.new_tokens, ctx.on_gpu
+    ids = point_ids(text_ids, point.prompt_tokens)
+    inp = torch.tensor([ids] * point.batch, device=ctx.device if on_gpu else "cpu")
+    for _ in range(g.warmup):
+        call_generate(module, inp, n, extra)
+    out, first_e2e, windows = memory_run(module, inp, n, extra, on_gpu, split_window)
+    produced = int(out.sequences.shape[1] - inp.shape[1]) * point.batch
+    tokens = out.sequences[0, inp.shape[1] :].tolist()
+    kv = cache_bytes(getattr(out, "past_key_values", None))
+    del out
+    clock = Clock(on_gpu)
+    e2e = [first_e2e] + [clock.time(lambda: call_generate(module, inp, n, extra))[1] for _ in range(g.repeats - 1)]
+    prefill, logits = [], None
+    for i in range(g.repeats):
+        res, secs = clock.time(lambda: call_generate(module, inp, 1, extra, output_logits=i == 0))
+        prefill.append(secs)
+        logits = first_logits(res) if i == 0 else logits
+        del res
+    record = {
+        **point.to_dict(),
+        "prompt_len": len(ids),
+        "new_tokens": n,
+        "tokens_produced": produced,
+        "kv_cache_bytes": kv,
+        "prefill": windows.get("prefill", {}),
+        "decode": windows.get("decode", {}),
+        "latency": latency(prefill, e2e, point.batch, n, len(ids)),
+    }
+    return record, logits, tokens
+
+
+def latency(prefill: List[float], e2e: List[float], batch: int, new_tokens: int, prompt_len: int) -> Dict[str, Any]:
+    """TTFT, TPOT and e2e (mean, p50, p90, p99), tokens/s (generated) and the prefill's prompt tokens/s from the
+    timed calls' seconds."""
+    mean_prefill = sum(prefill) / len(prefill)
+    tpot = [(t - mean_prefill) / (new_tokens - 1) for t in e2e] if new_tokens > 1 else []
+    total = sum(e2e)
+    return {
+        "prefill_s": prefill,
+        "e2e_s": e2e,
+        "ttft": summary(prefill),
+        "tpot": summary(tpot),
+        "e2e": summary(e2e),
+        "tokens_per_s": batch * new_tokens * len(e2e) / total if total > 0 else None,
+        "prefill_tokens_per_s": batch * prompt_len / mean_prefill if mean_prefill > 0 else None,
+    }

@@ -16,8 +16,8 @@ import os  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from dsexp.core.context import RankContext  # noqa: E402
 from dsexp.core.protocol import rank_log, read_job_file  # noqa: E402
-from dsexp.rank.context import RankContext  # noqa: E402
 from dsexp.rank.faults import maybe_inject  # noqa: E402
 from dsexp.rank.isolation import hide_job_side_packages  # noqa: E402
 from dsexp.rank.output import redirect_output  # noqa: E402

@@ -171,6 +171,7 @@ class Tracker:
             "dsexp.attempt": str(result.get("attempt", 1)),
             "dsexp.attempt_id": attempt_id or "",
             **outcome_tags(result),
+            **{f"dsexp.{k}": result[k] for k in ("campaign", "commit") if result.get(k)},  # python -m dsexp.campaign
         }
         if parent_id:
             tags["mlflow.parentRunId"] = parent_id
@@ -307,7 +308,7 @@ def ensure_parent(sweep_dir: Path, tracker: Tracker, experiment: str, tags: Dict
 
 
 def run_name(config: Dict[str, Any]) -> str:
-    from dsexp.core.records import config_label
+    from dsexp.analysis.labels import config_label
 
     return f"{config_label(config)}/tp{config['tp']}"
 

@@ -5,6 +5,8 @@
     scripts          your_script         users' scripts, as written and fixed
     recommendation   recommendation      what to run, and against the memory model's floor
     matrix           matrix_table        every run: measured, predicted, speed
+    capacity         capacity_fit        memory above the weights per workload point; the largest batch that fits
+    latency          latency             TTFT, TPOT, e2e and tokens/s per workload point
     stacks           stack_comparison    one configuration on each software stack
     weights          weights_table       weights per rank, predicted vs measured
     trims            trim_effects        each trimmed run against the same one untrimmed
@@ -20,7 +22,9 @@ from __future__ import annotations
 from typing import Dict
 
 from dsexp.analysis.sections import (
+    capacity_fit,
     definitions,
+    latency,
     matrix_table,
     memory_over_time,
     plot_links,
@@ -38,6 +42,8 @@ SECTIONS = (
     your_script,
     recommendation,
     matrix_table,
+    capacity_fit,
+    latency,
     stack_comparison,
     weights_table,
     trim_effects,

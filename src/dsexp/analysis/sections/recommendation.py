@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import List
 
 from dsexp.analysis import measured as m
+from dsexp.analysis import workload_points as capa
 from dsexp.analysis.diagnosis import floor_terms
 from dsexp.analysis.matrix import Extrapolated, Pick, Row, main_model, recommend
 from dsexp.analysis.sections.common import ReportInputs, num, on_gpu
 from dsexp.analysis.sections.trim_effects import trim_lines
+from dsexp.core.workload import as_list
 
 NAME = "recommendation"
 FLOOR_MARGIN = 0.05  # a recommended peak within 5% of the memory model's floor leaves nothing big unexplained
@@ -31,7 +33,7 @@ def recommendation_lines(rows: List[Row], extra: List[Extrapolated]) -> List[str
     best, plain = picks["per_device"], picks["per_device_no_offload"]
     if best is None:
         return ["No configuration passed the correctness check: nothing to recommend."]
-    lines = _per_device_lines(best, plain, gpu)
+    lines = _per_device_lines(best, plain, gpu) + [workload_line((plain or best).row)]
     others = sorted({r.config.get("model", {}).get("name") for r in rows} - {main_model(rows)})
     if others:
         lines.insert(
@@ -46,6 +48,22 @@ def recommendation_lines(rows: List[Row], extra: List[Extrapolated]) -> List[str
     rows_by_label = {r.label: r for r in rows}
     lines += trim_lines(rows)
     return lines + [line for label in recommended for line in _floor_check(rows_by_label[label])]
+
+
+def workload_line(row: Row) -> str:
+    """The workload the recommendation holds for: its memory and speed were measured at this shape only."""
+    g = row.config.get("generate") or {}
+    batches, prompts = as_list(g.get("batch_size", 1)), as_list(g.get("prompt_tokens"))
+    lengths = [q.prompt_tokens for q in capa.point_rows([row])]
+    if prompts == [None]:
+        prompt = f"the prompt text ({max(lengths)} tokens)" if lengths else "the prompt text"
+    else:
+        prompt = f"a prompt of {', '.join(map(str, prompts))} tokens"
+    grid = " (a grid: the figures are its largest point that ran)" if len(batches) * len(prompts) > 1 else ""
+    return (
+        f"It holds for the workload it was measured at: batch {', '.join(map(str, batches))}, {prompt}, "
+        f"{g.get('new_tokens')} new tokens{grid}; a larger batch or context needs what the capacity section shows."
+    )
 
 
 CPU_FIGURE = "device-resident weights per rank (CPU run: no GPU, the rank's device is the host)"

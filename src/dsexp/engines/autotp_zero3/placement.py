@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Dict, List, Tuple
 
-from dsexp.analysis.placements import Strategy, Tensor
 from dsexp.engines.init_inference.placement import autotp, autotp_place, autotp_rules
 from dsexp.engines.zero_inference.placement import place as zero3
+from dsexp.predict.placements import Strategy, Tensor
 
 
 def place(model, tensors: List[Tensor], s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]):

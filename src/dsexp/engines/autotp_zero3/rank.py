@@ -14,10 +14,10 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from dsexp.core.context import RankContext
 from dsexp.engines.init_inference.rank import applied_policy
 from dsexp.engines.zero_inference.rank import ZeroInference
 from dsexp.models.policy import ds_name
-from dsexp.rank.context import RankContext
 
 
 def partition_config(model, policy: Dict[str, List[str]]) -> Dict[str, Any]:

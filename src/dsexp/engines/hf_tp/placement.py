@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional
 
-from dsexp.analysis.placements import Strategy, Tensor, chunks, replicated, split, unchanged
 from dsexp.models.kernel_policy import tp_plan
+from dsexp.predict.placements import Strategy, Tensor, chunks, replicated, split, unchanged
 
 _HF_DIMS = (  # style prefix -> the dim its DTensor shards ("out": the output dim, ndim - 2; -1 for a bias)
     ("embedding_colwise", 1),

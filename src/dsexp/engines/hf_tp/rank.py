@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
+from dsexp.core.context import RankContext
 from dsexp.engines.rank import Engine
-from dsexp.rank.context import RankContext
 
 
 def tp_load_kwargs(world_size: int) -> Dict[str, Any]:

@@ -19,7 +19,7 @@ policy (e.g. InternLM2) nothing is sharded.
 The AutoTP rules here are also autotp_zero3's (dsexp.engines.autotp_zero3.placement).
 
 `allocation_order`: the order AutoTP puts a rank's tensors on the GPU, which the allocator's reserve depends on
-(dsexp.analysis.allocator).
+(dsexp.predict.allocator).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
-from dsexp.analysis.placements import Placement, Strategy, Tensor, even, itemsize, replicated, split, unchanged
 from dsexp.engines.base import INFER
 from dsexp.models.kernel_policy import kernel_policy_classes
+from dsexp.predict.placements import Placement, Strategy, Tensor, even, itemsize, replicated, split, unchanged
 from dsexp.trims.shard_embedding.placement import embedding_to_split
 from dsexp.trims.shard_head import HEAD_NAMES
 from dsexp.trims.shard_head.placement import aliased_head

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from dsexp.core.compat import config_fields
+from dsexp.core.config_trace import FieldReadTracer
+from dsexp.core.context import RankContext
 from dsexp.engines.base import INFER, effective_policy
 from dsexp.engines.rank import Engine
-from dsexp.rank.compat import config_fields
-from dsexp.rank.context import RankContext
-from dsexp.rank.probes.config_trace import FieldReadTracer
 from dsexp.trims.shard_embedding.rank import shard_embedding
 from dsexp.trims.shard_head.rank import alias_head, unalias_head
 from dsexp.trims.world_group.rank import preset_group

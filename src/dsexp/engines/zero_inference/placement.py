@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional
 
-from dsexp.analysis.placements import Placement, Strategy, Tensor, replicated, unchanged
+from dsexp.predict.placements import Placement, Strategy, Tensor, replicated, unchanged
 
 
 def place(model, tensors: List[Tensor], s: Strategy, tp: int, notes: List[str], found: Optional[Dict[str, Any]] = None):

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from dsexp.core.config_trace import FieldReadTracer
+from dsexp.core.context import RankContext
 from dsexp.engines.init_inference.rank import zero_field_names
 from dsexp.engines.rank import Engine
-from dsexp.rank.context import RankContext
-from dsexp.rank.probes.config_trace import FieldReadTracer
 
 
 def ds_config(ctx: RankContext) -> Dict[str, Any]:

@@ -309,7 +309,7 @@ class SlurmSweep:
         from dsexp.core.fs import read_json, write_json_atomic
         from dsexp.core.records import SCHEMA_VERSION
         from dsexp.job import failures
-        from dsexp.job.run import archive_attempt, attempt_summary
+        from dsexp.job.run import archive_attempt, attempt_summary, provenance
         from dsexp.tracking.runs import record_cluster_outcome, resolve_uri
 
         if j.job_dir is None:
@@ -332,6 +332,7 @@ class SlurmSweep:
                 "attempt": len(earlier) + 1,
                 "attempt_id": uuid.uuid4().hex,
                 "earlier_attempts": earlier,
+                **provenance(),  # the sweep's process carries the campaign's settings too
             }
         else:
             # an ok result stays as the job wrote it (slurm.merge_outcome): no need to read the ranks' files

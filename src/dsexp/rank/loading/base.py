@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional
 
-from dsexp.rank.context import RankContext
+from dsexp.core.context import RankContext
 
 
 @dataclass

@@ -21,9 +21,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from dsexp.core.compat import dtype_kwargs
 from dsexp.core.module_buffers import non_persistent_buffers as core_non_persistent_buffers
 from dsexp.core.module_buffers import owner_of
-from dsexp.rank.compat import dtype_kwargs
 
 
 def build_on_meta(ctx):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from dsexp.rank.compat import dtype_kwargs
-from dsexp.rank.context import RankContext
+from dsexp.core.compat import dtype_kwargs
+from dsexp.core.context import RankContext
 from dsexp.rank.faults import poison_buffers
 from dsexp.rank.loading import buffers
 from dsexp.rank.loading.base import Loaded, Loader

@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List
 
-from dsexp.rank.context import RankContext
+from dsexp.core.context import RankContext
 from dsexp.rank.loading import buffers, files
 from dsexp.rank.loading.base import Loaded, Loader
 from dsexp.rank.loading.buffers import build_on_meta

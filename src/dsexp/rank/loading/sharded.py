@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict
 
-from dsexp.rank.context import RankContext
+from dsexp.core.context import RankContext
 from dsexp.rank.loading import buffers, files
 from dsexp.rank.loading.base import Loaded, Loader
 from dsexp.rank.loading.buffers import build_on_meta

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict
 
-from dsexp.rank.context import RankContext
+from dsexp.core.context import RankContext
 
 CHUNK_BYTES = 1 << 30  # bounds host memory while a GPU rank copies its slice out for saving
 

@@ -69,7 +69,7 @@ class ProcFiles:
     taking it back waits up to the interpreter's switch interval (5 ms); an open/read/close per file made a
     sample cost several of those waits, and the main thread as many forced switches. And after each sleep
     each distinct kernel path runs cold (25-90 us of CPU for a read that costs 2-15 us warm on the H200,
-    scripts/gpu/sampler_cost.py): the frequent reading (`read_rss`) is statm alone, the full one (`read`) adds
+    benchmarks/sampler_cost.py): the frequent reading (`read_rss`) is statm alone, the full one (`read`) adds
     status's split and the node's figure."""
 
     def __init__(self):

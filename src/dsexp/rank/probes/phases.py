@@ -60,6 +60,7 @@ class PhaseRecorder:
         self.path = rank_file(job_dir, rank)
         self.live_path = live_file(job_dir, rank)
         self.current: Optional[tuple] = None  # (phase name, its perf_counter start)
+        self._split: Dict[str, int] = {}  # peaks of the windows closed inside the running phase (split_window)
         self.align: Optional[Callable[[], None]] = None  # once the process group is up: a barrier over all ranks
         self._waited: Optional[float] = None
         self.t_process = t_process
@@ -154,10 +155,22 @@ class PhaseRecorder:
                 raise
             self._waited = time.perf_counter() - t
         self.sampler.take()  # discard the gap between phases
+        self._split = {}
         return self.sampler.closed_at
+
+    def split_window(self) -> Dict[str, int]:
+        """Close the sampler's window inside the running phase (a prefill's end): the peaks since the phase began or
+        the last split. The phase's own peaks still cover the whole phase."""
+        peaks = self.sampler.take()
+        for k, v in peaks.items():
+            self._split[k] = max(v, self._split.get(k, v))
+        return peaks
 
     def _end(self, name: str, t0: float, error: Optional[BaseException] = None) -> None:
         peaks = self.sampler.take()
+        for k, v in self._split.items():
+            peaks[k] = max(v, peaks.get(k, v))
+        self._split = {}
         t1 = self.sampler.closed_at
         phase: Dict[str, Any] = {"wall_s": t1 - t0, "peaks": peaks, "host": host_snapshot()}
         if self._waited is not None:

@@ -9,7 +9,7 @@ are the caching allocator's reserve plus what lies outside it: they fall only wh
 their peak; torch's own peaks (the phase records) catch the allocator's. The reason for the split: after each sleep
 every kernel path and Python function runs cold. On the H200 a statm read costs 25-34 us of CPU cold (2 warm),
 NVML's device query 73-101 (7-10), its process list 164-241 (27-35). Measured in one call
-(results/h200/sampler_cost.json): the readings as they were (status, meminfo and NVML every 10 ms) 2.2% of a core,
+(results/h200/sampler_cost): the readings as they were (status, meminfo and NVML every 10 ms) 2.2% of a core,
 NVML at full readings only 1.3%, and that at the default 20 ms period 0.7%. The rest is the wake-up itself, so the
 period sets the cost. An optional `beat` callback gets the running window's peaks every `beat_s` (the rank's live
 file). Without `start()` there is no thread: each window's peak is the reading `take()` makes at its end

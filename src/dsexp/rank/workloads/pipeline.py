@@ -3,11 +3,13 @@ workloads reuse its steps."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
+from dsexp.core.context import RankContext
 from dsexp.core.protocol import logits_file
-from dsexp.rank.context import RankContext
-from dsexp.rank.faults import maybe_inject
+from dsexp.core.workload import Point, dominated, grid
+from dsexp.rank.faults import maybe_inject, maybe_oom
+from dsexp.rank.generation import point_ids
 from dsexp.rank.probes.phases import PhaseRecorder
 
 
@@ -61,23 +63,120 @@ def load_and_init(ctx: RankContext, rec: PhaseRecorder, engine, loader: str) -> 
 
 
 def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[str, Any]) -> None:
-    """The generate phase; rank 0 saves the first-step logits (the correctness check reads them)."""
+    """Each point of the workload grid (dsexp.core.workload) its own phase, measured (dsexp.rank.generation). A point
+    that runs out of memory is a result: the other points go on, the larger ones it makes pointless are skipped.
+    Rank 0 saves the first point's first-step logits (the correctness check reads them)."""
     import torch
 
-    from dsexp.rank.generation import run_generate
+    from dsexp.rank.generation import prompt_ids
 
-    with rec.phase("generate"):
-        maybe_inject(ctx.spec.fault, ctx.rank, "generate", ctx.job_dir)
-        out = run_generate(module, ctx, engine.generate_kwargs(ctx) if engine else {})
+    points = grid(ctx.spec.generate)
+    text = prompt_ids(ctx, module.config.vocab_size)
+    extra = engine.generate_kwargs(ctx) if engine else {}
+    outcomes: List[Dict[str, Any]] = []
+    ran_out: List[Point] = []
+    for i, point in enumerate(points):
+        key = point.phase(len(points) == 1)
+        larger_than = dominated(point, ran_out)
+        if larger_than:
+            skipped = {"phase": key, "status": "skipped", "larger_than": larger_than.to_dict()}
+            outcomes.append({**point.to_dict(), **skipped})
+            continue
+        entry, logits, tokens = run_point(ctx, rec, module, point, key, text, extra)
+        outcomes.append(entry)
+        rec.note(points=outcomes)
+        if entry["status"] == "oom":
+            ran_out.append(point)
+        elif i == 0:
+            note_nonfinite(rec, module, logits)
+            if ctx.rank == 0:
+                torch.save(logits, logits_file(ctx.job_dir))
+            ids = point_ids(text, point.prompt_tokens)
+            rec.note(generate={"prompt_ids": ids, "tokens": tokens, "new_tokens": len(tokens)})
     if engine:
         report = engine.finish(report)
-    note_nonfinite(rec, module, out["first_logits"])
-    if ctx.rank == 0:
-        torch.save(out["first_logits"], logits_file(ctx.job_dir))
-    rec.note(
-        engine=report,
-        generate={"prompt_ids": out["prompt_ids"], "tokens": out["tokens"], "new_tokens": len(out["tokens"])},
+    rec.note(engine=report, points=outcomes)
+
+
+def run_point(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: str, text: List[int], extra):
+    """One point as its own phase: (its entry for the rank record's `points`, first-step logits, tokens). An
+    out-of-memory error ends the point, not the rank: recorded with the allocator's state; then the ranks agree
+    (every rank learns which ran out) before any of them moves on to the next point."""
+    import torch
+
+    from dsexp.rank.generation import measure_point
+
+    key = rec.begin(key)
+    logits = tokens = oom = None
+    try:
+        maybe_inject(ctx.spec.fault, ctx.rank, "generate", ctx.job_dir)
+        maybe_oom(ctx.spec.fault, point.batch, point.prompt_tokens)
+        measured, logits, tokens = measure_point(module, ctx, point, text, extra, rec.split_window)
+    except torch.OutOfMemoryError as e:
+        oom = {"type": type(e).__name__, "message": str(e)[:2000]}
+    except BaseException as e:
+        rec.end(key, error=e)
+        raise
+    if oom is not None:
+        oom["allocator"] = allocator_state(ctx.on_gpu)
+    rec.end(key)  # its memory snapshot (probe.memory_snapshot) still holds the allocator's cache as the point left it
+    if oom is not None:
+        release_memory(ctx.on_gpu)
+    out_of_memory = ranks_out_of_memory(ctx, oom is not None)
+    entry = {**point.to_dict(), "phase": key, "status": "oom" if out_of_memory else "ok"}
+    if out_of_memory:
+        entry.update(oom_ranks=out_of_memory, error=oom)
+        rec.annotate_phase(key, point={**point.to_dict(), "out_of_memory": oom, "oom_ranks": out_of_memory})
+    else:
+        rec.annotate_phase(key, point=measured)
+    return entry, logits, tokens
+
+
+def ranks_out_of_memory(ctx: RankContext, mine: bool) -> List[int]:
+    """The ranks whose point ran out of memory, the same list on every rank (one all_reduce: no rank goes on to
+    the next point, and its collectives, while another is still on this one)."""
+    import torch
+
+    if ctx.world_size == 1:
+        return [0] if mine else []
+    flags = torch.zeros(ctx.world_size, dtype=torch.int32, device=ctx.device if ctx.on_gpu else "cpu")
+    flags[ctx.rank] = int(mine)
+    torch.distributed.all_reduce(flags)
+    return [r for r, f in enumerate(flags.tolist()) if f]
+
+
+def allocator_state(on_gpu: bool) -> Dict[str, Any]:
+    """What the allocator held when memory ran out: torch.cuda.memory_stats' summary and the driver's free/total
+    on a GPU; the process's RSS on the CPU."""
+    import psutil
+
+    if not on_gpu:
+        return {"host_rss": psutil.Process().memory_info().rss}
+    import torch
+
+    stats = torch.cuda.memory_stats()
+    free, total = torch.cuda.mem_get_info()
+    keys = (
+        "allocated_bytes.all.current",
+        "allocated_bytes.all.peak",
+        "reserved_bytes.all.current",
+        "reserved_bytes.all.peak",
+        "inactive_split_bytes.all.current",
+        "num_alloc_retries",
+        "num_ooms",
     )
+    return {**{k: stats.get(k) for k in keys}, "driver_free": free, "driver_total": total}
+
+
+def release_memory(on_gpu: bool) -> None:
+    """Hand the failed point's tensors back before the next point (on a GPU, the allocator's cached blocks too)."""
+    import gc
+
+    gc.collect()
+    if on_gpu:
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 def note_nonfinite(rec: PhaseRecorder, module, logits, where: Optional[str] = None) -> None:

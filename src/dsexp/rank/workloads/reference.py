@@ -3,7 +3,7 @@ every measured run of the same model is checked against (dsexp.job.correctness).
 
 from __future__ import annotations
 
-from dsexp.rank.context import RankContext
+from dsexp.core.context import RankContext
 from dsexp.rank.probes.phases import PhaseRecorder
 from dsexp.rank.workloads.pipeline import generate, load_and_init
 

@@ -3,7 +3,7 @@ dsexp.rank.loading.sharded in later runs)."""
 
 from __future__ import annotations
 
-from dsexp.rank.context import RankContext
+from dsexp.core.context import RankContext
 from dsexp.rank.probes.phases import PhaseRecorder
 from dsexp.rank.workloads.pipeline import load_and_init
 

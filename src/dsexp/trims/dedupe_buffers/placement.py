@@ -7,8 +7,8 @@ import functools
 import json
 from typing import Any, Dict, List, Optional
 
-from dsexp.analysis import architecture as arch
-from dsexp.analysis.placements import Placement
+from dsexp.predict import architecture as arch
+from dsexp.predict.placements import Placement
 from dsexp.trims.dedupe_buffers import TRAITS, duplicate_buffers
 
 

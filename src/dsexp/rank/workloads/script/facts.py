@@ -265,7 +265,7 @@ def _trace_fields(session, given) -> None:
     """Trace which config fields DeepSpeed reads from now to the end of the run (init and generate)."""
     import importlib
 
-    from dsexp.rank.probes.config_trace import FieldReadTracer
+    from dsexp.core.config_trace import FieldReadTracer
 
     classes = [getattr(importlib.import_module(mod), name) for mod, name in INFERENCE_CONFIGS]
     tracer = FieldReadTracer(classes).start()

@@ -284,7 +284,7 @@ class Fixes:
         import copy
         from pathlib import Path
 
-        from dsexp.rank.context import RankContext
+        from dsexp.core.context import RankContext
 
         s = self.session
         spec = copy.deepcopy(s.spec)
@@ -322,7 +322,7 @@ class Fixes:
 
 
 def _zero_fields(cls) -> set:
-    from dsexp.rank.compat import config_fields
+    from dsexp.core.compat import config_fields
 
     fields = config_fields(cls)
     return set(fields) | {getattr(f, "alias", None) for f in fields.values()} - {None}

@@ -1,0 +1,76 @@
+"""The "capacity" section: what fits above the weights, per rank, at each workload point (batch x prompt tokens):
+measured against the memory model (dsexp.predict.capacity), the terms the model counts, and the largest batch at
+each prompt length that the model says fits the GPU the run had."""
+
+from __future__ import annotations
+
+from typing import List
+
+from dsexp.analysis import measured as m
+from dsexp.analysis import workload_points as capa
+from dsexp.analysis.sections.common import ReportInputs
+
+NAME = "capacity"
+GIB = 2**30
+TERMS = ("kv_cache", "activations_split", "activations_whole", "logits", "workspace")
+
+
+def render(inputs: ReportInputs) -> str:
+    points = capa.point_rows(inputs.rows)
+    if not points:
+        return ""
+    lines = ["## What fits: memory above the weights per rank", ""]
+    lines += [
+        "Measured: "
+        + (
+            "torch's allocated peak during the point's prefill or decode, minus the weights allocated at init."
+            if any(q.on_gpu for q in points)
+            else "the KV cache the generate call returned, against the model's KV cache term at the end (a CPU "
+            "run: the countable part)."
+        )
+        + " Predicted: the memory model (a prediction), max over ranks; its terms at the peak per rank.",
+        "",
+        "| configuration | tp | batch | prompt | tokens | status | measured | predicted | pred/meas | "
+        "terms at the peak (predicted) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for q in points:
+        meas, pred = q.measured_max, q.predicted_max
+        ratio = f"{pred / meas:.3f}" if meas and pred else "-"
+        lines.append(
+            f"| `{q.config}` | {q.tp} | {q.batch} | {q.prompt_tokens} | {q.tokens} | {q.status} | "
+            f"{size(meas)} | {size(pred)} | {ratio} | {terms_cell(q)} |"
+        )
+    return "\n".join(lines + [""] + fit_lines(capa.largest_batches(inputs.rows, points)) + [""])
+
+
+def size(b) -> str:
+    return "-" if b is None else m.human(b)
+
+
+def terms_cell(q: capa.PointRow) -> str:
+    if not q.terms:
+        return "-"
+    return ", ".join(f"{k} {m.human(max(q.terms[k]))}" for k in TERMS if k in q.terms and max(q.terms[k]))
+
+
+def fit_lines(fits: List[capa.Fit]) -> List[str]:
+    """The largest batch per prompt length: predicted (a prediction) against the largest that ran."""
+    if not fits:
+        return []
+    out = [
+        "### Largest batch at each prompt length",
+        "",
+        "Predicted: the largest batch whose every rank's peak (weights' reserve + the terms above + the memory the "
+        "run measured outside PyTorch's allocator) fits the GPU the run had (ranks sharing one GPU: each its share).",
+        "",
+        "| configuration | tp | prompt | new | predicted largest batch | largest that ran | smallest out of memory |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for f in fits:
+        predicted = f"0 ({f.cause})" if f.cause else str(f.predicted)
+        out.append(
+            f"| `{f.config}` | {f.tp} | {f.prompt_tokens} | {f.new_tokens} | {predicted} | "
+            f"{'-' if f.ran is None else f.ran} | {'-' if f.out_of_memory is None else f.out_of_memory} |"
+        )
+    return out

@@ -1,0 +1,51 @@
+"""`python -m dsexp.campaign NAME [--dry-run] [--only STEP,...] [--add OVERRIDE]... [--out DIR] [--work DIR]`.
+
+Runs the campaign's steps in order and fills its results folder (--out: elsewhere); --dry-run prints the commands;
+--add appends an override to every sweep (`--add hydra/launcher=dsexp_slurm`); --list names every campaign.
+Exit status 1 if a step failed or ran out of time (the steps after it still run)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from dsexp.campaign.runner import run_campaign
+from dsexp.campaign.spec import REPO, load, names
+from dsexp.core.schema import ConfigError
+
+WORK_ENV = "DSEXP_CAMPAIGN_WORK"  # where campaigns' sweeps run by default (scripts/gpu/env.sh: /tmp/campaigns)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dsexp.campaign", description=__doc__.splitlines()[0])
+    ap.add_argument("name", nargs="?", help="a campaign: campaigns/<name>.yaml")
+    ap.add_argument("--list", action="store_true", help="every campaign, its results folder and what it needs")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    ap.add_argument("--only", help="comma-separated step names (default: every step)")
+    ap.add_argument("--add", action="append", default=[], metavar="OVERRIDE", help="appended to every sweep, wins")
+    ap.add_argument("--out", type=Path, help="results folder (default: the campaign's, e.g. results/h200/shared)")
+    work_help = f"sweeps run here (default: ${WORK_ENV} or multirun/campaigns, then <name>/<time>)"
+    ap.add_argument("--work", type=Path, help=work_help)
+    args = ap.parse_args(argv)
+    if args.list or not args.name:
+        for name in names():
+            c = load(name)
+            print(f"{name:22s} {c.results:32s} {c.machine}{' (frozen)' if c.frozen else ''}")
+        return 0 if args.list else 2
+    try:
+        campaign = load(args.name)
+        out = (args.out or REPO / campaign.results).resolve()
+        root = Path(os.environ.get(WORK_ENV) or REPO / "multirun" / "campaigns")
+        work = (args.work or root / args.name / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
+        only = args.only.split(",") if args.only else None
+        return run_campaign(campaign, out, work, dry_run=args.dry_run, only=only, add=args.add)
+    except ConfigError as e:
+        print(f"dsexp.campaign: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

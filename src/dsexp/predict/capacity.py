@@ -1,0 +1,234 @@
+"""What fits above the weights, per rank: the KV cache, the prefill's activations, the logits, DeepSpeed's workspace.
+
+A transformers Llama (InternLM2 is laid out the same) at a prefill of T = B x L tokens holds, at its largest
+moment, tensors that every rank holds whole and tensors that shard with tp (read from modeling_llama.py and
+checked against torch's CPU allocator events in tests/test_capacity.py). In units of T x hidden x dtype bytes:
+- every moment: the embedding's output (LlamaModel.forward keeps `inputs_embeds`), the layer's input (its caller
+  keeps it) and the rotary tables (2 x T x head_dim);
+- the MLP: the residual and the normed input whole, and gate's activation, up and their product, each T x
+  intermediate/tp: 4 whole + 3 x intermediate/tp;
+- an RMSNorm: it upcasts to fp32 twice and casts back (4 units at once) beside the residual: 7 whole, no split;
+- SDPA attention: the normed input whole, the query, key, value and output split by heads;
+- eager attention adds the scores, B x heads/tp x L x L in the dtype, four copies at once (the product, the
+  scaled, the fp32 softmax counts two) and the B x L x L mask whole.
+The KV cache holds the KV heads each rank keeps (all of them, replicated, where the engine does not split or tp
+exceeds them); at the prefill's peak it holds L tokens (the last layer's MLP), at the end L + new - 1, and each
+decode step concatenates one layer's keys (then values) into a new tensor while the old one is alive. generate
+(transformers >= 4.45: `logits_to_keep=1`) computes the logits for the last token only: B x vocab in the dtype and
+its fp32 copy, and the min-length processors' copies (`logits`). Each tensor is rounded as the caching allocator
+hands it out (predict.allocator).
+
+Kernel injection runs DeepSpeed's own kernels: its workspace (GenWorkSpace in
+csrc/transformer/inference/includes/inference_context.h) holds the KV cache and the temporaries, sized at layer 0's
+first forward for that batch and `max_out_tokens` tokens (fewer where free memory is short, keeping 500 MB back); a
+prompt plus new tokens past `max_out_tokens` does not run (DeepSpeed #2485, #3758, #4506).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from dsexp.predict import kv as kv_model
+from dsexp.predict.allocator import replay
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+MB = 2**20
+WORKSPACE_KEPT_FREE = 500 * MB  # GenWorkSpace keeps this much free where more than 1 GiB is
+
+
+@dataclass
+class Workload:
+    batch: int
+    prompt_tokens: int
+    new_tokens: int
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The architecture numbers the memory above the weights depends on."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @classmethod
+    def of(cls, dims: Any) -> "Shapes":
+        """From predict.architecture.Dims (or anything with the same fields)."""
+        return cls(
+            layers=dims.layers,
+            hidden=dims.hidden,
+            intermediate=dims.intermediate,
+            heads=dims.heads,
+            kv_heads=dims.kv_heads,
+            head_dim=dims.head_dim,
+            vocab=dims.vocab,
+        )
+
+
+def share(total: int, tp: int, rank: int) -> int:
+    """Rank `rank`'s part of `total` heads (or rows) cut into tp parts, the first ones taking the remainder."""
+    return total // tp + (1 if rank < total % tp else 0)
+
+
+def alloc(nbytes: int, count: int = 1) -> int:
+    """What `count` tensors of `nbytes` each take from the caching allocator (its rounding, allocated bytes)."""
+    return replay([nbytes]).allocated * count if nbytes > 0 and count > 0 else 0
+
+
+def rank_heads(s: Shapes, strategy: Any, tp: int, rank: int) -> Dict[str, int]:
+    """Heads, KV heads and intermediate rows rank `rank` holds (predict.kv: replicated KV heads where tp exceeds
+    them; all of them where the engine does not split the weights)."""
+    splits = bool(strategy.splits_weights)
+    if tp == 1 or not splits:
+        return {"heads": s.heads, "kv_heads": s.kv_heads, "intermediate": s.intermediate}
+    return {
+        "heads": max(1, share(s.heads, tp, rank)),
+        "kv_heads": kv_model.kv_heads(s.kv_heads, tp, rank, splits),
+        "intermediate": share(s.intermediate, tp, rank),
+    }
+
+
+def kv_cache(s: Shapes, kv_heads: int, batch: int, tokens: int, e: int) -> int:
+    """Keys and values of every layer: 2 x layers tensors of B x kv_heads x tokens x head_dim."""
+    return alloc(batch * kv_heads * tokens * s.head_dim * e, 2 * s.layers)
+
+
+def prefill_moments(s: Shapes, held: Dict[str, int], w: Workload, e: int, attention: str) -> Dict[str, Dict]:
+    """{moment: {"whole": bytes, "split": bytes}} of a layer's largest moments at the prefill (module docstring)."""
+    t, b, ln = w.batch * w.prompt_tokens, w.batch, w.prompt_tokens
+    hid = alloc(t * s.hidden * e)
+    base = 2 * hid + alloc(t * s.head_dim * e, 2)  # the embedding's output, the layer's input, cos and sin
+    q = alloc(t * held["heads"] * s.head_dim * e)
+    kv = alloc(t * held["kv_heads"] * s.head_dim * e)
+    moments = {
+        "mlp": {"whole": base + 2 * hid, "split": alloc(t * held["intermediate"] * e, 3)},
+        "norm": {"whole": base + 5 * hid, "split": 0},
+        "attention": {"whole": base + hid, "split": 2 * q + 2 * kv},
+    }
+    if attention == "eager":
+        scores = alloc(b * held["heads"] * ln * ln * e, 4)
+        repeated = alloc(t * held["heads"] * s.head_dim * e, 2)  # repeat_kv's keys and values, all heads
+        moments["attention"] = {"whole": base + hid + alloc(b * ln * ln * e), "split": q + repeated + scores}
+    return moments
+
+
+def logits(s: Shapes, batch: int, e: int, decode: bool) -> int:
+    """The logits at their largest, as dsexp calls generate (greedy, min_new_tokens = new_tokens): the last token's
+    logits (logits_to_keep=1) in the dtype, generate's fp32 copy, the two min-length processors' outputs and one's
+    clone (fp32 each), their vocabulary index (int64) and EOS mask; a decode step also still holds the previous
+    step's fp32 scores. Measured on the CPU: tests/test_capacity.py."""
+    fp32 = alloc(batch * s.vocab * 4, 5 if decode else 4)
+    return alloc(batch * s.vocab * e) + fp32 + alloc(s.vocab * 8) + alloc(s.vocab)
+
+
+def workspace(s: Shapes, tp: int, batch: int, max_seq: int, e: int) -> int:
+    """DeepSpeed's inference workspace (GenWorkSpace): (activations + attention scores + KV cache) x max_seq."""
+    padded = 32 if s.head_dim <= 32 else 64 if s.head_dim <= 64 else 128
+    width = s.heads * (s.head_dim if s.head_dim > 128 else padded)
+    activation = 10 * width * batch
+    temp = batch * (s.heads // tp) * max_seq
+    cache = s.layers * batch * (width // tp) * 2
+    return (activation + temp + cache) * max_seq * e
+
+
+def above_weights(
+    dims: Any, strategy: Any, tp: int, w: Workload, attention: Optional[str] = None
+) -> Dict[str, List[int]]:
+    """{term: bytes per rank} at the generate call's largest moment: kv_cache, activations_split,
+    activations_whole, logits; with kernel injection the workspace (which holds the KV cache and the temporaries)
+    and the logits. attention: the model's (dims.attention: "eager" keeps the scores; anything else, SDPA or flash
+    kernels, does not); None: the dims'."""
+    s, e = Shapes.of(dims), DTYPE_BYTES[strategy.dtype]
+    attention = attention or getattr(dims, "attention", "sdpa")
+    if getattr(strategy, "kernel_inject", False):
+        max_seq = int(getattr(strategy, "max_out_tokens", 0) or 1024)
+        return {
+            "workspace": [workspace(s, tp, w.batch, max_seq, e)] * tp,
+            "logits": [logits(s, w.batch, e, decode=w.new_tokens > 1)] * tp,
+        }
+    terms: Dict[str, List[int]] = {"kv_cache": [], "activations_split": [], "activations_whole": [], "logits": []}
+    for rank in range(tp):
+        for k, v in rank_peak(s, rank_heads(s, strategy, tp, rank), w, e, attention).items():
+            terms[k].append(v)
+    return terms
+
+
+def rank_peak(s: Shapes, held: Dict[str, int], w: Workload, e: int, attention: str) -> Dict[str, int]:
+    """The terms of one rank's largest moment: a layer's prefill peak (with the whole prompt's KV cache, as at
+    the last layer), the prefill's logits, or the last decode step (the cache at its longest, one layer's keys
+    being copied into a longer tensor, the logits)."""
+    moment = max(prefill_moments(s, held, w, e, attention).values(), key=lambda m: m["whole"] + m["split"])
+    kv_prompt = kv_cache(s, held["kv_heads"], w.batch, w.prompt_tokens, e)
+    layer = {"kv_cache": kv_prompt, "activations_split": moment["split"], "activations_whole": moment["whole"]}
+    head = {"kv_cache": kv_prompt, "logits": logits(s, w.batch, e, decode=False)}
+    longest = w.prompt_tokens + w.new_tokens - 1
+    decode = {
+        "kv_cache": kv_cache(s, held["kv_heads"], w.batch, longest, e),
+        "activations_split": alloc(w.batch * held["kv_heads"] * longest * s.head_dim * e),  # the cat's new tensor
+        "logits": logits(s, w.batch, e, decode=True),
+    }
+    moments = [layer, head] + ([decode] if w.new_tokens > 1 else [])
+    top = max(moments, key=lambda t: sum(t.values()))
+    return {k: top.get(k, 0) for k in ("kv_cache", "activations_split", "activations_whole", "logits")}
+
+
+def peak_per_rank(weights_reserve: List[int], terms: Dict[str, List[int]]) -> List[int]:
+    """Each rank's predicted peak: its weights' reserve plus every term above them."""
+    return [w + sum(t[r] for t in terms.values()) for r, w in enumerate(weights_reserve)]
+
+
+def limit_cause(strategy: Any, w: Workload) -> Optional[str]:
+    """Why a workload cannot run whatever the memory: kernel injection's max_out_tokens exceeded."""
+    max_out = int(getattr(strategy, "max_out_tokens", 0) or 1024)
+    total = w.prompt_tokens + w.new_tokens
+    if getattr(strategy, "kernel_inject", False) and total > max_out:
+        return (
+            f"prompt {w.prompt_tokens} + new {w.new_tokens} = {total} tokens exceed kernel injection's "
+            f"max_out_tokens={max_out} (its workspace holds that many; raise engine.max_out_tokens)"
+        )
+    return None
+
+
+def fits(dims, strategy, tp, weights_reserve: List[int], w: Workload, device_bytes: int, outside_bytes: int) -> bool:
+    """Whether every rank's peak, plus the memory outside the allocator, stays within the device."""
+    if limit_cause(strategy, w):
+        return False
+    if getattr(strategy, "kernel_inject", False):  # the workspace shrinks to what is free, down to prompt + new
+        s, e = Shapes.of(dims), DTYPE_BYTES[strategy.dtype]
+        need = workspace(s, tp, w.batch, w.prompt_tokens + w.new_tokens, e) + WORKSPACE_KEPT_FREE
+        terms = {"workspace": [need] * tp, "logits": [logits(s, w.batch, e, decode=w.new_tokens > 1)] * tp}
+    else:
+        terms = above_weights(dims, strategy, tp, w)
+    return max(peak_per_rank(weights_reserve, terms)) + outside_bytes <= device_bytes
+
+
+def largest_batch(
+    dims,
+    strategy,
+    tp,
+    weights_reserve: List[int],
+    prompt_tokens,
+    new_tokens,
+    device_bytes: int,
+    outside_bytes: int = 0,
+    max_batch: int = 4096,
+) -> int:
+    """The largest batch (up to max_batch) whose every rank fits the device; 0 if not even batch 1 does. The
+    peak grows with the batch, so a bisection finds it."""
+
+    def ok(b: int) -> bool:
+        w = Workload(b, prompt_tokens, new_tokens)
+        return fits(dims, strategy, tp, weights_reserve, w, device_bytes, outside_bytes)
+
+    if not ok(1):
+        return 0
+    lo, hi = 1, max_batch
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo

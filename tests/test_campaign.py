@@ -1,0 +1,219 @@
+"""Campaigns (campaigns/<name>.yaml, python -m dsexp.campaign): every file parses and every sweep of it composes
+against dsexp's config, every results folder under results/h200/ is remade by exactly one campaign, the dry run
+prints the commands, and a campaign run end to end records its name and commit in each result."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dsexp.campaign import runner as crun
+from dsexp.campaign.__main__ import main
+from dsexp.campaign.spec import Campaign, Step, load, names, parse, substitute, sweep_overrides
+from dsexp.core.schema import ConfigError
+from dsexp.job.run import source_commit
+
+from helpers.run import CONF, ROOT
+
+CAMPAIGNS = [load(n) for n in names()]
+
+
+def test_there_is_a_campaign_for_each_gpu_section():
+    assert {"shared", "trims", "scripts", "stacks", "published", "example", "matrix", "cpu_smoke"} <= set(names())
+
+
+def expanded(overrides):
+    """Every job of a sweep: Hydra's own split of `a=1,2 b=x,y` into its combinations."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def test_hydra_split_sees_every_combination():
+    assert sorted(map(tuple, expanded(["tp=1,2", "load=eager,meta", "model=tiny"]))) == [
+        ("tp=1", "load=eager", "model=tiny"),
+        ("tp=1", "load=meta", "model=tiny"),
+        ("tp=2", "load=eager", "model=tiny"),
+        ("tp=2", "load=meta", "model=tiny"),
+    ]
+
+
+def test_every_sweep_of_every_campaign_composes(tmp_path):
+    """Each job a campaign's sweeps would run, composed (nothing run) into dsexp's schema: a typo in a key, a group
+    option that does not exist or a value of the wrong type fails here, not on the GPU machine."""
+    from hydra import compose, initialize_config_dir
+
+    from dsexp.compose.config import to_schema
+
+    values = {"WORK": str(tmp_path / "work"), "OUT": str(tmp_path / "out"), "REPO": str(ROOT)}
+    composed = 0
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for c in CAMPAIGNS:
+            names_ = {**values, **{m: f"/models/{m}" for m in c.models}}
+            for s in (s for s in c.steps if s.kind == "overrides"):
+                for job in expanded([substitute(o, names_) for o in sweep_overrides(c, s)]):
+                    spec = to_schema(compose("config", overrides=job, return_hydra_config=True))
+                    assert spec.tp >= 1, (c.name, s.name, job)
+                    composed += 1
+            for overrides in c.models.values():
+                assert to_schema(compose("config", overrides=overrides)).model.name
+    assert composed > 60
+
+
+def test_every_results_folder_under_h200_is_remade_by_exactly_one_campaign():
+    named = [c.results for c in CAMPAIGNS]
+    for entry in sorted((ROOT / "results" / "h200").iterdir()):
+        rel = str(entry.relative_to(ROOT))
+        assert named.count(rel) == 1, f"{rel} is named by {named.count(rel)} campaigns"
+    assert all(c.findings and c.machine for c in CAMPAIGNS)
+
+
+def test_files_and_modules_a_campaign_names_exist():
+    for c in CAMPAIGNS:
+        for s in c.steps:
+            args = s.args[1:] if s.kind == "command" else s.args
+            for a in args:
+                if a.startswith(("benchmarks/", "scripts/", "tests/", "examples/")):
+                    assert (ROOT / a).exists(), (c.name, s.name, a)
+            if s.kind == "command" and s.args[:2] == ["python", "-m"]:
+                import importlib.util
+
+                assert importlib.util.find_spec(s.args[2]) is not None, (c.name, s.args[2])
+
+
+def test_a_step_overrides_the_common_key_it_sets():
+    c = load("shared")
+    zero3 = next(s for s in c.steps if s.name == "zero3")
+    got = sweep_overrides(c, zero3)
+    assert "generate.new_tokens=2" in got and "generate.new_tokens=8" not in got
+    assert "timeout_s=480" in got and "timeout_s=300" not in got and "model=internlm2_20b_shapes" in got
+    slurm = sweep_overrides(c, zero3, add=["hydra/launcher=dsexp_slurm", "timeout_s=900"])
+    assert slurm[-2:] == ["hydra/launcher=dsexp_slurm", "timeout_s=900"] and "timeout_s=480" not in slurm
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"name": "a", "overrides": ["tp=1"], "command": ["ls"], "timeout_s": 5}, "exactly one of"),
+        ({"name": "a", "overrides": ["tp=1"]}, "timeout_s"),
+        ({"name": "a b", "overrides": ["tp=1"], "timeout_s": 5}, "a name of"),
+        ({"name": "a", "overrides": ["tp=1"], "timeout_s": 5, "budget": 9}, "unknown keys"),
+    ],
+)
+def test_a_bad_step_is_refused_naming_it(raw, message):
+    base = {"about": "x", "machine": "cpu", "results": "results/x", "findings": ["none"]}
+    with pytest.raises(ConfigError, match=message):
+        parse("bad", {**base, "steps": [raw]})
+
+
+def test_a_campaign_outside_results_or_unknown_is_refused():
+    with pytest.raises(ConfigError, match="under results/"):
+        parse(
+            "bad",
+            {"about": "x", "machine": "m", "results": "/tmp/x", "findings": ["f"], "steps": []}
+            | {"steps": [{"name": "a", "command": ["ls"], "timeout_s": 1}]},
+        )
+    with pytest.raises(ConfigError, match="no campaign 'nope'"):
+        load("nope")
+
+
+def test_substitution_leaves_hydra_interpolations_alone():
+    assert substitute("a=$WORK/x b=${oc.env:HOME} $UNKNOWN", {"WORK": "/w"}) == "a=/w/x b=${oc.env:HOME} $UNKNOWN"
+
+
+def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys):
+    assert main(["cpu_smoke", "--dry-run", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "w")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    sweep = "python -m dsexp -m model=tiny tp=1 generate.new_tokens=2 check.correctness=false hydra.sweep.dir="
+    sweep += f"{tmp_path}/w/tiny"
+    assert sweep in lines
+    assert not (tmp_path / "out").exists() and not (tmp_path / "w").exists()
+
+
+def test_dry_run_of_a_campaign_with_models_and_steps_of_every_kind(tmp_path, capsys):
+    only = ["--only", "write_seed20,seed20"]
+    assert main(["scripts", "--dry-run", "--out", str(tmp_path / "o"), "--work", "/w", *only]) == 0
+    out = capsys.readouterr().out
+    assert "# model D20 (its folder is $D20)\npython -m dsexp.campaign.model_dir model=internlm2_20b_shapes\n" in out
+    assert "num_hidden_layers=24" not in out  # D24: only the steps left out name it
+    assert "python tests/helpers/user_scripts.py /w/seed20_main main.py '<D20>'" in out
+    assert "script.path=/w/seed20_main/main.py tp=2 'script.fix=[all],[]' launcher=deepspeed stack=seed" in out
+    assert "export USE_FLAX=0" in out and "write_seed24" not in out
+    assert main(["tests", "--dry-run", "--out", "/o"]) == 0
+    pytest = "python -m pytest -m gpu -p no:cacheprovider -q -rA --junitxml=/o/gpu_tests.xml tests > /o/gpu_tests.txt"
+    assert pytest in capsys.readouterr().out
+
+
+def test_a_frozen_campaign_only_dry_runs(tmp_path):
+    with pytest.raises(ConfigError, match="cannot be remade"):
+        crun.run_campaign(load("published_before_fix"), tmp_path / "o", tmp_path / "w")
+    assert main(["published_before_fix", "--dry-run"]) == 0
+
+
+def test_collect_keeps_the_compact_results_only(tmp_path):
+    sweep, dest = tmp_path / "sweep", tmp_path / "dest"
+    for f in ("0/result.json", "0/ranks/rank0.json", "0/ranks/snapshots/r0.pickle", "0/reference/logits.pt",
+              "summary.md", "plots/memory_00.png", "0/.dsexp/attempts/1/result.json"):  # fmt: skip
+        (sweep / f).parent.mkdir(parents=True, exist_ok=True)
+        (sweep / f).write_text("{}")
+    (dest / "old").mkdir(parents=True)
+    assert crun.collect(sweep, dest) == 1
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == [
+        "0/result.json",
+        "plots/memory_00.png",
+        "summary.md",
+    ]
+    assert crun.collect(tmp_path / "empty", dest) == 0 and (dest / "0" / "result.json").is_file()
+
+
+def test_a_step_past_its_time_limit_is_stopped(tmp_path):
+    t0 = time.monotonic()
+    out = crun.run_step(["sleep", "30"], dict(os.environ), 1, tmp_path / "s.log", None)
+    assert out["timed_out"] and out["rc"] != 0 and time.monotonic() - t0 < 10
+
+
+def test_a_campaign_run_records_its_name_and_commit_in_each_result(tmp_path, cache_dir):
+    """cpu_smoke end to end, as a user runs it: one tiny tp=1 job, its compact results in the results folder."""
+    env = {**os.environ, "DSEXP_CACHE": str(cache_dir), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    out, work = tmp_path / "out", tmp_path / "work"
+    cmd = [sys.executable, "-m", "dsexp.campaign", "cpu_smoke", "--out", str(out), "--work", str(work)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((out / "tiny" / "0" / "result.json").read_text())
+    assert result["status"] == "ok" and result["campaign"] == "cpu_smoke"
+    sha = result["commit"].split("-")[0]  # "-dirty" follows the tree's state when the runner started
+    assert sha == source_commit().split("-")[0] and len(sha) == 40
+    assert not (out / "tiny" / "0" / "ranks").exists() and (work / "tiny" / "0" / "ranks").is_dir()
+    record = json.loads((out / "campaign.json").read_text())
+    (step,) = record["runs"][0]["steps"]
+    assert record["runs"][0]["commit"] == result["commit"] and step["rc"] == 0 and step["results"] == 1
+    assert step["command"].startswith("python -m dsexp -m model=tiny tp=1 ")
+
+
+def test_every_benchmark_runs_from_a_make_target():
+    targets = subprocess.run(["make", "-s", "-n", "benchmark", "NAME=packing", "ARGS=--jobs 2"], cwd=ROOT,
+                             capture_output=True, text=True, env={**os.environ, "USE_VENV": "0"})  # fmt: skip
+    assert "python3 benchmarks/packing.py --jobs 2" in targets.stdout
+    listed = subprocess.run(["make", "-s", "benchmark", "USE_VENV=0"], cwd=ROOT, capture_output=True, text=True)
+    assert sorted(listed.stdout.split()) == sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py"))
+
+
+def test_scripts_keep_only_the_offline_machine_and_findings():
+    """GPU sweeps are campaigns and measurements benchmarks: scripts/ holds FINDINGS' builder and the offline
+    machine's set-up, under half of its 1,979 lines before campaigns."""
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "scripts").rglob("*") if p.is_file())
+    assert files == ["scripts/gpu/env.sh", "scripts/make_findings.py"]
+    assert sum(len((ROOT / f).read_text().splitlines()) for f in files) < 1979 / 2
+
+
+def test_a_command_step_runs_with_the_campaigns_python():
+    c = Campaign("x", "a", "m", "results/x", ["f"], [Step("s", "command", ["python", "-c", "pass"], 5)])
+    assert crun.command(c, c.steps[0], {"WORK": "/w"}, python="PY") == ["PY", "-c", "pass"]

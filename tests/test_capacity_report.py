@@ -1,0 +1,79 @@
+"""The capacity analysis on GPU-shaped records (no GPU needed): what a rank measured above its weights at a point,
+and the largest batch the memory model says fits the GPU the run had, against the largest that ran."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from dsexp.analysis import workload_points as capa
+from dsexp.core.result import JobRecord
+from dsexp.predict.architecture import Dims
+
+GIB = 2**30
+
+
+def gpu_result(points, shared=False):
+    """A one-rank GPU job with the given {(batch, length): (status, prefill alloc peak, decode alloc peak)}."""
+    phases = {
+        "start": {"gpu": {"gpu_total": 140 * GIB}},
+        "init": {"gpu": {"gpu_alloc": 10 * GIB}},
+    }
+    listed = []
+    for (b, ln), (status, prefill, decode) in points.items():
+        key = f"generate[b={b},l={ln}]"
+        listed.append({"batch": b, "prompt_tokens": ln, "phase": key, "status": status})
+        point = {"batch": b, "prompt_tokens": ln, "prompt_len": ln}
+        if status == "ok":
+            point.update(prefill={"gpu_alloc_peak": prefill}, decode={"gpu_alloc_peak": decode})
+        else:
+            point["out_of_memory"] = {"type": "OutOfMemoryError"}
+        phases[key] = {"point": point}
+    rank = {"rank": 0, "status": "ok", "phases": phases, "points": listed, "timeline": []}
+    config = {
+        "tp": 1,
+        "model": {"name": "m"},
+        "generate": {"new_tokens": 8, "batch_size": [1, 8], "prompt_tokens": [512]},
+    }
+    runtime = {"device": "cuda", **({"shared_gpu": True} if shared else {})}
+    return {"status": "ok", "config": config, "runtime": runtime, "ranks": [rank]}
+
+
+def row_of(result):
+    dims = Dims(8, 8, 128, hidden=4096, intermediate=11008, heads=32, vocab=32000)
+    strategy = SimpleNamespace(dtype="fp16", splits_weights=True, kernel_inject=False, max_out_tokens=1024)
+    prediction = SimpleNamespace(dims=dims, strategy=strategy, reserve=[10 * GIB], overhead=GIB)
+    return SimpleNamespace(
+        result=result, record=JobRecord.of(result), config=result["config"], tp=1, prediction=prediction
+    )
+
+
+def test_measured_above_the_weights_is_the_higher_window_minus_the_weights_allocated_at_init():
+    row = row_of(gpu_result({(1, 512): ("ok", 11 * GIB, 12 * GIB), (8, 512): ("oom", 0, 0)}))
+    points = capa.point_rows([row])
+    assert [(q.batch, q.status) for q in points] == [(1, "ok"), (8, "oom")]
+    assert points[0].measured == [2 * GIB]  # the decode's 12 GiB - 10 GiB of weights
+    assert points[1].measured == [None]  # ran out: nothing measured, the model's figure still shown
+    assert points[1].predicted_max > points[0].predicted_max
+
+
+def test_largest_batch_is_predicted_for_the_gpu_the_run_had_beside_what_ran():
+    row = row_of(gpu_result({(1, 512): ("ok", 11 * GIB, 11 * GIB), (8, 512): ("oom", 0, 0)}))
+    (fit,) = capa.largest_batches([row], capa.point_rows([row]))
+    assert (fit.prompt_tokens, fit.ran, fit.out_of_memory) == (512, 1, 8)
+    # 140 GiB - 10 GiB weights - 1 GiB outside, at ~0.063 GiB a sequence of 512 tokens (KV 16 MiB, MLP 48 MiB)
+    assert 1900 < fit.predicted < 2100
+    shared = row_of(gpu_result({(1, 512): ("ok", 11 * GIB, 11 * GIB)}, shared=True))
+    shared.tp = 2  # two ranks on the one GPU: each gets half of it
+    shared.prediction.reserve = [5 * GIB, 5 * GIB]
+    (half,) = capa.largest_batches([shared], capa.point_rows([shared]))
+    assert half.predicted < fit.predicted
+
+
+def test_the_recommendation_states_the_workload_it_holds_for():
+    from dsexp.analysis.sections.recommendation import workload_line
+
+    row = row_of(gpu_result({(1, 512): ("ok", 11 * GIB, 11 * GIB)}))
+    line = workload_line(row)
+    assert "batch 1, 8, a prompt of 512 tokens, 8 new tokens (a grid" in line
+    row.config["generate"] = {"new_tokens": 16}
+    assert "batch 1, the prompt text" in workload_line(row) and "grid" not in workload_line(row)
