@@ -187,11 +187,15 @@ def test_a_failed_reference_and_a_remedy_not_applied_are_said_under_the_table():
     under the table; a remedy that could not act on the script's call is listed with its reason."""
     ref = {"path": "/c/refs/x.pt", "failed": "RuntimeError in init: strict fill failed"}
     why = {"meta_load": "AutoModelForCausalLM.from_pretrained loaded as written: it passes tp_plan='auto'"}
-    text = report_text(script_result([load_call({}), INIT], reference=ref, not_applicable=why))
+    generate = {"kind": "generate", "api": "OPTForCausalLM.generate", "phase": "generate", "new_tokens": 6}
+    text = report_text(script_result([load_call({}), INIT, generate], reference=ref, not_applicable=why))
     assert "- (reference failed)" in text
     assert "its world-size-1 reference failed (RuntimeError in init: strict fill failed)" in text
     assert "meta_load not applied: AutoModelForCausalLM.from_pretrained loaded as written" in text
     assert "check.correctness=false" not in text
+    # a forward-only script (no generate): nothing to compare, said as such, not as a failed reference
+    forward_only = report_text(script_result([load_call({}), INIT], reference={"failed": "the script saved no"}))
+    assert "- (no generate on rank 0)" in forward_only and "reference failed" not in forward_only
 
 
 def test_a_script_that_stops_before_loading_gets_words_not_a_traceback(capsys):

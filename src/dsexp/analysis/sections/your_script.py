@@ -70,9 +70,11 @@ def _unchecked(r: Row) -> str:
         return "check off"
     if not r.record.ok:
         return "run failed"
+    if not first_call(r.result, "generate"):
+        return "no generate on rank 0"
     if (r.result.get("runtime") or {}).get("reference", {}).get("failed"):
         return "reference failed"
-    return "no generate on rank 0"
+    return "not compared"
 
 
 ONE_TIME = {
@@ -176,7 +178,7 @@ def _notes(group: List[Row]) -> List[str]:
     for r in group:
         label = ",".join(_fixes(r)) or "as written"
         failed = ((r.result.get("runtime") or {}).get("reference") or {}).get("failed")
-        if failed and not r.record.correctness:
+        if failed and not r.record.correctness and _unchecked(r) == "reference failed":
             notes.append(f"- {label}: not checked for correctness: its world-size-1 reference failed ({failed})")
         skipped = (r.record.ranks[0].script.get("fixes") or {}).get("not_applicable") if r.record.ranks else None
         for name, why in (skipped or {}).items():

@@ -213,9 +213,14 @@ class Fixes:
 
         self._ensure_distributed("trims")  # the group trim needs it before init_inference would make it
         ctx = self._ctx(None, {})
+        # a head tied to the input embedding: sharding the embedding's rows gave Bloom's head a vocabulary/tp
+        # output (a forward with labels failed: tests/data/user_scripts/perplexity.py), so the table stays whole
+        tied = _head_tied_to_embedding(model)
         ctx.spec.trim = TrimConfig(
-            name="all", dedupe_buffers=True, shard_head=True, shard_embedding=True, world_group=True
+            name="all", dedupe_buffers=True, shard_head=True, shard_embedding=not tied, world_group=True
         )
+        if tied:
+            self._record("trims", "shard_embedding skipped: the output head is tied to the input embedding")
         grain = getattr(kw.get("tensor_parallel"), "tp_grain_size", 64)
         self.held = HeldBuffers(model)
         self.trim_done, self.alias = InitInference._before_init(model, ctx, kw.get("checkpoint"), grain)
@@ -247,7 +252,7 @@ class Fixes:
         done = self.trim_done
         if self.alias:
             done["shard_head"] = unalias_head(module, self.alias, done["shard_head"])
-        if "shard_embedding" not in done:
+        if "shard_embedding" not in done and self.trim_ctx.spec.trim.shard_embedding:
             done["shard_embedding"] = shard_embedding(module, engine.mp_group, self.trim_grain, "after init_inference")
         device = "cuda" if self.session.on_gpu else "cpu"
         done["dedupe_buffers"] = dedupe_buffers(module, self.held, device)
@@ -344,6 +349,11 @@ def _places_on_device(key: str, value: Any) -> bool:
     if key == "device_map":
         return value not in (None, "cpu") and value != {"": "cpu"}
     return _to_gpu([value])
+
+
+def _head_tied_to_embedding(model) -> bool:
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    return head is not None and emb is not None and getattr(head, "weight", None) is getattr(emb, "weight", 0)
 
 
 def _has_meta(model) -> bool:
