@@ -26,6 +26,7 @@ def above_per_point(spec: JobConfig, runtime: Dict[str, Any]) -> Dict[str, List[
         kernel_inject=spec.engine.kernel_inject,
         max_out_tokens=spec.engine.max_out_tokens,
         splits_weights=bool(traits and traits.splits_weights),
+        device=spec.device,
     )
     out = {}
     for point in grid(spec.generate):
