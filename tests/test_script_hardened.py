@@ -523,3 +523,21 @@ def test_ten_scripts_at_tp_1_and_2_as_written_and_fixed(tmp_path, cache_dir, scr
             assert res["headline"]["tokens_per_s"] > 0
         else:
             assert res["correctness"] is None and res["headline"]["tokens_per_s"] is None, what
+
+
+def test_lines_to_change_pass_a_deepspeed_config_object_as_the_dict_deepspeed_accepts():
+    """A script that passed tensor_parallel=DeepSpeedTPConfig(tp_size=2): the run records its str (pydantic's
+    "enabled=True tp_size=2 mpu=None tp_group=None"); the engine call in the lines to change must be Python that
+    gives DeepSpeed the same setting, not that string."""
+    import ast
+
+    from dsexp.analysis.script_lines import Names
+
+    init = {
+        "called_with": {"tensor_parallel": "enabled=True tp_size=2 mpu=None tp_group=None", "dtype": "torch.bfloat16"}
+    }
+    call = Names({"source": "/m", "kwargs": {}}, init).init_call()
+    tree = ast.parse(call)
+    kw = {k.arg: ast.literal_eval(k.value) for k in tree.body[0].value.keywords if k.arg == "tensor_parallel"}
+    assert kw == {"tensor_parallel": {"enabled": True, "tp_size": 2}}
+    assert "dtype=torch.bfloat16" in call
