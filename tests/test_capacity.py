@@ -48,21 +48,22 @@ def live_peak(model, inp, new_tokens: int) -> int:
 
 
 CASES = {
-    # (hidden, intermediate, heads, kv heads, layers, vocab, batch, prompt, new, attention): the moment that peaks
-    "mlp": (256, 1024, 8, 4, 2, 1024, 4, 256, 4, "sdpa"),
-    "norm": (256, 128, 8, 4, 2, 1024, 4, 256, 4, "sdpa"),
-    "eager_scores": (256, 1024, 8, 4, 2, 1024, 2, 512, 4, "eager"),
-    "decode_logits": (256, 512, 8, 8, 2, 32000, 4, 32, 8, "sdpa"),
+    # (code, hidden, intermediate, heads, kv heads, layers, vocab, batch, prompt, new, attention): the moment that peaks
+    "mlp": ("llama", 256, 1024, 8, 4, 2, 1024, 4, 256, 4, "sdpa"),
+    "norm": ("llama", 256, 128, 8, 4, 2, 1024, 4, 256, 4, "sdpa"),
+    "eager_scores": ("llama", 256, 1024, 8, 4, 2, 1024, 2, 512, 4, "eager"),
+    "decode_logits": ("llama", 256, 512, 8, 8, 2, 32000, 4, 32, 8, "sdpa"),
+    # InternLM2's code as published (dsexp's copy): eager, its packed qkv and the attention's output kept
+    "internlm2_mlp": ("internlm2", 384, 1024, 6, 2, 2, 1024, 8, 64, 4, "eager"),
+    "internlm2_scores": ("internlm2", 256, 1024, 8, 4, 2, 1024, 2, 256, 4, "eager"),
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_the_peak_above_the_weights_is_what_a_llama_allocates_on_the_cpu(case):
+def build(code, hidden, inter, heads, kv, layers, vocab, attention):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    hidden, inter, heads, kv, layers, vocab, batch, prompt, new, attention = CASES[case]
-    cfg = LlamaConfig(
+    torch.manual_seed(0)
+    sizes = dict(
         hidden_size=hidden,
         intermediate_size=inter,
         num_attention_heads=heads,
@@ -70,12 +71,32 @@ def test_the_peak_above_the_weights_is_what_a_llama_allocates_on_the_cpu(case):
         num_hidden_layers=layers,
         vocab_size=vocab,
     )
-    cfg._attn_implementation = attention
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    if code == "internlm2":
+        from dsexp.models.remote_code.internlm2.configuration_internlm2 import InternLM2Config
+        from dsexp.models.remote_code.internlm2.modeling_internlm2 import InternLM2ForCausalLM
+
+        model = InternLM2ForCausalLM(InternLM2Config(**sizes))
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(**sizes)
+        cfg._attn_implementation = attention
+        model = LlamaForCausalLM(cfg)
+    return model.to(torch.bfloat16).eval()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_peak_above_the_weights_is_what_the_models_code_allocates_on_the_cpu(case):
+    import torch
+
+    from dsexp.predict.architecture import dims as dims_of
+
+    code, hidden, inter, heads, kv, layers, vocab, batch, prompt, new, attention = CASES[case]
+    model = build(code, hidden, inter, heads, kv, layers, vocab, attention)
     measured = live_peak(model, torch.randint(0, vocab, (batch, prompt)), new)
-    dims = Dims(layers, kv, hidden // heads, hidden=hidden, intermediate=inter, heads=heads, vocab=vocab)
-    terms = cap.above_weights(dims, strategy(), 1, cap.Workload(batch, prompt, new), attention=attention)
+    dims = dims_of(model)  # as the report builds them: the attention and the code from the model's config
+    assert dims.attention == attention and dims.model_type == code
+    terms = cap.above_weights(dims, strategy(), 1, cap.Workload(batch, prompt, new))
     predicted = cap.peak_per_rank([0], terms)[0]
     assert predicted == pytest.approx(measured, rel=0.05), terms
     # the KV cache term is exact: 2 x layers x kv heads x head_dim x tokens x batch x 2 bytes
@@ -141,3 +162,8 @@ def test_largest_batch_is_the_boundary_of_what_fits():
     assert peak(b) + outside <= device < peak(b + 1) + outside
     assert cap.largest_batch(dims, s, 1, [30 * GIB], 2048, 64, device) == 0
     assert cap.largest_batch(dims, s, 1, weights, 16, 1, 140 * GIB, max_batch=64) == 64
+
+
+def test_dims_without_the_activation_shapes_are_refused_by_name():
+    with pytest.raises(ValueError, match="predict.architecture.dims"):
+        cap.above_weights(Dims(8, 8, 128), strategy(), 1, cap.Workload(1, 16, 2))

@@ -77,3 +77,36 @@ def test_the_recommendation_states_the_workload_it_holds_for():
     assert "batch 1, 8, a prompt of 512 tokens, 8 new tokens (a grid" in line
     row.config["generate"] = {"new_tokens": 16}
     assert "batch 1, the prompt text" in workload_line(row) and "grid" not in workload_line(row)
+
+
+def h200_capacity_results():
+    from helpers.run import ROOT
+
+    return sorted((ROOT / "results" / "h200" / "capacity").glob("*/*/result.json"))
+
+
+def test_the_model_is_within_5_percent_of_every_h200_point_that_ran():
+    """results/h200/capacity (campaigns/capacity.yaml): per rank, the memory above the weights the model predicts
+    against torch's allocated peak above the weights, at every point that ran; the largest batch it predicts at each
+    prompt length lies between the largest that ran and the smallest that ran out of memory."""
+    import json
+
+    from dsexp.analysis.matrix import build_rows
+    from dsexp.analysis.workload_points import largest_batches
+
+    paths = h200_capacity_results()
+    assert paths, "no committed H200 capacity run"
+    checked = 0
+    for path in paths:
+        rows = build_rows([json.loads(path.read_text())])
+        points = capa.point_rows(rows)
+        for q in points:
+            if q.status != "ok":
+                continue
+            for measured, predicted in zip(q.measured, q.predicted):
+                assert abs(predicted / measured - 1) <= 0.05, (path.parent.parent.name, q.batch, q.prompt_tokens)
+                checked += 1
+        for fit in largest_batches(rows, points):
+            assert fit.ran is None or fit.predicted >= fit.ran, (path.parent.parent.name, fit)
+            assert fit.out_of_memory is None or fit.predicted < fit.out_of_memory, (path.parent.parent.name, fit)
+    assert checked >= 14

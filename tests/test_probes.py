@@ -154,3 +154,21 @@ def test_host_peak_is_the_kernels_high_water_mark_whatever_the_sampler_saw(tmp_p
     assert load["host"]["host_rss_hwm"] - before > 290 * 2**20
     head = headline(aggregate_metrics([record]), [record], new_tokens=1)
     assert head["host_peak_gib"] * 2**30 == max(ph["host"]["host_rss_hwm"] for ph in record["phases"].values())
+
+
+def test_a_split_window_inside_a_phase_keeps_the_phases_own_peak(tmp_path):
+    """A point's prefill window is closed inside its phase (PhaseRecorder.split_window): the window has the peak it
+    saw and the phase still has the whole phase's."""
+    rec = PhaseRecorder(tmp_path, 0, 1, 0, time.perf_counter(), sample_ms=0, see_memory_usage=False)
+    key = rec.begin("generate[b=1,l=8]")
+    hog = bytearray(256 * 2**20)
+    hog[::4096] = b"x" * len(hog[::4096])  # touch every page: resident
+    first = rec.split_window()["host_rss_peak"]
+    del hog
+    second = rec.split_window()["host_rss_peak"]
+    rec.end(key)
+    phase = rec.record["phases"]["generate[b=1,l=8]"]
+    assert first - second > 200 * 2**20
+    assert phase["peaks"]["host_rss_peak"] >= first
+    assert rec.record["timeline"][-1]["kind"] == "generate"
+    rec.finish()

@@ -34,8 +34,9 @@ GRACE_S = 30  # after SIGTERM at a step's time limit: dsexp stops its ranks, the
 
 
 def commit() -> str:
-    """The commit the campaign runs at: this checkout's, else $DSEXP_COMMIT (a copied tree), else "unknown"."""
-    return source_commit() or os.environ.get(COMMIT_ENV) or "unknown"
+    """The commit the campaign runs at: $DSEXP_COMMIT where it is set (a copied tree whose .git may lag its files),
+    else this checkout's, else "unknown"."""
+    return os.environ.get(COMMIT_ENV) or source_commit() or "unknown"
 
 
 def command(

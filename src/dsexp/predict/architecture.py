@@ -31,6 +31,8 @@ class Dims:
     heads: int = 0
     vocab: int = 0
     attention: str = "sdpa"  # the attention the model's code runs (config._attn_implementation): eager holds scores
+    model_type: str = ""  # the config's model_type: whose decoder code allocates the activations (predict.capacity)
+    full_logits: bool = False  # generate's prefill computes the logits at every position (drops_logits_to_keep)
 
 
 def model_source(config: Dict[str, Any], runtime: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -109,7 +111,25 @@ def dims(model) -> Dims:
         heads=heads,
         vocab=cfg.vocab_size,
         attention=getattr(model.config, "_attn_implementation", None) or "eager",
+        model_type=getattr(cfg, "model_type", "") or "",
+        full_logits=drops_logits_to_keep(model),
     )
+
+
+def drops_logits_to_keep(model) -> bool:
+    """Whether the model's own prepare_inputs_for_generation drops generate's `logits_to_keep` (InternLM2's published
+    code builds its inputs itself): its prefill then computes the logits at every prompt position, not the last only.
+    Asked of the method with a two-token prompt (no forward runs); a method that refuses it counts as keeping it."""
+    import torch
+
+    ids = torch.zeros((1, 2), dtype=torch.long)
+    try:
+        inputs = model.prepare_inputs_for_generation(
+            ids, attention_mask=torch.ones_like(ids), logits_to_keep=1, use_cache=True
+        )
+    except Exception:
+        return False
+    return "logits_to_keep" not in inputs
 
 
 def checkpoint_files(folder: Optional[str]) -> Dict[str, int]:

@@ -1,8 +1,9 @@
 """What fits above the weights, per rank: the KV cache, the prefill's activations, the logits, DeepSpeed's workspace.
 
-A transformers Llama (InternLM2 is laid out the same) at a prefill of T = B x L tokens holds, at its largest
-moment, tensors that every rank holds whole and tensors that shard with tp (read from modeling_llama.py and
-checked against torch's CPU allocator events in tests/test_capacity.py). In units of T x hidden x dtype bytes:
+A transformers Llama (InternLM2's published code keeps two tensors more: KEEPS) at a prefill of T = B x L tokens
+holds, at its largest moment, tensors that every rank holds whole and tensors that shard with tp (read from
+modeling_llama.py and checked against torch's CPU allocator events in tests/test_capacity.py). In units of
+T x hidden x dtype bytes:
 - every moment: the embedding's output (LlamaModel.forward keeps `inputs_embeds`), the layer's input (its caller
   keeps it) and the rotary tables (2 x T x head_dim);
 - the MLP: the residual and the normed input whole, and gate's activation, up and their product, each T x
@@ -10,7 +11,7 @@ checked against torch's CPU allocator events in tests/test_capacity.py). In unit
 - an RMSNorm: it upcasts to fp32 twice and casts back (4 units at once) beside the residual: 7 whole, no split;
 - SDPA attention: the normed input whole, the query, key, value and output split by heads;
 - eager attention adds the scores, B x heads/tp x L x L in the dtype, four copies at once (the product, the
-  scaled, the fp32 softmax counts two) and the B x L x L mask whole.
+  scaled, the fp32 softmax counts two; five on CUDA in bf16: score_copies) and the B x L x L mask whole.
 The KV cache holds the KV heads each rank keeps (all of them, replicated, where the engine does not split or tp
 exceeds them); at the prefill's peak it holds L tokens (the last layer's MLP), at the end L + new - 1, and each
 decode step concatenates one layer's keys (then values) into a new tensor while the old one is alive. generate
@@ -35,6 +36,9 @@ from dsexp.predict.allocator import replay
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 MB = 2**20
 WORKSPACE_KEPT_FREE = 500 * MB  # GenWorkSpace keeps this much free where more than 1 GiB is
+# cuBLAS's workspace, through the caching allocator at the first GEMM and kept (torch's default on Hopper, 4 MiB x 8):
+# every H200 point held 32 MiB more allocated after generate than after init
+CUBLAS_WORKSPACE = 32 * MB
 
 
 @dataclass
@@ -55,10 +59,17 @@ class Shapes:
     kv_heads: int
     head_dim: int
     vocab: int
+    model_type: str = ""  # whose decoder code: what it keeps beyond Llama's (KEEPS)
+    full_logits: bool = False  # the prefill computes the logits at every position (generate's logits_to_keep dropped)
 
     @classmethod
     def of(cls, dims: Any) -> "Shapes":
         """From predict.architecture.Dims (or anything with the same fields)."""
+        if not (getattr(dims, "hidden", 0) and getattr(dims, "heads", 0) and getattr(dims, "vocab", 0)):
+            raise ValueError(
+                f"{dims}: the memory above the weights needs hidden, intermediate, heads and vocab too; build the "
+                "dims with dsexp.predict.architecture.dims(model)"
+            )
         return cls(
             layers=dims.layers,
             hidden=dims.hidden,
@@ -67,7 +78,16 @@ class Shapes:
             kv_heads=dims.kv_heads,
             head_dim=dims.head_dim,
             vocab=dims.vocab,
+            model_type=getattr(dims, "model_type", "") or "",
+            full_logits=bool(getattr(dims, "full_logits", False)),
         )
+
+
+# What a decoder layer's code keeps alive beyond transformers' Llama (read from the code, measured on the CPU:
+# tests/test_capacity.py). InternLM2's, as published: `attn, present = self.attention(...)` keeps the attention's
+# output through the MLP, and `qkv = self.wqkv(...)` (the packed projection, q/k/v cut from it) stays bound through
+# the attention.
+KEEPS = {"internlm2": {"attention_output": True, "packed_qkv": True}}
 
 
 def share(total: int, tp: int, rank: int) -> int:
@@ -98,22 +118,35 @@ def kv_cache(s: Shapes, kv_heads: int, batch: int, tokens: int, e: int) -> int:
     return alloc(batch * kv_heads * tokens * s.head_dim * e, 2 * s.layers)
 
 
-def prefill_moments(s: Shapes, held: Dict[str, int], w: Workload, e: int, attention: str) -> Dict[str, Dict]:
+def score_copies(strategy: Any) -> int:
+    """Copies of the attention scores eager attention holds at once: the scores, the fp32 softmax (two) and its cast
+    back; on CUDA in bf16 also softmax's fp32 copy of its input (ATen upcasts only fp16 inside the kernel): the H200's
+    InternLM2 runs at 2048 and 8192 tokens peaked at 5 copies, the CPU at 4."""
+    on_cuda = str(getattr(strategy, "device", "cpu")).startswith("cuda")
+    return 5 if on_cuda and strategy.dtype == "bf16" else 4
+
+
+def prefill_moments(
+    s: Shapes, held: Dict[str, int], w: Workload, e: int, attention: str, copies: int = 4
+) -> Dict[str, Dict]:
     """{moment: {"whole": bytes, "split": bytes}} of a layer's largest moments at the prefill (module docstring)."""
     t, b, ln = w.batch * w.prompt_tokens, w.batch, w.prompt_tokens
     hid = alloc(t * s.hidden * e)
     base = 2 * hid + alloc(t * s.head_dim * e, 2)  # the embedding's output, the layer's input, cos and sin
     q = alloc(t * held["heads"] * s.head_dim * e)
     kv = alloc(t * held["kv_heads"] * s.head_dim * e)
+    keeps = KEEPS.get(s.model_type, {})
+    kept = hid if keeps.get("attention_output") else 0
+    qkv = alloc(t * (held["heads"] + 2 * held["kv_heads"]) * s.head_dim * e) if keeps.get("packed_qkv") else 0
     moments = {
-        "mlp": {"whole": base + 2 * hid, "split": alloc(t * held["intermediate"] * e, 3)},
-        "norm": {"whole": base + 5 * hid, "split": 0},
-        "attention": {"whole": base + hid, "split": 2 * q + 2 * kv},
+        "mlp": {"whole": base + 2 * hid + kept, "split": alloc(t * held["intermediate"] * e, 3)},
+        "norm": {"whole": base + 5 * hid + kept, "split": 0},
+        "attention": {"whole": base + hid, "split": 2 * q + 2 * kv + qkv},
     }
     if attention == "eager":
-        scores = alloc(b * held["heads"] * ln * ln * e, 4)
+        scores = alloc(b * held["heads"] * ln * ln * e, copies)
         repeated = alloc(t * held["heads"] * s.head_dim * e, 2)  # repeat_kv's keys and values, all heads
-        moments["attention"] = {"whole": base + hid + alloc(b * ln * ln * e), "split": q + repeated + scores}
+        moments["attention"] = {"whole": base + hid + alloc(b * ln * ln * e), "split": q + repeated + scores + qkv}
     return moments
 
 
@@ -152,25 +185,36 @@ def above_weights(
             "logits": [logits(s, w.batch, e, decode=w.new_tokens > 1)] * tp,
         }
     terms: Dict[str, List[int]] = {"kv_cache": [], "activations_split": [], "activations_whole": [], "logits": []}
+    if str(getattr(strategy, "device", "cpu")).startswith("cuda"):
+        terms["cublas_workspace"] = [CUBLAS_WORKSPACE] * tp
     for rank in range(tp):
-        for k, v in rank_peak(s, rank_heads(s, strategy, tp, rank), w, e, attention).items():
+        for k, v in rank_peak(s, rank_heads(s, strategy, tp, rank), w, e, attention, score_copies(strategy)).items():
             terms[k].append(v)
     return terms
 
 
-def rank_peak(s: Shapes, held: Dict[str, int], w: Workload, e: int, attention: str) -> Dict[str, int]:
+def rank_peak(s: Shapes, held: Dict[str, int], w: Workload, e: int, attention: str, copies: int = 4) -> Dict[str, int]:
     """The terms of one rank's largest moment: a layer's prefill peak (with the whole prompt's KV cache, as at
     the last layer), the prefill's logits, or the last decode step (the cache at its longest, one layer's keys
-    being copied into a longer tensor, the logits)."""
-    moment = max(prefill_moments(s, held, w, e, attention).values(), key=lambda m: m["whole"] + m["split"])
+    being copied into a longer tensor, the logits). Where the prefill computes the logits at every position
+    (Shapes.full_logits), they are B x L x vocab in the dtype and upcast to fp32 (InternLM2's forward does), and the
+    fp32 ones stay alive into the first decode step (generate drops the prefill's outputs after it)."""
+    moment = max(prefill_moments(s, held, w, e, attention, copies).values(), key=lambda m: m["whole"] + m["split"])
     kv_prompt = kv_cache(s, held["kv_heads"], w.batch, w.prompt_tokens, e)
+    t = w.batch * w.prompt_tokens
     layer = {"kv_cache": kv_prompt, "activations_split": moment["split"], "activations_whole": moment["whole"]}
     head = {"kv_cache": kv_prompt, "logits": logits(s, w.batch, e, decode=False)}
+    if s.full_logits:
+        head = {
+            "kv_cache": kv_prompt,
+            "activations_whole": alloc(t * s.hidden * e),  # the final norm's output the head reads
+            "logits": alloc(t * s.vocab * e) + alloc(t * s.vocab * 4),
+        }
     longest = w.prompt_tokens + w.new_tokens - 1
     decode = {
         "kv_cache": kv_cache(s, held["kv_heads"], w.batch, longest, e),
         "activations_split": alloc(w.batch * held["kv_heads"] * longest * s.head_dim * e),  # the cat's new tensor
-        "logits": logits(s, w.batch, e, decode=True),
+        "logits": logits(s, w.batch, e, decode=True) + (alloc(t * s.vocab * 4) if s.full_logits else 0),
     }
     moments = [layer, head] + ([decode] if w.new_tokens > 1 else [])
     top = max(moments, key=lambda t: sum(t.values()))

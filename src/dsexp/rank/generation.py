@@ -64,19 +64,6 @@ class Clock:
         return out, start.elapsed_time(end) / 1000.0
 
 
-def device_peaks(on_gpu: bool, reset: bool = True) -> Dict[str, int]:
-    """The allocator's peaks since the last reset (GPU; empty on the CPU), then a reset (host-side counters: no
-    synchronize, so a read inside generate does not stall it)."""
-    if not on_gpu:
-        return {}
-    import torch
-
-    out = {"gpu_alloc_peak": torch.cuda.max_memory_allocated(), "gpu_reserved_peak": torch.cuda.max_memory_reserved()}
-    if reset:
-        torch.cuda.reset_peak_memory_stats()
-    return out
-
-
 def cache_bytes(cache) -> Optional[int]:
     """Bytes of the key/value tensors a generate returned (a DynamicCache of transformers 5 or 4.x, or tuples)."""
     import torch
@@ -144,19 +131,19 @@ def first_logits(out):
 
 
 def memory_run(module, inp, n: int, extra: Dict[str, Any], on_gpu: bool, split_window: Callable[[], Dict]):
-    """One generate whose peaks are split at the prefill's end: (output, seconds, {prefill: peaks, decode: peaks})."""
+    """One generate whose peaks are split at the prefill's end: (output, seconds, {prefill: peaks, decode: peaks}).
+    split_window (PhaseRecorder.split_window) closes the sampler's and, on a GPU, torch's peak windows."""
     from transformers import LogitsProcessorList
 
     windows: Dict[str, Dict[str, int]] = {}
 
     def at_prefill_end():
-        windows["prefill"] = {**split_window(), **device_peaks(on_gpu)}
+        windows["prefill"] = split_window()
 
-    device_peaks(on_gpu)  # the prefill's window starts here
-    split_window()
+    split_window()  # the prefill's window starts here
     procs = LogitsProcessorList([make_split(at_prefill_end)])
     out, secs = Clock(on_gpu).time(lambda: call_generate(module, inp, n, extra, logits_processor=procs))
-    windows["decode"] = {**split_window(), **device_peaks(on_gpu)}
+    windows["decode"] = split_window()
     return out, secs, windows
 
 

@@ -12,7 +12,7 @@ from dsexp.analysis.sections.common import ReportInputs
 
 NAME = "capacity"
 GIB = 2**30
-TERMS = ("kv_cache", "activations_split", "activations_whole", "logits", "workspace")
+TERMS = ("kv_cache", "activations_split", "activations_whole", "logits", "workspace", "cublas_workspace")
 
 
 def render(inputs: ReportInputs) -> str:

@@ -106,6 +106,19 @@ def allocator_reading(device_index: int) -> Dict[str, int]:
     }
 
 
+def take_torch_peaks(device_index: int) -> Dict[str, int]:
+    """torch's allocated and reserved peaks since the last reset, then a reset; no synchronize (host-side counters:
+    read inside generate, it does not stall it)."""
+    import torch
+
+    out = {
+        "gpu_alloc_peak": torch.cuda.max_memory_allocated(device_index),
+        "gpu_reserved_peak": torch.cuda.max_memory_reserved(device_index),
+    }
+    torch.cuda.reset_peak_memory_stats(device_index)
+    return out
+
+
 def reset_torch_peaks(device_index: int) -> None:
     import torch
 

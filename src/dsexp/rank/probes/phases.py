@@ -61,6 +61,7 @@ class PhaseRecorder:
         self.live_path = live_file(job_dir, rank)
         self.current: Optional[tuple] = None  # (phase name, its perf_counter start)
         self._split: Dict[str, int] = {}  # peaks of the windows closed inside the running phase (split_window)
+        self._split_gpu: Dict[str, int] = {}  # torch's peaks of those windows
         self.align: Optional[Callable[[], None]] = None  # once the process group is up: a barrier over all ranks
         self._waited: Optional[float] = None
         self.t_process = t_process
@@ -155,22 +156,26 @@ class PhaseRecorder:
                 raise
             self._waited = time.perf_counter() - t
         self.sampler.take()  # discard the gap between phases
-        self._split = {}
+        self._split, self._split_gpu = {}, {}
         return self.sampler.closed_at
 
     def split_window(self) -> Dict[str, int]:
-        """Close the sampler's window inside the running phase (a prefill's end): the peaks since the phase began or
-        the last split. The phase's own peaks still cover the whole phase."""
+        """Close the peak windows inside the running phase (a prefill's end): the sampler's peaks and, on a GPU,
+        torch's allocated/reserved peaks since the phase began or the last split (then reset: no synchronize, the
+        allocator counts on the host). The phase's own figures still cover the whole phase."""
         peaks = self.sampler.take()
+        torch_peaks = gpu_probe.take_torch_peaks(self.cuda_index) if self.cuda_index is not None else {}
         for k, v in peaks.items():
             self._split[k] = max(v, self._split.get(k, v))
-        return peaks
+        for k, v in torch_peaks.items():
+            self._split_gpu[k] = max(v, self._split_gpu.get(k, v))
+        return {**peaks, **torch_peaks}
 
     def _end(self, name: str, t0: float, error: Optional[BaseException] = None) -> None:
         peaks = self.sampler.take()
         for k, v in self._split.items():
             peaks[k] = max(v, peaks.get(k, v))
-        self._split = {}
+        split_gpu, self._split, self._split_gpu = self._split_gpu, {}, {}
         t1 = self.sampler.closed_at
         phase: Dict[str, Any] = {"wall_s": t1 - t0, "peaks": peaks, "host": host_snapshot()}
         if self._waited is not None:
@@ -178,6 +183,8 @@ class PhaseRecorder:
         if self.cuda_index is not None:
             with contextlib.suppress(Exception):
                 phase["gpu"] = gpu_probe.torch_snapshot(self.cuda_index)
+                for k, v in split_gpu.items():  # peaks of windows split_window closed within the phase
+                    phase["gpu"][k] = max(v, phase["gpu"].get(k, v))
                 phase["gpu"]["nvml_device_used"] = self.nvml.used()
                 phase["gpu"]["nvml_process_used"] = self.nvml.process_used()
             if self.opts["nvidia_smi"]:
