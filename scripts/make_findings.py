@@ -18,6 +18,7 @@ Placeholders in the template:
   {{example:PATH}}        a file of the repo, verbatim (the example script)
   {{shared:SECTION}}      a report section of the H200 runs with the ranks sharing the GPU (results/h200/shared)
   {{shared_target}}       the tp=2 trimmed configuration measured shared, NCCL added (results/h200/shared/target.md)
+  {{capacity:SECTION}}    a report section of the H200 capacity grids (results/h200/capacity)
   {{scripts:SECTION}}     a report section of the seed's main.py run by the script workload (results/h200/scripts)
   {{seed_script_table}}   what the seed's own see_memory_usage calls printed in those runs, per run
   {{shared_tp_table}}     AutoTP at 20B shapes, tp=2/4/8 shared, untrimmed and trimmed: per rank against the model
@@ -49,6 +50,7 @@ STACKS = ROOT / "results" / "h200" / "stacks" / "sweeps"
 BISECT = ROOT / "results" / "cpu" / "stack_bisect" / "sweep"
 SHARED = ROOT / "results" / "h200" / "shared"
 SCRIPTS = ROOT / "results" / "h200" / "scripts"
+CAPACITY = ROOT / "results" / "h200" / "capacity"
 GIB = 2**30
 PRIVATE = 0.5  # a rank "copies" when loading adds private memory of more than half the model
 
@@ -413,6 +415,8 @@ def render(template: str) -> str:
             return committed_table(SHARED / "target.md")
         if kind == "scripts":
             return report_section(SCRIPTS, arg)
+        if kind == "capacity":
+            return report_section(CAPACITY, arg)
         if kind == "seed_script_table":
             return seed_script_table()
         if kind == "example":

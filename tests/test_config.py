@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from dsexp.compose.config import to_schema
-from dsexp.core.schema import ConfigError
+from dsexp.core.schema import BudgetConfig, ConfigError
 
 from helpers.run import CONF, ROOT, compose, spec_of
 
@@ -187,6 +187,7 @@ def test_every_group_option_composes_as_it_did_when_its_yaml_held_every_default(
         got.pop("cache_dir")
         for (group, key), default in KEYS_ADDED_SINCE.items():
             assert got[group].pop(key) == default, (case, key)
+        assert got.pop("budget") == dataclasses.asdict(BudgetConfig()), case  # the group added since: no budget
         assert json.loads(json.dumps(got)) == expected, case
 
 

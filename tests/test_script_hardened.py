@@ -535,3 +535,21 @@ def test_a_phase_cut_short_is_drawn_as_one_that_did_not_end():
     assert [(s["key"], s["partial"]) for s in phase_spans(rec, 0.0)] == [("load", False), ("generate", True)]
     rec["error"] = None
     assert not any(s["partial"] for s in phase_spans(rec, 0.0))
+
+
+def test_lines_to_change_pass_a_deepspeed_config_object_as_the_dict_deepspeed_accepts():
+    """A script that passed tensor_parallel=DeepSpeedTPConfig(tp_size=2): the run records its str (pydantic's
+    "enabled=True tp_size=2 mpu=None tp_group=None"); the engine call in the lines to change must be Python that
+    gives DeepSpeed the same setting, not that string."""
+    import ast
+
+    from dsexp.analysis.script_lines import Names
+
+    init = {
+        "called_with": {"tensor_parallel": "enabled=True tp_size=2 mpu=None tp_group=None", "dtype": "torch.bfloat16"}
+    }
+    call = Names({"source": "/m", "kwargs": {}}, init).init_call()
+    tree = ast.parse(call)
+    kw = {k.arg: ast.literal_eval(k.value) for k in tree.body[0].value.keywords if k.arg == "tensor_parallel"}
+    assert kw == {"tensor_parallel": {"enabled": True, "tp_size": 2}}
+    assert "dtype=torch.bfloat16" in call

@@ -235,33 +235,39 @@ def _node_row(axes, views, origin: float, scale: float, unit: str) -> None:
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
-# (configuration, tp) -> [(tokens B x L, GiB)]
+# (configuration, tp) -> {"measured": [(tokens B x L, GiB)], "oom": [...], "predicted L=<L>": [...] per prompt length}
 TokenSeries = Dict[Tuple[str, int], Dict[str, List[Tuple[int, float]]]]
+LENGTH_STYLES = ("--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
 
 
 def memory_vs_tokens(series: TokenSeries, on_gpu: bool, path: Path) -> Path:
-    """Memory above the weights per rank against the prefill's tokens (B x L): measured points over the memory
-    model's line, one colour per configuration and tp."""
+    """Memory above the weights per rank against the prefill's tokens (B x L), both axes logarithmic: measured
+    points over the memory model's lines (one per prompt length, the batch growing along it), one colour per
+    configuration and tp; a cross where a point ran out of memory, at the model's figure for it."""
     plt = _pyplot()
+    from matplotlib.lines import Line2D
+
     fig, ax = plt.subplots(figsize=(10, 5.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     unit, k = m.display_unit(v for s in series.values() for pts in s.values() for _, v in pts)
+    lengths = sorted({key for s in series.values() for key in s if key.startswith("predicted")}, key=_length_of)
     for i, ((config, tp), s) in enumerate(sorted(series.items())):
         c = colors[i % len(colors)]
-        pred = sorted(s.get("predicted", []))
-        if pred:
-            ax.plot([t for t, _ in pred], [v * k for _, v in pred], "--", color=c, lw=1.3)
+        for j, key in enumerate(lengths):
+            pred = sorted(s.get(key, []))
+            if pred:
+                ax.plot([t for t, _ in pred], [v * k for _, v in pred], ls=LENGTH_STYLES[j % 5], color=c, lw=1.3)
         pts = sorted(s.get("measured", []))
         if pts:
             ax.plot([t for t, _ in pts], [v * k for _, v in pts], "o", color=c, label=f"{config} tp={tp}")
         oom = sorted(s.get("oom", []))
         if oom:
             ax.plot([t for t, _ in oom], [v * k for _, v in oom], "x", color=c, ms=9, mew=2)
-    from matplotlib.lines import Line2D
-
-    ax.add_line(Line2D([], [], ls="--", color="gray", label="memory model (dashed, same colour)"))
+    for j, key in enumerate(lengths):
+        ax.add_line(Line2D([], [], ls=LENGTH_STYLES[j % 5], color="gray", label=f"memory model, {key[10:]}"))
     ax.add_line(Line2D([], [], ls="", marker="x", color="gray", label="out of memory (at the model's figure)"))
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
     ax.set_xlabel("tokens of the prefill (batch x prompt tokens)")
     what = "GPU allocated peak above the weights" if on_gpu else "KV cache (CPU: the countable part)"
     ax.set_ylabel(f"{unit} per rank: {what}")
@@ -272,6 +278,11 @@ def memory_vs_tokens(series: TokenSeries, on_gpu: bool, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _length_of(key: str) -> int:
+    """ "predicted L=2048" -> 2048."""
+    return int(key.rpartition("=")[2])
 
 
 # (configuration, tp, prompt tokens) -> [(batch, tokens/s, TPOT p50 s)]

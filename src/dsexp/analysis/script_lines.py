@@ -68,7 +68,23 @@ def _source(value: Any) -> str:
         return _torch_dtype(value)
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k!r}: {_source(v)}" for k, v in value.items()) + "}"
-    return repr(value)
+    fields = _config_fields(value)
+    return _source(fields) if fields else repr(value)
+
+
+def _config_fields(value: Any) -> Optional[Dict[str, Any]]:
+    """A DeepSpeed config object as the run recorded it, by its repr ("enabled=True tp_size=2 mpu=None", pydantic's
+    str), as the dict DeepSpeed accepts in its place, unset (None) fields left out; None: not such a repr."""
+    parts = str(value).split() if isinstance(value, str) else []
+    if not parts or not all("=" in p and p.split("=", 1)[0].isidentifier() for p in parts):
+        return None
+    literal = {"True": True, "False": False, "None": None}
+    out: Dict[str, Any] = {}
+    for key, raw in (p.split("=", 1) for p in parts):
+        val = literal.get(raw, int(raw) if raw.lstrip("-").isdigit() else raw.strip("'\""))
+        if val is not None:
+            out[key] = val
+    return out
 
 
 def _meta_load(done: List[Any], n: Names) -> List[str]:

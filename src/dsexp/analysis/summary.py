@@ -36,11 +36,16 @@ def write_report(
     """Report on a sweep folder's results (or the given ones) into out_dir (default: the sweep folder), and hand
     it to `mlflow` if given (its `view(rows)` returns (parent run, UI route) for the summary's MLflow line).
     Returns the report's sections by name (markdown), None when there are no results."""
+    from dsexp.analysis.budget_runs import read_search
+
     results = list(results) if results is not None else results_from_dir(sweep_dir)
+    search = read_search(sweep_dir)
+    out = Path(out_dir or sweep_dir)
+    if not results and search is not None:  # a budget nothing meets: the answer is that, with no run
+        return write_search_only(out, search, source or str(sweep_dir))
     if not results:
         print(f"dsexp report: no results under {sweep_dir}", file=sys.stderr)
         return None
-    out = Path(out_dir or sweep_dir)
     rows = build_rows(results)
     (out / PLOTS).mkdir(parents=True, exist_ok=True)
     extra = extrapolate(rows)
@@ -48,7 +53,7 @@ def write_report(
     figures.update(workload_points.write_plots(workload_points.point_rows(rows), out / PLOTS))
     memory = write_memory_plots(rows, out / PLOTS)
     parent, view = mlflow.view(rows) if mlflow else (None, None)
-    parts = render_sections(ReportInputs(rows, extra, figures, memory))
+    parts = render_sections(ReportInputs(rows, extra, figures, memory, search))
     (out / SUMMARY_MD).write_text(render_markdown(rows, parts, source or str(sweep_dir), parent, view))
     frame(rows).to_csv(out / SUMMARY_CSV, index=False)
     if mlflow:
@@ -57,6 +62,22 @@ def write_report(
         f"dsexp report: {out / SUMMARY_MD}" + (f"\n             MLflow comparison view: {view}" if view else ""),
         file=sys.stderr,
     )
+    return parts
+
+
+def write_search_only(out: Path, search: Dict[str, Any], source: str) -> Dict[str, str]:
+    """summary.md of a budget search that launched nothing: its budget section alone."""
+    from dsexp.analysis.sections import budget_answer
+
+    parts = {budget_answer.NAME: budget_answer.render(ReportInputs([], search=search))}
+    head = [
+        "# dsexp sweep summary",
+        "",
+        f"Source: `{source}` · 0 runs · regenerate with `python -m dsexp.report {source}`",
+    ]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SUMMARY_MD).write_text("\n".join(head + ["", *parts.values()]))
+    print(f"dsexp report: {out / SUMMARY_MD}", file=sys.stderr)
     return parts
 
 

@@ -197,9 +197,9 @@ def write_plots(points: List[PointRow], folder) -> Dict[str, Any]:
     memory: plots.TokenSeries = {}
     latency: plots.LatencySeries = {}
     for q in points:
-        s = memory.setdefault((q.config, q.tp), {"measured": [], "predicted": [], "oom": []})
-        if q.predicted_max is not None:
-            s["predicted"].append((q.tokens, q.predicted_max / GIB))
+        s = memory.setdefault((q.config, q.tp), {"measured": [], "oom": []})
+        if q.predicted_max is not None and q.status != "skipped":  # a skipped point's figure says nothing measured
+            s.setdefault(f"predicted L={q.prompt_tokens}", []).append((q.tokens, q.predicted_max / GIB))
         if q.status == "ok" and q.measured_max is not None:
             s["measured"].append((q.tokens, q.measured_max / GIB))
         if q.status == "oom" and q.predicted_max is not None:

@@ -26,8 +26,9 @@ from dsexp.core.schema import ConfigError
 from dsexp.job.run import source_commit
 
 # What a sweep keeps in the results folder: each job's result.json (its ranks' records and series are in it), the
-# sweep's report and plots. Not kept: checkpoints, logits, snapshot pickles, rank logs, traces.
-CAMPAIGN_KEEP = ("*/" + RESULT, "summary.md", "summary.csv", "multirun.yaml", "plots/*.png")
+# sweep's report and plots, a budget search's state (budget.json: the report's budget section rebuilds from it). Not
+# kept: checkpoints, logits, snapshot pickles, rank logs, traces.
+CAMPAIGN_KEEP = ("*/" + RESULT, "summary.md", "summary.csv", "multirun.yaml", "plots/*.png", "budget.json")
 RECORD = "campaign.json"
 MODEL_TIMEOUT_S = 3600  # writing a model's random-weight checkpoint (20B shapes: about a minute on an H200 host)
 GRACE_S = 30  # after SIGTERM at a step's time limit: dsexp stops its ranks, then the step is killed

@@ -101,6 +101,8 @@ def validate(spec: JobConfig, gpus: Optional[int] = None, gpu_total: Optional[in
         _validate_pipeline(spec, device)
     if spec.shared_gpu and spec.workload == "pipeline":
         _validate_shared_fit(spec, gpu_total)
+    if spec.budget.active:
+        _validate_budget(spec, gpus, gpu_total)
     return spec
 
 
@@ -204,6 +206,55 @@ def _validate_shared_fit(spec: JobConfig, gpu_total: Optional[int] = None) -> No
     fit = shared_gpu_fit_of(spec, total)
     if fit is not None and not fit["fits"]:
         raise ConfigError(fit["message"])
+
+
+GIB = 2**30
+
+
+def _validate_budget(spec: JobConfig, gpus: int, gpu_total: Optional[int] = None) -> None:
+    """A budget is sane and no larger than what is here to enforce it: its GPUs against the visible ones (one per
+    rank), its GPU memory against a GPU's (times the ranks that share one), its host memory against the node's. Where
+    the GPUs are elsewhere (a SLURM launcher) only its own numbers are checked. On a CPU run the device budget is
+    simulated, so only the host's is compared with the machine."""
+    b = spec.budget
+    if b.gpus is None or b.gpu_gib is None:
+        raise ConfigError(
+            f"budget.gpus={b.gpus}, budget.gpu_gib={b.gpu_gib}: a budget names both the GPUs and the memory of each "
+            "(e.g. budget.gpus=2 budget.gpu_gib=24)"
+        )
+    if b.gpus < 1 or b.gpu_gib <= 0 or (b.host_gib is not None and b.host_gib <= 0):
+        raise ConfigError(
+            f"budget.gpus={b.gpus}, budget.gpu_gib={b.gpu_gib}, budget.host_gib={b.host_gib}: must be > 0"
+        )
+    if b.batch_min < 1 or b.batch_step < 1 or b.batch_max < b.batch_min:
+        raise ConfigError(
+            f"budget.batch_min={b.batch_min}, budget.batch_max={b.batch_max}, budget.batch_step={b.batch_step}: "
+            "need 1 <= batch_min <= batch_max and batch_step >= 1"
+        )
+    if b.host_gib is not None:
+        import psutil
+
+        host = psutil.virtual_memory().total
+        if b.host_gib * GIB > host:
+            raise ConfigError(f"budget.host_gib={b.host_gib} but this machine has {host / GIB:.1f} GiB of memory")
+    if spec.device != "cuda":
+        return
+    if spec.launcher.gpus is None and b.gpus > gpus:
+        raise ConfigError(
+            f"budget.gpus={b.gpus} but only {gpus} GPUs are visible; allowed: budget.gpus <= {gpus}, or "
+            f"launcher.gpus={gpus} to let the ranks share them (each rank stands in for one GPU of the budget)"
+        )
+    total = gpu_total if gpu_total is not None else gpu_memory_total()
+    if total is None:
+        return
+    sharing = -(-spec.ranks_per_node // int(spec.launcher.gpus or spec.ranks_per_node))
+    if sharing * b.gpu_gib * GIB > total:
+        who = f"{sharing} ranks sharing one GPU x " if sharing > 1 else ""
+        raise ConfigError(
+            f"budget.gpu_gib={b.gpu_gib}: {who}{b.gpu_gib} GiB = {sharing * b.gpu_gib:.1f} GiB but the GPU has "
+            f"{total / GIB:.1f} GiB; allowed: budget.gpu_gib <= {total / GIB / sharing:.1f}"
+            + (" at this tp, or more GPUs (launcher.gpus)" if sharing > 1 else "")
+        )
 
 
 def gpu_memory_total() -> Optional[int]:

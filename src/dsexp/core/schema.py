@@ -161,6 +161,31 @@ class ScriptConfig:
         self.fix = [str(f) for f in fix]  # validation names any that is not a remedy
 
 
+@dataclass
+class BudgetConfig:
+    """A memory budget: "N GPUs of X GiB and H GiB of host". Set, it turns a sweep into a search
+    (`hydra/sweeper=dsexp_budget`, dsexp.compose.budget): the sweep's dimensions are the space, the batch
+    (generate.batch_size) is searched between batch_min and batch_max in steps of batch_step.
+
+    gpu_gib is what one GPU (one rank) may use, all of it: on a GPU each rank caps its caching allocator at gpu_gib
+    minus what lives outside it (CUDA context, communicator), so a larger GPU stands in for one of this size. On a
+    CPU run the device budget is simulated (dsexp.rank.budget_cap): cpu_scale multiplies the memory model's bytes above
+    the weights there (> 1: a card that needs more than the model says, as tests make it)."""
+
+    gpus: Optional[int] = None  # GPUs the budget has (a configuration with tp > gpus does not fit)
+    gpu_gib: Optional[float] = None  # memory of each GPU, GiB
+    host_gib: Optional[float] = None  # host memory of the node, GiB (null: not limited)
+    batch_min: int = 1
+    batch_max: int = 256
+    batch_step: int = 1
+    enforce: bool = True  # GPU: cap each rank's allocator at the budget (false: compared only)
+    cpu_scale: float = 1.0
+
+    @property
+    def active(self) -> bool:
+        return self.gpu_gib is not None or self.gpus is not None or self.host_gib is not None
+
+
 MODEL_DIR_ARG = "{model_dir}"
 
 
@@ -205,6 +230,7 @@ class JobConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     stack: StackConfig = field(default_factory=StackConfig)
     script: ScriptConfig = field(default_factory=ScriptConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
     tp: int = 1  # ranks (= GPUs on a GPU machine); a plain int so `-m tp=1,2,4` works
     # conf/config.yaml sets dtype to ${model.dtype} and cache_dir to $DSEXP_CACHE or ~/.cache/dsexp; the values
     # here fill records of an older schema that lack them

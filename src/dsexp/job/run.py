@@ -33,6 +33,7 @@ from dsexp.core.protocol import CAMPAIGN_ENV, COMMIT_ENV, RESULT, STACK_IMPORT_E
 from dsexp.core.schema import JobConfig, dtype_conversion
 from dsexp.core.series import read_job_series
 from dsexp.job import correctness, failures, script_job, teardown
+from dsexp.job.budget import budget_runtime
 from dsexp.job.cluster import slurm
 from dsexp.job.launch import run_ranks
 from dsexp.job.overlay import StackError, prepare_stack
@@ -70,6 +71,8 @@ def job_key(spec: JobConfig) -> str:
     d = asdict(spec)
     for k in ("tracking", "rerun", "timeout_s"):
         d.pop(k, None)
+    if not spec.budget.active:  # no budget: the key of every result recorded before budgets existed
+        d.pop("budget", None)
     if spec.script.path:
         d["script_sha1"] = script_job.digest(spec.script.path)
     return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -365,6 +368,7 @@ def prepare(spec: JobConfig, job_dir: Path) -> Tuple[Dict[str, Any], Any]:
     else:
         ref = correctness.ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
         runtime.update(prepare_load(spec, runtime, job_dir))
+        runtime.update(budget_runtime(spec, runtime))  # a CPU run under a budget: what its ranks simulate
     runtime["cache"] = cache_use(spec, runtime)
     return runtime, ref
 

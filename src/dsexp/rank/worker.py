@@ -75,6 +75,12 @@ def _start_distributed(ctx: RankContext, rec: PhaseRecorder) -> dict:
         torch.distributed.all_reduce(torch.ones(1, device=ctx.device))  # creates and connects the communicator
         outside["communicator"] = outside_reading(ctx.local_rank, rec.nvml)
     out = {"imports_s": t1 - T_PROCESS, "device_s": t2 - t1, "rendezvous_s": time.perf_counter() - t2}
+    if ctx.on_gpu:
+        from dsexp.rank.budget_cap import enforce
+
+        cap = enforce(ctx, torch.cuda.current_device(), outside)
+        if cap:
+            rec.note(budget=cap)  # before any weight is loaded: the whole run is held to the budget
     return {**out, "outside": outside} if outside else out
 
 

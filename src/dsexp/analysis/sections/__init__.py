@@ -2,6 +2,7 @@
 `python -m dsexp.report --print NAME` and the `{{report:NAME}}` placeholders of docs/FINDINGS.in.md use) and
 `render(inputs) -> markdown`, heading included, or "" where the sweep has nothing for it:
 
+    budget           budget_answer       a budget search's answer, its misses and runs
     scripts          your_script         users' scripts, as written and fixed
     recommendation   recommendation      what to run, and against the memory model's floor
     matrix           matrix_table        every run: measured, predicted, speed
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import Dict
 
 from dsexp.analysis.sections import (
+    budget_answer,
     capacity_fit,
     definitions,
     latency,
@@ -39,6 +41,7 @@ from dsexp.analysis.sections import (
 from dsexp.analysis.sections.common import ReportInputs
 
 SECTIONS = (
+    budget_answer,
     your_script,
     recommendation,
     matrix_table,

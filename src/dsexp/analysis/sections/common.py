@@ -23,6 +23,7 @@ class ReportInputs:
     extra: List[Extrapolated] = field(default_factory=list)
     figures: Dict[str, Path] = field(default_factory=dict)
     memory: Dict[int, Path] = field(default_factory=dict)
+    search: Optional[Dict[str, Any]] = None  # a budget search's state: <sweep>/budget.json (analysis.budget_runs)
 
     @property
     def gpu(self) -> bool:

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from dsexp.core.context import RankContext
 from dsexp.core.protocol import logits_file
 from dsexp.core.workload import Point, dominated, grid
+from dsexp.rank.budget_cap import check_simulated, simulate_point
 from dsexp.rank.faults import maybe_inject, maybe_oom
 from dsexp.rank.generation import point_ids
 from dsexp.rank.probes.phases import PhaseRecorder
@@ -108,9 +109,12 @@ def run_point(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: s
 
     key = rec.begin(key)
     logits = tokens = oom = None
+    weights = (rec.record["phases"].get("init") or {}).get("weights_device")
+    simulated = simulate_point(ctx, weights, point)  # a CPU run under a budget (dsexp.rank.budget_cap)
     try:
         maybe_inject(ctx.spec.fault, ctx.rank, "generate", ctx.job_dir)
         maybe_oom(ctx.spec.fault, point.batch, point.prompt_tokens)
+        check_simulated(simulated)
         measured, logits, tokens = measure_point(module, ctx, point, text, extra, rec.split_window)
     except torch.OutOfMemoryError as e:
         oom = {"type": type(e).__name__, "message": str(e)[:2000]}
@@ -122,6 +126,9 @@ def run_point(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: s
     rec.end(key)  # its memory snapshot (probe.memory_snapshot) still holds the allocator's cache as the point left it
     if oom is not None:
         release_memory(ctx.on_gpu)
+    if simulated:
+        rec.annotate_phase(key, budget=simulated)
+        rec.note(budget={k: simulated[k] for k in ("how", "budget_bytes", "cpu_scale")})
     out_of_memory = ranks_out_of_memory(ctx, oom is not None)
     entry = {**point.to_dict(), "phase": key, "status": "oom" if out_of_memory else "ok"}
     if out_of_memory:

@@ -1,0 +1,152 @@
+"""A budget search read back: each point's figures from a job's result, and the search's answer.
+
+The search (dsexp.compose.budget) writes `<sweep>/budget.json`: the budget, the batches, per configuration its
+prediction, the points it ran (job folder, status) and its bracket. The figures of a point come from the job's
+result.json: per rank the device need (on a GPU the allocator's reserved peak over the prefill and the decode plus
+what the process holds outside it; on a CPU run the simulated need the rank checked, dsexp.rank.budget_cap),
+tokens/s and the time to first token; per job the host bytes its ranks held (each rank's largest RSS, summed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from dsexp.core.fs import read_json
+from dsexp.core.records import phase_quantities
+from dsexp.core.result import JobRecord, RankRecord
+
+STATE_FILE = "budget.json"
+GIB = 2**30
+
+
+def job_name(job_dir: Any) -> str:
+    """A job's folder name: its number in the sweep (results copied elsewhere keep it, not their absolute path)."""
+    return Path(str(job_dir)).name
+
+
+def read_search(sweep_dir: Path) -> Optional[Dict[str, Any]]:
+    return read_json(Path(sweep_dir) / STATE_FILE)
+
+
+def point_phase(result: Dict[str, Any], batch: int) -> Optional[str]:
+    """The phase key the ranks ran this batch in (None: not run)."""
+    for rk in JobRecord.of(result).ranks:
+        for e in rk.raw.get("points") or []:
+            if int(e.get("batch", -1)) == batch and e.get("status") != "skipped":
+                return e.get("phase") or "generate"
+    return None
+
+
+def rank_need(rk: RankRecord, phase_key: str) -> Optional[int]:
+    """One rank's device need at a point (module docstring)."""
+    phase = rk.phase(phase_key).raw or {}
+    simulated = (phase.get("budget") or {}).get("simulated_need")
+    if simulated is not None:
+        return int(simulated)
+    point = phase.get("point") or {}
+    reserved = [(point.get(w) or {}).get("gpu_reserved_peak") for w in ("prefill", "decode")]
+    reserved = [r for r in reserved if r is not None]
+    if not reserved:
+        return None
+    return max(reserved) + int((rk.raw.get("budget") or {}).get("outside_bytes") or 0)
+
+
+def device_per_rank(result: Dict[str, Any], batch: int) -> List[Optional[int]]:
+    key = point_phase(result, batch)
+    return [rank_need(rk, key) if key else None for rk in JobRecord.of(result).ranks]
+
+
+def host_need(result: Dict[str, Any]) -> Optional[int]:
+    """Host bytes the job's ranks held at their peaks, summed over ranks (each rank's largest RSS over its phases)."""
+    total, seen = 0, False
+    for rk in JobRecord.of(result).ranks:
+        peaks = [
+            max(q.get("host_rss_peak_gib", 0.0), q.get("host_rss_hwm_gib", 0.0))
+            for q in (phase_quantities(ph.raw) for ph in rk.phases())
+        ]
+        if peaks:
+            total += int(max(peaks) * GIB)
+            seen = True
+    return total if seen else None
+
+
+def speed(result: Dict[str, Any], batch: int) -> Dict[str, Optional[float]]:
+    """Tokens/s and TTFT (p50) of rank 0 at this batch."""
+    key = point_phase(result, batch)
+    rank0 = next(iter(JobRecord.of(result).ranks), None)
+    point = (rank0.phase(key).raw or {}).get("point") or {} if rank0 and key else {}
+    lat = point.get("latency") or {}
+    return {"tokens_per_s": lat.get("tokens_per_s"), "ttft_s": (lat.get("ttft") or {}).get("p50")}
+
+
+def enforcement(results: List[Dict[str, Any]]) -> Optional[str]:
+    """How the budget was held on the ranks: 'enforced' (allocator cap), 'simulated' (CPU) or None (not recorded)."""
+    hows = {(rk.raw.get("budget") or {}).get("how") for res in results for rk in JobRecord.of(res).ranks if rk.raw} - {
+        None
+    }
+    return "enforced" if "enforced" in hows else ("simulated" if "simulated" in hows else None)
+
+
+@dataclass
+class Candidate:
+    """A configuration that ran within the budget, at its largest batch."""
+
+    key: str
+    tp: int
+    batch: int
+    tokens_per_s: Optional[float]
+    ttft_s: Optional[float]
+    device: List[Optional[int]]
+    host: Optional[int]
+    job: str
+    entry: Dict[str, Any] = field(default_factory=dict)
+
+
+def candidates(search: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> List[Candidate]:
+    """Every configuration with a largest batch that ran and no failure (wrong output, a crash, over the host
+    budget), fastest first (tokens/s at that batch; fewer GPUs, then the larger batch, break ties). results: by job
+    folder name (job_name)."""
+    out = []
+    for c in search.get("configs") or []:
+        b = c.get("largest_ok")
+        if b is None or c.get("failed"):
+            continue
+        point = next((p for p in c.get("points") or [] if p["batch"] == b and p["status"] == "ok"), None)
+        res = results.get(job_name(point.get("job"))) if point else None
+        if res is None:
+            continue
+        sp = speed(res, b)
+        out.append(
+            Candidate(
+                c["key"],
+                c["tp"],
+                b,
+                sp["tokens_per_s"],
+                sp["ttft_s"],
+                device_per_rank(res, b),
+                host_need(res),
+                point["job"],
+                c,
+            )
+        )
+    out.sort(key=lambda x: (-(x.tokens_per_s or 0.0), x.tp, -x.batch))
+    return out
+
+
+def closest_miss(search: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """Where nothing fits: the configuration that comes closest at the smallest batch (predicted misses by their
+    overshoot, measured ones by the model's need plus their measured gap), with the term that fails first."""
+    device, best = search["budget"]["device"], None
+    for c in search.get("configs") or []:
+        miss = c.get("miss")
+        if miss and miss["where"] in ("device", "host"):
+            over, term = miss["need"] - miss["budget"], miss["term"]
+        elif not miss and c.get("largest_ok") is None and c.get("points"):
+            over, term = (c["needs"][0] + (c.get("gap") or 0)) - device, "measured out of memory at the smallest batch"
+        else:
+            continue
+        if best is None or over < best["over"]:
+            best = {"key": c["key"], "over": over, "term": term, "text": (miss or {}).get("text")}
+    return best

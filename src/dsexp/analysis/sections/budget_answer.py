@@ -1,0 +1,153 @@
+"""The "budget" section: a budget search's answer (dsexp.compose.budget): the fastest correct configuration within
+the budget at its largest batch, the runner-up, what the budget would need for the next tp down or twice the batch,
+or, where nothing fits, which term fails first for the closest configuration; the configurations not launched and
+why; every run the search made against the full grid's count."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional
+
+from dsexp.analysis import budget_runs as B
+from dsexp.analysis.markdown import md_table
+from dsexp.analysis.measured import human
+from dsexp.analysis.sections.common import ReportInputs
+
+NAME = "budget"
+GIB = 2**30
+
+
+def size(v: Optional[float]) -> str:
+    """Bytes as a sentence says them (GiB, or MiB for tiny CPU models)."""
+    return "-" if v is None else human(v)
+
+
+def gib_setting(v: float) -> str:
+    """A budget.gpu_gib value that holds v bytes (3 significant digits, rounded up)."""
+    g = v / GIB
+    digits = max(0, 2 - int(math.floor(math.log10(g)))) if g > 0 else 0
+    return f"{math.ceil(g * 10**digits) / 10**digits:.{digits}f}"
+
+
+def render(inputs: ReportInputs) -> str:
+    s = inputs.search
+    if not s:
+        return ""
+    results = {B.job_name(r.result.get("job_dir")): r.result for r in inputs.rows}
+    how = B.enforcement([r.result for r in inputs.rows])
+    lines = ["## Budget search", "", _budget_line(s, how), ""]
+    found = B.candidates(s, results)
+    if found:
+        lines += _answer(found, s)
+    else:
+        lines += _nothing_fits(s)
+    lines += ["", _runs_line(s), ""]
+    misses = [c for c in s["configs"] if c.get("miss")]
+    if misses:
+        lines += ["Not launched (predicted not to fit):", ""]
+        lines += [f"- `{c['key']}`: {c['miss']['text']}" for c in misses] + [""]
+    failed = [c for c in s["configs"] if c.get("failed")]
+    if failed:
+        lines += ["Stopped (not an answer):", ""] + [f"- `{c['key']}`: {c['failed']}" for c in failed] + [""]
+    lines += [_runs_table(s), ""]
+    return "\n".join(lines)
+
+
+def _budget_line(s: Dict[str, Any], how: Optional[str]) -> str:
+    b = s["budget"]
+    host = f", host {size(b['host'])}" if b.get("host") is not None else ""
+    held = {
+        "enforced": "enforced: each rank's allocator capped at the budget minus what its process holds outside it",
+        "simulated": (
+            "simulated on the CPU: each point's device need is the rank's weights plus the memory model's bytes above "
+            f"them x {b.get('cpu_scale', 1.0)}, checked against the budget (no GPU allocator to cap)"
+        ),
+    }.get(how or "", "compared with the measured peaks")
+    return (
+        f"Budget: {b['gpus']} GPUs x {size(b['device'])}{host}; prompts of {s['prompt_tokens']} tokens, "
+        f"{s['new_tokens']} new tokens; batch {s['batches'][0]}..{s['batches'][-1]}. The device budget was {held}."
+    )
+
+
+def _candidate_line(title: str, c: B.Candidate, s: Dict[str, Any]) -> str:
+    budget = s["budget"]["device"]
+    peaks = [d for d in c.device if d is not None]
+    per_gpu = " / ".join(size(d) for d in c.device)
+    margin = size(budget - max(peaks)) if peaks else "-"
+    host = ""
+    if c.host is not None:
+        host = f"; host {size(c.host)} over its ranks"
+        if s["budget"].get("host") is not None:
+            host += f" (margin {size(s['budget']['host'] - c.host)})"
+    tps = "-" if c.tokens_per_s is None else f"{c.tokens_per_s:.1f}"
+    ttft = "-" if c.ttft_s is None else f"{c.ttft_s * 1000:.1f} ms"
+    return (
+        f"{title}: `{c.key}` at batch **{c.batch}**: {tps} tokens/s, TTFT {ttft}; per GPU {per_gpu} "
+        f"(margin {margin} to the budget's {size(budget)}){host}. Job `{c.job}`."
+    )
+
+
+def _answer(found: List[B.Candidate], s: Dict[str, Any]) -> List[str]:
+    lines = [f"- {_candidate_line('**Answer**', found[0], s)}"]
+    if len(found) > 1:
+        lines.append(f"- {_candidate_line('Runner-up', found[1], s)}")
+    lines += [f"- {line}" for line in _what_if(found[0], s)]
+    return lines
+
+
+def _what_if(c: B.Candidate, s: Dict[str, Any]) -> List[str]:
+    """The budget the next tp down and twice the batch would need (the memory model, plus the measured gap)."""
+    out = []
+    w = c.entry.get("what_if") or {}
+    if w.get("double_batch") is not None:
+        out.append(
+            f"Batch {2 * c.batch} on `{c.key}` would need {size(w['double_batch'])} per GPU "
+            f"(predicted, with the measured gap): budget.gpu_gib={gib_setting(w['double_batch'])}."
+        )
+    for tp, need in (w.get("tp_down") or {}).items():
+        out.append(
+            f"tp={tp} at batch {c.batch} would need {size(need)} per GPU (predicted, with the measured gap): "
+            f"budget.gpus={tp} budget.gpu_gib={gib_setting(need)}."
+        )
+    return out
+
+
+def _nothing_fits(s: Dict[str, Any]) -> List[str]:
+    closest = B.closest_miss(s)
+    if closest is None:
+        return ["- **No configuration fits the budget**, and none was measured (every one takes more GPUs)."]
+    why = closest["text"] or f"{closest['term']}, {size(closest['over'])} over"
+    return [
+        f"- **No configuration fits the budget.** Closest: `{closest['key']}`: {why}; "
+        f"it needs {size(closest['over'])} more per GPU."
+    ]
+
+
+def _runs_line(s: Dict[str, Any]) -> str:
+    jobs = len(s.get("jobs") or [])
+    return (
+        f"Runs: {s['runs']} points in {jobs} jobs, against {s['full_grid_runs']} for the full grid "
+        f"({len(s['configs'])} configurations x {len(s['batches'])} batches); "
+        f"at most {s['run_bound']} per configuration."
+    )
+
+
+def _runs_table(s: Dict[str, Any]) -> str:
+    body = []
+    for c in s["configs"]:
+        if c.get("miss"):
+            continue
+        points = ", ".join(f"{p['batch']}:{p['status']}" for p in c.get("points") or [])
+        body.append(
+            [
+                c["key"],
+                c.get("predicted_largest") or "-",
+                c.get("largest_ok") or "-",
+                c.get("smallest_oom") or "-",
+                size(c.get("gap")) if c.get("gap") else "0",
+                len(c.get("points") or []),
+                points or "-",
+            ]
+        )
+    header = ["configuration", "predicted largest", "largest ran", "smallest past", "gap", "runs", "batch:status"]
+    return md_table(header, body, [False, True, True, True, True, True, False])

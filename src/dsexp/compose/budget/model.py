@@ -1,0 +1,159 @@
+"""The memory model's view of one configuration of a budget search, before anything runs.
+
+Per rank: the allocator's reserve for the weights (dsexp.analysis.memory), what the process holds outside the
+allocator (a CUDA context on a GPU: CUDA_CONTEXT_BYTES; nothing on a CPU run, whose device budget is simulated) and
+the bytes above the weights at each batch (dsexp.predict.capacity). The device need at a batch is the busiest rank's;
+a configuration whose need at the smallest batch passes the budget, that takes more GPUs than the budget has, or whose
+loading is predicted to pass the host budget is a predicted miss, named by the term that breaks the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+from dsexp.compose.budget.search import Miss
+from dsexp.core.schema import JobConfig
+
+GIB = 2**30
+
+
+@dataclass
+class Predicted:
+    needs: List[int]  # device need at each batch of the range (busiest rank)
+    host: Optional[int]  # host bytes loading adds over the ranks
+    miss: Optional[Miss]
+    terms: Dict[str, int] = field(default_factory=dict)  # the busiest rank's terms at the smallest batch
+    note: Optional[str] = None  # the model could not predict this configuration (it runs anyway)
+
+
+def outside_bytes(spec: JobConfig) -> int:
+    if spec.device != "cuda":
+        return 0
+    from dsexp.predict.fit import CUDA_CONTEXT_BYTES
+
+    return CUDA_CONTEXT_BYTES
+
+
+def weights_held(pred, spec: JobConfig) -> List[int]:
+    """Per rank: what the allocator reserves for the weights on a GPU; on a CPU run (no caching allocator) their
+    bytes."""
+    return pred.reserve if spec.device == "cuda" else pred.weights
+
+
+def terms_at(pred, spec: JobConfig, batch: int) -> Dict[str, List[int]]:
+    """The capacity model's terms above the weights at this batch, per rank, as its `fits` counts them: with kernel
+    injection the workspace DeepSpeed shrinks to the free memory, down to prompt + new tokens, plus what it keeps
+    free."""
+    from dsexp.predict import capacity as cap
+
+    g = spec.generate
+    w = cap.Workload(batch, int(g.prompt_tokens), int(g.new_tokens))
+    if not pred.strategy.kernel_inject:
+        return cap.above_weights(pred.dims, pred.strategy, pred.tp, w)
+    s, e = cap.Shapes.of(pred.dims), cap.DTYPE_BYTES[pred.strategy.dtype]
+    space = cap.workspace(s, pred.tp, batch, w.prompt_tokens + w.new_tokens, e) + cap.WORKSPACE_KEPT_FREE
+    return {"workspace": [space] * pred.tp, "logits": [cap.logits(s, batch, e, decode=w.new_tokens > 1)] * pred.tp}
+
+
+def rank_terms(pred, spec: JobConfig, batch: int) -> List[Dict[str, int]]:
+    """Each rank's terms at this batch, in the order they are allocated: weights, outside, then the capacity model's."""
+    above, outside = terms_at(pred, spec, batch), outside_bytes(spec)
+    return [
+        {"weights": weights_held(pred, spec)[r], "outside": outside, **{k: int(v[r]) for k, v in above.items()}}
+        for r in range(pred.tp)
+    ]
+
+
+def device_needs(pred, spec: JobConfig, batch: int) -> List[int]:
+    """Per rank: the capacity model's peak (weights included) plus what lives outside the allocator."""
+    from dsexp.predict.capacity import peak_per_rank
+
+    return [p + outside_bytes(spec) for p in peak_per_rank(weights_held(pred, spec), terms_at(pred, spec, batch))]
+
+
+def token_limit(pred, spec: JobConfig) -> Optional[Miss]:
+    """Kernel injection's workspace holds max_out_tokens tokens: prompt + new tokens past it cannot run at any batch
+    (dsexp.predict.capacity.limit_cause)."""
+    from dsexp.predict.capacity import Workload, limit_cause
+
+    g = spec.generate
+    if not limit_cause(pred.strategy, Workload(1, int(g.prompt_tokens), int(g.new_tokens))):
+        return None
+    return Miss("max_out_tokens", int(g.prompt_tokens) + int(g.new_tokens), spec.engine.max_out_tokens, where="tokens")
+
+
+def breaking_term(terms: Dict[str, int], need: int, budget: int) -> str:
+    """The term whose bytes, added in order, carry the total past the budget (the largest term above the weights
+    where the terms are not all held at once and their running sum never passes it)."""
+    total = 0
+    for name, value in terms.items():
+        total += value
+        if total > budget:
+            return name
+    above = {k: v for k, v in terms.items() if k not in ("weights", "outside")}
+    return max(above, key=above.get) if above else "weights"
+
+
+def predict_config(spec: JobConfig, batches: List[int]) -> Predicted:
+    from dsexp.analysis.memory import predict
+
+    b = spec.budget
+    device = int(b.gpu_gib * GIB)
+    try:
+        pred = predict({"config": asdict(spec), "runtime": {"device": spec.device}}, spec.tp)
+        per_batch = [device_needs(pred, spec, x) for x in batches]
+    except Exception as e:  # the model cannot say: measure it (the run will)
+        return Predicted([0] * len(batches), None, None, note=f"not predicted: {type(e).__name__}: {e}")
+    needs = [max(x) for x in per_batch]
+    busiest = per_batch[0].index(needs[0])
+    terms = rank_terms(pred, spec, batches[0])[busiest]
+    host = pred.host.node if pred.host else None
+    miss = None
+    too_long = token_limit(pred, spec)
+    if spec.tp > b.gpus:
+        miss = Miss("gpus", spec.tp, b.gpus, where="gpus")
+    elif too_long is not None:
+        miss = too_long
+    elif needs[0] > device:
+        miss = Miss(breaking_term(terms, needs[0], device), needs[0], device)
+    elif b.host_gib is not None and host is not None and host > b.host_gib * GIB:
+        miss = Miss("host (loading)", host, int(b.host_gib * GIB), where="host")
+    return Predicted(needs, host, miss, terms, "; ".join(pred.notes) or None)
+
+
+def need_at(spec: JobConfig, batch: int, tp: Optional[int] = None) -> Optional[int]:
+    """The model's device need (busiest rank) for this configuration at another batch or tp; None where it cannot
+    say."""
+    from dataclasses import replace
+
+    from dsexp.analysis.memory import predict
+
+    other = replace(spec, tp=tp or spec.tp)
+    try:
+        pred = predict({"config": asdict(other), "runtime": {"device": other.device}}, other.tp)
+        return max(device_needs(pred, other, batch))
+    except Exception:
+        return None
+
+
+def describe(miss: Miss) -> str:
+    """One line: what breaks the budget and by how much."""
+    if miss.where == "gpus":
+        return f"tp={int(miss.need)} needs {int(miss.need)} GPUs; the budget has {int(miss.budget)}"
+    if miss.where == "tokens":
+        return (
+            f"prompt + new tokens = {int(miss.need)} exceed kernel injection's max_out_tokens={int(miss.budget)} "
+            "(its workspace holds that many; raise engine.max_out_tokens)"
+        )
+    from dsexp.analysis.measured import human
+
+    where = "per GPU" if miss.where == "device" else "on the host"
+    return (
+        f"{miss.term} carries the need to {human(miss.need)} {where}, "
+        f"{human(miss.over)} over the budget's {human(miss.budget)}"
+    )
+
+
+def as_dict(p: Predicted) -> Dict[str, Any]:
+    return asdict(p)

@@ -1,0 +1,80 @@
+"""What a budget search's job measured, as the search's points: a job's result.json read back per batch.
+
+Each job runs one configuration at one or more batches (a grid inside the job, dsexp.core.workload); its ranks
+record each point's status (ok / oom / skipped) and figures. A point's device need is the busiest rank's: on a GPU
+the allocator's reserved peak over the prefill and the decode plus what the process holds outside the allocator
+(measured at the end of `start`); on a CPU run the simulated need the rank checked against the budget
+(dsexp.rank.budget_cap). A point skipped because a smaller one ran out of memory is no run (the smaller one is the
+boundary). A job that failed out of memory before any point (the weights do not fit under the cap) is out of memory at
+all its batches; a job ended from outside (NOT_MEASURED) measured nothing and runs again when the search resumes; any
+other failure (wrong output, a crash, a host out of memory) stops the configuration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from dsexp.analysis.budget_runs import device_per_rank, host_need, point_phase
+from dsexp.compose.budget.search import FAILED, OK, OOM, Point
+from dsexp.core.fs import read_json
+from dsexp.core.result import JobRecord
+
+__all__ = ["host_need", "points_of", "identity", "job_batches", "sweep_results", "read_json"]
+
+GIB = 2**30
+RESULT = "result.json"
+# A job ended from outside (Ctrl-C, SLURM's time limit, a node lost): nothing measured, the search runs it again
+NOT_MEASURED = ("interrupted", "time_limit", "slurm_cancelled", "node_failed")
+
+
+def identity(config: Dict[str, Any]) -> str:
+    """A configuration's identity in the space: its settings without the batch (and without what job_key drops)."""
+    d = json.loads(json.dumps(config, default=str))
+    for k in ("tracking", "rerun", "timeout_s"):
+        d.pop(k, None)
+    (d.get("generate") or {}).pop("batch_size", None)
+    return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def job_batches(config: Dict[str, Any]) -> List[int]:
+    value = (config.get("generate") or {}).get("batch_size", 1)
+    return sorted({int(b) for b in (value if isinstance(value, list) else [value])})
+
+
+def sweep_results(sweep_dir: Path) -> List[Tuple[Path, Dict[str, Any]]]:
+    """(job folder, result) of every job folder of the sweep (earlier attempts, kept under .dsexp/, are not runs)."""
+    out = []
+    for path in sorted(Path(sweep_dir).glob(f"*/{RESULT}")):
+        res = read_json(path)
+        if res:
+            out.append((path.parent, res))
+    return out
+
+
+def points_of(job_dir: Path, result: Dict[str, Any]) -> Tuple[List[Point], Optional[str]]:
+    """The job's points, and why its configuration should not be pursued (None: go on)."""
+    rec = JobRecord.of(result)
+    batches = job_batches(result.get("config") or {})
+    if not rec.ok:
+        cause = rec.cause or "failed"
+        if cause in NOT_MEASURED:
+            return [], None
+        if cause == "oom_gpu":
+            return [Point(b, OOM, job=str(job_dir)) for b in batches], None
+        return [
+            Point(b, FAILED, job=str(job_dir)) for b in batches
+        ], f"{cause}: {(rec.failure.get('message') or '')[:200]}"
+    points = []
+    for b in batches:
+        statuses = {e.get("status") for rk in rec.ranks for e in rk.raw.get("points") or [] if e.get("batch") == b}
+        if point_phase(result, b) is None:  # not run, or skipped: a smaller batch ran out of memory
+            continue
+        if "oom" in statuses:
+            points.append(Point(b, OOM, job=str(job_dir)))
+        else:
+            needs = [n for n in device_per_rank(result, b) if n is not None]
+            points.append(Point(b, OK, max(needs) if needs else None, job=str(job_dir)))
+    return points, None

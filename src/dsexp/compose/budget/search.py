@@ -1,0 +1,214 @@
+"""The budget search as a pure function of its state: which batches of which configurations to run next.
+
+State: the budget (device bytes per GPU, host bytes), the batches of the range, and per configuration of the space the
+memory model's device need at every batch of the range (busiest rank, what lives outside the allocator included) and
+the points measured so far. Nothing here runs, reads files or imports Hydra: dsexp.compose.budget.sweeper does that.
+
+Per configuration: first the model's largest batch b and the next one (one job, one load: two runs); then a bisection
+on what was measured (an out-of-memory point is the upper boundary) until the largest batch that ran and the smallest
+that did not are one step apart. A probe is the model's guess (shifted by the measured gap) where the run bound still
+holds in the worst case after it, else the midpoint: at most ceil(log2(len(batches))) + 2 runs per configuration.
+
+Feedback: a point measured above its prediction (or out of memory where the model said it fits) gives its
+configuration a gap; every later guess of that configuration, and the first guess of each configuration that differs
+from it in one dimension and has no measurement of its own, adds the gap to the model's need.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+OK, OOM, FAILED = "ok", "oom", "failed"
+OVER = "over"  # ran, but its measured need passed the budget (memory outside a capped allocator, or no cap)
+PAST = (OOM, OVER)  # the points past the budget: the upper side of the bracket
+
+
+@dataclass
+class Point:
+    """One batch of one configuration, run: ok (with the busiest rank's device peak), oom, over (ran, measured past
+    the budget), or failed otherwise."""
+
+    batch: int
+    status: str
+    peak: Optional[int] = None  # measured device bytes, busiest rank (ok points)
+    job: Optional[str] = None  # the job folder that ran it
+
+
+@dataclass
+class Miss:
+    """Why a configuration is predicted not to fit at the smallest batch: the term whose bytes carry the need past
+    the budget, the need and the budget (GPU count for `gpus`, bytes for the others)."""
+
+    term: str
+    need: float
+    budget: float
+    where: str = "device"  # device | host | gpus (counts) | tokens (kernel injection's max_out_tokens)
+
+    @property
+    def over(self) -> float:
+        return self.need - self.budget
+
+
+@dataclass
+class Config:
+    key: str  # its overrides, joined
+    dims: Dict[str, str]  # its coordinates in the space (dimension -> value)
+    needs: List[int]  # the model's device need at each batch of the range (busiest rank)
+    gpus: int = 1  # GPUs it takes (its tp): fewer is better at equal batch
+    miss: Optional[Miss] = None  # predicted not to fit at all: never launched
+    points: List[Point] = field(default_factory=list)
+    failed: Optional[str] = None  # a run failed for another cause than memory: not pursued
+
+    def point(self, batch: int) -> Optional[Point]:
+        return next((p for p in self.points if p.batch == batch and p.status in (OK, *PAST)), None)
+
+
+@dataclass
+class State:
+    device: int  # bytes one GPU of the budget holds
+    batches: List[int]
+    configs: List[Config]
+    host: Optional[int] = None
+
+    def to_dict(self) -> Dict:
+        return asdict(self)
+
+
+def batch_range(lo: int, hi: int, step: int) -> List[int]:
+    return list(range(lo, hi + 1, step))
+
+
+def run_bound(n: int) -> int:
+    """Runs a configuration may take over a range of n batches."""
+    return math.ceil(math.log2(max(n, 1))) + 2
+
+
+def _bisections(unknown: int) -> int:
+    """Probes a plain bisection needs to settle `unknown` batches between two known ones."""
+    return math.ceil(math.log2(unknown + 1)) if unknown > 0 else 0
+
+
+def runs_used(c: Config) -> int:
+    return len(c.points)
+
+
+def bracket(c: Config, batches: List[int]) -> Tuple[int, int]:
+    """(index of the largest batch that ran below the smallest that did not, index of that smallest); -1 and
+    len(batches) where nothing is known on that side."""
+    index = {b: i for i, b in enumerate(batches)}
+    ooms = [index[p.batch] for p in c.points if p.status in PAST and p.batch in index]
+    hi = min(ooms, default=len(batches))
+    oks = [index[p.batch] for p in c.points if p.status == OK and p.batch in index and index[p.batch] < hi]
+    return max(oks, default=-1), hi
+
+
+def own_gap(c: Config, batches: List[int], device: int) -> Optional[int]:
+    """How far the model fell short on this configuration's measured points (None: nothing measured); only
+    shortfalls count (a prediction is a floor). An out-of-memory point the model said fits needed at least the
+    budget: its gap is at least budget - prediction."""
+    index = {b: i for i, b in enumerate(batches)}
+    gaps = []
+    for p in c.points:
+        if p.batch not in index:
+            continue
+        predicted = c.needs[index[p.batch]]
+        if p.status in (OK, OVER) and p.peak is not None:
+            gaps.append(p.peak - predicted)
+        elif p.status == OOM:
+            gaps.append(device - predicted + 1)
+    return max(0, max(gaps)) if gaps else None
+
+
+def neighbours(c: Config, configs: List[Config]) -> List[Config]:
+    """Configurations that differ from c in exactly one dimension."""
+    return [
+        o
+        for o in configs
+        if o is not c and o.dims.keys() == c.dims.keys() and sum(o.dims[k] != c.dims[k] for k in c.dims) == 1
+    ]
+
+
+def gap(c: Config, s: State) -> int:
+    """The shift added to c's predictions: its own measured gap, else the largest of its neighbours'."""
+    mine = own_gap(c, s.batches, s.device)
+    if mine is not None:
+        return mine
+    theirs = [own_gap(o, s.batches, s.device) for o in neighbours(c, s.configs)]
+    return max((g for g in theirs if g is not None), default=0)
+
+
+def model_largest(c: Config, device: int, shift: int = 0) -> int:
+    """Index of the largest batch the model (shifted) says fits; -1 if none."""
+    fits = [i for i, need in enumerate(c.needs) if need + shift <= device]
+    return max(fits, default=-1)
+
+
+def done(c: Config, s: State) -> bool:
+    if c.miss is not None or c.failed is not None:
+        return True
+    if runs_used(c) >= run_bound(len(s.batches)):
+        return True
+    lo, hi = bracket(c, s.batches)
+    return hi - lo == 1 if c.points else False
+
+
+def next_batches(c: Config, s: State) -> List[int]:
+    """The batches c's next job runs (one load; ascending, so a point out of memory comes last); [] when settled."""
+    if done(c, s):
+        return []
+    n, b = len(s.batches), s.batches
+    guess = model_largest(c, s.device, gap(c, s))
+    if not c.points:
+        g = max(guess, 0)
+        return [b[g], b[g + 1]] if g + 1 < n else [b[g]]
+    lo, hi = bracket(c, b)
+    left = run_bound(n) - runs_used(c)
+    m = min(max(guess, lo + 1), hi - 1)
+
+    def affordable(probes: List[int]) -> bool:
+        worst = max(probes[0] - lo - 1, hi - probes[-1] - 1)
+        return len(probes) + _bisections(worst) <= left
+
+    if m + 1 < hi and affordable([m, m + 1]):
+        return [b[m], b[m + 1]]
+    if affordable([m]):
+        return [b[m]]
+    return [b[(lo + hi) // 2]]
+
+
+def benefit(c: Config, s: State) -> Tuple:
+    """Sort key, best first: the largest batch the model (with the measured gap) says fits, then fewer GPUs, then the
+    lower need there."""
+    i = model_largest(c, s.device, gap(c, s))
+    return (-i, c.gpus, c.needs[i] if i >= 0 else math.inf, c.key)
+
+
+def next_round(s: State, width: int = 1) -> List[Tuple[Config, List[int]]]:
+    """The next `width` jobs: the configurations still open, in order of predicted benefit, each with its batches."""
+    out = []
+    for c in sorted((c for c in s.configs if not done(c, s)), key=lambda c: benefit(c, s)):
+        todo = next_batches(c, s)
+        if todo:
+            out.append((c, todo))
+        if len(out) >= width:
+            break
+    return out
+
+
+def largest_ok(c: Config, batches: List[int]) -> Optional[int]:
+    """The largest batch that ran below the first out-of-memory one (None: none ran)."""
+    lo, _ = bracket(c, batches)
+    return batches[lo] if lo >= 0 else None
+
+
+def first_failing_term(terms: Dict[str, int], budget: int) -> Optional[Tuple[str, int]]:
+    """Adding the terms in order, the first whose bytes carry the total past the budget, and the total's overshoot
+    (None: they fit)."""
+    total = 0
+    for name, value in terms.items():
+        total += value
+        if total > budget:
+            return name, sum(terms.values()) - budget
+    return None

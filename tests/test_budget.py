@@ -1,0 +1,395 @@
+"""The budget: its config, its refusals before launch, the sweeper that turns a sweep into a search, the report."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsexp.compose.config import to_schema
+from dsexp.compose.validate import validate
+from dsexp.core.schema import ConfigError
+
+from helpers.run import compose
+
+GIB = 2**30
+BUDGET = ["budget.gpus=2", "budget.gpu_gib=24"]
+
+
+def checked(overrides, gpus=0, gpu_total=None):
+    return validate(to_schema(compose(overrides)), gpus=gpus, gpu_total=gpu_total)
+
+
+def test_no_budget_by_default_and_the_key_of_a_run_without_one_is_unchanged():
+    from dsexp.job.run import job_key
+
+    spec = checked([])
+    assert not spec.budget.active
+    with_budget = checked([*BUDGET])
+    assert with_budget.budget.active and with_budget.budget.gpu_gib == 24
+    assert job_key(spec) != job_key(with_budget)
+    assert job_key(spec) == job_key(checked(["budget.batch_max=8"]))  # an inactive budget is not part of the key
+
+
+@pytest.mark.parametrize(
+    "overrides, gpus, total, needle",
+    [
+        (["budget.gpu_gib=24"], 0, None, "names both the GPUs and the memory"),
+        (["budget.gpus=0", "budget.gpu_gib=24"], 0, None, "must be > 0"),
+        ([*BUDGET, "budget.batch_min=8", "budget.batch_max=4"], 0, None, "batch_min <= batch_max"),
+        ([*BUDGET, "budget.host_gib=1000000"], 0, None, "but this machine has"),
+        ([*BUDGET, "device=cuda"], 1, 141 * GIB, "budget.gpus=2 but only 1 GPUs are visible"),
+        (["budget.gpus=1", "budget.gpu_gib=200", "device=cuda", "dtype=bf16"], 1, 141 * GIB, "the GPU has 141.0 GiB"),
+        (
+            ["budget.gpus=4", "budget.gpu_gib=40", "device=cuda", "tp=4", "launcher.gpus=1"],
+            1,
+            141 * GIB,
+            "4 ranks sharing one GPU x 40.0 GiB = 160.0 GiB but the GPU has 141.0 GiB; allowed: budget.gpu_gib <= 35.2",
+        ),
+    ],
+)
+def test_a_budget_larger_than_what_is_here_is_refused_with_both_numbers(overrides, gpus, total, needle):
+    with pytest.raises(ConfigError) as e:
+        checked(overrides, gpus, total)
+    assert needle in str(e.value)
+
+
+def test_a_budget_within_the_gpu_at_hand_passes():
+    spec = checked(["budget.gpus=4", "budget.gpu_gib=24", "device=cuda", "tp=4", "launcher.gpus=1"], 1, 141 * GIB)
+    assert spec.budget.gpus == 4
+    spec = checked(["budget.gpus=2", "budget.gpu_gib=24", "device=cuda", "tp=2"], 2, 141 * GIB)
+    assert spec.device == "cuda"
+
+
+# --- the search end to end, on CPU (the device budget simulated: dsexp.rank.budget_cap) ---------------------------
+
+SEARCH = ["-m", "model=tiny", "debug=fast", "generate.prompt_tokens=64"]
+
+
+def needs(tp: int, batches, *extra: str):
+    """The memory model's device need (busiest rank) at each batch, as the search predicts it."""
+    from dsexp.compose.budget.model import predict_config
+
+    from helpers.run import spec_of
+
+    spec = spec_of("model=tiny", "debug=fast", "generate.prompt_tokens=64", f"tp={tp}", *extra)
+    return predict_config(spec, list(batches)).needs
+
+
+def read_state(sweep):
+    import json
+
+    return json.loads((sweep / "budget.json").read_text())
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.slow  # two dsexp processes and a job of one rank: 280 s on the 2 shared cores (most of it imports)
+def test_a_budget_search_on_cpu_skips_the_miss_and_settles_in_one_job_then_resumes_with_nothing_to_do(
+    tmp_path, cache_dir
+):
+    """tp=2 takes more GPUs than the budget has: not launched. tp=1, with the model exact on the CPU
+    (cpu_scale=1), runs the model's largest batch and the next one in one job: the first runs, the second is out of
+    memory (a result), a one-step bracket. Run again on the same folder: the search resumes with nothing left."""
+    from helpers.run import run_dsexp, sweep_results
+
+    batches = range(1, 9)
+    tp1 = needs(1, batches, "budget.gpus=1", "budget.gpu_gib=1")
+    budget = (tp1[2] + tp1[3]) // 2  # between batch 3 and batch 4
+    args = [*SEARCH, "budget.gpus=1", f"budget.gpu_gib={budget / GIB!r}", "budget.batch_max=8", "tp=1,2"]
+    out = run_dsexp([*args, "hydra.sweep.dir=sw"], tmp_path, cache_dir).stdout
+    sweep = tmp_path / "sw"
+    state = read_state(sweep)
+    by_key = {c["key"]: c for c in state["configs"]}
+    assert by_key["tp=2"]["miss"]["where"] == "gpus" and by_key["tp=2"]["points"] == []
+    assert "not launched: tp=2: tp=2 needs 2 GPUs; the budget has 1" in out
+    c = by_key["tp=1"]
+    assert [(p["batch"], p["status"]) for p in c["points"]] == [(3, "ok"), (4, "oom")]
+    assert (c["largest_ok"], c["smallest_oom"], state["runs"], len(state["jobs"])) == (3, 4, 2, 1)
+    (res,) = sweep_results(sweep)
+    assert res["status"] == "ok" and res["config"]["generate"]["batch_size"] == [3, 4]
+    summary = (sweep / "summary.md").read_text()
+    assert "## Budget search" in summary and "**Answer**: `tp=1` at batch **3**" in summary
+    assert "simulated on the CPU" in summary and "2 points in 1 jobs, against 16 for the full grid" in summary
+    assert "- `tp=2`: tp=2 needs 2 GPUs; the budget has 1" in summary
+    again = run_dsexp([*args, "hydra.sweep.dir=sw"], tmp_path, cache_dir).stdout
+    assert "resumed from 1 jobs" in again and len(sweep_results(sweep)) == 1
+    assert read_state(sweep)["runs"] == 2
+
+
+def test_a_budget_nothing_meets_is_an_answer_naming_the_closest_configuration_and_its_first_failing_term(
+    tmp_path, cache_dir
+):
+    """Every configuration is predicted past the budget at batch 1: nothing is launched, and the report's answer is
+    the closest one (tp=2: half the weights per rank), the term that breaks the budget first (its weights) and by how
+    much."""
+    from helpers.run import run_dsexp
+
+    tp2 = needs(2, [1], "budget.gpus=2", "budget.gpu_gib=1")[0]
+    budget = tp2 // 4  # below tp=2's weights per rank
+    args = [*SEARCH, "budget.gpus=2", f"budget.gpu_gib={budget / GIB!r}", "budget.batch_max=4", "tp=1,2"]
+    out = run_dsexp([*args, "hydra.sweep.dir=sw"], tmp_path, cache_dir).stdout
+    sweep = tmp_path / "sw"
+    state = read_state(sweep)
+    assert state["runs"] == 0 and state["jobs"] == [] and not [p for p in sweep.glob("*") if p.name.isdigit()]
+    misses = {c["key"]: c["miss"] for c in state["configs"]}
+    assert {m["term"] for m in misses.values()} == {"weights"}
+    assert misses["tp=2"]["need"] - misses["tp=2"]["budget"] < misses["tp=1"]["need"] - misses["tp=1"]["budget"]
+    assert out.count("not launched:") == 2
+    summary = (sweep / "summary.md").read_text()
+    assert "**No configuration fits the budget.** Closest: `tp=2`: weights carries the need to" in summary
+    assert "0 points in 0 jobs, against 8 for the full grid" in summary
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.slow  # a search of several one-rank jobs, run twice (killed, then resumed): minutes on 2 shared cores
+def test_a_search_the_model_gets_wrong_bisects_to_a_one_step_bracket_and_resumes_after_a_kill(tmp_path, cache_dir):
+    """The CPU card needs 1.6x the model's bytes above the weights (budget.cpu_scale): tp=2's first guess runs out of
+    memory; the search bisects on what it measured to a one-step bracket within ceil(log2 8)+2 runs, and its
+    measured gap moves the first guess of its neighbour. tp=1 is predicted not to fit at batch 1. The
+    search is killed (Ctrl-C) after its first job and run again on the same folder: it resumes from what it
+    measured and overwrites no result."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers.run import run_dsexp
+
+    tp2 = needs(2, range(1, 9), "budget.gpus=2", "budget.gpu_gib=1")
+    budget = tp2[5]  # the model says batch 6 fits tp=2; the card (x1.6 above the weights) holds fewer
+    args = [*SEARCH, "budget.gpus=2", f"budget.gpu_gib={budget / GIB!r}", "budget.batch_max=8", "budget.cpu_scale=1.6"]
+    args += ["tp=1,2", "trim=none,all", "hydra.sweep.dir=sw"]
+    env = {**os.environ, "DSEXP_CACHE": str(cache_dir), "PYTHONUNBUFFERED": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    sweep = tmp_path / "sw"
+    with open(tmp_path / "first.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "dsexp", *args], cwd=tmp_path, env=env, stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + 900
+            while not ((sweep / "budget.json").exists() and read_state(sweep)["runs"] >= 1):  # its first job counted
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
+                time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)  # Ctrl-C, during its second job
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    first = (sweep / "0" / "result.json").read_text()
+    before = read_state(sweep)
+    proc = run_dsexp(args, tmp_path, cache_dir)
+    out = proc.stdout
+    assert "dsexp budget: resumed from" in out and before["runs"] >= 1
+    assert (sweep / "0" / "result.json").read_text() == first  # nothing recorded is overwritten
+    state = read_state(sweep)
+    configs = {c["key"]: c for c in state["configs"]}
+    for key in ("tp=1 trim=none", "tp=1 trim=all"):  # predicted past the budget at batch 1: never launched
+        assert configs[key]["miss"]["where"] == "device" and not configs[key]["points"]
+    for key in ("tp=2 trim=none", "tp=2 trim=all"):
+        c = configs[key]
+        assert c["settled"] and not c["failed"], c
+        assert len(c["points"]) <= state["run_bound"] == 5
+        lo, hi = c["largest_ok"], c["smallest_oom"]
+        assert lo is not None and hi == lo + 1 and hi <= c["predicted_largest"], c
+        assert c["gap"] > 0 or key != "tp=2 trim=none"
+        # the bracket is the card's: the simulated need at lo fits the budget, at hi it does not
+        for batch, fits in ((lo, True), (hi, False)):
+            job = next(p["job"] for p in c["points"] if p["batch"] == batch)
+            ranks = [json.loads(f.read_text()) for f in sorted((tmp_path / job / "ranks").glob("rank?.json"))]
+            sims = [ph["budget"] for r in ranks for ph in r["phases"].values() if (ph.get("budget") or {})]
+            assert any(s["fits"] is fits for s in sims), (batch, sims)
+    assert state["runs"] < state["full_grid_runs"] == 32
+    assert (sweep / "summary.md").is_file(), proc.stderr[-3000:]
+    summary = (sweep / "summary.md").read_text()
+    term = configs["tp=1 trim=none"]["miss"]["term"]
+    assert "**Answer**: `tp=2 trim=" in summary and f"- `tp=1 trim=none`: {term} carries" in summary
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_budget_search_runs_its_jobs_through_the_slurm_launcher(slurm_cluster, tmp_path, cache_dir):
+    """The search hands its jobs to dsexp's SLURM launcher (two a round): each is a SLURM job, the search settles
+    as under the local launcher, and the sweep's report holds the answer."""
+    from helpers.run import run_dsexp, sweep_results
+
+    tp1 = needs(1, range(1, 5), "budget.gpus=2", "budget.gpu_gib=1")
+    budget = (tp1[1] + tp1[2]) // 2  # tp=1: batch 2 fits, 3 does not (the model is exact on the CPU)
+    args = [*SEARCH, "hydra/launcher=dsexp_slurm", "hydra.sweeper.budget_jobs_at_once=2", "budget.gpus=2"]
+    args += [f"budget.gpu_gib={budget / GIB!r}", "budget.batch_max=4", "tp=1,2", "hydra.sweep.dir=sw"]
+    run_dsexp(args, tmp_path, cache_dir, extra_env=slurm_cluster.env_vars)
+    sweep = tmp_path / "sw"
+    state = read_state(sweep)
+    configs = {c["key"]: c for c in state["configs"]}
+    assert (configs["tp=1"]["largest_ok"], configs["tp=1"]["smallest_oom"]) == (2, 3)
+    assert configs["tp=2"]["settled"] and not configs["tp=2"]["failed"]
+    results = sweep_results(sweep)
+    assert results and all(r["slurm"]["state"] == "COMPLETED" for r in results)
+    assert "## Budget search" in (sweep / "summary.md").read_text()
+
+
+# --- the budget on a rank (dsexp.rank.budget_cap) ------------------------------------------------------------------
+
+
+def rank_ctx(workload: str = "pipeline", **budget):
+    from dsexp.core.context import RankContext
+    from dsexp.core.schema import BudgetConfig, JobConfig
+
+    spec = JobConfig(budget=BudgetConfig(**budget))
+    return RankContext(spec, 0, 0, 1, None, None, runtime={"workload": workload})
+
+
+def test_only_the_measured_run_is_held_to_the_budget():
+    from dsexp.rank.budget_cap import held_to_budget
+
+    assert held_to_budget(rank_ctx(gpus=1, gpu_gib=1))
+    assert not held_to_budget(rank_ctx("reference", gpus=1, gpu_gib=1))  # the tp=1 reference is not the config
+    assert not held_to_budget(rank_ctx())
+
+
+def test_a_simulated_point_past_the_budget_is_out_of_memory_as_on_a_capped_gpu():
+    import torch
+
+    from dsexp.rank.budget_cap import check_simulated, outside_bytes, simulated_need
+
+    assert simulated_need(100, 50, 1.5) == 175
+    check_simulated({"fits": True, "simulated_need": 10, "budget_bytes": 20})
+    with pytest.raises(torch.OutOfMemoryError, match="over the budget"):
+        check_simulated({"fits": False, "simulated_need": 30 * GIB, "budget_bytes": 24 * GIB})
+    readings = {"context": {"outside": 500}, "communicator": {"outside": 700}}
+    assert outside_bytes(readings, 0) == 700  # the latest reading of start: the communicator counts
+    assert outside_bytes({"context": {"outside": 500}}, 0) == 500
+
+
+@pytest.mark.gpu
+def test_the_allocator_cap_makes_a_large_gpu_run_out_of_memory_at_the_budget():
+    """One GPU capped at 2 GiB (what lives outside the allocator counted against it): 1 GiB is allocated, 2.5 GiB
+    is out of memory, though the GPU has far more."""
+    import torch
+
+    from dsexp.rank.budget_cap import cap_allocator
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda:0")
+    cap = cap_allocator(0, 2 * GIB, outside=256 * 2**20)
+    assert cap["cap_bytes"] == 2 * GIB - 256 * 2**20 and cap["device_total"] > 4 * GIB
+    a = torch.empty(GIB, dtype=torch.uint8, device="cuda:0")
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.empty(int(2.5 * GIB), dtype=torch.uint8, device="cuda:0")
+    del a
+    torch.cuda.set_per_process_memory_fraction(1.0, 0)
+
+
+def test_the_space_is_the_sweeps_dimensions_and_the_batch_is_not_one_of_them():
+    from dsexp.compose.budget.sweeper import Space
+
+    space = Space(["budget.gpus=2", "model=tiny", "tp=1,2", "load=eager,meta,sharded"])
+    assert space.dims == ["tp", "load"] and len(space.combos) == 6
+    assert space.coordinates(space.combos[-1]) == {"tp": "2", "load": "sharded"}
+    assert "budget.gpus=2" in space.combos[0]
+    with pytest.raises(ConfigError, match="generate.batch_size is what a budget searches"):
+        Space(["budget.gpus=2", "generate.batch_size=1,8", "tp=1"])
+    with pytest.raises(ConfigError, match="one budget a search"):
+        Space(["budget.gpu_gib=24,40", "tp=1"])
+
+
+# --- a job's result read back as the search's points (dsexp.compose.budget.points) ---------------------------------
+
+
+def job_result(status="ok", cause=None, batches=(3, 4), points=(), phases=None):
+    """A result.json as a job writes it, with only what the search reads: its config's batches, its status and
+    cause, and each rank's points and phases."""
+    rank = {"rank": 0, "points": list(points), "phases": phases or {}}
+    out = {"status": status, "config": {"generate": {"batch_size": list(batches)}}, "ranks": [rank, dict(rank)]}
+    if cause:
+        out["failure"] = {"cause": cause, "message": "m"}
+    return out
+
+
+def test_a_jobs_points_are_its_batches_as_its_ranks_recorded_them():
+    from pathlib import Path
+
+    from dsexp.compose.budget import points as P
+
+    sim = {"budget": {"simulated_need": 700, "fits": True}}
+    res = job_result(
+        batches=(3, 4, 5),
+        points=[
+            {"batch": 3, "phase": "generate[b=3,l=64]", "status": "ok"},
+            {"batch": 4, "phase": "generate[b=4,l=64]", "status": "oom"},
+            {"batch": 5, "phase": "generate[b=5,l=64]", "status": "skipped"},  # larger than an OOM: not a run
+        ],
+        phases={"generate[b=3,l=64]": sim},
+    )
+    pts, stop = P.points_of(Path("j"), res)
+    assert [(p.batch, p.status, p.peak) for p in pts] == [(3, "ok", 700), (4, "oom", None)] and stop is None
+
+
+@pytest.mark.parametrize(
+    "cause, statuses, stops",
+    [
+        ("oom_gpu", ["oom", "oom"], False),  # the weights do not fit under the cap: every batch is out of memory
+        ("interrupted", [], False),  # Ctrl-C: nothing measured, run again on resume
+        ("time_limit", [], False),
+        ("incorrect_output", ["failed", "failed"], True),  # not an answer: the configuration stops
+    ],
+)
+def test_a_failed_job_is_a_boundary_a_rerun_or_a_stop_by_its_cause(cause, statuses, stops):
+    from pathlib import Path
+
+    from dsexp.compose.budget import points as P
+
+    pts, stop = P.points_of(Path("j"), job_result("failed", cause))
+    assert [p.status for p in pts] == statuses and (stop is not None) == stops
+
+
+def test_the_answer_is_the_fastest_configuration_at_its_largest_batch_with_margins_and_what_more_would_need():
+    from dsexp.analysis.matrix import Row
+    from dsexp.analysis.sections import budget_answer
+    from dsexp.analysis.sections.common import ReportInputs
+
+    def run(job, batch, need, tps):
+        point = {"batch": batch, "phase": "generate", "status": "ok"}
+        phase = {
+            "budget": {"simulated_need": need, "how": "simulated"},
+            "point": {"latency": {"tokens_per_s": tps, "ttft": {"p50": 0.05}}},
+        }
+        res = job_result(batches=(batch,), points=[point], phases={"generate": phase})
+        res["job_dir"] = f"/elsewhere/sw/{job}"
+        for rk in res["ranks"]:
+            rk["budget"] = {"how": "simulated"}
+        return Row(res, None)
+
+    def config(key, tp, ok, oom, job, what_if=None):
+        return {
+            "key": key,
+            "tp": tp,
+            "largest_ok": ok,
+            "smallest_oom": oom,
+            "miss": None,
+            "failed": None,
+            "gap": 0,
+            "points": [{"batch": ok, "status": "ok", "job": f"sw/{job}"}],
+            "what_if": what_if or {},
+        }
+
+    state = {
+        "budget": {"gpus": 2, "gpu_gib": 24, "host_gib": None, "device": 24 * GIB, "host": None, "cpu_scale": 1.0},
+        "prompt_tokens": 2048,
+        "new_tokens": 8,
+        "batches": list(range(1, 65)),
+        "runs": 9,
+        "jobs": [1] * 6,
+        "full_grid_runs": 256,
+        "run_bound": 8,
+        "configs": [
+            config("tp=1", 1, 8, 9, 0),
+            config("tp=2", 2, 24, 25, 1, {"double_batch": 30 * GIB, "tp_down": {"1": 40 * GIB}}),
+        ],
+    }
+    text = budget_answer.render(ReportInputs([run(0, 8, 20 * GIB, 90.0), run(1, 24, 22 * GIB, 210.0)], search=state))
+    assert "**Answer**: `tp=2` at batch **24**: 210.0 tokens/s, TTFT 50.0 ms" in text
+    assert "per GPU 22.00 GiB / 22.00 GiB (margin 2.00 GiB to the budget's 24.00 GiB)" in text
+    assert "Runner-up: `tp=1` at batch **8**: 90.0 tokens/s" in text
+    assert "Batch 48 on `tp=2` would need 30.00 GiB per GPU" in text and "budget.gpu_gib=30.0" in text
+    assert "tp=1 at batch 24 would need 40.00 GiB per GPU" in text
+    assert "9 points in 6 jobs, against 256 for the full grid" in text and "simulated on the CPU" in text

@@ -1,0 +1,179 @@
+"""The budget search's algorithm (dsexp.compose.budget.search) against simulated cards: pure, no ranks."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from dsexp.compose.budget import search as S
+
+GIB = 2**30
+
+
+def linear_needs(batches, weights, per_batch):
+    return [weights + per_batch * b for b in batches]
+
+
+def simulate(state: S.State, truth, width: int = 1, max_rounds: int = 500):
+    """Run the search to its end on cards whose real need at batch b is truth(config, b); returns the jobs run."""
+    jobs = []
+    for _ in range(max_rounds):
+        todo = S.next_round(state, width)
+        if not todo:
+            return jobs
+        for c, batches in todo:
+            jobs.append((c.key, list(batches)))
+            for b in batches:
+                need = truth(c, b)
+                fits = need <= state.device
+                c.points.append(S.Point(b, S.OK if fits else S.OOM, need if fits else None))
+    raise AssertionError("the search did not settle")
+
+
+def true_largest(state, c, truth):
+    ok = [b for b in state.batches if truth(c, b) <= state.device]
+    return max(ok, default=None)
+
+
+def space(batches, factors, weights_of):
+    configs = []
+    for tp, trim in itertools.product((1, 2), ("none", "all")):
+        key = f"tp={tp} trim={trim}"
+        configs.append(
+            S.Config(key, {"tp": str(tp), "trim": trim}, linear_needs(batches, weights_of(tp, trim), 10**6), gpus=tp)
+        )
+    return configs
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.3, 3.0, 0.7])
+def test_every_configuration_ends_in_a_one_step_bracket_within_the_bound(scale):
+    """Whether the model is exact, optimistic (the card needs more) or pessimistic, each configuration ends with the
+    largest batch that ran and the smallest that did not one step apart, the true boundary, within the run bound."""
+    batches = S.batch_range(1, 256, 1)
+    state = S.State(device=400 * 10**6, batches=batches, configs=space(batches, None, lambda tp, t: 100 * 10**6 // tp))
+
+    def truth(c, b):
+        return c.needs[0] - 10**6 + int(10**6 * scale) * b
+
+    simulate(state, truth)
+    bound = S.run_bound(len(batches))
+    assert bound == math.ceil(math.log2(256)) + 2
+    for c in state.configs:
+        assert S.runs_used(c) <= bound, (c.key, [p.batch for p in c.points])
+        want = true_largest(state, c, truth)
+        assert S.largest_ok(c, batches) == want, c.key
+        lo, hi = S.bracket(c, batches)
+        assert hi - lo == 1
+
+
+def test_an_exact_model_settles_each_configuration_in_one_job_of_two_runs():
+    batches = S.batch_range(1, 64, 1)
+    configs = space(batches, None, lambda tp, t: 10 * 10**6 * (2 if t == "none" else 1) // tp)
+    state = S.State(device=50 * 10**6, batches=batches, configs=configs)
+    jobs = simulate(state, lambda c, b: c.needs[batches.index(b)])
+    assert len(jobs) == len(configs)
+    assert all(len(b) == 2 for _, b in jobs)
+
+
+def test_predicted_misses_are_never_launched():
+    batches = S.batch_range(1, 32, 1)
+    configs = space(batches, None, lambda tp, t: 10**6)
+    configs[0].miss = S.Miss("weights", 30 * GIB, 24 * GIB)
+    configs[1].miss = S.Miss("gpus", 4, 2, where="gpus")
+    state = S.State(device=20 * 10**6, batches=batches, configs=configs)
+    jobs = simulate(state, lambda c, b: c.needs[batches.index(b)])
+    assert {k for k, _ in jobs} == {configs[2].key, configs[3].key}
+    assert configs[0].points == [] and configs[1].points == []
+
+
+def test_nothing_fits_at_the_smallest_batch_is_settled_by_its_out_of_memory():
+    batches = S.batch_range(1, 16, 1)
+    c = S.Config("tp=1", {"tp": "1"}, linear_needs(batches, 10, 1))
+    state = S.State(device=100, batches=batches, configs=[c])
+    simulate(state, lambda c, b: 1000)  # the card needs far more than the model says
+    assert S.largest_ok(c, batches) is None
+    assert S.bracket(c, batches) == (-1, 0)
+    assert S.runs_used(c) <= S.run_bound(16)
+
+
+def test_the_top_of_the_range_running_settles_the_configuration():
+    batches = S.batch_range(8, 64, 8)
+    c = S.Config("tp=1", {"tp": "1"}, linear_needs(batches, 10, 1))
+    state = S.State(device=10**9, batches=batches, configs=[c])
+    jobs = simulate(state, lambda c, b: 1)
+    assert jobs == [("tp=1", [64])] and S.largest_ok(c, batches) == 64
+
+
+def test_a_gap_measured_on_one_configuration_moves_its_neighbours_first_guess():
+    """tp=1 is measured first (best predicted) and needs 20 MB more than predicted; its neighbour tp=1/trim=all,
+    not yet measured, has its first guess lowered by that gap, and lands on its true boundary in one job."""
+    batches = S.batch_range(1, 128, 1)
+    extra = 20 * 10**6
+    configs = [
+        S.Config("a", {"tp": "1", "trim": "none"}, linear_needs(batches, 10**6, 10**6)),
+        S.Config("b", {"tp": "1", "trim": "all"}, linear_needs(batches, 2 * 10**6, 10**6)),
+        S.Config("c", {"tp": "2", "trim": "all"}, linear_needs(batches, 3 * 10**6, 10**6), gpus=2),  # not a neighbour
+    ]
+    state = S.State(device=100 * 10**6, batches=batches, configs=configs)
+
+    def truth(c, b):
+        return c.needs[batches.index(b)] + (extra if c.key in ("a", "b") else 0)
+
+    jobs = simulate(state, truth)
+    assert jobs[0][0] == "a"  # the largest predicted batch first
+    assert S.own_gap(configs[0], batches, state.device) == extra
+    first_b = next(bs for k, bs in jobs if k == "b")
+    assert first_b[0] == true_largest(state, configs[1], truth)
+    assert [k for k, _ in jobs].count("b") == 1
+    for c in configs:
+        assert S.largest_ok(c, batches) == true_largest(state, c, truth)
+
+
+def test_an_out_of_memory_point_the_model_said_fits_gives_a_gap_of_at_least_the_shortfall():
+    batches = [1, 2, 3]
+    c = S.Config("a", {"tp": "1"}, [10, 20, 30], points=[S.Point(2, S.OOM)])
+    assert S.own_gap(c, batches, device=50) == 31  # needed > 50 where 20 was predicted
+    c.points = [S.Point(1, S.OK, peak=8)]  # below the prediction: no negative shift
+    assert S.own_gap(c, batches, device=50) == 0
+
+
+def test_a_failed_configuration_stops_and_the_others_go_on():
+    batches = S.batch_range(1, 8, 1)
+    a = S.Config("a", {"tp": "1"}, [1] * 8)
+    b = S.Config("b", {"tp": "2"}, [1] * 8)
+    a.failed = "engine refused"
+    state = S.State(device=10, batches=batches, configs=[a, b])
+    assert [c.key for c, _ in S.next_round(state, width=4)] == ["b"]
+
+
+def test_first_failing_term_names_the_term_that_crosses_the_budget_and_the_overshoot():
+    terms = {"weights": 20, "context": 1, "kv_cache": 5, "activations": 4}
+    assert S.first_failing_term(terms, 24) == ("kv_cache", 6)
+    assert S.first_failing_term(terms, 30) is None
+    assert S.first_failing_term(terms, 10) == ("weights", 20)
+
+
+def test_the_bound_holds_whatever_the_model_gets_wrong():
+    """Random models against random cards (monotone needs): the bracket is always the true boundary, in bound."""
+    import random
+
+    rng = random.Random(0)
+    for trial in range(300):
+        n = rng.randint(1, 300)
+        batches = S.batch_range(1, n, 1)
+        slope, base, device = rng.randint(1, 50), rng.randint(0, 500), rng.randint(100, 5000)
+        c = S.Config("a", {"tp": "1"}, linear_needs(batches, base, slope))
+        tslope, tbase = rng.randint(1, 80), rng.randint(0, 800)
+        state = S.State(device=device, batches=batches, configs=[c])
+        simulate(state, lambda c, b: tbase + tslope * b)
+        assert S.runs_used(c) <= S.run_bound(n), (trial, [p.batch for p in c.points])
+        assert S.largest_ok(c, batches) == true_largest(state, c, lambda c, b: tbase + tslope * b), trial
+
+
+def test_a_point_that_ran_past_the_budget_is_the_upper_side_and_its_measured_gap_counts():
+    batches = [1, 2, 3, 4]
+    c = S.Config("a", {"tp": "1"}, [10, 20, 30, 40], points=[S.Point(1, S.OK, 12), S.Point(3, S.OVER, 45)])
+    assert S.bracket(c, batches) == (0, 2)  # 1 ran within the budget, 3 ran past it
+    assert S.own_gap(c, batches, device=40) == 15  # the measured 45 where 30 was predicted
