@@ -525,6 +525,18 @@ def test_ten_scripts_at_tp_1_and_2_as_written_and_fixed(tmp_path, cache_dir, scr
             assert res["correctness"] is None and res["headline"]["tokens_per_s"] is None, what
 
 
+def test_a_phase_cut_short_is_drawn_as_one_that_did_not_end():
+    """Issue 34, 7, on the timelines (plots, trace.json): a phase the rank's error ended is marked, as one a killed
+    rank was in is."""
+    from dsexp.core.trace import phase_spans
+
+    rec = {"timeline": [{"phase": "load", "t0": 0.0, "t1": 1.0}, {"phase": "generate", "t0": 1.0, "t1": 3.4}],
+           "phases": {"load": {}, "generate": {}}, "error": {"phase": "generate"}}  # fmt: skip
+    assert [(s["key"], s["partial"]) for s in phase_spans(rec, 0.0)] == [("load", False), ("generate", True)]
+    rec["error"] = None
+    assert not any(s["partial"] for s in phase_spans(rec, 0.0))
+
+
 def test_lines_to_change_pass_a_deepspeed_config_object_as_the_dict_deepspeed_accepts():
     """A script that passed tensor_parallel=DeepSpeedTPConfig(tp_size=2): the run records its str (pydantic's
     "enabled=True tp_size=2 mpu=None tp_group=None"); the engine call in the lines to change must be Python that

@@ -186,7 +186,7 @@ def _bands(ax, view: Dict, shift: float, span: Optional[Tuple[float, float]]) ->
         x0, x1 = shift + s["t0"], shift + s["t1"]
         ax.axvspan(x0, x1, color=color, alpha=0.18, lw=0, hatch="//" if s["partial"] else None)
         if span and (x1 - x0) >= 0.07 * (span[1] - span[0]):
-            name = s["key"] + (" (died)" if s["partial"] else "")
+            name = s["key"] + (" (did not end)" if s["partial"] else "")
             ax.text(x0, 1.0, " " + name, transform=ax.get_xaxis_transform(), fontsize=8, va="top", color=color)
 
 

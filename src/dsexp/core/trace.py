@@ -41,11 +41,13 @@ def rank_views(result: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 def phase_spans(rec: Dict[str, Any], clock_t0: float) -> List[Dict[str, Any]]:
     """The rank's phases in time order: {key, kind, t0, t1, partial} in seconds after its clock.t0; a partial phase
-    (the one a dead rank was in) ends at its last heartbeat."""
+    (the one a dead rank was in) ends at its last heartbeat; one its error cut short ends at the error."""
+    failed_in = (rec.get("error") or {}).get("phase")  # a phase cut short by the rank's error did not end either
     spans = [
-        {"key": e["phase"], "kind": e.get("kind", e["phase"]), "t0": e["t0"], "t1": e["t1"], "partial": False}
+        {"key": e["phase"], "kind": e.get("kind", e["phase"]), "t0": e["t0"], "t1": e["t1"],
+         "partial": e["phase"] == failed_in}
         for e in rec.get("timeline") or []
-    ]
+    ]  # fmt: skip
     timed = {s["key"] for s in spans}
     for key, phase in (rec.get("phases") or {}).items():
         if phase.get("partial") and key not in timed and rec.get("last_alive") and phase.get("wall_s") is not None:
