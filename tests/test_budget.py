@@ -393,3 +393,47 @@ def test_the_answer_is_the_fastest_configuration_at_its_largest_batch_with_margi
     assert "Batch 48 on `tp=2` would need 30.00 GiB per GPU" in text and "budget.gpu_gib=30.0" in text
     assert "tp=1 at batch 24 would need 40.00 GiB per GPU" in text
     assert "9 points in 6 jobs, against 256 for the full grid" in text and "simulated on the CPU" in text
+
+
+def test_the_host_a_job_needs_is_the_nodes_growth_not_the_checkpoint_pages_its_ranks_map():
+    """The H200's budget run at 40 GiB: two ranks loading 20B shapes on the meta device each showed ~41 GiB of RSS
+    (the checkpoint's pages mapped: page cache), while the node grew by ~7.5 GiB; the search had stopped on the
+    first against a 64 GiB host budget."""
+    import json
+
+    from dsexp.analysis.budget_runs import host_need
+    from dsexp.analysis.measured import node_growth
+
+    from helpers.run import ROOT
+
+    result = json.loads((ROOT / "results/h200/budget/gpu40/1/result.json").read_text())
+    assert host_need(result) == node_growth(result)
+    assert 4 * 2**30 < host_need(result) < 16 * 2**30
+
+
+def test_a_search_stopped_before_the_smallest_batch_is_not_called_the_closest_miss():
+    from dsexp.analysis.budget_runs import closest_miss
+
+    search = {
+        "budget": {"device": 40 * 2**30},
+        "batches": [1, 2, 3],
+        "configs": [
+            {
+                "key": "tp=2",
+                "miss": None,
+                "largest_ok": None,
+                "needs": [24 * 2**30],
+                "gap": 2**30,
+                "failed": "host: over",
+                "points": [{"batch": 14, "status": "oom"}],
+            },
+            {
+                "key": "tp=1",
+                "miss": {"where": "device", "need": 41 * 2**30, "budget": 40 * 2**30, "term": "weights"},
+                "points": [],
+            },
+        ],
+    }
+    assert closest_miss(search)["key"] == "tp=1"
+    search["configs"][0]["points"].append({"batch": 1, "status": "oom"})
+    assert closest_miss(search)["key"] == "tp=2"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from dsexp.analysis.measured import node_growth
 from dsexp.core.fs import read_json
 from dsexp.core.records import phase_quantities
 from dsexp.core.result import JobRecord, RankRecord
@@ -59,7 +60,12 @@ def device_per_rank(result: Dict[str, Any], batch: int) -> List[Optional[int]]:
 
 
 def host_need(result: Dict[str, Any]) -> Optional[int]:
-    """Host bytes the job's ranks held at their peaks, summed over ranks (each rank's largest RSS over its phases)."""
+    """Host bytes the job needed: the node's used memory at its peak minus before launch (private memory; the
+    checkpoint's pages the ranks map are page cache, which the kernel reclaims, so a rank's RSS overstates it), or,
+    where the node was not read, each rank's largest RSS summed over ranks."""
+    growth = node_growth(result)
+    if growth is not None:
+        return growth
     total, seen = 0, False
     for rk in JobRecord.of(result).ranks:
         peaks = [
@@ -137,13 +143,17 @@ def candidates(search: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> Li
 
 def closest_miss(search: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """Where nothing fits: the configuration that comes closest at the smallest batch (predicted misses by their
-    overshoot, measured ones by the model's need plus their measured gap), with the term that fails first."""
+    overshoot, measured ones by the model's need plus their measured gap), with the term that fails first. A
+    configuration whose search stopped before it reached the smallest batch is no miss (the report lists it as
+    stopped)."""
     device, best = search["budget"]["device"], None
+    smallest = (search.get("batches") or [1])[0]
     for c in search.get("configs") or []:
         miss = c.get("miss")
+        measured_at_min = any(p.get("batch") == smallest and p.get("status") != "ok" for p in c.get("points") or [])
         if miss and miss["where"] in ("device", "host"):
             over, term = miss["need"] - miss["budget"], miss["term"]
-        elif not miss and c.get("largest_ok") is None and c.get("points"):
+        elif not miss and c.get("largest_ok") is None and measured_at_min:
             over, term = (c["needs"][0] + (c.get("gap") or 0)) - device, "measured out of memory at the smallest batch"
         else:
             continue
