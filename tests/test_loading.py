@@ -282,3 +282,32 @@ def test_buffer_check_leaves_nothing_in_the_gpu_allocator(tiny, tmp_path):
     assert states and not gone and set(states.values()) == {"cast"}
     nonfinite = on_device_untouched(lambda: buffers.nonfinite(buffers.non_persistent_buffers(model), on_host=True))
     assert nonfinite == []
+
+
+def test_meta_load_of_a_checkpoint_in_several_files_shares_out_the_head_counts(tmp_path):
+    """DeepSpeed loads an AutoTP checkpoint file by file and marks a module done the first time it meets it: a
+    module whose weights come in a later file kept num_heads whole, and InternLM2's generate failed ("attention
+    weights should be of size (b, 48, ...)") on the H200 at 20B shapes (10 files). dsexp shares the counts out
+    once every file is in: the run is ok, correct against tp=1, and says which modules it mended."""
+    import json
+
+    from helpers.run import run_dsexp
+
+    run_dsexp(
+        [
+            "experiment=autotp",
+            "model=internlm2_tiny",
+            "tp=2",
+            "load=meta",
+            "engine.injection_policy=infer",
+            "model.shard_mb=0.05",
+            "generate.prompt_tokens=32",
+            "generate.new_tokens=4",
+            f"hydra.run.dir={tmp_path}/run",
+        ],
+        cwd=tmp_path,
+        cache=tmp_path / "cache",
+    )
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["status"] == "ok" and result["correctness"]["passed"]
+    assert result["engine"]["autotp_attributes_resharded"]["modules"] > 0

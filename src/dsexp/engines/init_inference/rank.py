@@ -7,6 +7,7 @@ and which of the user's config fields DeepSpeed's code read during init and gene
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, Dict, List, Optional, Tuple
 
 from dsexp.core.compat import config_fields
@@ -108,7 +109,8 @@ class InitInference(Engine):
         grain = getattr(kwargs["tensor_parallel"], "tp_grain_size", 64)  # DeepSpeed 0.14 has no grain (nor VPE)
         done, alias = self._before_init(model, ctx, checkpoint, grain)
         self.tracer = FieldReadTracer([DeepSpeedInferenceConfig, DeepSpeedTPConfig, DeepSpeedZeroConfig]).start()
-        engine = deepspeed.init_inference(model, **kwargs)
+        with autotp_attributes_across_files(report):
+            engine = deepspeed.init_inference(model, **kwargs)
         self.user_fields = sorted(k for k in kwargs if k != "dtype") + ["dtype"]
         self.zero_fields = zero_field_names(ctx) if zero is not None else []
         module = engine.module
@@ -167,3 +169,44 @@ def _printable(v: Any) -> Any:
 
 
 ENGINE = InitInference
+
+
+@contextmanager
+def autotp_attributes_across_files(report: Dict[str, Any]):
+    """DeepSpeed (0.19) loads an AutoTP checkpoint file by file, and sets a module's head counts (num_heads,
+    hidden_size, ...) to its rank's share the first time it meets it, marking it done; a module whose weights come
+    in a later file is marked while nothing in it is split yet, so its counts stay whole, and the model's own shape
+    checks fail in generate (InternLM2 at 20B shapes, 10 files, tp=2: "attention weights should be of size (3, 48,
+    2048, 2048), but are (3, 24, 2048, 2048)"). Those modules get their counts shared out once every file is in;
+    what was done is reported (engine.autotp_attributes_resharded). DeepSpeed without this bookkeeping: nothing."""
+    try:
+        from deepspeed.checkpoint.constants import DS_AUTOTP_UC_META
+        from deepspeed.module_inject.auto_tp import AutoTP
+    except ImportError:
+        yield
+        return
+    original = AutoTP.update_mp_params
+    early: List[Tuple[Any, Any, Optional[str]]] = []
+
+    def split_yet(module) -> bool:
+        return any(hasattr(p, DS_AUTOTP_UC_META) for p in module.parameters())
+
+    def tracking(self, child, name=None):
+        first = not getattr(child, "replaced", False)
+        original(self, child, name)
+        if first and not split_yet(child):
+            early.append((self, child, name))
+
+    AutoTP.update_mp_params = tracking
+    try:
+        yield
+    finally:
+        AutoTP.update_mp_params = original
+    redone = []
+    for autotp, child, name in early:
+        if split_yet(child):
+            child.replaced = False
+            original(autotp, child, name)
+            redone.append(name)
+    if redone:
+        report["autotp_attributes_resharded"] = {"modules": len(redone), "first": redone[:3]}
