@@ -3,6 +3,8 @@ and the largest batch the memory model says fits the GPU the run had, against th
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 from dsexp.analysis import workload_points as capa
@@ -110,3 +112,22 @@ def test_the_model_is_within_5_percent_of_every_h200_point_that_ran():
             assert fit.ran is None or fit.predicted >= fit.ran, (path.parent.parent.name, fit)
             assert fit.out_of_memory is None or fit.predicted < fit.out_of_memory, (path.parent.parent.name, fit)
     assert checked >= 14
+
+
+def test_a_scripts_generate_calls_are_listed_as_facts_beside_the_models_bytes_for_each():
+    """The seed's main.py on the H200 (results/h200/scripts/seed20): one generate call per run, through InternLM2's
+    chat, 122 prompt tokens and 16 new; the model's bytes above the weights for that call are there, labelled a
+    prediction, and the measured figure is the GPU's."""
+    from dsexp.analysis.summary import write_report
+
+    from helpers.run import ROOT
+
+    with tempfile.TemporaryDirectory() as out:
+        sections = write_report(ROOT / "results/h200/scripts/seed20", out_dir=Path(out))
+    text = sections["script_calls"]
+    rows = [ln for ln in text.splitlines() if ln.startswith("| `script:main.py")]
+    assert len(rows) == 2 and "a prediction" in text
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[3:7] == ["chat", "1", "122", "16"]
+        assert cells[7].endswith("GiB") and cells[8].endswith("GiB")

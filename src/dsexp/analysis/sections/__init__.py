@@ -4,6 +4,7 @@
 
     budget           budget_answer       a budget search's answer, its misses and runs
     scripts          your_script         users' scripts, as written and fixed
+    script_calls     script_calls        each generate call a script made, with the model's bytes above the weights
     recommendation   recommendation      what to run, and against the memory model's floor
     matrix           matrix_table        every run: measured, predicted, speed
     capacity         capacity_fit        memory above the weights per workload point; the largest batch that fits
@@ -33,6 +34,7 @@ from dsexp.analysis.sections import (
     predicted_tp,
     recommendation,
     run_findings,
+    script_calls,
     stack_comparison,
     trim_effects,
     weights_table,
@@ -43,6 +45,7 @@ from dsexp.analysis.sections.common import ReportInputs
 SECTIONS = (
     budget_answer,
     your_script,
+    script_calls,
     recommendation,
     matrix_table,
     capacity_fit,
