@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -179,6 +180,7 @@ def test_a_step_past_its_time_limit_is_stopped(tmp_path):
     assert out["timed_out"] and out["rc"] != 0 and time.monotonic() - t0 < 10
 
 
+@pytest.mark.slow  # ~65 s idle; the default suite checks the same provenance on the job's side (below)
 def test_a_campaign_run_records_its_name_and_commit_in_each_result(tmp_path, cache_dir):
     """cpu_smoke end to end, as a user runs it: one tiny tp=1 job, its compact results in the results folder."""
     env = {**os.environ, "DSEXP_CACHE": str(cache_dir), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
@@ -217,3 +219,18 @@ def test_scripts_keep_only_the_offline_machine_and_findings():
 def test_a_command_step_runs_with_the_campaigns_python():
     c = Campaign("x", "a", "m", "results/x", ["f"], [Step("s", "command", ["python", "-c", "pass"], 5)])
     assert crun.command(c, c.steps[0], {"WORK": "/w"}, python="PY") == ["PY", "-c", "pass"]
+
+
+def test_a_jobs_provenance_is_the_campaign_and_commit_it_was_given_else_its_checkout(monkeypatch):
+    """What every result.json records as `campaign` and `commit` (dsexp.job.run.provenance)."""
+    from dsexp.core.protocol import CAMPAIGN_ENV, COMMIT_ENV
+    from dsexp.job.run import provenance, source_commit
+
+    monkeypatch.setenv(CAMPAIGN_ENV, "capacity")
+    monkeypatch.setenv(COMMIT_ENV, "abc123")
+    assert provenance() == {"campaign": "capacity", "commit": "abc123"}
+    monkeypatch.delenv(CAMPAIGN_ENV)
+    monkeypatch.delenv(COMMIT_ENV)
+    here = source_commit()
+    assert provenance() == ({"commit": here} if here else {})
+    assert here is None or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", here)

@@ -284,6 +284,7 @@ def test_buffer_check_leaves_nothing_in_the_gpu_allocator(tiny, tmp_path):
     assert nonfinite == []
 
 
+@pytest.mark.slow  # 60-120 s: a tp=2 job and its tp=1 reference
 def test_meta_load_of_a_checkpoint_in_several_files_shares_out_the_head_counts(tmp_path):
     """DeepSpeed loads an AutoTP checkpoint file by file and marks a module done the first time it meets it: a
     module whose weights come in a later file kept num_heads whole, and InternLM2's generate failed ("attention
