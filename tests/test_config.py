@@ -196,7 +196,7 @@ KEYS_ADDED_SINCE = {
     ("generate", "batch_size"): 1,
     ("generate", "prompt_tokens"): None,
     ("generate", "repeats"): 1,
-    ("generate", "warmup"): 0,
+    ("generate", "warmup"): 1,
 }
 
 
