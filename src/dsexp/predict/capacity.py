@@ -242,13 +242,17 @@ def fits(dims, strategy, tp, weights_reserve: List[int], w: Workload, device_byt
     """Whether every rank's peak, plus the memory outside the allocator, stays within the device."""
     if limit_cause(strategy, w):
         return False
-    if getattr(strategy, "kernel_inject", False):  # the workspace shrinks to what is free, down to prompt + new
-        s, e = Shapes.of(dims), DTYPE_BYTES[strategy.dtype]
-        need = workspace(s, tp, w.batch, w.prompt_tokens + w.new_tokens, e) + WORKSPACE_KEPT_FREE
-        terms = {"workspace": [need] * tp, "logits": [logits(s, w.batch, e, decode=w.new_tokens > 1)] * tp}
-    else:
-        terms = above_weights(dims, strategy, tp, w)
-    return max(peak_per_rank(weights_reserve, terms)) + outside_bytes <= device_bytes
+    return max(peak_per_rank(weights_reserve, fit_terms(dims, strategy, tp, w))) + outside_bytes <= device_bytes
+
+
+def fit_terms(dims, strategy, tp: int, w: Workload) -> Dict[str, List[int]]:
+    """The terms above the weights a fit check counts: `above_weights`, except under kernel injection, whose
+    workspace shrinks to what is free, down to prompt + new tokens, plus what DeepSpeed keeps free."""
+    if not getattr(strategy, "kernel_inject", False):
+        return above_weights(dims, strategy, tp, w)
+    s, e = Shapes.of(dims), DTYPE_BYTES[strategy.dtype]
+    need = workspace(s, tp, w.batch, w.prompt_tokens + w.new_tokens, e) + WORKSPACE_KEPT_FREE
+    return {"workspace": [need] * tp, "logits": [logits(s, w.batch, e, decode=w.new_tokens > 1)] * tp}
 
 
 def largest_batch(

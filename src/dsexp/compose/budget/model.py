@@ -42,18 +42,14 @@ def weights_held(pred, spec: JobConfig) -> List[int]:
 
 
 def terms_at(pred, spec: JobConfig, batch: int) -> Dict[str, List[int]]:
-    """The capacity model's terms above the weights at this batch, per rank, as its `fits` counts them: with kernel
-    injection the workspace DeepSpeed shrinks to the free memory, down to prompt + new tokens, plus what it keeps
-    free."""
+    """The capacity model's terms above the weights at this batch, per rank, as its fit check counts them
+    (dsexp.predict.capacity.fit_terms)."""
     from dsexp.predict import capacity as cap
 
     g = spec.generate
-    w = cap.Workload(batch, int(g.prompt_tokens), int(g.new_tokens))
-    if not pred.strategy.kernel_inject:
-        return cap.above_weights(pred.dims, pred.strategy, pred.tp, w)
-    s, e = cap.Shapes.of(pred.dims), cap.DTYPE_BYTES[pred.strategy.dtype]
-    space = cap.workspace(s, pred.tp, batch, w.prompt_tokens + w.new_tokens, e) + cap.WORKSPACE_KEPT_FREE
-    return {"workspace": [space] * pred.tp, "logits": [cap.logits(s, batch, e, decode=w.new_tokens > 1)] * pred.tp}
+    return cap.fit_terms(
+        pred.dims, pred.strategy, pred.tp, cap.Workload(batch, int(g.prompt_tokens), int(g.new_tokens))
+    )
 
 
 def rank_terms(pred, spec: JobConfig, batch: int) -> List[Dict[str, int]]:
