@@ -10,16 +10,10 @@ from typing import Any, Dict, List, Optional
 
 from dsexp.analysis import budget_runs as B
 from dsexp.analysis.markdown import md_table
-from dsexp.analysis.measured import human
-from dsexp.analysis.sections.common import ReportInputs
+from dsexp.analysis.sections.common import ReportInputs, size
 
 NAME = "budget"
 GIB = 2**30
-
-
-def size(v: Optional[float]) -> str:
-    """Bytes as a sentence says them (GiB, or MiB for tiny CPU models)."""
-    return "-" if v is None else human(v)
 
 
 def gib_setting(v: float) -> str:

@@ -8,7 +8,7 @@ from typing import List
 
 from dsexp.analysis import measured as m
 from dsexp.analysis import workload_points as capa
-from dsexp.analysis.sections.common import ReportInputs
+from dsexp.analysis.sections.common import ReportInputs, size
 
 NAME = "capacity"
 GIB = 2**30
@@ -42,10 +42,6 @@ def render(inputs: ReportInputs) -> str:
             f"{size(meas)} | {size(pred)} | {ratio} | {terms_cell(q)} |"
         )
     return "\n".join(lines + [""] + fit_lines(capa.largest_batches(inputs.rows, points)) + [""])
-
-
-def size(b) -> str:
-    return "-" if b is None else m.human(b)
 
 
 def terms_cell(q: capa.PointRow) -> str:

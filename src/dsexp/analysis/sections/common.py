@@ -35,6 +35,12 @@ def on_gpu(rows: Sequence[Row]) -> bool:
     return any(r.record.on_gpu for r in rows)
 
 
+def size(v: Optional[float]) -> str:
+    """Bytes as a table cell or a sentence says them, in the unit that suits them (GiB, or MiB/KiB for tiny CPU
+    models); "-" where there is no figure."""
+    return "-" if v is None else m.human(v)
+
+
 def num(v: Optional[float], nd: int = 2, scale: float = 1.0) -> str:
     return "-" if v is None else f"{v * scale:.{nd}f}"
 

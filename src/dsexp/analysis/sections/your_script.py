@@ -92,7 +92,9 @@ def one_time_lines(r: Row) -> List[str]:
         if e.get("kind") != "one_time":
             continue
         what = ONE_TIME.get(e.get("what"), "{name}").format(name=e.get("name"))
-        how = " (a build already in torch's extensions cache, loaded)" if e.get("cached") else ""
+        if e.get("what") == "op_build" and e.get("cached"):
+            what = f"DeepSpeed loading its op {e.get('name')}, built before (torch's extensions cache)"
+        how = ""
         size = f", {m.human(e['bytes'])}" if e.get("bytes") else ""
         out.append(
             f"one-time cost: {e['seconds']:.1f} s of {e.get('in_phase')} on rank 0 was {what}{how}{size}; "
