@@ -553,3 +553,34 @@ def test_lines_to_change_pass_a_deepspeed_config_object_as_the_dict_deepspeed_ac
     kw = {k.arg: ast.literal_eval(k.value) for k in tree.body[0].value.keywords if k.arg == "tensor_parallel"}
     assert kw == {"tensor_parallel": {"enabled": True, "tp_size": 2}}
     assert "dtype=torch.bfloat16" in call
+
+
+@pytest.mark.gpu
+def test_the_seeds_script_fixed_on_the_gpus_transformers_reads_as_what_happened(tmp_path, cache_dir):
+    """Issue 34, 12 on the GPU machine: the seed's main.py (InternLM2's published remote code) with script.fix=[all]
+    at tp=2, ranks sharing the GPU. Where transformers hands remote code a DynamicCache (5.17 on the H200), generate
+    fails: the cause is named with its fix, and the report says the variant failed, never that correctness was
+    switched off. Where it passes the legacy cache, the fixed run is sharded and correct."""
+    from dsexp.analysis.user_script import causes
+    from dsexp.compose.config import to_schema
+    from dsexp.job.run import prepare_model
+
+    from helpers.run import compose
+    from helpers.user_scripts import write_seed_main
+
+    spec = to_schema(compose(["model=internlm2_tiny", f"cache_dir={cache_dir}"]))
+    write_seed_main(tmp_path, prepare_model(spec)["model_dir"])
+    run_dsexp(["-m", "script.path=main.py", "tp=2", "launcher.gpus=1", "device=cuda", "launcher=deepspeed",
+               "'script.fix=[all]'", "script.max_new_tokens=8", "hydra.sweep.dir=s"], tmp_path, cache_dir)  # fmt: skip
+    (res,) = sweep_results(tmp_path / "s")
+    report = (tmp_path / "s" / "summary.md").read_text()
+    assert res["runtime"]["shared_gpu"] and "check.correctness=false" not in report
+    applied = res["ranks"][0]["script"]["fixes"]["applied"]
+    assert {"autotp", "meta_load"} <= set(applied), applied  # the fix sharded the model before generate
+    if res["status"] == "failed":
+        named = {f["code"]: f for f in causes(res)}
+        assert "remote_code_cache" in named, res["failure"]
+        assert "transformers >= 5.24" in named["remote_code_cache"]["fix"]
+        assert "No variant ran to the end" in report or "run failed" in report
+    else:
+        assert res["correctness"]["passed"], res.get("correctness")
