@@ -177,3 +177,20 @@ def test_a_point_that_ran_past_the_budget_is_the_upper_side_and_its_measured_gap
     c = S.Config("a", {"tp": "1"}, [10, 20, 30, 40], points=[S.Point(1, S.OK, 12), S.Point(3, S.OVER, 45)])
     assert S.bracket(c, batches) == (0, 2)  # 1 ran within the budget, 3 ran past it
     assert S.own_gap(c, batches, device=40) == 15  # the measured 45 where 30 was predicted
+
+
+def test_after_out_of_memory_alone_the_search_bisects_instead_of_stepping_down_one_batch():
+    """The H200 at 40 GiB: the model said 16 fits, the allocator's fragmentation made everything from 13 up run out
+    of memory. An out-of-memory point only bounds the need from below, so the search bisects (it stepped down 16,
+    15, 14, 13 one job each before), and it still ends on the true boundary within the bound."""
+    batches = S.batch_range(1, 64, 1)
+    c = S.Config("tp=2", {"tp": "2"}, linear_needs(batches, 22 * GIB, GIB))
+    state = S.State(device=40 * GIB, batches=batches, configs=[c])
+
+    def truth(c, b):  # ~4 GiB more than the model at every batch: 13 and up do not fit
+        return 26 * GIB + b * GIB + GIB // 2
+
+    jobs = simulate(state, truth)
+    assert jobs[0][1] == [18, 19]  # the model's guess first (18 fits by its count), then halves
+    assert jobs[1][1] == [9]
+    assert S.largest_ok(c, batches) == 13 and S.runs_used(c) <= S.run_bound(64), jobs

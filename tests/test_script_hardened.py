@@ -571,7 +571,7 @@ def test_the_seeds_script_fixed_on_the_gpus_transformers_reads_as_what_happened(
     spec = to_schema(compose(["model=internlm2_tiny", f"cache_dir={cache_dir}"]))
     write_seed_main(tmp_path, prepare_model(spec)["model_dir"])
     run_dsexp(["-m", "script.path=main.py", "tp=2", "launcher.gpus=1", "device=cuda", "launcher=deepspeed",
-               "'script.fix=[all]'", "script.max_new_tokens=8", "hydra.sweep.dir=s"], tmp_path, cache_dir)  # fmt: skip
+               "script.fix=[all]", "script.max_new_tokens=8", "hydra.sweep.dir=s"], tmp_path, cache_dir)  # fmt: skip
     (res,) = sweep_results(tmp_path / "s")
     report = (tmp_path / "s" / "summary.md").read_text()
     assert res["runtime"]["shared_gpu"] and "check.correctness=false" not in report

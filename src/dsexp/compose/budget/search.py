@@ -7,7 +7,8 @@ the points measured so far. Nothing here runs, reads files or imports Hydra: dse
 Per configuration: first the model's largest batch b and the next one (one job, one load: two runs); then a bisection
 on what was measured (an out-of-memory point is the upper boundary) until the largest batch that ran and the smallest
 that did not are one step apart. A probe is the model's guess (shifted by the measured gap) where the run bound still
-holds in the worst case after it, else the midpoint: at most ceil(log2(len(batches))) + 2 runs per configuration.
+holds in the worst case after it, else the midpoint; the midpoint too while only out-of-memory points are known (they
+bound the need from below, not by how much): at most ceil(log2(len(batches))) + 2 runs per configuration.
 
 Feedback: a point measured above its prediction (or out of memory where the model said it fits) gives its
 configuration a gap; every later guess of that configuration, and the first guess of each configuration that differs
@@ -145,6 +146,11 @@ def model_largest(c: Config, device: int, shift: int = 0) -> int:
     return max(fits, default=-1)
 
 
+def calibrated(c: Config) -> bool:
+    """Whether a point of c ran with a measured peak: only then does the measured gap say how far the model is off."""
+    return any(p.status in (OK, OVER) and p.peak is not None for p in c.points)
+
+
 def done(c: Config, s: State) -> bool:
     if c.miss is not None or c.failed is not None:
         return True
@@ -165,6 +171,11 @@ def next_batches(c: Config, s: State) -> List[int]:
         return [b[g], b[g + 1]] if g + 1 < n else [b[g]]
     lo, hi = bracket(c, b)
     left = run_bound(n) - runs_used(c)
+    if not calibrated(c):
+        # only out-of-memory points: they say the need passed the budget, not by how much (on the H200 the allocator's
+        # fragmentation put 7.9 GiB out of reach at 40 GiB), so the model shifted by "just over" walked down one batch
+        # a job (16, 15, 14, 13 ran out of memory). Bisect until a point that ran gives a measured gap.
+        return [b[(lo + hi) // 2]]
     m = min(max(guess, lo + 1), hi - 1)
 
     def affordable(probes: List[int]) -> bool:
