@@ -234,3 +234,34 @@ def test_a_jobs_provenance_is_the_campaign_and_commit_it_was_given_else_its_chec
     here = source_commit()
     assert provenance() == ({"commit": here} if here else {})
     assert here is None or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", here)
+
+
+def test_a_campaign_stopped_mid_step_copies_what_the_step_measured_and_says_how_to_resume(tmp_path, monkeypatch):
+    """The H200: `timeout -s INT` stopped a campaign during a budget step; the step's jobs were in the work folder
+    but never copied to the results folder, and a pump thread died on the closed log. Now the step is stopped, its
+    results copied and recorded, and the next steps are not run."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "a" / "0").mkdir(parents=True)
+    (work / "a" / "0" / "result.json").write_text("{}")
+    calls = []
+
+    def interrupted_step(argv, env, timeout_s, log, stdout):
+        calls.append(argv)
+        return {"rc": -15, "timed_out": False, "wall_s": 1.0, "interrupted": True}
+
+    monkeypatch.setattr(crun, "run_step", interrupted_step)
+    campaign = Campaign("t", "a", "m", str(out), [], [Step(n, "overrides", ["model=tiny"], 5) for n in "ab"])
+    assert crun.run_campaign(campaign, out, work) == 130
+    assert len(calls) == 1 and (out / "a" / "0" / "result.json").is_file()
+    (step,) = json.loads((out / "campaign.json").read_text())["runs"][0]["steps"]
+    assert step["interrupted"] and step["results"] == 1
+
+
+def test_ctrl_c_during_a_step_stops_it_and_returns(tmp_path):
+    import _thread
+    import threading
+
+    threading.Timer(1.0, _thread.interrupt_main).start()
+    t0 = time.monotonic()
+    out = crun.run_step(["sleep", "30"], dict(os.environ), 60, tmp_path / "s.log", None)
+    assert out["interrupted"] and not out["timed_out"] and out["rc"] != 0 and time.monotonic() - t0 < 10

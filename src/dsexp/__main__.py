@@ -2,7 +2,21 @@
 
 The Hydra app itself is dsexp.compose.app (compose/ is the only package that imports Hydra)."""
 
+import sys
+
 from dsexp.compose.app import main
 
+
+def run() -> None:
+    """The app, ended by Ctrl-C or SIGTERM with words, not a traceback: the job then running has its result.json
+    (cause `interrupted`), its ranks torn down; jobs already ok are skipped when the same command runs again."""
+    try:
+        main()
+    except KeyboardInterrupt as e:
+        why = str(e) or "Ctrl-C"
+        sys.exit(f"dsexp: stopped ({why}); the job it was running is recorded as interrupted. Run the same command "
+                 "again to go on: jobs already ok are skipped, a budget search resumes from what it measured.")  # fmt: skip
+
+
 if __name__ == "__main__":
-    main()
+    run()

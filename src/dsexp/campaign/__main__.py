@@ -2,12 +2,14 @@
 
 Runs the campaign's steps in order and fills its results folder (--out: elsewhere); --dry-run prints the commands;
 --add appends an override to every sweep (`--add hydra/launcher=dsexp_slurm`); --list names every campaign.
-Exit status 1 if a step failed or ran out of time (the steps after it still run)."""
+Exit status 1 if a step failed or ran out of time (the steps after it still run); 130 if the campaign was stopped
+(Ctrl-C, SIGTERM): the running step is stopped, what it measured copied and recorded, the steps after it not run."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -17,6 +19,10 @@ from dsexp.campaign.spec import REPO, load, names
 from dsexp.core.schema import ConfigError
 
 WORK_ENV = "DSEXP_CAMPAIGN_WORK"  # where campaigns' sweeps run by default (scripts/gpu/env.sh: /tmp/campaigns)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def main(argv=None) -> int:
@@ -30,6 +36,8 @@ def main(argv=None) -> int:
     work_help = f"sweeps run here (default: ${WORK_ENV} or multirun/campaigns, then <name>/<time>)"
     ap.add_argument("--work", type=Path, help=work_help)
     args = ap.parse_args(argv)
+    # SIGTERM (a SLURM time limit, `timeout`) stops the running step as Ctrl-C does: its results are copied first
+    signal.signal(signal.SIGTERM, _interrupt)
     if args.list or not args.name:
         for name in names():
             c = load(name)

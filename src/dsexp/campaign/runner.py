@@ -85,20 +85,30 @@ def run_step(argv: List[str], env: Dict[str, str], timeout_s: float, log: Path, 
             pumps.append(threading.Thread(target=_pump, args=(proc.stderr, [log_f, sys.stdout])))
         for t in pumps:
             t.start()
-        timed_out = False
+        timed_out = interrupted = False
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _signal_group(proc, signal.SIGTERM)
-            try:
-                proc.wait(timeout=GRACE_S)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
-        for t in pumps:
+            _stop(proc)
+        except KeyboardInterrupt:  # the campaign itself stopped (Ctrl-C, SIGTERM): the step is stopped as at its limit
+            interrupted = True
+            _stop(proc)
+        for t in pumps:  # before the log closes: a pump still writing to it would die on a closed file
             t.join(timeout=10)
-    return {"rc": proc.returncode, "timed_out": timed_out, "wall_s": round(time.monotonic() - t0, 1)}
+    outcome = {"rc": proc.returncode, "timed_out": timed_out, "wall_s": round(time.monotonic() - t0, 1)}
+    return {**outcome, "interrupted": True} if interrupted else outcome
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the step's group (a dsexp sweep stops its ranks and records the job), SIGKILL after GRACE_S; a
+    second Ctrl-C meanwhile does not leave the step running."""
+    _signal_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=GRACE_S)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -203,4 +213,8 @@ def run_campaign(
         record["steps"].append({"name": step.name, "command": shlex.join(shown), **outcome})
         print(f"# step {step.name}: {json.dumps(outcome)}", flush=True)
         save_record(out, record)
+        if outcome.get("interrupted"):
+            # what the step measured is copied and recorded above: nothing is lost, and a budget search resumes
+            print(f"# campaign interrupted in step {step.name}; run it again with --work {work} to resume", flush=True)
+            return 130
     return int(failed)
