@@ -574,3 +574,51 @@ def test_a_scripts_generate_call_past_a_simulated_budget_is_out_of_memory_and_it
     assert simulate_script_call(spec, runtime, 0, weights=700_000)["fits"]
     assert simulate_script_call(spec, {**runtime, "device": "cuda"}, 0, 900_000) is None  # a GPU caps instead
     assert simulate_script_call(reference_spec(spec), runtime, 0, 900_000) is None
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.slow  # four one-rank script jobs, one a run: 2.5 min on the 2 shared cores
+def test_a_budget_search_over_a_scripts_batch_size_skips_the_misses_and_brackets_each_configuration(
+    tmp_path, cache_dir
+):
+    """A user's script (tests/data/user_scripts/batch_size_arg.py: --model, --batch-size, --prompt-tokens,
+    --new-tokens, AutoTP, one generate call) over tp=1,2 x script.fix=[],[all], with a budget of one GPU between the
+    model's batch 3 and 4 and a CPU card that needs 1.3x the model's bytes above the weights. tp=2 takes more GPUs than
+    the budget has: not launched. Each tp=1 configuration runs one batch a job, through {batch_size}, and ends in a
+    one-step bracket within the run bound: the largest batch ran under the simulated budget, the next one ran out of
+    memory in the script's generate call."""
+    import json
+    from pathlib import Path
+
+    from helpers.run import run_dsexp
+
+    tp1 = needs(1, range(1, 9), *script_overrides("budget.gpus=1", "budget.gpu_gib=1")[3:])
+    budget = (tp1[2] + tp1[3]) // 2
+    args = ["-m", *script_overrides("budget.gpus=1", f"budget.gpu_gib={budget / GIB!r}", "budget.batch_max=8")]
+    args += ["budget.cpu_scale=1.3", "tp=1,2", "script.fix=[],[all]", "hydra.sweep.dir=sw"]
+    out = run_dsexp(args, tmp_path, cache_dir).stdout
+    state = read_state(tmp_path / "sw")
+    configs = {c["key"]: c for c in state["configs"]}
+    assert state["one_batch_per_job"] and "a script's job runs one batch, its {batch_size}" in out
+    for fix in ("[]", "[all]"):
+        assert configs[f"tp=2 script.fix={fix}"]["miss"]["where"] == "gpus"
+        assert not configs[f"tp=2 script.fix={fix}"]["points"]
+        assert f"not launched: tp=2 script.fix={fix}: tp=2 needs 2 GPUs" in out
+        c = configs[f"tp=1 script.fix={fix}"]
+        assert c["settled"] and not c["failed"] and "not predicted" not in (c["note"] or ""), c
+        lo, hi = c["largest_ok"], c["smallest_oom"]
+        assert lo is not None and hi == lo + 1 and len(c["points"]) <= state["run_bound"] == 5, c
+        for batch, status, cause, fits in ((lo, "ok", None, True), (hi, "failed", "oom_gpu", False)):
+            job = Path(next(p["job"] for p in c["points"] if p["batch"] == batch))
+            res = json.loads((job / "result.json").read_text())
+            assert res["status"] == status and (res.get("failure") or {}).get("cause") == cause, res.get("failure")
+            assert res["config"]["generate"]["batch_size"] == batch and res["config"]["script"]["fix"] == (
+                [] if fix == "[]" else ["all"]
+            )
+            rank0 = res["ranks"][0]
+            assert rank0["argv"][rank0["argv"].index("--batch-size") + 1] == str(batch)
+            assert rank0["phases"]["generate"]["budget"]["fits"] is fits
+    assert all(len(j["batches"]) == 1 for j in state["jobs"]) and state["runs"] == len(state["jobs"])
+    assert state["runs"] < state["full_grid_runs"] == 32
+    summary = (tmp_path / "sw" / "summary.md").read_text()
+    assert "**Answer**: `tp=1 script.fix=" in summary and "so each run is a job" in summary

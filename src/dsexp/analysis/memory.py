@@ -29,7 +29,7 @@ def predict(result: Dict[str, Any], tp: Optional[int] = None) -> Prediction:
     from what its ranks did (the call it made, the model it loaded: dsexp.analysis.user_script), not from a preset;
     before it ran (a config alone), from its config and the remedies it asks (user_script.as_configured)."""
     if is_script(result):  # as it ran, or (a config alone, nothing run yet) as its config says
-        result = as_pipeline_result(result) if "ranks" in result else as_configured(result)
+        result = as_pipeline_result(result) if "status" in result else as_configured(result)
     strategy = strategy_of(result)
     tp = int(tp or (result.get("config") or {}).get("tp") or 1)
     source = arch.model_source(result.get("config") or {}, result.get("runtime"))

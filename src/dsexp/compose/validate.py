@@ -14,7 +14,6 @@ from typing import Any, Dict, Optional
 
 from dsexp.core.checkpoint import checkpoint_problem, folder_config
 from dsexp.core.schema import (
-    BATCH_ARG,
     DEVICES,
     DTYPES,
     FORMATS,
@@ -182,7 +181,7 @@ def _validate_script_args(spec: JobConfig) -> None:
                 f"script.args names {{{name}}} but generate.{name}={value!r}: a script runs one "
                 f"{name.replace('_', ' ')} a job; set generate.{name}=N (or sweep it: generate.{name}=1,8)"
             )
-    if spec.budget.active and BATCH_ARG.strip("{}") not in named:
+    if spec.budget.active and "batch_size" not in named:
         raise ConfigError(
             "a budget searches the batch, and a script takes its batch from its arguments: put {batch_size} in "
             "script.args where the script reads its batch size (e.g. \"script.args=[--batch-size,'{batch_size}']\"); "

@@ -190,7 +190,6 @@ class BudgetConfig:
 
 
 MODEL_DIR_ARG = "{model_dir}"
-BATCH_ARG = "{batch_size}"
 # what a script's arguments may name, each filled in before launch: the model group's checkpoint folder and the
 # workload's shape (generate.batch_size / prompt_tokens / new_tokens), so the memory model and the script agree
 SCRIPT_PLACEHOLDERS = ("model_dir", "batch_size", "prompt_tokens", "new_tokens")

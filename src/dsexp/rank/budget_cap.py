@@ -9,7 +9,9 @@ CPU: there is no device allocator to cap. Each workload point's device need is s
 holds (measured after init) plus the memory model's bytes above the weights for the point (dsexp.predict.capacity;
 the job hands each rank those bytes: dsexp.job.budget) times budget.cpu_scale; past the budget the point raises
 torch.OutOfMemoryError, as a capped GPU would, and the capacity workload records it as an out-of-memory point. The
-rank records which of the two it did.
+rank records which of the two it did. A user's script under a budget is held the same way: its allocator capped at the
+end of its `start`, or each of its generate calls simulated at the batch its {batch_size} took; the error reaches the
+script, whose job fails out of memory (cause oom_gpu), the search's boundary.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def simulate_point(ctx, weights: Optional[int], point) -> Optional[Dict[str, Any
 
 def simulate_script_call(spec, runtime: Dict[str, Any], rank: int, weights: Optional[int]) -> Optional[Dict[str, Any]]:
     """A CPU rank of a user's script under a budget: a generate call's simulated device need, at the batch the
-    script's {batch_size} took (dsexp.job.budget.above_for_script); None on a GPU, without a budget (the world-size-1
+    script's {batch_size} took (dsexp.job.budget.above_per_point); None on a GPU, without a budget (the world-size-1
     reference has none) or before the rank holds weights."""
     above = (runtime.get("budget_above") or {}).get(str(spec.generate.batch_size))
     if runtime.get("device") == "cuda" or budget_bytes(spec) is None or above is None or weights is None:
