@@ -437,3 +437,188 @@ def test_a_search_stopped_before_the_smallest_batch_is_not_called_the_closest_mi
     assert closest_miss(search)["key"] == "tp=1"
     search["configs"][0]["points"].append({"batch": 1, "status": "oom"})
     assert closest_miss(search)["key"] == "tp=2"
+
+
+# --- a user's script: the batch is its {batch_size} -----------------------------------------------------------------
+
+SCRIPT_ARGS = (
+    "script.args=[--model,'{model_dir}',--batch-size,'{batch_size}',--prompt-tokens,'{prompt_tokens}',"
+    "--new-tokens,'{new_tokens}']"
+)
+
+
+def script_overrides(*extra: str):
+    from helpers.run import ROOT
+
+    path = ROOT / "tests/data/user_scripts/batch_size_arg.py"
+    return ["model=tiny", "debug=fast", "generate.prompt_tokens=64", f"script.path={path}", SCRIPT_ARGS, *extra]
+
+
+def test_a_budget_on_a_script_needs_batch_size_in_its_args_and_unknown_placeholders_are_refused():
+    base = script_overrides(*BUDGET)
+    checked(base)  # {batch_size} named: a search can run
+    no_batch = [o for o in base if not o.startswith("script.args")] + ["script.args=[--model,'{model_dir}']"]
+    with pytest.raises(ConfigError, match=r"put \{batch_size\} in script.args"):
+        checked(no_batch)
+    with pytest.raises(ConfigError, match=r"unknown placeholder \{batch\}; an argument may name \{model_dir\}"):
+        checked([*no_batch[:-1], "script.args=[--batch-size,'{batch}']"])
+    with pytest.raises(ConfigError, match=r"names \{batch_size\} but generate.batch_size=\[1, 8\]"):
+        checked([*script_overrides(), "generate.batch_size=[1,8]"])
+    with pytest.raises(ConfigError, match=r"names \{prompt_tokens\} but generate.prompt_tokens=None"):
+        checked([*script_overrides(), "generate.prompt_tokens=null"])
+    without_budget = [o for o in no_batch if not o.startswith("budget.")]
+    assert not checked(without_budget).budget.active  # no budget: a script need not name its batch
+
+
+def test_a_scripts_placeholders_are_filled_from_the_workload():
+    from dsexp.analysis.labels import config_label
+    from dsexp.job.script_job import facts
+
+    spec = checked([*script_overrides(), "generate.batch_size=6", "generate.new_tokens=5"])
+    argv = facts(spec, {"model_dir": "/ckpt"})["argv"]
+    assert argv == ["--model", "/ckpt", "--batch-size", "6", "--prompt-tokens", "64", "--new-tokens", "5"]
+    from dataclasses import asdict
+
+    assert "--batch-size 6" in config_label(asdict(spec))  # each batch its own row
+
+
+def test_a_script_is_predicted_before_it_runs_as_dsexps_pipeline_with_the_loading_its_fixes_imply():
+    """Before any run there is no call to read: the config's model, tp, dtype and engine, script.fix's meta_load as
+    load=meta (each rank reads its part) and its trims as trim=all; the same need at every batch, and the same host
+    bytes, as dsexp's own job of that configuration."""
+    from dsexp.compose.budget.model import predict_config
+
+    from helpers.run import spec_of
+
+    batches = [1, 2, 4, 8]
+    for fix, load, trim in (("[]", "eager", "none"), ("[meta_load]", "meta", "none"), ("[all]", "meta", "all")):
+        script = predict_config(spec_of(*script_overrides(*BUDGET, "tp=2", f"script.fix={fix}")), batches)
+        pipeline = predict_config(
+            spec_of(
+                "model=tiny", "debug=fast", "generate.prompt_tokens=64", *BUDGET, "tp=2", f"load={load}", f"trim={trim}"
+            ),
+            batches,
+        )
+        assert script.note is None or "not predicted" not in script.note, script.note
+        assert script.needs == pipeline.needs and script.host == pipeline.host, fix
+        assert script.needs[0] < script.needs[-1]  # the bytes above the weights grow with the batch
+    eager, meta = (
+        predict_config(spec_of(*script_overrides(*BUDGET, "tp=2", f"script.fix={f}")), [1])
+        for f in ("[]", "[meta_load]")
+    )
+    assert eager.host != meta.host  # a whole copy per rank against each rank's part
+
+
+def test_script_fix_is_a_dimension_of_the_space_and_a_scripts_job_runs_one_batch():
+    from dsexp.compose.budget import search as S
+    from dsexp.compose.budget.sweeper import Space, batch_override
+
+    space = Space(["budget.gpus=2", "tp=1,2", "script.fix=[],[all]"])
+    assert space.dims == ["tp", "script.fix"] and len(space.combos) == 4
+    assert space.coordinates(space.combos[1]) == {"tp": "1", "script.fix": "[all]"}
+    assert batch_override(S.Config("a", {}, [], one_batch=True), [6]) == "generate.batch_size=6"
+    assert batch_override(S.Config("a", {}, []), [6, 7]) == "generate.batch_size=[6,7]"
+
+
+def script_result(status="ok", cause=None, batch=3, needs=((700, 650), (800,))):
+    """A script job's result.json as the search reads it: its one batch, its status, each rank's generate calls with
+    the simulated device need each checked."""
+    ranks = []
+    for r, per_call in enumerate(needs):
+        keys = ["generate"] + [f"generate_{i}" for i in range(2, len(per_call) + 1)]
+        phases = {"init": {}} | {
+            k: {"budget": {"simulated_need": n, "how": "simulated"}} for k, n in zip(keys, per_call)
+        }
+        timeline = [{"phase": k} for k in phases]
+        ranks.append({"rank": r, "phases": phases, "timeline": timeline, "script": {"calls": []}})
+    out = {
+        "status": status,
+        "config": {"script": {"path": "/s.py"}, "generate": {"batch_size": batch}},
+        "ranks": ranks,
+        "headline": {"tokens_per_s": 42.0},
+    }
+    if cause:
+        out["failure"] = {"cause": cause, "message": "m"}
+    return out
+
+
+def test_a_scripts_job_is_one_point_its_busiest_generate_call_and_out_of_memory_is_its_boundary():
+    from pathlib import Path
+
+    from dsexp.analysis.budget_runs import device_per_rank, speed
+    from dsexp.compose.budget import points as P
+
+    res = script_result()
+    assert device_per_rank(res, 3) == [700, 800] and device_per_rank(res, 4) == [None, None]
+    assert speed(res, 3) == {"tokens_per_s": 42.0, "ttft_s": None}
+    pts, stop = P.points_of(Path("j"), res)
+    assert [(p.batch, p.status, p.peak) for p in pts] == [(3, "ok", 800)] and stop is None
+    pts, stop = P.points_of(Path("j"), script_result("failed", "oom_gpu", batch=5))
+    assert [(p.batch, p.status) for p in pts] == [(5, "oom")] and stop is None
+    pts, stop = P.points_of(Path("j"), script_result("failed", "script_error"))
+    assert [p.status for p in pts] == ["failed"] and stop.startswith("script_error")
+
+
+def test_a_scripts_generate_call_past_a_simulated_budget_is_out_of_memory_and_its_reference_has_no_budget():
+    import torch
+
+    from dsexp.job.script_job import reference_spec
+    from dsexp.rank.budget_cap import check_simulated, simulate_script_call
+
+    spec = checked(script_overrides("budget.gpus=1", "budget.gpu_gib=0.001", "generate.batch_size=4"))
+    runtime = {"device": "cpu", "budget_above": {"4": [300_000]}}
+    sim = simulate_script_call(spec, runtime, 0, weights=900_000)
+    assert sim["simulated_need"] == 1_200_000 and not sim["fits"]  # 0.001 GiB = 1,073,741 bytes
+    with pytest.raises(torch.OutOfMemoryError, match="over the budget"):
+        check_simulated(sim)
+    assert simulate_script_call(spec, runtime, 0, weights=700_000)["fits"]
+    assert simulate_script_call(spec, {**runtime, "device": "cuda"}, 0, 900_000) is None  # a GPU caps instead
+    assert simulate_script_call(reference_spec(spec), runtime, 0, 900_000) is None
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.slow  # four one-rank script jobs, one a run: 2.5 min on the 2 shared cores
+def test_a_budget_search_over_a_scripts_batch_size_skips_the_misses_and_brackets_each_configuration(
+    tmp_path, cache_dir
+):
+    """A user's script (tests/data/user_scripts/batch_size_arg.py: --model, --batch-size, --prompt-tokens,
+    --new-tokens, AutoTP, one generate call) over tp=1,2 x script.fix=[],[all], with a budget of one GPU between the
+    model's batch 3 and 4 and a CPU card that needs 1.3x the model's bytes above the weights. tp=2 takes more GPUs than
+    the budget has: not launched. Each tp=1 configuration runs one batch a job, through {batch_size}, and ends in a
+    one-step bracket within the run bound: the largest batch ran under the simulated budget, the next one ran out of
+    memory in the script's generate call."""
+    import json
+    from pathlib import Path
+
+    from helpers.run import run_dsexp
+
+    tp1 = needs(1, range(1, 9), *script_overrides("budget.gpus=1", "budget.gpu_gib=1")[3:])
+    budget = (tp1[2] + tp1[3]) // 2
+    args = ["-m", *script_overrides("budget.gpus=1", f"budget.gpu_gib={budget / GIB!r}", "budget.batch_max=8")]
+    args += ["budget.cpu_scale=1.3", "tp=1,2", "script.fix=[],[all]", "hydra.sweep.dir=sw"]
+    out = run_dsexp(args, tmp_path, cache_dir).stdout
+    state = read_state(tmp_path / "sw")
+    configs = {c["key"]: c for c in state["configs"]}
+    assert state["one_batch_per_job"] and "a script's job runs one batch, its {batch_size}" in out
+    for fix in ("[]", "[all]"):
+        assert configs[f"tp=2 script.fix={fix}"]["miss"]["where"] == "gpus"
+        assert not configs[f"tp=2 script.fix={fix}"]["points"]
+        assert f"not launched: tp=2 script.fix={fix}: tp=2 needs 2 GPUs" in out
+        c = configs[f"tp=1 script.fix={fix}"]
+        assert c["settled"] and not c["failed"] and "not predicted" not in (c["note"] or ""), c
+        lo, hi = c["largest_ok"], c["smallest_oom"]
+        assert lo is not None and hi == lo + 1 and len(c["points"]) <= state["run_bound"] == 5, c
+        for batch, status, cause, fits in ((lo, "ok", None, True), (hi, "failed", "oom_gpu", False)):
+            job = Path(next(p["job"] for p in c["points"] if p["batch"] == batch))
+            res = json.loads((job / "result.json").read_text())
+            assert res["status"] == status and (res.get("failure") or {}).get("cause") == cause, res.get("failure")
+            assert res["config"]["generate"]["batch_size"] == batch and res["config"]["script"]["fix"] == (
+                [] if fix == "[]" else ["all"]
+            )
+            rank0 = res["ranks"][0]
+            assert rank0["argv"][rank0["argv"].index("--batch-size") + 1] == str(batch)
+            assert rank0["phases"]["generate"]["budget"]["fits"] is fits
+    assert all(len(j["batches"]) == 1 for j in state["jobs"]) and state["runs"] == len(state["jobs"])
+    assert state["runs"] < state["full_grid_runs"] == 32
+    summary = (tmp_path / "sw" / "summary.md").read_text()
+    assert "**Answer**: `tp=1 script.fix=" in summary and "so each run is a job" in summary

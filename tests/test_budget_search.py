@@ -194,3 +194,30 @@ def test_after_out_of_memory_alone_the_search_bisects_instead_of_stepping_down_o
     assert jobs[0][1] == [18, 19]  # the model's guess first (18 fits by its count), then halves
     assert jobs[1][1] == [9]
     assert S.largest_ok(c, batches) == 13 and S.runs_used(c) <= S.run_bound(64), jobs
+
+
+def test_a_configuration_whose_job_runs_one_batch_brackets_within_the_same_bound():
+    """A user's script takes its batch as an argument ({batch_size}): each job runs one batch. Random models against
+    random cards: every job holds one batch, the bracket is the true boundary, and the runs (jobs) stay in the bound."""
+    import random
+
+    rng = random.Random(1)
+    for trial in range(300):
+        n = rng.randint(1, 300)
+        batches = S.batch_range(1, n, 1)
+        slope, base, device = rng.randint(1, 50), rng.randint(0, 500), rng.randint(100, 5000)
+        c = S.Config("a", {"tp": "1"}, linear_needs(batches, base, slope), one_batch=True)
+        tslope, tbase = rng.randint(1, 80), rng.randint(0, 800)
+        state = S.State(device=device, batches=batches, configs=[c])
+        jobs = simulate(state, lambda c, b: tbase + tslope * b)
+        assert all(len(bs) == 1 for _, bs in jobs), trial
+        assert len(jobs) == S.runs_used(c) <= S.run_bound(n), (trial, [p.batch for p in c.points])
+        assert S.largest_ok(c, batches) == true_largest(state, c, lambda c, b: tbase + tslope * b), trial
+
+
+def test_an_exact_model_settles_a_one_batch_configuration_in_two_jobs():
+    batches = S.batch_range(1, 64, 1)
+    c = S.Config("a", {"tp": "1"}, linear_needs(batches, 10, 3), one_batch=True)
+    state = S.State(device=100, batches=batches, configs=[c])
+    jobs = simulate(state, lambda c, b: c.needs[batches.index(b)])
+    assert jobs == [("a", [30]), ("a", [31])]  # 10 + 3 x 30 = 100 fits, 31 does not

@@ -14,8 +14,10 @@ def run() -> None:
         main()
     except KeyboardInterrupt as e:
         why = str(e) or "Ctrl-C"
-        sys.exit(f"dsexp: stopped ({why}); the job it was running is recorded as interrupted. Run the same command "
-                 "again to go on: jobs already ok are skipped, a budget search resumes from what it measured.")  # fmt: skip
+        sys.exit(
+            f"dsexp: stopped ({why}); the job it was running is recorded as interrupted. Run the same command "
+            "again to go on: jobs already ok are skipped, a budget search resumes from what it measured."
+        )
 
 
 if __name__ == "__main__":

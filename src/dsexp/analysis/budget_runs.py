@@ -4,7 +4,8 @@ The search (dsexp.compose.budget) writes `<sweep>/budget.json`: the budget, the 
 prediction, the points it ran (job folder, status) and its bracket. The figures of a point come from the job's
 result.json: per rank the device need (on a GPU the allocator's reserved peak over the prefill and the decode plus
 what the process holds outside it; on a CPU run the simulated need the rank checked, dsexp.rank.budget_cap),
-tokens/s and the time to first token; per job the host bytes its ranks held (each rank's largest RSS, summed).
+tokens/s and the time to first token; per job the host bytes its ranks held (each rank's largest RSS, summed). A
+user's script's job runs one batch (its {batch_size}): its point is every generate call it made, the busiest one.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from dsexp.analysis.measured import node_growth
+from dsexp.analysis.user_script import is_script
 from dsexp.core.fs import read_json
-from dsexp.core.records import phase_quantities
+from dsexp.core.records import phase_kind, phase_quantities
 from dsexp.core.result import JobRecord, RankRecord
 
 STATE_FILE = "budget.json"
@@ -31,8 +33,31 @@ def read_search(sweep_dir: Path) -> Optional[Dict[str, Any]]:
     return read_json(Path(sweep_dir) / STATE_FILE)
 
 
+def script_batch(result: Dict[str, Any]) -> Optional[int]:
+    """A user's script's job: the one batch its {batch_size} took (None: not a script's job)."""
+    if not is_script(result):
+        return None
+    return int(((result.get("config") or {}).get("generate") or {}).get("batch_size") or 1)
+
+
+def script_generate_phases(result: Dict[str, Any]) -> List[str]:
+    """Every generate call's phase a rank of a script's job opened (generate, generate_2, ...), in order."""
+    keys = [k for rk in JobRecord.of(result).ranks for k in rk.phase_keys if phase_kind(k) == "generate"]
+    return list(dict.fromkeys(keys))
+
+
+def point_phases(result: Dict[str, Any], batch: int) -> List[str]:
+    """The phases that ran this batch: a point of dsexp's grid, or every generate call of a script's job at it."""
+    if is_script(result):
+        return script_generate_phases(result) if script_batch(result) == batch else []
+    key = point_phase(result, batch)
+    return [key] if key else []
+
+
 def point_phase(result: Dict[str, Any], batch: int) -> Optional[str]:
     """The phase key the ranks ran this batch in (None: not run)."""
+    if is_script(result):
+        return next(iter(point_phases(result, batch)), None)
     for rk in JobRecord.of(result).ranks:
         for e in rk.raw.get("points") or []:
             if int(e.get("batch", -1)) == batch and e.get("status") != "skipped":
@@ -49,14 +74,21 @@ def rank_need(rk: RankRecord, phase_key: str) -> Optional[int]:
     point = phase.get("point") or {}
     reserved = [(point.get(w) or {}).get("gpu_reserved_peak") for w in ("prefill", "decode")]
     reserved = [r for r in reserved if r is not None]
+    if not point:  # a script's generate call: the phase's own reserved peak
+        reserved = [r for r in [(phase.get("gpu") or {}).get("gpu_reserved_peak")] if r is not None]
     if not reserved:
         return None
     return max(reserved) + int((rk.raw.get("budget") or {}).get("outside_bytes") or 0)
 
 
 def device_per_rank(result: Dict[str, Any], batch: int) -> List[Optional[int]]:
-    key = point_phase(result, batch)
-    return [rank_need(rk, key) if key else None for rk in JobRecord.of(result).ranks]
+    """Each rank's device need at this batch (a script's: the most over its generate calls)."""
+    keys = point_phases(result, batch)
+    out = []
+    for rk in JobRecord.of(result).ranks:
+        needs = [n for n in (rank_need(rk, k) for k in keys if k in rk.phase_keys) if n is not None]
+        out.append(max(needs) if needs else None)
+    return out
 
 
 def host_need(result: Dict[str, Any]) -> Optional[int]:
@@ -79,7 +111,10 @@ def host_need(result: Dict[str, Any]) -> Optional[int]:
 
 
 def speed(result: Dict[str, Any], batch: int) -> Dict[str, Optional[float]]:
-    """Tokens/s and TTFT (p50) of rank 0 at this batch."""
+    """Tokens/s and TTFT (p50) of rank 0 at this batch (a script: its generate calls' tokens/s, no TTFT: its calls
+    are not split into a prefill and a decode)."""
+    if is_script(result):
+        return {"tokens_per_s": (result.get("headline") or {}).get("tokens_per_s"), "ttft_s": None}
     key = point_phase(result, batch)
     rank0 = next(iter(JobRecord.of(result).ranks), None)
     point = (rank0.phase(key).raw or {}).get("point") or {} if rank0 and key else {}

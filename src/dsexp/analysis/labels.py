@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from dsexp import trims
-from dsexp.core.schema import stack_label
+from dsexp.core.schema import fill_args, stack_label
 
 
 def config_label(config: Dict[str, Any], workload: bool = True) -> str:
@@ -54,10 +54,15 @@ def workload_label(config: Dict[str, Any]) -> Optional[str]:
 def script_label(config: Dict[str, Any]) -> str:
     """A user's script's configuration: variant/script:<file> <args>/model (when {model_dir} is used)/fix=.../
     cap/launcher (other than torchrun)/shared_gpu, and `@stack`. Its arguments are part of it (two argument lists
-    never share a row)."""
+    never share a row), their placeholders filled in ({batch_size}: each batch its own row)."""
     s = config["script"]
     model = config.get("model") or {}
-    args = " ".join(str(a).replace("{model_dir}", f"<{model.get('name')}>") for a in s.get("args") or [])
+    gen = config.get("generate") or {}
+    values = {
+        "model_dir": f"<{model.get('name')}>",
+        **{k: gen.get(k) for k in ("batch_size", "prompt_tokens", "new_tokens")},
+    }
+    args = " ".join(fill_args(list(s.get("args") or []), values))
     if len(args) > 48:
         args = args[:40] + "~" + hashlib.sha1(args.encode()).hexdigest()[:6]
     uses_model = any("{model_dir}" in str(a) for a in s.get("args") or [])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from dsexp.analysis.user_script import as_pipeline_result, is_script
+from dsexp.analysis.user_script import as_configured, as_pipeline_result, is_script
 from dsexp.core.result import JobRecord, Phase
 from dsexp.engines import ENGINES
 from dsexp.engines.base import effective_policy
@@ -26,9 +26,10 @@ from dsexp.trims import active as active_trims
 
 def predict(result: Dict[str, Any], tp: Optional[int] = None) -> Prediction:
     """The memory model for this run's configuration, at its own tp or another one. A user's script is predicted
-    from what its ranks did (the call it made, the model it loaded: dsexp.analysis.user_script), not from a preset."""
-    if is_script(result):
-        result = as_pipeline_result(result)
+    from what its ranks did (the call it made, the model it loaded: dsexp.analysis.user_script), not from a preset;
+    before it ran (a config alone), from its config and the remedies it asks (user_script.as_configured)."""
+    if is_script(result):  # as it ran, or (a config alone, nothing run yet) as its config says
+        result = as_pipeline_result(result) if "status" in result else as_configured(result)
     strategy = strategy_of(result)
     tp = int(tp or (result.get("config") or {}).get("tp") or 1)
     source = arch.model_source(result.get("config") or {}, result.get("runtime"))

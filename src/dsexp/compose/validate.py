@@ -20,9 +20,11 @@ from dsexp.core.schema import (
     LAUNCHERS,
     LOADERS,
     OFFLOADS,
+    SCRIPT_PLACEHOLDERS,
     ConfigError,
     JobConfig,
     is_shared,
+    placeholders,
 )
 from dsexp.core.workload import as_list
 from dsexp.engines import ENGINES, traits
@@ -150,6 +152,7 @@ def _validate_script(spec: JobConfig) -> None:
     if bad:
         raise ConfigError(f"script.args: each argument must be a string, got {bad[0]!r}")
     s.args = [str(a) for a in s.args]
+    _validate_script_args(spec)
     if s.max_new_tokens is not None and s.max_new_tokens < 1:
         raise ConfigError(f"script.max_new_tokens={s.max_new_tokens}: must be >= 1 (null: as the script asks)")
     from dsexp.core.remedies import fix_problem
@@ -159,6 +162,31 @@ def _validate_script(spec: JobConfig) -> None:
         raise ConfigError(problem)
     if spec.uses_model:
         _validate_model(spec, heads=False)  # the script's engine is not known before it runs
+
+
+def _validate_script_args(spec: JobConfig) -> None:
+    """The placeholders a script's arguments name are known and have one value each; a budget searches the batch
+    through {batch_size}, so a budget on a script needs it."""
+    named = placeholders(spec.script.args)
+    unknown = [n for n in named if n not in SCRIPT_PLACEHOLDERS]
+    if unknown:
+        raise ConfigError(
+            f"script.args: unknown placeholder {{{unknown[0]}}}; an argument may name "
+            f"{', '.join('{' + n + '}' for n in SCRIPT_PLACEHOLDERS)}"
+        )
+    g = spec.generate
+    for name, value in (("batch_size", g.batch_size), ("prompt_tokens", g.prompt_tokens)):
+        if name in named and not isinstance(value, int):
+            raise ConfigError(
+                f"script.args names {{{name}}} but generate.{name}={value!r}: a script runs one "
+                f"{name.replace('_', ' ')} a job; set generate.{name}=N (or sweep it: generate.{name}=1,8)"
+            )
+    if spec.budget.active and "batch_size" not in named:
+        raise ConfigError(
+            "a budget searches the batch, and a script takes its batch from its arguments: put {batch_size} in "
+            "script.args where the script reads its batch size (e.g. \"script.args=[--batch-size,'{batch_size}']\"); "
+            "dsexp fills it in for each run"
+        )
 
 
 def _validate_gpus(spec: JobConfig, device: str, gpus: int) -> None:

@@ -8,6 +8,7 @@ type or an unknown key is reported with its full dotted name. The ranks read the
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -189,6 +190,24 @@ class BudgetConfig:
 
 
 MODEL_DIR_ARG = "{model_dir}"
+# what a script's arguments may name, each filled in before launch: the model group's checkpoint folder and the
+# workload's shape (generate.batch_size / prompt_tokens / new_tokens), so the memory model and the script agree
+SCRIPT_PLACEHOLDERS = ("model_dir", "batch_size", "prompt_tokens", "new_tokens")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def placeholders(args: List[Any]) -> List[str]:
+    """The `{name}` placeholders the arguments carry, in order, each once."""
+    return list(dict.fromkeys(m for a in args for m in _PLACEHOLDER.findall(str(a))))
+
+
+def fill_args(args: List[Any], values: Dict[str, Any]) -> List[str]:
+    """The arguments with each known placeholder replaced by its value (the others left as written)."""
+
+    def value(m: re.Match) -> str:
+        return str(values[m.group(1)]) if m.group(1) in values else m.group(0)
+
+    return [_PLACEHOLDER.sub(value, str(a)) for a in args]
 
 
 @dataclass
@@ -257,6 +276,12 @@ class JobConfig:
     def uses_model(self) -> bool:
         """Whether the model group's checkpoint is used: always by the pipeline, by a script through {model_dir}."""
         return self.workload == "pipeline" or any(MODEL_DIR_ARG in str(a) for a in self.script.args)
+
+    def script_values(self, model_dir: str = "") -> Dict[str, Any]:
+        """What a script's placeholders stand for in this job (fill_args)."""
+        g = self.generate
+        return {"model_dir": model_dir, "batch_size": g.batch_size, "prompt_tokens": g.prompt_tokens,
+                "new_tokens": g.new_tokens}  # fmt: skip
 
     @property
     def shared_gpu(self) -> bool:

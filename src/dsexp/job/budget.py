@@ -1,7 +1,9 @@
 """A CPU job under a budget: the memory model's bytes above the weights for each workload point, per rank, handed to
 the ranks in job.json (`runtime["budget_above"]`), where dsexp.rank.budget_cap simulates each point's device need
-with them. The same model and settings the budget search predicted with (dsexp.compose.budget.model): the meta-built
-model's dims, the engine's traits, the capacity model (dsexp.predict.capacity)."""
+with them (a user's script: the one batch its {batch_size} takes, checked at each of its generate calls; its loading and
+trims, which its script.fix decides, do not change the bytes above the weights). The same model and settings the
+budget search predicted with (dsexp.compose.budget.model): the meta-built model's dims, the engine's traits, the
+capacity model (dsexp.predict.capacity)."""
 
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ def above_per_point(spec: JobConfig, runtime: Dict[str, Any]) -> Dict[str, List[
 
 
 def budget_runtime(spec: JobConfig, runtime: Dict[str, Any]) -> Dict[str, Any]:
-    """What the ranks need to simulate the budget: only a CPU run of dsexp's pipeline under a budget has it."""
-    if not spec.budget.active or spec.device == "cuda" or spec.workload != "pipeline":
+    """What the ranks need to simulate the budget: only a CPU run under a budget has it (dsexp's pipeline or a
+    user's script)."""
+    if not spec.budget.active or spec.device == "cuda":
         return {}
     return {"budget_above": above_per_point(spec, runtime)}

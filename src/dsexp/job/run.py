@@ -365,6 +365,7 @@ def prepare(spec: JobConfig, job_dir: Path) -> Tuple[Dict[str, Any], Any]:
     if spec.workload == "script":
         runtime.update(workload="script", script=script_job.facts(spec, runtime))
         ref = script_job.ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
+        runtime.update(budget_runtime(spec, runtime))  # a CPU run under a budget: what its generate calls simulate
     else:
         ref = correctness.ensure_reference(spec, runtime, job_dir) if spec.check.correctness else None
         runtime.update(prepare_load(spec, runtime, job_dir))

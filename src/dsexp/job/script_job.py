@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 
 from dsexp.core.fs import file_lock, read_json
 from dsexp.core.protocol import logits_file, rank_file, write_job_file
-from dsexp.core.schema import MODEL_DIR_ARG, JobConfig
+from dsexp.core.schema import BudgetConfig, JobConfig, fill_args
 
 ENGINE_CALLS = ("init",)  # the phases an engine call opens (deepspeed.init_inference / initialize)
 
@@ -30,14 +30,15 @@ def digest(path: str) -> str:
 
 
 def facts(spec: JobConfig, runtime: Dict[str, Any]) -> Dict[str, Any]:
-    """The script as the ranks will run it: its path and content digest, its arguments with {model_dir} filled in,
-    and the folder it runs in (where dsexp was launched, as the user would run it)."""
-    model_dir = runtime.get("model_dir", "")
+    """The script as the ranks will run it: its path and content digest, its arguments with their placeholders
+    filled in ({model_dir}, {batch_size}, {prompt_tokens}, {new_tokens}: JobConfig.script_values), and the folder it
+    runs in (where dsexp was launched, as the user would run it)."""
+    values = spec.script_values(runtime.get("model_dir", ""))
     return {
         "path": spec.script.path,
         "name": Path(spec.script.path).name,
         "sha1": digest(spec.script.path),
-        "argv": [str(a).replace(MODEL_DIR_ARG, model_dir) for a in spec.script.args],
+        "argv": fill_args(spec.script.args, values),
         "cwd": os.getcwd(),
     }
 
@@ -90,6 +91,7 @@ def reference_spec(spec: JobConfig) -> JobConfig:
     one = copy.deepcopy(spec)
     one.tp, one.launcher.nodes, one.launcher.hostfile, one.launcher.gpus = 1, 1, None, None
     one.launcher.name, one.fault = "torchrun", None
+    one.budget = BudgetConfig()  # the reference is the job's tool, not the configuration: no budget holds it
     return one
 
 
@@ -107,7 +109,7 @@ def check_output(spec: JobConfig, job_dir: Path, runtime: Dict[str, Any], ref: O
     from dsexp.job.correctness import TOLERANCE, compare
 
     logits = logits_file(job_dir)
-    if not logits.is_file():
+    if not logits.is_file() or not spec.check.correctness:  # check.correctness=false: nothing to compare or keep
         return None
     if spec.tp == 1:
         store_reference(job_dir, Path(runtime["reference"]["path"]))

@@ -9,7 +9,9 @@ CPU: there is no device allocator to cap. Each workload point's device need is s
 holds (measured after init) plus the memory model's bytes above the weights for the point (dsexp.predict.capacity;
 the job hands each rank those bytes: dsexp.job.budget) times budget.cpu_scale; past the budget the point raises
 torch.OutOfMemoryError, as a capped GPU would, and the capacity workload records it as an out-of-memory point. The
-rank records which of the two it did.
+rank records which of the two it did. A user's script under a budget is held the same way: its allocator capped at the
+end of its `start`, or each of its generate calls simulated at the batch its {batch_size} took; the error reaches the
+script, whose job fails out of memory (cause oom_gpu), the search's boundary.
 """
 
 from __future__ import annotations
@@ -69,6 +71,14 @@ def enforce(ctx, device_index: int, readings: Dict[str, Dict[str, Optional[int]]
     return cap_allocator(device_index, budget_bytes(ctx.spec), outside_bytes(readings, device_index))
 
 
+def enforce_script(spec, device_index: int, readings: Dict[str, Dict[str, Optional[int]]]) -> Optional[Dict[str, Any]]:
+    """A GPU rank of a user's script under a budget (budget.enforce), at the end of its `start`: cap its allocator
+    as a pipeline rank's (enforce); None without a budget (the world-size-1 reference has none)."""
+    if budget_bytes(spec) is None or not spec.budget.enforce:
+        return None
+    return cap_allocator(device_index, budget_bytes(spec), outside_bytes(readings, device_index))
+
+
 def simulated_need(weights: int, above: int, scale: float) -> int:
     """A CPU run's stand-in for a point's device need: the weights held plus the model's bytes above them, scaled."""
     return int(weights + above * scale)
@@ -79,9 +89,22 @@ def simulate_point(ctx, weights: Optional[int], point) -> Optional[Dict[str, Any
     record; None on a GPU (the cap holds there) or without a budget."""
     if ctx.on_gpu or not held_to_budget(ctx) or weights is None:
         return None
-    budget = budget_bytes(ctx.spec)
-    above = above_weights_bytes(ctx, point.batch, point.prompt_tokens)
-    scale = ctx.spec.budget.cpu_scale
+    return simulated_record(ctx.spec, weights, above_weights_bytes(ctx, point.batch, point.prompt_tokens))
+
+
+def simulate_script_call(spec, runtime: Dict[str, Any], rank: int, weights: Optional[int]) -> Optional[Dict[str, Any]]:
+    """A CPU rank of a user's script under a budget: a generate call's simulated device need, at the batch the
+    script's {batch_size} took (dsexp.job.budget.above_per_point); None on a GPU, without a budget (the world-size-1
+    reference has none) or before the rank holds weights."""
+    above = (runtime.get("budget_above") or {}).get(str(spec.generate.batch_size))
+    if runtime.get("device") == "cuda" or budget_bytes(spec) is None or above is None or weights is None:
+        return None
+    return simulated_record(spec, weights, int(above[rank]))
+
+
+def simulated_record(spec, weights: int, above: int) -> Dict[str, Any]:
+    """The simulated point, for the rank's record (module docstring)."""
+    budget, scale = budget_bytes(spec), spec.budget.cpu_scale
     need = simulated_need(weights, above, scale)
     return {
         "how": "simulated",

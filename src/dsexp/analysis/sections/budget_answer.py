@@ -74,9 +74,9 @@ def _candidate_line(title: str, c: B.Candidate, s: Dict[str, Any]) -> str:
         if s["budget"].get("host") is not None:
             host += f" (margin {size(s['budget']['host'] - c.host)})"
     tps = "-" if c.tokens_per_s is None else f"{c.tokens_per_s:.1f}"
-    ttft = "-" if c.ttft_s is None else f"{c.ttft_s * 1000:.1f} ms"
+    ttft = "" if c.ttft_s is None else f", TTFT {c.ttft_s * 1000:.1f} ms"  # none for a script's calls
     return (
-        f"{title}: `{c.key}` at batch **{c.batch}**: {tps} tokens/s, TTFT {ttft}; per GPU {per_gpu} "
+        f"{title}: `{c.key}` at batch **{c.batch}**: {tps} tokens/s{ttft}; per GPU {per_gpu} "
         f"(margin {margin} to the budget's {size(budget)}){host}. Job `{c.job}`."
     )
 
@@ -125,7 +125,13 @@ def _runs_line(s: Dict[str, Any]) -> str:
     return (
         f"Runs: {s['runs']} points in {jobs} jobs, against {s['full_grid_runs']} for the full grid "
         f"({len(s['configs'])} configurations x {len(s['batches'])} batches); "
-        f"at most {s['run_bound']} per configuration."
+        f"at most {s['run_bound']} per configuration"
+        + (
+            " (a script's job runs one batch, its {batch_size}: it cannot run a grid inside one load, so each run is "
+            "a job)."
+            if s.get("one_batch_per_job")
+            else "."
+        )
     )
 
 

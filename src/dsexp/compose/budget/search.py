@@ -4,7 +4,8 @@ State: the budget (device bytes per GPU, host bytes), the batches of the range, 
 memory model's device need at every batch of the range (busiest rank, what lives outside the allocator included) and
 the points measured so far. Nothing here runs, reads files or imports Hydra: dsexp.compose.budget.sweeper does that.
 
-Per configuration: first the model's largest batch b and the next one (one job, one load: two runs); then a bisection
+Per configuration: first the model's largest batch b and the next one (one job, one load: two runs; a configuration
+whose job runs one batch, a user's script, runs b alone and b + 1 in the next job); then a bisection
 on what was measured (an out-of-memory point is the upper boundary) until the largest batch that ran and the smallest
 that did not are one step apart. A probe is the model's guess (shifted by the measured gap) where the run bound still
 holds in the worst case after it, else the midpoint; the midpoint too while only out-of-memory points are known (they
@@ -58,6 +59,7 @@ class Config:
     dims: Dict[str, str]  # its coordinates in the space (dimension -> value)
     needs: List[int]  # the model's device need at each batch of the range (busiest rank)
     gpus: int = 1  # GPUs it takes (its tp): fewer is better at equal batch
+    one_batch: bool = False  # a job runs one batch (a user's script: its {batch_size}), never a grid in one load
     miss: Optional[Miss] = None  # predicted not to fit at all: never launched
     points: List[Point] = field(default_factory=list)
     failed: Optional[str] = None  # a run failed for another cause than memory: not pursued
@@ -168,7 +170,7 @@ def next_batches(c: Config, s: State) -> List[int]:
     guess = model_largest(c, s.device, gap(c, s))
     if not c.points:
         g = max(guess, 0)
-        return [b[g], b[g + 1]] if g + 1 < n else [b[g]]
+        return [b[g], b[g + 1]] if g + 1 < n and not c.one_batch else [b[g]]
     lo, hi = bracket(c, b)
     left = run_bound(n) - runs_used(c)
     if not calibrated(c):
@@ -182,7 +184,7 @@ def next_batches(c: Config, s: State) -> List[int]:
         worst = max(probes[0] - lo - 1, hi - probes[-1] - 1)
         return len(probes) + _bisections(worst) <= left
 
-    if m + 1 < hi and affordable([m, m + 1]):
+    if m + 1 < hi and not c.one_batch and affordable([m, m + 1]):
         return [b[m], b[m + 1]]
     if affordable([m]):
         return [b[m]]

@@ -107,7 +107,8 @@ class BudgetSearch:
             pred = predict_config(spec, batches)
             self.overrides[key], self.predicted[key], self.specs[key] = list(combo), pred, spec
             self.identity[key] = measured.identity(_config_dict(spec))
-            configs.append(search.Config(key, coords, pred.needs, gpus=spec.tp, miss=pred.miss))
+            one_batch = spec.workload == "script"  # its batch is an argument: one a job ({batch_size})
+            configs.append(search.Config(key, coords, pred.needs, gpus=spec.tp, miss=pred.miss, one_batch=one_batch))
         host = int(b.host_gib * GIB) if b.host_gib is not None else None
         return search.State(int(b.gpu_gib * GIB), batches, configs, host)
 
@@ -163,7 +164,7 @@ class BudgetSearch:
                 todo = search.next_round(self.state, self.width)
                 if not todo:
                     break
-                batch = [self.overrides[c.key] + [f"{BATCH_KEY}=[{','.join(map(str, b))}]"] for c, b in todo]
+                batch = [self.overrides[c.key] + [batch_override(c, b)] for c, b in todo]
                 self.sweeper.validate_batch_is_legal(batch)
                 results = self.sweeper.launcher.launch(batch, initial_job_idx=self.job_idx)
                 for i, ((c, batches), ret) in enumerate(zip(todo, results)):
@@ -195,7 +196,7 @@ class BudgetSearch:
         print(
             f"dsexp budget: {len(s.configs)} configurations x {len(s.batches)} batches "
             f"({s.batches[0]}..{s.batches[-1]}) = {len(s.configs) * len(s.batches)} runs in the full grid; "
-            f"at most {search.run_bound(len(s.batches))} runs per configuration"
+            f"at most {search.run_bound(len(s.batches))} runs per configuration{_one_batch_note(s)}"
         )
         for c in s.configs:
             if c.miss is not None:
@@ -212,6 +213,7 @@ class BudgetSearch:
             "new_tokens": self.specs[s.configs[0].key].generate.new_tokens,
             "batches": s.batches,
             "run_bound": search.run_bound(len(s.batches)),
+            "one_batch_per_job": any(c.one_batch for c in s.configs),
             "full_grid_runs": len(s.configs) * len(s.batches),
             "runs": sum(search.runs_used(c) for c in s.configs),
             "jobs": self.jobs,
@@ -260,6 +262,23 @@ class BudgetSearch:
             "settled": search.done(c, s),
             "what_if": self.what_if(c) if final else {},
         }
+
+
+def batch_override(c: search.Config, batches: List[int]) -> str:
+    """The batch a job runs: a grid inside one load (dsexp's pipeline), or the one batch a script's {batch_size}
+    takes."""
+    if c.one_batch:
+        (b,) = batches
+        return f"{BATCH_KEY}={b}"
+    return f"{BATCH_KEY}=[{','.join(map(str, batches))}]"
+
+
+def _one_batch_note(s: search.State) -> str:
+    if not any(c.one_batch for c in s.configs):
+        return ""
+    return (
+        " (a script's job runs one batch, its {batch_size}: it cannot run a grid inside one load, so each run is a job)"
+    )
 
 
 def _config_dict(spec: JobConfig) -> Dict[str, Any]:

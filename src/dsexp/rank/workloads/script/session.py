@@ -12,6 +12,7 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional
 
+from dsexp.rank.budget_cap import check_simulated, simulate_script_call
 from dsexp.rank.probes.failure_site import failure_site
 from dsexp.rank.probes.phases import PhaseRecorder
 
@@ -59,8 +60,14 @@ class ScriptSession:
 
         if not torch.cuda.is_available():
             return
+        from dsexp.rank.budget_cap import enforce_script
+
         self.rec.attach_cuda(self.local_rank)
-        self.rec.annotate_phase("start", outside={"context": outside_reading(self.local_rank, self.rec.nvml)})
+        outside = {"context": outside_reading(self.local_rank, self.rec.nvml)}
+        self.rec.annotate_phase("start", outside=outside)
+        cap = enforce_script(self.spec, self.local_rank, outside)  # a budget search's run: capped as its GPU would be
+        if cap:
+            self.rec.note(budget=cap)
 
     def call(
         self,
@@ -87,17 +94,21 @@ class ScriptSession:
                     from dsexp.rank.workloads.script.facts import printable
 
                     fact["called_with"] = {k: printable(v) for k, v in kwargs.items() if k != "model"}
+            simulated = self.simulated_budget() if kind == "generate" else None
             key = fact["phase"] = self.last_phase = self.open_phase = self.rec.begin(kind, align=False)
             try:
+                check_simulated(simulated)  # past a simulated budget: the out-of-memory error its GPU would raise
                 out = fn(*args, **kwargs)
             except BaseException as e:
                 self.open_phase = None
                 self.rec.end(key, error=e)
+                self._note_budget(key, simulated)
                 fact["error"] = f"{type(e).__name__}: {e}"[:1000]
                 self.note(fact)
                 raise
             self.open_phase = None
             self.rec.end(key)
+            self._note_budget(key, simulated)
             if self.fixes is not None:
                 out = self.fixes.after_call(kind, fact, out)
             _collect(fact, after, out, args, kwargs)
@@ -105,6 +116,17 @@ class ScriptSession:
             return out
         finally:
             self.depth -= 1
+
+    def simulated_budget(self) -> Optional[Dict[str, Any]]:
+        """A CPU run under a budget: this generate call's simulated device need (dsexp.rank.budget_cap)."""
+        from dsexp.core.result import RankRecord
+
+        return simulate_script_call(self.spec, self.runtime, self.rank, RankRecord(self.rec.record).weights_held)
+
+    def _note_budget(self, key: str, simulated: Optional[Dict[str, Any]]) -> None:
+        if simulated:
+            self.rec.annotate_phase(key, budget=simulated)
+            self.rec.note(budget={k: simulated[k] for k in ("how", "budget_bytes", "cpu_scale")})
 
     def one_time(self, what: Dict[str, Any], call: Callable[[], Any]):
         """Run a cost paid once and reused after (DeepSpeed compiling an op, a checkpoint written), timed and recorded
