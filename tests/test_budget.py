@@ -406,7 +406,7 @@ def test_the_host_a_job_needs_is_the_nodes_growth_not_the_checkpoint_pages_its_r
 
     from helpers.run import ROOT
 
-    result = json.loads((ROOT / "results/h200/budget/gpu40/1/result.json").read_text())
+    result = json.loads((ROOT / "results/h200/budget/before_mends/gpu40/1/result.json").read_text())
     assert host_need(result) == node_growth(result)
     assert 4 * 2**30 < host_need(result) < 16 * 2**30
 
@@ -622,3 +622,29 @@ def test_a_budget_search_over_a_scripts_batch_size_skips_the_misses_and_brackets
     assert state["runs"] < state["full_grid_runs"] == 32
     summary = (tmp_path / "sw" / "summary.md").read_text()
     assert "**Answer**: `tp=1 script.fix=" in summary and "so each run is a job" in summary
+
+
+def test_an_answer_from_a_search_stopped_before_it_settled_says_so_and_how_to_resume(tmp_path, capsys):
+    """The H200 at 24 GiB (results/h200/budget/gpu24): the step was cut at its time limit with tp=4 trim=all
+    bracketed (9 ran, 10 did not) and three configurations not yet measured; the answer is the best of what was
+    measured, and says that the search did not finish."""
+    from dsexp.report import main
+
+    from helpers.run import ROOT
+
+    assert (
+        main([str(ROOT / "results/h200/budget/gpu24"), "--out", str(tmp_path), "--no-mlflow", "--print", "budget"]) == 0
+    )
+    text = capsys.readouterr().out
+    assert "**Answer so far** (search not finished): `tp=4 trim=all` at batch **9**" in text
+    assert "stopped before it settled `tp=2 trim=none`, `tp=2 trim=all`, `tp=4 trim=none`" in text
+    assert "| tp=4 trim=all | 11 | 9 | 10 |" in text  # predicted 11; 9 ran, 10 ran out of memory under the cap
+    # at 40 GiB nothing ran within the budget before the stop: not "nothing fits", which the rest may still do
+    assert (
+        main(
+            [str(ROOT / "results/h200/budget/gpu40"), "--out", str(tmp_path / "40"), "--no-mlflow", "--print", "budget"]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert "**No answer yet**" in text and "No configuration fits" not in text

@@ -31,10 +31,18 @@ def render(inputs: ReportInputs) -> str:
     how = B.enforcement([r.result for r in inputs.rows])
     lines = ["## Budget search", "", _budget_line(s, how), ""]
     found = B.candidates(s, results)
+    open_ = unsettled(s)
     if found:
-        lines += _answer(found, s)
+        lines += _answer(found, s, provisional=bool(open_))
+    elif open_:  # not "nothing fits": what was not yet measured may
+        lines.append("- **No answer yet**: no configuration has run within the budget so far.")
     else:
         lines += _nothing_fits(s)
+    if open_:
+        lines.append(
+            f"- The search was stopped before it settled {', '.join(f'`{k}`' for k in open_)} (no bracket yet): the "
+            "answer holds among what was measured. Run the same command again (same hydra.sweep.dir) to resume."
+        )
     lines += ["", _runs_line(s), ""]
     misses = [c for c in s["configs"] if c.get("miss")]
     if misses:
@@ -81,8 +89,14 @@ def _candidate_line(title: str, c: B.Candidate, s: Dict[str, Any]) -> str:
     )
 
 
-def _answer(found: List[B.Candidate], s: Dict[str, Any]) -> List[str]:
-    lines = [f"- {_candidate_line('**Answer**', found[0], s)}"]
+def unsettled(s: Dict[str, Any]) -> List[str]:
+    """Configurations the search meant to measure but had not bracketed when it stopped (an interrupted search)."""
+    return [c["key"] for c in s["configs"] if c.get("settled") is False and not (c.get("miss") or c.get("failed"))]
+
+
+def _answer(found: List[B.Candidate], s: Dict[str, Any], provisional: bool = False) -> List[str]:
+    title = "**Answer so far** (search not finished)" if provisional else "**Answer**"
+    lines = [f"- {_candidate_line(title, found[0], s)}"]
     if len(found) > 1:
         lines.append(f"- {_candidate_line('Runner-up', found[1], s)}")
     lines += [f"- {line}" for line in _what_if(found[0], s)]
