@@ -131,3 +131,27 @@ def test_a_scripts_generate_calls_are_listed_as_facts_beside_the_models_bytes_fo
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[3:7] == ["chat", "1", "122", "16"]
         assert cells[7].endswith("GiB") and cells[8].endswith("GiB")
+
+
+def test_an_out_of_memory_with_room_left_under_the_cap_is_named_as_fragmentation(capsys):
+    """The H200 at 40 GiB (results/h200/budget/gpu40, job 3): batch 13 failed asking 4.88 GiB with 29.51 GiB
+    allocated and 39.34 GiB allowed: 7.90 GiB sat reserved but unallocated. The report says fragmentation failed it,
+    not the total, and how to change the allocator; an error without room left is not called that."""
+    import json
+
+    from dsexp.report import main
+
+    from helpers.run import ROOT
+
+    record = json.loads((ROOT / "results/h200/budget/gpu40/3/result.json").read_text())
+    f = capa.fragmentation(record["ranks"][0]["points"][0]["error"]["message"])
+    assert f is not None and round(f.needed / GIB, 2) == 34.39 and round(f.unallocated / GIB, 2) == 7.90
+    full = "Tried to allocate 6.00 GiB. 39.34 GiB allowed; Of the allocated memory 35.00 GiB is allocated by PyTorch, "
+    assert capa.fragmentation(full + "and 1.00 GiB is reserved by PyTorch but unallocated.") is None
+    assert capa.fragmentation("CUDA out of memory. Tried to allocate 2.00 MiB") is None  # no cap, no split: unknown
+    with tempfile.TemporaryDirectory() as out:
+        args = [str(ROOT / "results/h200/budget/gpu40"), "--out", out, "--no-mlflow", "--print", "capacity"]
+        assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "Batch 13 x 2048" in text and "ran out of memory with room left" in text
+    assert "7.90 GiB sat reserved but unallocated" in text and "+trim.env.PYTORCH_CUDA_ALLOC_CONF" in text

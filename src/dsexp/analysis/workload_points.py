@@ -8,6 +8,7 @@ the generate call returned (what is countable there: the host's RSS is the alloc
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
@@ -33,6 +34,7 @@ class PointRow:
     predicted: Optional[List[int]]  # the model's figure for the same: its peak above the weights (CPU: KV cache)
     terms: Optional[Dict[str, List[int]]]
     latency: Dict[str, Any]
+    oom_message: Optional[str] = None  # rank 0's out-of-memory error at this point, as PyTorch worded it
 
     @property
     def tokens(self) -> int:
@@ -105,6 +107,7 @@ def point_row(row: Row, entry: Dict[str, Any], length: int) -> PointRow:
         predicted=predicted,
         terms=terms,
         latency=point.get("latency") or {},
+        oom_message=(entry.get("error") or {}).get("message"),
     )
 
 
@@ -211,3 +214,41 @@ def write_plots(points: List[PointRow], folder) -> Dict[str, Any]:
     if latency:
         out["latency"] = plots.latency_vs_batch(latency, folder / FILES["latency"])
     return out
+
+
+@dataclass
+class Fragmented:
+    """An out-of-memory error with room left: what PyTorch's caching allocator said when it failed (bytes)."""
+
+    requested: int
+    allocated: int  # allocated by PyTorch when it failed
+    unallocated: int  # reserved by PyTorch but unallocated
+    allowed: int  # the process's cap (set_per_process_memory_fraction), where one was set
+
+    @property
+    def needed(self) -> int:
+        return self.allocated + self.requested
+
+
+_UNIT = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_SIZE = r"([\d.]+) (B|KiB|MiB|GiB|TiB)"
+
+
+def _bytes(match, i: int) -> int:
+    return int(float(match.group(i)) * _UNIT[match.group(i + 1)])
+
+
+def fragmentation(message: Optional[str]) -> Optional[Fragmented]:
+    """The failure of a capped allocator whose allocated bytes plus the request fit the cap (None otherwise): the
+    free bytes were there, split in cached blocks none of which could hold the request. Read from the message
+    PyTorch's CUDA caching allocator writes ("Tried to allocate X", "Y allowed", "A is allocated by PyTorch, and R
+    is reserved by PyTorch but unallocated")."""
+    text = str(message or "")
+    tried = re.search(r"Tried to allocate " + _SIZE, text)
+    allowed = re.search(_SIZE + r" allowed", text)
+    held = r" is allocated by PyTorch, and " + _SIZE + r" is reserved by PyTorch but unallocated"
+    split = re.search(_SIZE + held, text)
+    if not (tried and allowed and split):
+        return None
+    found = Fragmented(_bytes(tried, 1), _bytes(split, 1), _bytes(split, 3), _bytes(allowed, 1))
+    return found if found.needed <= found.allowed else None

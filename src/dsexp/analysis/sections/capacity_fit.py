@@ -41,7 +41,26 @@ def render(inputs: ReportInputs) -> str:
             f"| `{q.config}` | {q.tp} | {q.batch} | {q.prompt_tokens} | {q.tokens} | {q.status} | "
             f"{size(meas)} | {size(pred)} | {ratio} | {terms_cell(q)} |"
         )
-    return "\n".join(lines + [""] + fit_lines(capa.largest_batches(inputs.rows, points)) + [""])
+    lines += [""] + fragmented_lines(points)
+    return "\n".join(lines + fit_lines(capa.largest_batches(inputs.rows, points)) + [""])
+
+
+def fragmented_lines(points: List[capa.PointRow]) -> List[str]:
+    """The points that ran out of memory with room left under the cap: fragmentation, not the total, failed them."""
+    out = []
+    for q in points:
+        f = capa.fragmentation(q.oom_message) if q.status == "oom" else None
+        if f is None:
+            continue
+        out.append(
+            f"- Batch {q.batch} x {q.prompt_tokens} (`{q.config}`, tp={q.tp}) ran out of memory with room left: "
+            f"{size(f.allocated)} allocated + {size(f.requested)} requested = {size(f.needed)}, within the "
+            f"{size(f.allowed)} allowed, while {size(f.unallocated)} sat reserved but unallocated in cached blocks "
+            "too small for the request. The allocator's fragmentation failed it, not the total the memory model "
+            "counts (a floor). `+trim.env.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` lets the allocator grow "
+            "one segment instead."
+        )
+    return out + [""] if out else []
 
 
 def terms_cell(q: capa.PointRow) -> str:
