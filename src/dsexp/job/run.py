@@ -33,7 +33,7 @@ from dsexp.core.protocol import CAMPAIGN_ENV, COMMIT_ENV, RESULT, STACK_IMPORT_E
 from dsexp.core.schema import JobConfig, dtype_conversion
 from dsexp.core.series import read_job_series
 from dsexp.core.workload import grid
-from dsexp.job import correctness, failures, oom, script_job, teardown
+from dsexp.job import correctness, failures, oom_relaunch, script_job, teardown
 from dsexp.job.budget import budget_runtime
 from dsexp.job.cluster import slurm
 from dsexp.job.launch import LaunchOutcome, run_ranks
@@ -391,7 +391,7 @@ def _preparation_cause(e: Exception) -> str:
 def launch_for_points(
     spec: JobConfig, job_dir: Path, runtime: Dict[str, Any], visible: Optional[str]
 ) -> Tuple[LaunchOutcome, List[Optional[dict]], List[Dict[str, Any]]]:
-    """Launch the ranks; where a rank ran out of memory alone and ended them (dsexp.job.oom), launch them again
+    """Launch the ranks; where a rank ran out of memory alone and ended them (dsexp.job.oom_relaunch), launch them again
     for the grid's points left. Returns the last launch, the rank records (every launch's points merged) and a
     summary of each earlier launch."""
     earlier: List[List[Optional[dict]]] = []
@@ -399,18 +399,18 @@ def launch_for_points(
     while True:
         outcome = run_ranks(spec, job_dir, spec.device, visible, runtime["stack"], runtime.get("script"))
         ranks = records.read_rank_records(job_dir, spec.tp)
-        ended = oom.ended_by_oom(ranks) if not outcome.timed_out else None
+        ended = oom_relaunch.ended_by_oom(ranks) if not outcome.timed_out else None
         if ended is None:
             break
-        oom.mark_torn_down(job_dir, ranks, ended)
-        left = oom.points_left(spec.generate, [*earlier, ranks])
+        oom_relaunch.mark_torn_down(job_dir, ranks, ended)
+        left = oom_relaunch.points_left(spec.generate, [*earlier, ranks])
         if not left or len(launches) >= len(grid(spec.generate)):
             break
-        launches.append(oom.archive_launch(job_dir, ranks, outcome.to_dict(), left))
+        launches.append(oom_relaunch.archive_launch(job_dir, ranks, outcome.to_dict(), left))
         earlier.append(ranks)
         write_job_file(job_dir, spec, {**runtime, "points": [p.to_dict() for p in left]})
     if earlier or ended:
-        ranks = oom.merge_launches(earlier, ranks, spec.generate)
+        ranks = oom_relaunch.merge_launches(earlier, ranks, spec.generate)
     return outcome, ranks, launches
 
 
@@ -424,7 +424,9 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     result["runtime"] = runtime
     result["baseline"] = base = baseline(spec.device, gpus)
     outcome, ranks, launches = launch_for_points(spec, job_dir, runtime, (packed or {}).get("gpus"))
-    ended = oom.ended_by_oom(ranks) if not outcome.timed_out else None  # the last launch's ranks ended by an OOM
+    ended = (
+        oom_relaunch.ended_by_oom(ranks) if not outcome.timed_out else None
+    )  # the last launch's ranks ended by an OOM
     if launches:
         result["launches"] = launches
     result["launch"] = launch = outcome.to_dict()

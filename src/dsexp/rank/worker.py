@@ -20,7 +20,7 @@ from dsexp.core.context import RankContext  # noqa: E402
 from dsexp.core.protocol import OOM_ENDED_EXIT, rank_log, read_job_file  # noqa: E402
 from dsexp.rank.faults import maybe_inject  # noqa: E402
 from dsexp.rank.isolation import hide_job_side_packages  # noqa: E402
-from dsexp.rank.oom import RanksEnded  # noqa: E402
+from dsexp.rank.oom_agreement import RanksEnded  # noqa: E402
 from dsexp.rank.output import redirect_output  # noqa: E402
 from dsexp.rank.probes.phases import PhaseRecorder  # noqa: E402
 from dsexp.rank.probes.snapshots import snapshot_options  # noqa: E402

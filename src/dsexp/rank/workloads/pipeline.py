@@ -11,7 +11,7 @@ from dsexp.core.workload import Point, dominated, grid
 from dsexp.rank.budget_cap import check_simulated, simulate_point
 from dsexp.rank.faults import maybe_inject, maybe_oom, oom_in_forward
 from dsexp.rank.generation import point_ids
-from dsexp.rank.oom import RanksEnded, agree_after_forward, ended_record, ranks_out_before_forward
+from dsexp.rank.oom_agreement import RanksEnded, agree_after_forward, ended_record, ranks_out_before_forward
 from dsexp.rank.probes.phases import PhaseRecorder
 
 
@@ -67,9 +67,9 @@ def load_and_init(ctx: RankContext, rec: PhaseRecorder, engine, loader: str) -> 
 def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[str, Any]) -> None:
     """Each point of the workload grid (dsexp.core.workload) its own phase, measured (dsexp.rank.generation). A point
     that runs out of memory is a result: the other points go on, the larger ones it makes pointless are skipped;
-    where the ranks cannot go on together (dsexp.rank.oom) they end after recording it, and the job relaunches them
-    for the points left (`runtime["points"]`). Rank 0 saves the grid's first point's first-step logits (the
-    correctness check reads them)."""
+    where the ranks cannot go on together (dsexp.rank.oom_agreement) they end after recording it, and the job
+    relaunches them for the points left (`runtime["points"]`). Rank 0 saves the grid's first point's first-step
+    logits (the correctness check reads them)."""
     import torch
 
     from dsexp.rank.generation import prompt_ids
@@ -109,7 +109,7 @@ def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[
 def run_point(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: str, text: List[int], extra):
     """One point as its own phase: (its entry for the rank record's `points`, first-step logits, tokens). An
     out-of-memory error ends the point, not the rank: recorded with the allocator's state; then the ranks agree on
-    it before any of them moves on (dsexp.rank.oom), or, where they cannot, the entry says the ranks end."""
+    it before any of them moves on (dsexp.rank.oom_agreement), or, where they cannot, the entry says the ranks end."""
     import torch
 
     from dsexp.rank.generation import measure_point

@@ -1,5 +1,5 @@
-"""A launch whose ranks ended because a rank ran out of memory where its peers could not follow (dsexp.rank.oom):
-how every rank ended, the grid's points left, and what each launch recorded, kept.
+"""A launch whose ranks ended because a rank ran out of memory where its peers could not follow
+(dsexp.rank.oom_agreement): how every rank ended, the grid's points left, and what each launch recorded, kept.
 
 The rank that ran out records the point and exits; the launcher stops its peers (they wait in a collective), so the
 launch ends within launcher.grace_s. Each peer's record then says how it ended (`ended`: torn down after rank k ran

@@ -8,7 +8,7 @@ data). So the ranks that ran out agree out of band, through the process group's 
 counts and waits up to `wait_s` for the others. Every rank out of memory with the same counts (a symmetric OOM:
 AutoTP's ranks hold the same shapes): they go on. Otherwise the ranks end: the first verdict posted wins (a
 compare-and-set), each rank that ran out records the point and exits (RanksEnded), the launcher stops its peers,
-and the job relaunches the ranks for the points left (dsexp.job.oom).
+and the job relaunches the ranks for the points left (dsexp.job.oom_relaunch).
 """
 
 from __future__ import annotations
@@ -45,13 +45,16 @@ def collective_counts() -> Optional[Dict[str, int]]:
     from torch.distributed import distributed_c10d as c10d
 
     try:
-        return {name: int(pg._get_sequence_number_for_group()) for pg, name in c10d._world.pg_names.items()}
+        return {name: int(pg._get_sequence_number_for_group()) for pg, name in c10d._world.pg_names.items()} or None
     except Exception:
         return None
 
 
-def agree_after_forward(rank: int, world_size: int, key: str, wait_s: float) -> Tuple[bool, List[int]]:
-    """(whether the ranks go on, the ranks that posted an out-of-memory error at this point) through the store."""
+def agree_after_forward(
+    rank: int, world_size: int, key: str, wait_s: float, store=None, counts: Optional[Dict[str, int]] = None
+) -> Tuple[bool, List[int]]:
+    """(whether the ranks go on, the ranks that posted an out-of-memory error at this point) through `store` (the
+    process group's) and this rank's collective `counts` (the process groups' sequence numbers)."""
     if world_size == 1:
         return True, [0]
     from torch.distributed import DistError
@@ -59,8 +62,8 @@ def agree_after_forward(rank: int, world_size: int, key: str, wait_s: float) -> 
 
     keys = [f"dsexp/oom/{key}/{r}" for r in range(world_size)]
     try:
-        store = c10d._get_default_store()
-        store.set(keys[rank], json.dumps(collective_counts()))
+        store = c10d._get_default_store() if store is None else store
+        store.set(keys[rank], json.dumps(collective_counts() if counts is None else counts))
         try:
             store.wait(keys, timedelta(seconds=wait_s))
             counts = [json.loads(store.get(k)) for k in keys]
