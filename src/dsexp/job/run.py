@@ -424,9 +424,8 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     result["runtime"] = runtime
     result["baseline"] = base = baseline(spec.device, gpus)
     outcome, ranks, launches = launch_for_points(spec, job_dir, runtime, (packed or {}).get("gpus"))
-    ended = (
-        oom_relaunch.ended_by_oom(ranks) if not outcome.timed_out else None
-    )  # the last launch's ranks ended by an OOM
+    # the last launch's ranks were ended by a rank out of memory alone
+    ended = oom_relaunch.ended_by_oom(ranks) if not outcome.timed_out else None
     if launches:
         result["launches"] = launches
     result["launch"] = launch = outcome.to_dict()

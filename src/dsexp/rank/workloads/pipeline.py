@@ -112,8 +112,6 @@ def run_point(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: s
     it before any of them moves on (dsexp.rank.oom_agreement), or, where they cannot, the entry says the ranks end."""
     import torch
 
-    from dsexp.rank.generation import measure_point
-
     key = rec.begin(key)
     measured = logits = tokens = oom = None
     weights = (rec.record["phases"].get("init") or {}).get("weights_device")
@@ -130,14 +128,7 @@ def run_point(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: s
     device = ctx.device if ctx.on_gpu else "cpu"
     ran_out, go_on = ranks_out_before_forward(ctx.world_size, ctx.rank, oom is not None, device), True
     if not ran_out:
-        try:
-            with oom_in_forward(ctx.spec.fault, ctx.rank, module, point):
-                measured, logits, tokens = measure_point(module, ctx, point, text, extra, rec.split_window)
-        except torch.OutOfMemoryError as e:
-            oom = out_of_memory(e)
-        except BaseException as e:
-            rec.end(key, error=e)
-            raise
+        measured, logits, tokens, oom = forward(ctx, rec, module, point, key, text, extra)
     if oom is not None:
         oom["allocator"] = allocator_state(ctx.on_gpu)
     rec.end(key)  # its memory snapshot (probe.memory_snapshot) still holds the allocator's cache as the point left it
@@ -157,6 +148,23 @@ def run_point(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: s
     if not go_on:
         entry["ended"] = ended_record(ctx.rank, key, point.to_dict(), ran_out)
     return entry, logits, tokens
+
+
+def forward(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: str, text: List[int], extra):
+    """The point measured (dsexp.rank.generation): (its record, logits, tokens, None), or (None, None, None, the
+    out-of-memory error) where it ran out; any other error ends the phase and the rank."""
+    import torch
+
+    from dsexp.rank.generation import measure_point
+
+    try:
+        with oom_in_forward(ctx.spec.fault, ctx.rank, module, point):
+            return (*measure_point(module, ctx, point, text, extra, rec.split_window), None)
+    except torch.OutOfMemoryError as e:
+        return None, None, None, out_of_memory(e)
+    except BaseException as e:
+        rec.end(key, error=e)
+        raise
 
 
 def out_of_memory(e: BaseException) -> Dict[str, Any]:
