@@ -135,3 +135,14 @@ def test_a_point_no_launch_reached_is_listed_as_not_run():
     points = [{"batch": 1, "prompt_tokens": 8, "phase": "generate[b=1,l=8]", "status": "ok"}]
     out = job_oom.complete_points(points, GRID)
     assert [p["status"] for p in out] == ["ok", "not_run", "not_run", "not_run"] and out[1]["why"]
+
+
+def test_a_point_not_run_is_no_measurement_for_the_budget_search():
+    from dsexp.analysis.budget_runs import point_phase
+
+    points = [
+        {"batch": 1, "prompt_tokens": 8, "phase": "generate[b=1,l=8]", "status": "ok"},
+        {"batch": 4, "prompt_tokens": 8, "phase": "generate[b=4,l=8]", "status": "not_run"},
+    ]
+    result = {"ranks": [{"rank": 0, "status": "ok", "points": points, "phases": {}}]}
+    assert point_phase(result, 1) == "generate[b=1,l=8]" and point_phase(result, 4) is None

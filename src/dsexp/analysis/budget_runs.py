@@ -17,6 +17,7 @@ from dsexp.analysis.measured import node_growth
 from dsexp.core.fs import read_json
 from dsexp.core.records import phase_quantities
 from dsexp.core.result import JobRecord, RankRecord
+from dsexp.core.workload import NOT_MEASURED
 
 STATE_FILE = "budget.json"
 GIB = 2**30
@@ -35,7 +36,7 @@ def point_phase(result: Dict[str, Any], batch: int) -> Optional[str]:
     """The phase key the ranks ran this batch in (None: not run)."""
     for rk in JobRecord.of(result).ranks:
         for e in rk.raw.get("points") or []:
-            if int(e.get("batch", -1)) == batch and e.get("status") != "skipped":
+            if int(e.get("batch", -1)) == batch and e.get("status") not in NOT_MEASURED:
                 return e.get("phase") or "generate"
     return None
 
