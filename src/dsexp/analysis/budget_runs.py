@@ -19,6 +19,7 @@ from dsexp.analysis.user_script import is_script
 from dsexp.core.fs import read_json
 from dsexp.core.records import phase_kind, phase_quantities
 from dsexp.core.result import JobRecord, RankRecord
+from dsexp.core.workload import NOT_MEASURED
 
 STATE_FILE = "budget.json"
 GIB = 2**30
@@ -60,7 +61,7 @@ def point_phase(result: Dict[str, Any], batch: int) -> Optional[str]:
         return next(iter(point_phases(result, batch)), None)
     for rk in JobRecord.of(result).ranks:
         for e in rk.raw.get("points") or []:
-            if int(e.get("batch", -1)) == batch and e.get("status") != "skipped":
+            if int(e.get("batch", -1)) == batch and e.get("status") not in NOT_MEASURED:
                 return e.get("phase") or "generate"
     return None
 

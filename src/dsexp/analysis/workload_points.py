@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 from dsexp.analysis.labels import config_label
 from dsexp.analysis.matrix import Row
 from dsexp.core.result import Phase
-from dsexp.core.workload import parse_phase
+from dsexp.core.workload import NOT_MEASURED, parse_phase
 from dsexp.predict import capacity as cap
 
 
@@ -28,7 +28,7 @@ class PointRow:
     batch: int
     prompt_tokens: int
     new_tokens: int
-    status: str  # ok | oom | skipped
+    status: str  # ok | oom | skipped | not_run (dsexp.job.oom_relaunch)
     on_gpu: bool
     measured: List[Optional[int]]  # bytes above the weights per rank (None where not measured)
     predicted: Optional[List[int]]  # the model's figure for the same: its peak above the weights (CPU: KV cache)
@@ -201,7 +201,7 @@ def write_plots(points: List[PointRow], folder) -> Dict[str, Any]:
     latency: plots.LatencySeries = {}
     for q in points:
         s = memory.setdefault((q.config, q.tp), {"measured": [], "oom": []})
-        if q.predicted_max is not None and q.status != "skipped":  # a skipped point's figure says nothing measured
+        if q.predicted_max is not None and q.status not in NOT_MEASURED:  # nothing measured there to compare
             s.setdefault(f"predicted L={q.prompt_tokens}", []).append((q.tokens, q.predicted_max / GIB))
         if q.status == "ok" and q.measured_max is not None:
             s["measured"].append((q.tokens, q.measured_max / GIB))

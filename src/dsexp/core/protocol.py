@@ -24,6 +24,7 @@ SCRIPT_ENV = "DSEXP_SCRIPT"  # ... and the script's path (only the process runni
 SHARED_GPUS_ENV = "DSEXP_SHARED_GPUS"  # ranks sharing GPUs: the GPUs (CUDA indices as the job saw them) they share
 CAMPAIGN_ENV = "DSEXP_CAMPAIGN"  # set by python -m dsexp.campaign: the campaign a job ran in (result.json "campaign")
 COMMIT_ENV = "DSEXP_COMMIT"  # ... and the dsexp commit it ran at (result.json "commit"; else read from git here)
+OOM_ENDED_EXIT = 75  # a rank ended the job's ranks after running out of memory alone (dsexp.rank.oom_agreement)
 RESULT = "result.json"
 JOB_FILE = "job.json"
 

@@ -204,13 +204,18 @@ def _phase_at_stop(rec: Optional[dict]) -> Optional[str]:
     return PHASES[min(len(done), len(PHASES) - 1)]
 
 
+def only_a_peer_went_away(err: Dict[str, Any]) -> bool:
+    """A recorded error that only reports that a peer went away (gloo/NCCL/c10d store)."""
+    return bool(_COLLATERAL.search(f"{err.get('message')}\n{err.get('traceback', '')}"))
+
+
 def _is_victim(rank: int, rec: Optional[dict], exits: Dict[int, int]) -> bool:
     if exits.get(rank) == -signal.SIGTERM:
         return True  # the launcher stopped it because another rank failed
     err = (rec or {}).get("error")
     if (err or {}).get("stopped"):
         return bool(err.get("after_rank") is not None)  # recorded by record_how_ranks_ended, after another's failure
-    return bool(err) and bool(_COLLATERAL.search(f"{err.get('message')}\n{err.get('traceback', '')}"))
+    return bool(err) and only_a_peer_went_away(err)
 
 
 def _culprit(ranks: List[Optional[dict]], exits: Dict[int, int], at_stop: Dict[int, Optional[str]]) -> int:

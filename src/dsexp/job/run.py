@@ -32,10 +32,11 @@ from dsexp.core.fs import read_json, write_json_atomic
 from dsexp.core.protocol import CAMPAIGN_ENV, COMMIT_ENV, RESULT, STACK_IMPORT_ERROR, write_job_file
 from dsexp.core.schema import JobConfig, dtype_conversion
 from dsexp.core.series import read_job_series
-from dsexp.job import correctness, failures, script_job, teardown
+from dsexp.core.workload import grid
+from dsexp.job import correctness, failures, oom_relaunch, script_job, teardown
 from dsexp.job.budget import budget_runtime
 from dsexp.job.cluster import slurm
-from dsexp.job.launch import run_ranks
+from dsexp.job.launch import LaunchOutcome, run_ranks
 from dsexp.job.overlay import StackError, prepare_stack
 from dsexp.job.roles import RoleFailed
 
@@ -388,6 +389,32 @@ def _preparation_cause(e: Exception) -> str:
     return "prepare_error"
 
 
+def launch_for_points(
+    spec: JobConfig, job_dir: Path, runtime: Dict[str, Any], visible: Optional[str]
+) -> Tuple[LaunchOutcome, List[Optional[dict]], List[Dict[str, Any]]]:
+    """Launch the ranks; where a rank ran out of memory alone and ended them (dsexp.job.oom_relaunch), launch them again
+    for the grid's points left. Returns the last launch, the rank records (every launch's points merged) and a
+    summary of each earlier launch."""
+    earlier: List[List[Optional[dict]]] = []
+    launches: List[Dict[str, Any]] = []
+    while True:
+        outcome = run_ranks(spec, job_dir, spec.device, visible, runtime["stack"], runtime.get("script"))
+        ranks = records.read_rank_records(job_dir, spec.tp)
+        ended = oom_relaunch.ended_by_oom(ranks) if not outcome.timed_out else None
+        if ended is None:
+            break
+        oom_relaunch.mark_torn_down(job_dir, ranks, ended)
+        left = oom_relaunch.points_left(spec.generate, [*earlier, ranks])
+        if not left or len(launches) >= len(grid(spec.generate)):
+            break
+        launches.append(oom_relaunch.archive_launch(job_dir, ranks, outcome.to_dict(), left))
+        earlier.append(ranks)
+        write_job_file(job_dir, spec, {**runtime, "points": [p.to_dict() for p in left]})
+    if earlier or ended:
+        ranks = oom_relaunch.merge_launches(earlier, ranks, spec.generate)
+    return outcome, ranks, launches
+
+
 def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     from dsexp.job.cluster.packing import gpu_indices
 
@@ -397,17 +424,13 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
     write_job_file(job_dir, spec, runtime)
     result["runtime"] = runtime
     result["baseline"] = base = baseline(spec.device, gpus)
-    outcome = run_ranks(
-        spec,
-        job_dir,
-        spec.device,
-        visible=(packed or {}).get("gpus"),
-        stack=runtime["stack"],
-        script=runtime.get("script"),
-    )
+    outcome, ranks, launches = launch_for_points(spec, job_dir, runtime, (packed or {}).get("gpus"))
+    # the last launch's ranks were ended by a rank out of memory alone
+    ended = oom_relaunch.ended_by_oom(ranks) if not outcome.timed_out else None
+    if launches:
+        result["launches"] = launches
     result["launch"] = launch = outcome.to_dict()
     result["teardown"] = {**launch.pop("teardown", {}), **after_teardown(spec.device, base, gpus)}
-    ranks = records.read_rank_records(job_dir, spec.tp)
     tails = failures.log_tails(job_dir, spec.tp)
     result["ranks"] = ranks
     result["series"] = read_job_series(job_dir, spec.tp)
@@ -428,9 +451,10 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
         else None
     )
     exits, terminated = failures.launcher_exits(job_dir), failures.terminated_ranks(job_dir, spec.tp)
+    ended_well = ended is not None and all(r and r.get("status") == "ok" for r in ranks)
     failure = failures.classify(
         outcome.timed_out,
-        outcome.returncode,
+        0 if ended_well else outcome.returncode,  # a rank that ran out of memory alone ended them: a result
         ranks,
         tails,
         exits=exits,

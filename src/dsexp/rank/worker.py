@@ -17,9 +17,10 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from dsexp.core.context import RankContext  # noqa: E402
-from dsexp.core.protocol import rank_log, read_job_file  # noqa: E402
+from dsexp.core.protocol import OOM_ENDED_EXIT, rank_log, read_job_file  # noqa: E402
 from dsexp.rank.faults import maybe_inject  # noqa: E402
 from dsexp.rank.isolation import hide_job_side_packages  # noqa: E402
+from dsexp.rank.oom_agreement import RanksEnded  # noqa: E402
 from dsexp.rank.output import redirect_output  # noqa: E402
 from dsexp.rank.probes.phases import PhaseRecorder  # noqa: E402
 from dsexp.rank.probes.snapshots import snapshot_options  # noqa: E402
@@ -114,6 +115,9 @@ def main(argv=None) -> int:
             startup = _start_distributed(ctx, rec)
         rec.annotate_phase("start", **startup)
         workload.run(ctx, rec)
+    except RanksEnded:  # out of memory where the peers cannot follow: recorded (`ended`); exit so the launcher
+        rec.finish(software=software())  # stops the others and the job relaunches them for the points left
+        return OOM_ENDED_EXIT
     except BaseException as e:  # recorded by the phase; the job classifies it
         if rec.record["error"] is None:
             rec.note(

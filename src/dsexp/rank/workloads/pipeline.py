@@ -9,8 +9,9 @@ from dsexp.core.context import RankContext
 from dsexp.core.protocol import logits_file
 from dsexp.core.workload import Point, dominated, grid
 from dsexp.rank.budget_cap import check_simulated, simulate_point
-from dsexp.rank.faults import maybe_inject, maybe_oom
+from dsexp.rank.faults import maybe_inject, maybe_oom, oom_in_forward
 from dsexp.rank.generation import point_ids
+from dsexp.rank.oom_agreement import RanksEnded, agree_after_forward, ended_record, ranks_out_before_forward
 from dsexp.rank.probes.phases import PhaseRecorder
 
 
@@ -65,19 +66,22 @@ def load_and_init(ctx: RankContext, rec: PhaseRecorder, engine, loader: str) -> 
 
 def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[str, Any]) -> None:
     """Each point of the workload grid (dsexp.core.workload) its own phase, measured (dsexp.rank.generation). A point
-    that runs out of memory is a result: the other points go on, the larger ones it makes pointless are skipped.
-    Rank 0 saves the first point's first-step logits (the correctness check reads them)."""
+    that runs out of memory is a result: the other points go on, the larger ones it makes pointless are skipped;
+    where the ranks cannot go on together (dsexp.rank.oom_agreement) they end after recording it, and the job
+    relaunches them for the points left (`runtime["points"]`). Rank 0 saves the grid's first point's first-step
+    logits (the correctness check reads them)."""
     import torch
 
     from dsexp.rank.generation import prompt_ids
 
-    points = grid(ctx.spec.generate)
+    full = grid(ctx.spec.generate)
+    points = [Point(p["batch"], p["prompt_tokens"]) for p in ctx.runtime["points"]] if "points" in ctx.runtime else full
     text = prompt_ids(ctx, module.config.vocab_size)
     extra = engine.generate_kwargs(ctx) if engine else {}
     outcomes: List[Dict[str, Any]] = []
     ran_out: List[Point] = []
-    for i, point in enumerate(points):
-        key = point.phase(len(points) == 1)
+    for point in points:
+        key = point.phase(len(full) == 1)
         larger_than = dominated(point, ran_out)
         if larger_than:
             skipped = {"phase": key, "status": "skipped", "larger_than": larger_than.to_dict()}
@@ -86,9 +90,12 @@ def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[
         entry, logits, tokens = run_point(ctx, rec, module, point, key, text, extra)
         outcomes.append(entry)
         rec.note(points=outcomes)
+        if entry.get("ended"):
+            rec.note(ended=entry["ended"])
+            raise RanksEnded(entry["ended"]["message"])
         if entry["status"] == "oom":
             ran_out.append(point)
-        elif i == 0:
+        elif point == full[0]:
             note_nonfinite(rec, module, logits)
             if ctx.rank == 0:
                 torch.save(logits, logits_file(ctx.job_dir))
@@ -101,26 +108,27 @@ def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[
 
 def run_point(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: str, text: List[int], extra):
     """One point as its own phase: (its entry for the rank record's `points`, first-step logits, tokens). An
-    out-of-memory error ends the point, not the rank: recorded with the allocator's state; then the ranks agree
-    (every rank learns which ran out) before any of them moves on to the next point."""
+    out-of-memory error ends the point, not the rank: recorded with the allocator's state; then the ranks agree on
+    it before any of them moves on (dsexp.rank.oom_agreement), or, where they cannot, the entry says the ranks end."""
     import torch
 
-    from dsexp.rank.generation import measure_point
-
     key = rec.begin(key)
-    logits = tokens = oom = None
+    measured = logits = tokens = oom = None
     weights = (rec.record["phases"].get("init") or {}).get("weights_device")
     simulated = simulate_point(ctx, weights, point)  # a CPU run under a budget (dsexp.rank.budget_cap)
     try:
         maybe_inject(ctx.spec.fault, ctx.rank, "generate", ctx.job_dir)
         maybe_oom(ctx.spec.fault, point.batch, point.prompt_tokens)
         check_simulated(simulated)
-        measured, logits, tokens = measure_point(module, ctx, point, text, extra, rec.split_window)
     except torch.OutOfMemoryError as e:
-        oom = {"type": type(e).__name__, "message": str(e)[:2000]}
+        oom = out_of_memory(e)
     except BaseException as e:
         rec.end(key, error=e)
         raise
+    device = ctx.device if ctx.on_gpu else "cpu"
+    ran_out, go_on = ranks_out_before_forward(ctx.world_size, ctx.rank, oom is not None, device), True
+    if not ran_out:
+        measured, logits, tokens, oom = forward(ctx, rec, module, point, key, text, extra)
     if oom is not None:
         oom["allocator"] = allocator_state(ctx.on_gpu)
     rec.end(key)  # its memory snapshot (probe.memory_snapshot) still holds the allocator's cache as the point left it
@@ -129,27 +137,38 @@ def run_point(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: s
     if simulated:
         rec.annotate_phase(key, budget=simulated)
         rec.note(budget={k: simulated[k] for k in ("how", "budget_bytes", "cpu_scale")})
-    out_of_memory = ranks_out_of_memory(ctx, oom is not None)
-    entry = {**point.to_dict(), "phase": key, "status": "oom" if out_of_memory else "ok"}
-    if out_of_memory:
-        entry.update(oom_ranks=out_of_memory, error=oom)
-        rec.annotate_phase(key, point={**point.to_dict(), "out_of_memory": oom, "oom_ranks": out_of_memory})
+    if oom is not None and not ran_out:  # in the forward: the ranks that ran out agree out of band
+        go_on, ran_out = agree_after_forward(ctx.rank, ctx.world_size, key, ctx.spec.launcher.grace_s / 2)
+    entry = {**point.to_dict(), "phase": key, "status": "oom" if ran_out else "ok"}
+    if ran_out:
+        entry.update(oom_ranks=ran_out, error=oom)
+        rec.annotate_phase(key, point={**point.to_dict(), "out_of_memory": oom, "oom_ranks": ran_out})
     else:
         rec.annotate_phase(key, point=measured)
+    if not go_on:
+        entry["ended"] = ended_record(ctx.rank, key, point.to_dict(), ran_out)
     return entry, logits, tokens
 
 
-def ranks_out_of_memory(ctx: RankContext, mine: bool) -> List[int]:
-    """The ranks whose point ran out of memory, the same list on every rank (one all_reduce: no rank goes on to
-    the next point, and its collectives, while another is still on this one)."""
+def forward(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: str, text: List[int], extra):
+    """The point measured (dsexp.rank.generation): (its record, logits, tokens, None), or (None, None, None, the
+    out-of-memory error) where it ran out; any other error ends the phase and the rank."""
     import torch
 
-    if ctx.world_size == 1:
-        return [0] if mine else []
-    flags = torch.zeros(ctx.world_size, dtype=torch.int32, device=ctx.device if ctx.on_gpu else "cpu")
-    flags[ctx.rank] = int(mine)
-    torch.distributed.all_reduce(flags)
-    return [r for r, f in enumerate(flags.tolist()) if f]
+    from dsexp.rank.generation import measure_point
+
+    try:
+        with oom_in_forward(ctx.spec.fault, ctx.rank, module, point):
+            return (*measure_point(module, ctx, point, text, extra, rec.split_window), None)
+    except torch.OutOfMemoryError as e:
+        return None, None, None, out_of_memory(e)
+    except BaseException as e:
+        rec.end(key, error=e)
+        raise
+
+
+def out_of_memory(e: BaseException) -> Dict[str, Any]:
+    return {"type": type(e).__name__, "message": str(e)[:2000]}
 
 
 def allocator_state(on_gpu: bool) -> Dict[str, Any]:
