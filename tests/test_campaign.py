@@ -265,3 +265,22 @@ def test_ctrl_c_during_a_step_stops_it_and_returns(tmp_path):
     t0 = time.monotonic()
     out = crun.run_step(["sleep", "30"], dict(os.environ), 60, tmp_path / "s.log", None)
     assert out["interrupted"] and not out["timed_out"] and out["rc"] != 0 and time.monotonic() - t0 < 10
+
+
+def test_resume_seeds_a_new_work_folder_from_the_results_folder_and_never_overwrites_one(tmp_path, monkeypatch):
+    """A budget step cut short on a GPU machine that is gone: --resume copies its committed records (result.json,
+    budget.json) into the new work folder, so dsexp skips what ran and the search goes on; an existing work
+    folder is left as it is."""
+    results, work = tmp_path / "results", tmp_path / "work"
+    for f in ("gpu24/0/result.json", "gpu24/1/result.json", "gpu24/budget.json", "gpu24/summary.md"):
+        (results / f).parent.mkdir(parents=True, exist_ok=True)
+        (results / f).write_text("{}")
+    assert crun.seed(results / "gpu24", work / "gpu24") == 2
+    assert sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.is_file()) == [
+        "gpu24/0/result.json", "gpu24/1/result.json", "gpu24/budget.json"]  # fmt: skip
+    assert crun.seed(results / "gpu24", work / "gpu24") == 0  # already there: untouched
+    seen = []
+    monkeypatch.setattr(crun, "run_step", lambda argv, *a: seen.append(argv) or {"rc": 0, "timed_out": False})
+    campaign = Campaign("t", "a", "m", str(results), [], [Step("gpu24", "overrides", ["model=tiny"], 5)])
+    assert crun.run_campaign(campaign, results, tmp_path / "fresh", resume=True) == 0
+    assert (tmp_path / "fresh" / "gpu24" / "budget.json").is_file() and seen

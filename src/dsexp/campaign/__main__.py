@@ -1,7 +1,8 @@
-"""`python -m dsexp.campaign NAME [--dry-run] [--only STEP,...] [--add OVERRIDE]... [--out DIR] [--work DIR]`.
+"""`python -m dsexp.campaign NAME [--dry-run] [--only STEPS] [--add OVERRIDE]... [--out DIR] [--work DIR] [--resume]`.
 
 Runs the campaign's steps in order and fills its results folder (--out: elsewhere); --dry-run prints the commands;
---add appends an override to every sweep (`--add hydra/launcher=dsexp_slurm`); --list names every campaign.
+--add appends an override to every sweep (`--add hydra/launcher=dsexp_slurm`); --list names every campaign;
+--resume starts each sweep from the results folder's records (a budget search cut short on another machine goes on).
 Exit status 1 if a step failed or ran out of time (the steps after it still run); 130 if the campaign was stopped
 (Ctrl-C, SIGTERM): the running step is stopped, what it measured copied and recorded, the steps after it not run."""
 
@@ -35,6 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="results folder (default: the campaign's, e.g. results/h200/shared)")
     work_help = f"sweeps run here (default: ${WORK_ENV} or multirun/campaigns, then <name>/<time>)"
     ap.add_argument("--work", type=Path, help=work_help)
+    resume_help = "start each sweep from the results folder's records (another machine's): ok jobs are skipped"
+    ap.add_argument("--resume", action="store_true", help=resume_help)
     args = ap.parse_args(argv)
     # SIGTERM (a SLURM time limit, `timeout`) stops the running step as Ctrl-C does: its results are copied first
     signal.signal(signal.SIGTERM, _interrupt)
@@ -49,7 +52,7 @@ def main(argv=None) -> int:
         root = Path(os.environ.get(WORK_ENV) or REPO / "multirun" / "campaigns")
         work = (args.work or root / args.name / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
         only = args.only.split(",") if args.only else None
-        return run_campaign(campaign, out, work, dry_run=args.dry_run, only=only, add=args.add)
+        return run_campaign(campaign, out, work, dry_run=args.dry_run, only=only, add=args.add, resume=args.resume)
     except ConfigError as e:
         print(f"dsexp.campaign: {e}", file=sys.stderr)
         return 2

@@ -133,6 +133,20 @@ def collect(sweep: Path, dest: Path) -> int:
     return len(list(dest.glob("*/" + RESULT)))
 
 
+def seed(results: Path, sweep: Path) -> int:
+    """Resume a step on another machine: copy its compact results (result.json files, budget.json) from the results
+    folder into a sweep folder that does not exist yet. dsexp then skips the jobs already ok and a budget search goes
+    on from what it measured. Returns the number of results seeded."""
+    found = list(results.glob("*/" + RESULT))
+    if sweep.exists() or not found:
+        return 0
+    for src in [*found, *results.glob("budget.json")]:
+        target = sweep / src.relative_to(results)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+    return len(found)
+
+
 def machine() -> Dict:
     """The host and its GPUs (nvidia-smi), for the record."""
     gpus: List[str] = []
@@ -171,8 +185,10 @@ def run_campaign(
     dry_run: bool = False,
     only: Optional[List[str]] = None,
     add: Sequence[str] = (),
+    resume: bool = False,
 ) -> int:
-    """Run (or with dry_run, print) the campaign. Returns 0 if every step exited 0 in time, else 1."""
+    """Run (or with dry_run, print) the campaign. Returns 0 if every step exited 0 in time, else 1. `resume`: each
+    sweep starts from the results folder's records of it (seed)."""
     steps = selected(campaign, only)
     if campaign.frozen and not dry_run:
         raise ConfigError(f"campaign {campaign.name} cannot be remade: {campaign.frozen}")
@@ -205,6 +221,9 @@ def run_campaign(
             continue
         if stdout:
             stdout.parent.mkdir(parents=True, exist_ok=True)
+        if resume and step.kind == "overrides":
+            seeded = seed(out / step.name, work / step.name)
+            print(f"# step {step.name}: resumed from {seeded} results in {out / step.name}", flush=True)
         outcome = run_step(argv, {**env, **step.env}, step.timeout_s, work / f"{step.name}.log", stdout)
         if step.kind == "overrides":
             outcome["results"] = collect(work / step.name, out / step.name)
