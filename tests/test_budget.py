@@ -648,3 +648,23 @@ def test_an_answer_from_a_search_stopped_before_it_settled_says_so_and_how_to_re
     )
     text = capsys.readouterr().out
     assert "**No answer yet**" in text and "No configuration fits" not in text
+
+
+def test_a_record_from_before_a_key_was_added_still_finds_its_configuration():
+    """A search resumed on a later commit (--resume on the next GPU machine): its committed records lack the keys the
+    schema gained since; at their defaults they do not change a configuration's identity. A setting that differs
+    still does."""
+    import json
+
+    from dsexp.compose.budget.points import identity
+
+    from helpers.run import ROOT
+
+    config = json.loads((ROOT / "results/h200/budget/gpu24/2/result.json").read_text())["config"]
+    older = json.loads(json.dumps(config))
+    older["generate"].pop("warmup")  # as if written before generate.warmup existed (its default now: 1)
+    assert config["generate"]["warmup"] == 1 and identity(older) == identity(config)
+    changed = json.loads(json.dumps(config))
+    changed["generate"]["warmup"] = 0
+    assert identity(changed) != identity(config)
+    assert identity({**config, "tp": 2}) != identity(config)

@@ -31,12 +31,37 @@ NOT_MEASURED = ("interrupted", "time_limit", "slurm_cancelled", "node_failed")
 
 
 def identity(config: Dict[str, Any]) -> str:
-    """A configuration's identity in the space: its settings without the batch (and without what job_key drops)."""
+    """A configuration's identity in the space: its settings without the batch (and without what job_key drops), and
+    without the settings left at their defaults, so that a record written before a key was added to the schema (a
+    search resumed on a later commit) still finds its configuration."""
     d = json.loads(json.dumps(config, default=str))
     for k in ("tracking", "rerun", "timeout_s"):
         d.pop(k, None)
     (d.get("generate") or {}).pop("batch_size", None)
+    d = _without(d, _defaults())
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _defaults() -> Dict[str, Any]:
+    from dataclasses import asdict
+
+    from dsexp.core.schema import JobConfig
+
+    return json.loads(json.dumps(asdict(JobConfig()), default=str))
+
+
+def _without(d: Dict[str, Any], defaults: Dict[str, Any]) -> Dict[str, Any]:
+    """d without the entries equal to their default (nested settings compared key by key)."""
+    out = {}
+    for k, v in d.items():
+        base = defaults.get(k, object())
+        if isinstance(v, dict) and isinstance(base, dict):
+            rest = _without(v, base)
+            if rest:
+                out[k] = rest
+        elif v != base:
+            out[k] = v
+    return out
 
 
 def job_batches(config: Dict[str, Any]) -> List[int]:
