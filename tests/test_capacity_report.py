@@ -130,4 +130,9 @@ def test_a_scripts_generate_calls_are_listed_as_facts_beside_the_models_bytes_fo
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[3:7] == ["chat", "1", "122", "16"]
-        assert cells[7].endswith("GiB") and cells[8].endswith("GiB")
+        # both below 1 GiB: read in MiB (sections.common.size), never rounded to "0.1x GiB"
+        for cell in cells[7:9]:
+            value, unit = cell.split()
+            assert unit == "MiB" and 100 < float(value) < 1024, cell
+    measured = sorted(float(r.split("|")[-2].split()[0]) for r in rows)
+    assert measured == [149.51, 208.02]  # rank 0's allocated peak in generate minus its weights, in MiB
