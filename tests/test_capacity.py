@@ -167,3 +167,31 @@ def test_largest_batch_is_the_boundary_of_what_fits():
 def test_dims_without_the_activation_shapes_are_refused_by_name():
     with pytest.raises(ValueError, match="predict.architecture.dims"):
         cap.above_weights(Dims(8, 8, 128), strategy(), 1, cap.Workload(1, 16, 2))
+
+
+def test_internlm2s_prefill_caches_each_value_as_a_view_of_its_layers_packed_qkv():
+    """capacity.KEEPS cached_value_views_qkv, read from dsexp's InternLM2 code: handed no Cache (transformers 4.42's
+    generate for this remote code), its prefill returns values that keep the whole packed projection alive; the
+    prompt_cache term is the storage the cache holds. transformers 5's DynamicCache copies them on the first store."""
+    import torch
+    from transformers import DynamicCache
+
+    from dsexp.predict.architecture import dims as dims_of
+
+    batch, prompt = 2, 16
+    model = build("internlm2", 512, 512, 8, 2, 2, 256, "eager")
+    ids = torch.randint(0, 256, (batch, prompt))
+    with torch.no_grad():
+        legacy = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True).past_key_values
+        cached = model(
+            input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, past_key_values=DynamicCache()
+        )
+    held = sum(t.untyped_storage().nbytes() for k, v in legacy for t in (k, v))
+    s, w = cap.Shapes.of(dims_of(model)), cap.Workload(batch, prompt, 4)
+    heads = {"heads": 8, "kv_heads": 2, "intermediate": 512}
+    pinned, copied = cap.prompt_cache(s, heads, w, 2, pins_qkv=True), cap.prompt_cache(s, heads, w, 2, False)
+    assert held == pinned and 2 * pinned == 7 * copied  # keys (1) + q, k, v of 4 query heads per KV head (6) vs 2
+    values = [layer.values for layer in cached.past_key_values.layers]
+    assert all(v.untyped_storage().nbytes() == v.numel() * 2 for v in values)
+    assert cap.pins_packed_qkv(s, SimpleNamespace(transformers_before=lambda *v: (4, 42) < v))
+    assert not cap.pins_packed_qkv(s, SimpleNamespace(transformers_before=lambda *v: (5, 24) < v))

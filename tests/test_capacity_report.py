@@ -3,9 +3,13 @@ and the largest batch the memory model says fits the GPU the run had, against th
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from dsexp.analysis import workload_points as capa
 from dsexp.core.result import JobRecord
@@ -130,7 +134,34 @@ def test_a_scripts_generate_calls_are_listed_as_facts_beside_the_models_bytes_fo
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[3:7] == ["chat", "1", "122", "16"]
-        assert cells[7].endswith("GiB") and cells[8].endswith("GiB")
+        # both below 1 GiB: read in MiB (sections.common.size), never rounded to "0.1x GiB"
+        for cell in cells[7:9]:
+            value, unit = cell.split()
+            assert unit == "MiB" and 100 < float(value) < 1024, cell
+    measured = sorted(float(r.split("|")[-2].split()[0]) for r in rows)
+    assert measured == [149.51, 208.02]  # rank 0's allocated peak in generate minus its weights, in MiB
+
+
+@pytest.mark.parametrize("run", ["seed20/0", "seed20/1", "seed20_tp4/0", "seed24/0", "seed24_tp4/0"])
+def test_a_scripts_generate_call_on_the_seeds_stack_is_predicted_with_the_packed_qkv_its_cache_keeps(run):
+    """The seed's main.py on its stack (transformers 4.42) on the H200, InternLM2 at 20B/24-layer shapes: rank 0's
+    allocated peak in the chat's generate above its weights (AutoTP at tp=2 and 4, kernel injection with no policy:
+    the whole model). The prompt's cache holds each layer's packed qkv through the value's view (capacity.KEEPS):
+    without it the model was 15-41% under (149.51 MiB measured, 110.87 predicted at tp=2)."""
+    from dsexp.analysis.matrix import build_rows
+    from dsexp.analysis.sections.script_calls import _generate_calls, measured_above, predicted_above
+    from dsexp.predict import capacity as cap
+
+    from helpers.run import ROOT
+
+    result = json.loads((ROOT / "results/h200/scripts" / run / "result.json").read_text())
+    (row,) = build_rows([result])
+    (call,) = _generate_calls(row)
+    predicted, measured = predicted_above(row, call), measured_above(row, call)
+    assert abs(predicted / measured - 1) <= 0.03, (run, predicted, measured)
+    assert row.prediction.strategy.transformers == "4.42.4"
+    today = dataclasses.replace(row.prediction.strategy, transformers="5.24.0")  # copies the value: no qkv kept
+    assert not cap.pins_packed_qkv(cap.Shapes.of(row.prediction.dims), today)
 
 
 def test_an_out_of_memory_with_room_left_under_the_cap_is_named_as_fragmentation(capsys):

@@ -506,23 +506,94 @@ TEN = [
 def test_ten_scripts_at_tp_1_and_2_as_written_and_fixed(tmp_path, cache_dir, script, model, args, fails):
     """Every run is ok and correct (or ok with no generate call to check: a forward-only script), or failed with
     the cause the script or its libraries really hit (docs/user-guide.md, "Scripts tried")."""
+    for res, what in sweep_as_written_and_fixed(tmp_path, cache_dir, script, model, args):
+        tp = res["config"]["tp"]
+        if tp in fails:
+            assert res["status"] == "failed" and fails[tp] in res["failure"]["message"], (what, res.get("failure"))
+            continue
+        assert_ok_and_correct(res, what)
+
+
+def sweep_as_written_and_fixed(tmp_path, cache_dir, script, model, args):
+    """`script` at tp=1,2 with script.fix=[],[all] on `model`: [(result, what it is)], four of them."""
     run_dsexp(["-m", f"script.path={SCRIPTS / script}", f"script.args=[{','.join(args)}]", f"model={model}",
                "tp=1,2", "script.fix=[],[all]", "script.max_new_tokens=8", "hydra.sweep.dir=s"],
               tmp_path, cache_dir)  # fmt: skip
     results = sweep_results(tmp_path / "s")
     assert len(results) == 4
-    for res in results:
-        tp, what = res["config"]["tp"], f"{script} tp={res['config']['tp']} fix={res['config']['script']['fix']}"
-        if tp in fails:
-            assert res["status"] == "failed" and fails[tp] in res["failure"]["message"], (what, res.get("failure"))
+    return [(r, f"{script} tp={r['config']['tp']} fix={r['config']['script']['fix']}") for r in results]
+
+
+def assert_ok_and_correct(res, what):
+    """Ok; correct against world size 1 where rank 0 called generate, else nothing compared and no tokens/s."""
+    assert res["status"] == "ok", (what, res.get("failure"))
+    if generate_calls(res):
+        assert res["correctness"]["passed"], (what, res["correctness"], res["runtime"]["reference"])
+        assert res["headline"]["tokens_per_s"] > 0
+    else:
+        assert res["correctness"] is None and res["headline"]["tokens_per_s"] is None, what
+
+
+def generate_calls(res):
+    return [c for c in res["ranks"][0]["script"]["calls"] if c["kind"] == "generate"]
+
+
+# --- slow: the five scripts of issue 34, the same way --------------------------------------------------------
+
+# script, model, its arguments, {tp: (cause, the rank that failed, its message, the other rank's)} where it fails
+FIVE = [
+    ("padded_batch.py", "tiny_gemma", ["--model_name", "'{model_dir}'"], {}),
+    ("prompts_file.py", "tiny_gptj", ["--model", "'{model_dir}'", "--prompts", str(SCRIPTS / "prompts.txt")], {}),
+    ("own_group_main.py", "tiny", ["'{model_dir}'"], {}),
+    ("own_group_main.py", "tiny_falcon", ["'{model_dir}'"],
+     {2: ("engine_error", 0, "shape '[1, 24, 4, 32]' is invalid for input of size 2304", "is invalid for input")}),
+    ("plain_transformers.py", "tiny_opt", ["--model", "'{model_dir}'"],
+     {1: ("no_engine_call", 0, "the script made no engine call", None),
+      2: ("no_engine_call", 0, "the script made no engine call", None)}),
+    ("rank_raises.py", "tiny_qwen2_tied", ["--model", "'{model_dir}'"],
+     {2: ("script_error", 1, "ValueError: rank 1 has no prompts to answer",
+          "rank 0 killed by SIGTERM after rank 1 failed, without an error of its own")}),
+    ("rank_exits.py", "tiny_llama", ["--model", "'{model_dir}'"],
+     {2: ("script_error", 1, "SystemExit: the script exited with code 3",
+          "rank 0 killed by SIGTERM after rank 1 failed, without an error of its own")}),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, model, args, fails", FIVE, ids=[f"{t[0]}-{t[1]}" for t in FIVE])
+def test_the_five_scripts_of_issue_34_at_tp_1_and_2_as_written_and_fixed(
+    tmp_path, cache_dir, script, model, args, fails
+):
+    """A padded batch of 4 under AutoTP, a prompts file with two generate calls, a main() with its own process
+    group, plain transformers, a rank that raises and one that exits 3: each run ok and correct, or failed with
+    the cause it really hit, the rank that hit it named and the other rank's record saying how it ended
+    (docs/user-guide.md, "Scripts tried")."""
+    runs = sweep_as_written_and_fixed(tmp_path, cache_dir, script, model, args)
+    for res, what in runs:
+        tp = res["config"]["tp"]
+        if tp not in fails:
+            assert_ok_and_correct(res, what)
+            the_scripts_own_calls_are_recorded(script, res, what)
             continue
-        assert res["status"] == "ok", (what, res.get("failure"))
-        generated = [c for c in res["ranks"][0]["script"]["calls"] if c["kind"] == "generate"]
-        if generated:
-            assert res["correctness"]["passed"], (what, res["correctness"], res["runtime"]["reference"])
-            assert res["headline"]["tokens_per_s"] > 0
-        else:
-            assert res["correctness"] is None and res["headline"]["tokens_per_s"] is None, what
+        cause, rank, message, other = fails[tp]
+        failure = res["failure"]
+        assert res["status"] == "failed" and failure["cause"] == cause and failure["rank"] == rank, (what, failure)
+        assert message in failure["message"], (what, failure)
+        if other is not None:
+            (torn,) = [rk for rk in res["ranks"] if rk["rank"] != rank]
+            assert torn["status"] == "failed" and other in torn["error"]["message"], (what, torn["error"])
+    if script == "padded_batch.py":  # the report's generate calls: a tiny model's bytes read in KiB or MiB
+        rows = [ln for ln in (tmp_path / "s" / "summary.md").read_text().splitlines() if "| _generate |" in ln]
+        assert len(rows) == 4 and all(row.split("|")[8].strip().endswith(("KiB", "MiB")) for row in rows), rows
+
+
+def the_scripts_own_calls_are_recorded(script, res, what):
+    calls = generate_calls(res)
+    if script == "padded_batch.py":
+        assert [c["sequences"] for c in calls] == [4], (what, calls)
+    if script == "prompts_file.py":  # greedy then sampled, on the 3 prompts of the file
+        assert [c["kwargs"].get("do_sample") for c in calls] == [False, True], (what, calls)
+        assert [c["sequences"] for c in calls] == [3, 3], (what, calls)
 
 
 def test_a_phase_cut_short_is_drawn_as_one_that_did_not_end():

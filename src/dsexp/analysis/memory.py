@@ -85,12 +85,18 @@ def strategy_of(result: Dict[str, Any]) -> Strategy:
         conversion=conversion,
         restore_buffers=load.get("restore_buffers", True) is not False,
         trims=dict.fromkeys(active_trims(c.get("trim") or {}), True),
-        deepspeed=((result.get("software") or {}).get("versions") or {}).get("deepspeed")
-        or (c.get("stack") or {}).get("deepspeed"),
+        deepspeed=_version(result, "deepspeed"),
+        transformers=_version(result, "transformers"),
         casts_buffers=bool(traits and traits.casts_buffers),
         splits_weights=bool(traits and traits.splits_weights),
         expandable_segments="expandable_segments:true" in alloc_conf(c).replace(" ", "").lower(),
     )
+
+
+def _version(result: Dict[str, Any], package: str) -> Optional[str]:
+    """The version of `package` the ranks ran (the record's software, else its stack's), None: unknown."""
+    ran = ((result.get("software") or {}).get("versions") or {}).get(package)
+    return ran or ((result.get("config") or {}).get("stack") or {}).get(package)
 
 
 def alloc_conf(config: Dict[str, Any]) -> str:

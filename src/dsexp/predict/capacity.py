@@ -86,8 +86,10 @@ class Shapes:
 # What a decoder layer's code keeps alive beyond transformers' Llama (read from the code, measured on the CPU:
 # tests/test_capacity.py). InternLM2's, as published: `attn, present = self.attention(...)` keeps the attention's
 # output through the MLP, and `qkv = self.wqkv(...)` (the packed projection, q/k/v cut from it) stays bound through
-# the attention.
-KEEPS = {"internlm2": {"attention_output": True, "packed_qkv": True}}
+# the attention. Its prefill caches the value as it was cut, a view of that projection: transformers 4.x stores it
+# as given (a legacy tuple, or DynamicCache's first update), so each layer's whole packed qkv stays until the first
+# decode step's cat copies the cache; 5.x copies it on the first store (cached_value_views_qkv).
+KEEPS = {"internlm2": {"attention_output": True, "packed_qkv": True, "cached_value_views_qkv": True}}
 
 
 def share(total: int, tp: int, rank: int) -> int:
@@ -116,6 +118,23 @@ def rank_heads(s: Shapes, strategy: Any, tp: int, rank: int) -> Dict[str, int]:
 def kv_cache(s: Shapes, kv_heads: int, batch: int, tokens: int, e: int) -> int:
     """Keys and values of every layer: 2 x layers tensors of B x kv_heads x tokens x head_dim."""
     return alloc(batch * kv_heads * tokens * s.head_dim * e, 2 * s.layers)
+
+
+def prompt_cache(s: Shapes, held: Dict[str, int], w: Workload, e: int, pins_qkv: bool) -> int:
+    """The prompt's KV cache after the prefill; where each cached value is a view of its layer's packed qkv
+    (KEEPS, transformers 4.x), every layer holds its keys and that whole projection instead."""
+    if not pins_qkv:
+        return kv_cache(s, held["kv_heads"], w.batch, w.prompt_tokens, e)
+    t = w.batch * w.prompt_tokens
+    keys = alloc(t * held["kv_heads"] * s.head_dim * e)
+    qkv = alloc(t * (held["heads"] + 2 * held["kv_heads"]) * s.head_dim * e)
+    return s.layers * (keys + qkv)
+
+
+def pins_packed_qkv(s: Shapes, strategy: Any) -> bool:
+    """Whether the prefill's cache keeps each layer's packed qkv alive (KEEPS; the ranks' transformers before 5)."""
+    before_5 = getattr(strategy, "transformers_before", None)
+    return bool(KEEPS.get(s.model_type, {}).get("cached_value_views_qkv") and before_5 and before_5(5))
 
 
 def score_copies(strategy: Any) -> int:
@@ -187,20 +206,25 @@ def above_weights(
     terms: Dict[str, List[int]] = {"kv_cache": [], "activations_split": [], "activations_whole": [], "logits": []}
     if str(getattr(strategy, "device", "cpu")).startswith("cuda"):
         terms["cublas_workspace"] = [CUBLAS_WORKSPACE] * tp
+    pins = pins_packed_qkv(s, strategy)
     for rank in range(tp):
-        for k, v in rank_peak(s, rank_heads(s, strategy, tp, rank), w, e, attention, score_copies(strategy)).items():
+        held = rank_heads(s, strategy, tp, rank)
+        for k, v in rank_peak(s, held, w, e, attention, score_copies(strategy), pins).items():
             terms[k].append(v)
     return terms
 
 
-def rank_peak(s: Shapes, held: Dict[str, int], w: Workload, e: int, attention: str, copies: int = 4) -> Dict[str, int]:
+def rank_peak(
+    s: Shapes, held: Dict[str, int], w: Workload, e: int, attention: str, copies: int = 4, pins_qkv: bool = False
+) -> Dict[str, int]:
     """The terms of one rank's largest moment: a layer's prefill peak (with the whole prompt's KV cache, as at
     the last layer), the prefill's logits, or the last decode step (the cache at its longest, one layer's keys
     being copied into a longer tensor, the logits). Where the prefill computes the logits at every position
     (Shapes.full_logits), they are B x L x vocab in the dtype and upcast to fp32 (InternLM2's forward does), and the
-    fp32 ones stay alive into the first decode step (generate drops the prefill's outputs after it)."""
+    fp32 ones stay alive into the first decode step (generate drops the prefill's outputs after it). pins_qkv: the
+    prompt's cache holds each layer's packed qkv (prompt_cache) until the decode copies it."""
     moment = max(prefill_moments(s, held, w, e, attention, copies).values(), key=lambda m: m["whole"] + m["split"])
-    kv_prompt = kv_cache(s, held["kv_heads"], w.batch, w.prompt_tokens, e)
+    kv_prompt = prompt_cache(s, held, w, e, pins_qkv)
     t = w.batch * w.prompt_tokens
     layer = {"kv_cache": kv_prompt, "activations_split": moment["split"], "activations_whole": moment["whole"]}
     head = {"kv_cache": kv_prompt, "logits": logits(s, w.batch, e, decode=False)}

@@ -40,6 +40,7 @@ class Strategy:
     restore_buffers: bool = True  # the loader puts back the non-persistent buffers the engine cast (their dtype)
     trims: Dict[str, bool] = field(default_factory=dict)  # trim.<key>: true (dsexp.trims.MODEL_TRIMS)
     deepspeed: Optional[str] = None  # the version the ranks ran (a stack's), None: this environment's
+    transformers: Optional[str] = None  # the same for transformers
     # The engine's traits the model reads (dsexp.engines.base.EngineTraits), filled by whoever builds the strategy:
     casts_buffers: bool = False  # the whole module, buffers included, cast to the run dtype
     splits_weights: bool = False  # each rank keeps its slice of the weights and its own KV heads
@@ -52,6 +53,11 @@ class Strategy:
         from dsexp.core.schema import version_tuple
 
         return self.deepspeed is not None and version_tuple(self.deepspeed) < version
+
+    def transformers_before(self, *version: int) -> bool:
+        from dsexp.core.schema import version_tuple
+
+        return self.transformers is not None and version_tuple(self.transformers) < version
 
 
 @dataclass

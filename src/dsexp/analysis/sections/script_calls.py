@@ -10,13 +10,12 @@ from typing import Any, Dict, List, Optional
 
 from dsexp.analysis.labels import config_label
 from dsexp.analysis.matrix import Row
-from dsexp.analysis.sections.common import ReportInputs
+from dsexp.analysis.sections.common import ReportInputs, size
 from dsexp.analysis.user_script import calls, is_script, kernel_injection_without_policy
 from dsexp.core.result import Phase
 from dsexp.predict import capacity as cap
 
 NAME = "script_calls"
-GIB = 2**30
 
 
 def render(inputs: ReportInputs) -> str:
@@ -36,7 +35,7 @@ def render(inputs: ReportInputs) -> str:
     ]
     for r in rows:
         for i, c in enumerate(_generate_calls(r), 1):
-            predicted, measured = _gib(predicted_above(r, c)), _gib(measured_above(r, c))
+            predicted, measured = size(predicted_above(r, c)), size(measured_above(r, c))
             lines.append(
                 f"| `{config_label(r.config)}` | {r.tp} | {i} | {c.get('caller') or '-'} | {c.get('sequences', 1)} | "
                 f"{c['prompt_tokens']} | {c['new_tokens']} | {predicted} | {measured} |"
@@ -72,7 +71,3 @@ def measured_above(r: Row, call: Dict[str, Any]) -> Optional[int]:
     peak = rank0.phase(call["phase"]).gpu.get("gpu_alloc_peak")
     base = rank0.phase(Phase.INIT).gpu.get("gpu_alloc") or rank0.phase(Phase.LOAD).gpu.get("gpu_alloc")
     return peak - base if peak is not None and base is not None else None
-
-
-def _gib(v: Optional[int]) -> str:
-    return "-" if v is None else f"{v / GIB:.2f} GiB"
