@@ -275,6 +275,28 @@ def test_a_script_with_no_engine_shows_the_weights_each_rank_held():
     assert RankRecord({**rk, "script": {}}).weights_held is None  # dsexp's own job: after init only
 
 
+def test_a_script_that_ran_well_without_an_engine_is_ok_with_the_fact_and_its_diagnosis():
+    """Plain transformers on every rank ran and generated: not a failure. The run is ok, its record has the fact
+    no_engine_call, and the diagnosis names the call that would shard it (older records: the failure cause)."""
+    from types import SimpleNamespace
+
+    from dsexp.analysis.user_script import causes
+    from dsexp.job.script_job import no_engine_call
+
+    load = {"kind": "load", "api": "AutoModelForCausalLM.from_pretrained"}
+    ranks = [{"script": {"calls": [load, {"kind": "generate", "api": "OPTForCausalLM.generate"}]}}] * 2
+    fact = no_engine_call(SimpleNamespace(tp=2), ranks)
+    assert "made no engine call" in fact["message"] and "AutoModelForCausalLM.from_pretrained" in fact["message"]
+    assert no_engine_call(SimpleNamespace(tp=2), [{"script": {"calls": [load, INIT]}}] * 2) is None
+    ok = script_result([load_call({})], no_engine_call=fact)
+    (found,) = [f for f in causes(ok) if f["code"] == "no_engine"]
+    assert "deepspeed.init_inference" in found["fix"] and ok["status"] == "ok"
+    older = script_result([load_call({})], status="failed")
+    older["failure"] = {"cause": "no_engine_call", "message": fact["message"]}
+    assert "no_engine" in {f["code"] for f in causes(older)}
+    assert "no_engine" not in {f["code"] for f in causes(script_result([load_call({}), INIT]))}
+
+
 def test_a_rank_torn_down_after_another_failed_says_how_it_ended():
     """A rank stopped by the launcher after the other rank failed records no error of its own: its record gets
     the phase it was in (a script's: after its last call) and how it stopped."""
@@ -547,9 +569,7 @@ FIVE = [
     ("own_group_main.py", "tiny", ["'{model_dir}'"], {}),
     ("own_group_main.py", "tiny_falcon", ["'{model_dir}'"],
      {2: ("engine_error", 0, "shape '[1, 24, 4, 32]' is invalid for input of size 2304", "is invalid for input")}),
-    ("plain_transformers.py", "tiny_opt", ["--model", "'{model_dir}'"],
-     {1: ("no_engine_call", 0, "the script made no engine call", None),
-      2: ("no_engine_call", 0, "the script made no engine call", None)}),
+    ("plain_transformers.py", "tiny_opt", ["--model", "'{model_dir}'"], {}),  # ok: its fact says no engine call
     ("rank_raises.py", "tiny_qwen2_tied", ["--model", "'{model_dir}'"],
      {2: ("script_error", 1, "ValueError: rank 1 has no prompts to answer",
           "rank 0 killed by SIGTERM after rank 1 failed, without an error of its own")}),
@@ -588,9 +608,16 @@ def test_the_five_scripts_of_issue_34_at_tp_1_and_2_as_written_and_fixed(
 
 
 def the_scripts_own_calls_are_recorded(script, res, what):
+    from dsexp.analysis.user_script import causes
+
     calls = generate_calls(res)
     if script == "padded_batch.py":
         assert [c["sequences"] for c in calls] == [4], (what, calls)
+    if script == "plain_transformers.py":  # ran well on every rank: the whole model on each, nothing sharded
+        assert "made no engine call" in res["no_engine_call"]["message"], what
+        assert "no_engine" in {f["code"] for f in causes(res)}, what
+    else:
+        assert res["no_engine_call"] is None, what
     if script == "prompts_file.py":  # greedy then sampled, on the 3 prompts of the file
         assert [c["kwargs"].get("do_sample") for c in calls] == [False, True], (what, calls)
         assert [c["sequences"] for c in calls] == [3, 3], (what, calls)

@@ -290,7 +290,8 @@ def ranks_on_one_gpu(result: Dict[str, Any]) -> List[Finding]:
 
 
 def no_engine(result: Dict[str, Any]) -> List[Finding]:
-    if (result.get("failure") or {}).get("cause") != "no_engine_call":
+    """A script that ran on every rank without an engine call (older records: its failure cause)."""
+    if not result.get("no_engine_call") and (result.get("failure") or {}).get("cause") != "no_engine_call":
         return []
     return [
         _f(

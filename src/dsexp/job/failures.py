@@ -36,10 +36,9 @@ CAUSES = (
     "interrupted",
     "stack_error",
     "reference_invalid",
-    # a user's script (script.path): it raised or exited non-zero outside the calls dsexp observes; or it ended
-    # without any engine call
+    # a user's script (script.path): it raised or exited non-zero outside the calls dsexp observes
     "script_error",
-    "no_engine_call",
+    "no_engine_call",  # records before 2026-12-02: a script without an engine call (now an ok run's fact)
     # the cluster ended the job (dsexp.job.cluster.slurm): recorded by the sweep process from SLURM's final state
     "slurm_cancelled",
     "node_failed",

@@ -466,7 +466,7 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
         ranks, failure, {**exits, **{r: -signal.SIGTERM for r in terminated}}, outcome.returncode
     )
     if failure is None and spec.workload == "script":
-        failure = script_job.outcome(spec, ranks)  # a script that never reached an engine
+        result["no_engine_call"] = script_job.no_engine_call(spec, ranks)  # ran well, but nothing was sharded
     if failure is None:
         result["correctness"] = (
             script_job.check_output(spec, job_dir, runtime, ref)

@@ -123,18 +123,14 @@ def check_output(spec: JobConfig, job_dir: Path, runtime: Dict[str, Any], ref: O
     return out
 
 
-def outcome(spec: JobConfig, ranks: List[Optional[dict]]) -> Optional[Dict[str, Any]]:
-    """A script whose ranks all ended without error but made no engine call is recorded as such (cause
-    no_engine_call): each rank ran the model on its own, and nothing in it was sharded by an engine."""
+def no_engine_call(spec: JobConfig, ranks: List[Optional[dict]]) -> Optional[Dict[str, Any]]:
+    """A script whose ranks made no engine call (None where one did): a fact of an ok run, not a failure. Each rank
+    ran the model on its own and nothing was sharded; the diagnosis names the call that would shard it."""
     calls = [((rk or {}).get("script") or {}).get("calls") or [] for rk in ranks]
-    engines = any(_is_engine(c) for cs in calls for c in cs)
-    if engines:
+    if any(_is_engine(c) for cs in calls for c in cs):
         return None
     kinds = ", ".join(sorted({c.get("api", c.get("kind")) for cs in calls for c in cs})) or "nothing dsexp observes"
     return {
-        "cause": "no_engine_call",
-        "rank": 0,
-        "phase": ((ranks[0] or {}).get("timeline") or [{}])[-1].get("phase") if ranks and ranks[0] else None,
         "message": (
             f"the script made no engine call (deepspeed.init_inference, deepspeed.initialize, "
             f"from_pretrained(tp_plan=...)) on any of its {spec.tp} ranks; it called: {kinds}"
