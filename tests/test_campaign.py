@@ -261,10 +261,19 @@ def test_ctrl_c_during_a_step_stops_it_and_returns(tmp_path):
     import _thread
     import threading
 
-    threading.Timer(1.0, _thread.interrupt_main).start()
+    started = tmp_path / "started"
+
+    def interrupt_once_running():  # Ctrl-C while the step runs (not before: a loaded machine starts it late)
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_once_running, daemon=True).start()
+    step = [sys.executable, "-c", f"import time; open({str(started)!r}, 'w').close(); time.sleep(60)"]
     t0 = time.monotonic()
-    out = crun.run_step(["sleep", "30"], dict(os.environ), 60, tmp_path / "s.log", None)
-    assert out["interrupted"] and not out["timed_out"] and out["rc"] != 0 and time.monotonic() - t0 < 10
+    out = crun.run_step(step, dict(os.environ), 120, tmp_path / "s.log", None)
+    assert out["interrupted"] and not out["timed_out"] and out["rc"] != 0 and time.monotonic() - t0 < 45
 
 
 def test_resume_seeds_a_new_work_folder_from_the_results_folder_and_never_overwrites_one(tmp_path, monkeypatch):

@@ -78,7 +78,11 @@ def test_latency_is_measured_as_the_benchmarks_measure_it(grid_job):
     point = grid_job["ranks"][0]["phases"]["generate[b=2,l=16]"]["point"]
     lat = point["latency"]
     assert len(lat["prefill_s"]) == len(lat["e2e_s"]) == 2  # generate.repeats, after the warm-up
-    assert lat["ttft"]["p50"] < lat["e2e"]["p50"]
+    # TTFT is the timed prefill (a generate of one new token), e2e the whole call: each summarises its own timings
+    # (which is shorter is the machine's business: a loaded CPU once timed the prefill above the whole call)
+    assert lat["ttft"]["n"] == lat["e2e"]["n"] == 2
+    assert lat["ttft"]["min"] == min(lat["prefill_s"]) and lat["e2e"]["max"] == max(lat["e2e_s"])
+    assert lat["ttft"]["mean"] == pytest.approx(sum(lat["prefill_s"]) / 2)
     assert lat["tokens_per_s"] == pytest.approx(2 * NEW * 2 / sum(lat["e2e_s"]))
     assert point["tokens_produced"] == 2 * NEW
     assert point["prefill"]["host_rss_peak"] > 0 and point["decode"]["host_rss_peak"] > 0

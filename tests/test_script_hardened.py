@@ -74,6 +74,7 @@ def test_a_head_tied_to_its_embedding_is_named_for_the_fill():
     assert tied_names(OPTForCausalLM(cfg)) == {}
 
 
+@pytest.mark.slow  # 90 s on 2 cores (four script runs); the tied head's fill is checked unit-wise above
 def test_fix_all_keeps_the_scripts_own_move_and_fills_a_tied_head(tmp_path, cache_dir):
     """Issue 34, 1 and 2: a script that moves its model to its device after loading, on a model whose head is tied
     to its embedding, with script.fix=all at tp=2: meta_load leaves the move to the engine (recorded) and fills the
