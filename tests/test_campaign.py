@@ -269,10 +269,18 @@ def test_ctrl_c_during_a_step_stops_it_and_returns(tmp_path):
             time.sleep(0.05)
         _thread.interrupt_main()
 
+    # a process started in the background by a non-interactive shell (make in CI) ignores SIGINT: give it Python's
+    # handler for this test, as an interactive run has
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_once_running, daemon=True).start()
     step = [sys.executable, "-c", f"import time; open({str(started)!r}, 'w').close(); time.sleep(60)"]
     t0 = time.monotonic()
-    out = crun.run_step(step, dict(os.environ), 120, tmp_path / "s.log", None)
+    try:
+        out = crun.run_step(step, dict(os.environ), 120, tmp_path / "s.log", None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert out["interrupted"] and not out["timed_out"] and out["rc"] != 0 and time.monotonic() - t0 < 45
 
 

@@ -80,6 +80,7 @@ def _tied_head_sweep(tmp_path, cache_dir, stacks: str, loads: str = "meta,sharde
     return sweep_results(tmp_path / "multirun" / "tied")
 
 
+@pytest.mark.slow  # 41 s on 2 cores; a tied head under meta_load is also run by the script mode's ten scripts
 def test_a_tied_head_loads_from_meta(tmp_path, cache_dir):
     """A transformers model whose head is tied to its embedding (Qwen2, tie_word_embeddings): built on meta under
     init_empty_weights the two come apart, so the head would be left unfilled; dsexp ties them again. (From slices
