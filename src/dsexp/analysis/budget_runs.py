@@ -23,6 +23,10 @@ from dsexp.core.workload import NOT_MEASURED
 
 STATE_FILE = "budget.json"
 GIB = 2**30
+# why a search over a user's script counts jobs: said by the search when it starts and by the report's runs line
+ONE_BATCH_PER_JOB = (
+    "a script's job runs one batch, its {batch_size}: it cannot run a grid inside one load, so each run is a job"
+)
 
 
 def job_name(job_dir: Any) -> str:

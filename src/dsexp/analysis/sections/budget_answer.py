@@ -140,12 +140,7 @@ def _runs_line(s: Dict[str, Any]) -> str:
         f"Runs: {s['runs']} points in {jobs} jobs, against {s['full_grid_runs']} for the full grid "
         f"({len(s['configs'])} configurations x {len(s['batches'])} batches); "
         f"at most {s['run_bound']} per configuration"
-        + (
-            " (a script's job runs one batch, its {batch_size}: it cannot run a grid inside one load, so each run is "
-            "a job)."
-            if s.get("one_batch_per_job")
-            else "."
-        )
+        + (f" ({B.ONE_BATCH_PER_JOB})." if s.get("one_batch_per_job") else ".")
     )
 
 

@@ -21,6 +21,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
+from dsexp.analysis.budget_runs import ONE_BATCH_PER_JOB
 from dsexp.compose.budget import points as measured
 from dsexp.compose.budget import search
 from dsexp.compose.budget.model import Predicted, describe, need_at, predict_config
@@ -276,9 +277,7 @@ def batch_override(c: search.Config, batches: List[int]) -> str:
 def _one_batch_note(s: search.State) -> str:
     if not any(c.one_batch for c in s.configs):
         return ""
-    return (
-        " (a script's job runs one batch, its {batch_size}: it cannot run a grid inside one load, so each run is a job)"
-    )
+    return f" ({ONE_BATCH_PER_JOB})"
 
 
 def _config_dict(spec: JobConfig) -> Dict[str, Any]:
