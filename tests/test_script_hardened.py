@@ -156,6 +156,61 @@ def test_the_lines_to_change_are_built_from_the_run_and_need_nothing_from_dsexp(
     assert "trust_remote_code=True, torch_dtype=torch.bfloat16)" in text
 
 
+def test_the_lines_to_change_use_the_scripts_own_name_for_the_model_and_stand_in_script_order():
+    """The seed's main.py on the H200 (results/h200/scripts/gpu_tests/seed_script_fixed): its lines to change
+    read the run's folder as a literal where the script has `model_dir`, and AutoTP's `model.modules()` stood before
+    the lines that build `model`. Now the script's own expression for the folder, and the blocks in a script's order
+    (environment, load, before the engine)."""
+    from dsexp.analysis.script_lines import SCRIPT_ORDER, code_lines
+    from dsexp.core.remedies import ORDER
+
+    assert set(SCRIPT_ORDER) == set(ORDER)  # every remedy has its place in a script
+    load = {**load_call({"trust_remote_code": True}), "source_expr": "args.model_path"}
+    applied = {
+        "context": ["PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"],
+        "meta_load": [{"source": "/data/opt-125m", "filled_by": "deepspeed"}],
+        "autotp": [{"injection_policy": {"OPTDecoderLayer": ["self_attn.out_proj", "fc2"]}}],
+    }
+    text = "\n".join(code_lines(script_result([load, INIT], applied)))
+    compile(text, "lines_to_change", "exec")
+    assert "AutoConfig.from_pretrained(args.model_path, trust_remote_code=True)" in text
+    assert "os.path.join(args.model_path, '*.safetensors')" in text and "/data/opt-125m" not in text
+    assert text.index("expandable_segments") < text.index("from_config(config") < text.index("model.modules()")
+
+
+def test_the_load_records_the_scripts_own_expression_for_the_model(tmp_path, monkeypatch):
+    """The load hook reads, from the script's line that called from_pretrained (a call over several lines, through a
+    library's frames), the source of its first argument."""
+    import argparse
+
+    lib = tmp_path / "site-packages"
+    lib.mkdir()
+    (lib / "fakelib.py").write_text(
+        "from dsexp.rank.workloads.script.facts import load_before\n\n"
+        "class Auto:\n"
+        "    @classmethod\n"
+        "    def from_pretrained(cls, *args, **kwargs):\n"
+        "        return load_before(args, kwargs)\n"
+    )
+    (tmp_path / "users_main.py").write_text(
+        "from fakelib import Auto\n\n"
+        "def load(args):\n"
+        "    return Auto.from_pretrained(\n"
+        "        args.model_path,\n"
+        "        torch_dtype='bfloat16',\n"
+        "    )\n\n"
+        "def load_by_keyword(folder):\n"
+        "    return Auto.from_pretrained(pretrained_model_name_or_path=folder)\n"
+    )
+    monkeypatch.syspath_prepend(str(lib))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import users_main
+
+    record = users_main.load(argparse.Namespace(model_path="/data/opt-125m"))
+    assert record["source"] == "/data/opt-125m" and record["source_expr"] == "args.model_path"
+    assert users_main.load_by_keyword("/data/x")["source_expr"] == "folder"
+
+
 # --- a failed run reads as what happened -------------------------------------------------------------------------
 
 
@@ -604,7 +659,8 @@ def test_the_five_scripts_of_issue_34_at_tp_1_and_2_as_written_and_fixed(
             (torn,) = [rk for rk in res["ranks"] if rk["rank"] != rank]
             assert torn["status"] == "failed" and other in torn["error"]["message"], (what, torn["error"])
     if script == "padded_batch.py":  # the report's generate calls: a tiny model's bytes read in KiB or MiB
-        rows = [ln for ln in (tmp_path / "s" / "summary.md").read_text().splitlines() if "| _generate |" in ln]
+        # the caller is the script's line, not DeepSpeed's InferenceEngine._generate between them
+        rows = [ln for ln in (tmp_path / "s" / "summary.md").read_text().splitlines() if "| padded_batch.py:37 |" in ln]
         assert len(rows) == 4 and all(row.split("|")[8].strip().endswith(("KiB", "MiB")) for row in rows), rows
 
 

@@ -128,3 +128,16 @@ def test_the_headline_peaks_count_a_grids_points():
     }
     h = headline(aggregate_metrics([rank]), [rank], new_tokens=4)
     assert h["host_peak_gib"] == 3.0 and h["tokens_per_s"] == 40.0
+
+
+def test_a_tpot_is_never_shown_negative():
+    """TTFT and e2e from the same call give TPOT >= 0; an older record whose TTFT came from other calls (a prefill
+    over gloo once took longer than another call's whole run: -211 ms on the H200) shows no TPOT, and says why."""
+    from dsexp.analysis.sections.latency import TPOT_UNKNOWN, percentiles, tpot_cell
+    from dsexp.rank.generation import latency
+
+    lat = latency([0.5, 0.6], [1.0, 1.2], [0.55], batch=2, new_tokens=3, prompt_len=8)
+    assert lat["tpot"]["min"] == pytest.approx(0.25) and lat["tpot"]["max"] == pytest.approx(0.3)
+    assert tpot_cell(lat) == percentiles(lat["tpot"])
+    older = {"ttft": summary([69.26]), "e2e": summary([67.78]), "tpot": summary([(67.78 - 69.26) / 7])}
+    assert tpot_cell(older) == TPOT_UNKNOWN

@@ -148,12 +148,12 @@ class Candidate:
     host: Optional[int]
     job: str
     entry: Dict[str, Any] = field(default_factory=dict)
+    shared_gpu: bool = False  # its ranks shared one GPU over gloo: its times are gloo's
 
 
 def candidates(search: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> List[Candidate]:
     """Every configuration with a largest batch that ran and no failure (wrong output, a crash, over the host
-    budget), fastest first (tokens/s at that batch; fewer GPUs, then the larger batch, break ties). results: by job
-    folder name (job_name)."""
+    budget), best first: by_speed, or by_batch where ranks shared a GPU. results: by job folder name (job_name)."""
     out = []
     for c in search.get("configs") or []:
         b = c.get("largest_ok")
@@ -175,10 +175,22 @@ def candidates(search: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> Li
                 host_need(res),
                 point["job"],
                 c,
+                bool((res.get("runtime") or {}).get("shared_gpu")),
             )
         )
-    out.sort(key=lambda x: (-(x.tokens_per_s or 0.0), x.tp, -x.batch))
+    out.sort(key=by_speed if not any(x.shared_gpu for x in out) else by_batch)
     return out
+
+
+def by_speed(c: Candidate):
+    """Fastest first: tokens/s at the largest batch; fewer GPUs, then the larger batch, break ties."""
+    return (-(c.tokens_per_s or 0.0), c.tp, -c.batch)
+
+
+def by_batch(c: Candidate):
+    """Where ranks shared one GPU, tokens/s are gloo's (a multi-GPU machine's NCCL is another order), so no speed
+    is compared: the largest batch first (the most sequences served at once), then fewer GPUs."""
+    return (-c.batch, c.tp)
 
 
 def closest_miss(search: Dict[str, Any]) -> Optional[Dict[str, Any]]:

@@ -285,8 +285,8 @@ def _length_of(key: str) -> int:
     return int(key.rpartition("=")[2])
 
 
-# (configuration, tp, prompt tokens) -> [(batch, tokens/s, TPOT p50 s)]
-LatencySeries = Dict[Tuple[str, int, int], List[Tuple[int, float, float]]]
+# (configuration, tp, prompt tokens) -> [(batch, tokens/s, TPOT p50 s or None)]
+LatencySeries = Dict[Tuple[str, int, int], List[Tuple[int, float, Optional[float]]]]
 
 
 def latency_vs_batch(series: LatencySeries, path: Path) -> Path:
@@ -298,7 +298,8 @@ def latency_vs_batch(series: LatencySeries, path: Path) -> Path:
         pts = sorted(pts)
         label = f"{config} tp={tp} L={length}"
         left.plot([b for b, _, _ in pts], [r for _, r, _ in pts], "o-", label=label)
-        right.plot([b for b, _, _ in pts], [t * 1000 for _, _, t in pts], "o-", label=label)
+        timed = [(b, t) for b, _, t in pts if t is not None]
+        right.plot([b for b, _ in timed], [t * 1000 for _, t in timed], "o-", label=label)
     for ax, ylabel in ((left, "generated tokens/s (every sequence)"), (right, "time per output token, p50 (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch")

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from dsexp.analysis.user_script import applied_fixes, first_call
-from dsexp.core.remedies import ORDER
 
 TORCH_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
 AUTO_LOADERS = ("AutoModelForCausalLM", "AutoModel", "AutoModelForSeq2SeqLM")
@@ -20,7 +19,7 @@ def code_lines(result: Dict[str, Any]) -> List[str]:
     applied = applied_fixes(result)
     names = Names(first_call(result, "load") or {}, first_call(result, "init") or {})
     out: List[str] = []
-    for remedy in ORDER:
+    for remedy in SCRIPT_ORDER:
         if remedy in applied:
             out += LINES[remedy](applied[remedy], names)
     if names.engine_changes:
@@ -33,7 +32,7 @@ class Names:
 
     def __init__(self, load: Dict[str, Any], init: Dict[str, Any]):
         kw = load.get("kwargs") or {}
-        self.source = repr(str(load.get("source")))
+        self.source = load.get("source_expr") or repr(str(load.get("source")))  # the script's own name for it
         loader = str(load.get("api") or "AutoModelForCausalLM.from_pretrained").split(".")[0]
         self.loader = loader if loader in AUTO_LOADERS or loader.endswith("ForCausalLM") else "AutoModelForCausalLM"
         self.remote = bool(kw.get("trust_remote_code"))
@@ -154,6 +153,10 @@ def _context(done: List[Any], n: Names) -> List[str]:
         "os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'",
     ]
 
+
+# the blocks in the order their lines stand in a script: the environment first, the load, then what comes before
+# the engine call (AutoTP's policy reads the model the load built)
+SCRIPT_ORDER = ("context", "host_load", "meta_load", "restore_buffers", "drop_unread", "autotp", "trims")
 
 LINES = {
     "context": _context,

@@ -208,7 +208,9 @@ def write_plots(points: List[PointRow], folder) -> Dict[str, Any]:
         if q.status == "oom" and q.predicted_max is not None:
             s["oom"].append((q.tokens, q.predicted_max / GIB))
         rate, tpot = q.latency.get("tokens_per_s"), (q.latency.get("tpot") or {}).get("p50")
-        if q.status == "ok" and rate and tpot is not None:
+        if tpot is not None and tpot < 0 and "ttft_s" not in q.latency:
+            tpot = None  # an older record's TTFT from other calls than its e2e (sections.latency.tpot_cell)
+        if q.status == "ok" and rate:
             latency.setdefault((q.config, q.tp, q.prompt_tokens), []).append((q.batch, rate, tpot))
     out = {"capacity": plots.memory_vs_tokens(memory, any(q.on_gpu for q in points), folder / FILES["capacity"])}
     if latency:

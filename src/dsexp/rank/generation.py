@@ -4,10 +4,14 @@ A point (batch B, prompt of L tokens; dsexp.core.workload) runs, after `generate
 - a memory run: one timed generate of `new_tokens` tokens whose window is split where the prefill ends (a logits
   processor's first call: the prompt's forward is done), giving the peaks during the prefill and during the decode
   (torch's allocator on a GPU, the sampler's host figures everywhere) and the KV cache's bytes at the end;
-- `repeats - 1` more timed generates of `new_tokens` tokens (e2e) and `repeats` prefills (generate with one new
-  token, as optimum-benchmark times it; the first also gives the first-step logits the correctness check reads).
-Times are CUDA events read after a synchronize on a GPU, perf_counter on the CPU. TTFT = a prefill's time, TPOT =
-(e2e - mean prefill) / (new_tokens - 1), tokens/s = B x new_tokens x timed calls / their total time.
+- `repeats - 1` more timed generates of `new_tokens` tokens (e2e);
+- one prefill (a generate of one new token, as optimum-benchmark times its prefill), which also gives the first-step
+  logits the correctness check reads.
+Each timed generate is also stamped at its first token (the logits processor's first call), so TTFT and TPOT come from
+the same call as vLLM's benchmarks take them: TTFT = start to first token, TPOT = (e2e - TTFT) / (new_tokens - 1),
+never negative. Two calls' times are never subtracted: over gloo on a shared GPU one call's prefill took longer than
+another call's whole run. Times are CUDA events (read after a synchronize) on a GPU, perf_counter on the CPU;
+tokens/s = B x new_tokens x timed calls / their total time.
 """
 
 from __future__ import annotations
@@ -40,28 +44,41 @@ def point_ids(text_ids: List[int], tokens: Optional[int]) -> List[int]:
 
 
 class Clock:
-    """Seconds of one call: CUDA events with a synchronize on a GPU, perf_counter on the CPU."""
+    """Seconds between stamps: CUDA events on a GPU (recorded in stream order, read after a synchronize),
+    perf_counter on the CPU."""
 
     def __init__(self, on_gpu: bool):
         self.on_gpu = on_gpu
 
-    def time(self, fn: Callable[[], Any]):
-        """(fn's result, seconds it took)."""
+    def stamp(self):
         import time
 
         import torch
 
         if not self.on_gpu:
-            t0 = time.perf_counter()
-            out = fn()
-            return out, time.perf_counter() - t0
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def sync(self):
+        import torch
+
+        if self.on_gpu:
+            torch.cuda.synchronize()
+
+    def seconds(self, start, end) -> float:
+        """Seconds from one stamp to a later one (after sync() on a GPU)."""
+        return start.elapsed_time(end) / 1000.0 if self.on_gpu else end - start
+
+    def time(self, fn: Callable[[], Any]):
+        """(fn's result, seconds it took)."""
+        self.sync()
+        start = self.stamp()
         out = fn()
-        end.record()
-        torch.cuda.synchronize()
-        return out, start.elapsed_time(end) / 1000.0
+        end = self.stamp()
+        self.sync()
+        return out, self.seconds(start, end)
 
 
 def cache_bytes(cache) -> Optional[int]:
@@ -130,21 +147,42 @@ def first_logits(out):
     return logits.float().cpu()
 
 
-def memory_run(module, inp, n: int, extra: Dict[str, Any], on_gpu: bool, split_window: Callable[[], Dict]):
-    """One generate whose peaks are split at the prefill's end: (output, seconds, {prefill: peaks, decode: peaks}).
-    split_window (PhaseRecorder.split_window) closes the sampler's and, on a GPU, torch's peak windows."""
+def timed_generate(module, inp, n: int, extra: Dict[str, Any], clock: Clock, on_first: Callable[[], None] = None):
+    """One greedy generate of `n` tokens stamped at its start, its first token (a logits processor's first call: the
+    prompt's forward is done) and its end: (output, e2e seconds, TTFT seconds). `on_first` runs at the first token,
+    after its stamp."""
     from transformers import LogitsProcessorList
 
+    marks = []
+
+    def at_first_token():
+        marks.append(clock.stamp())
+        if on_first is not None:
+            on_first()
+
+    procs = LogitsProcessorList([make_split(at_first_token)])
+    clock.sync()
+    start = clock.stamp()
+    out = call_generate(module, inp, n, extra, logits_processor=procs)
+    end = clock.stamp()
+    clock.sync()
+    e2e = clock.seconds(start, end)
+    return out, e2e, clock.seconds(start, marks[0]) if marks else e2e
+
+
+def memory_run(module, inp, n: int, extra: Dict[str, Any], clock: Clock, split_window: Callable[[], Dict]):
+    """One timed generate whose peaks are split at the prefill's end: (output, e2e seconds, TTFT seconds,
+    {prefill: peaks, decode: peaks}). split_window (PhaseRecorder.split_window) closes the sampler's and, on a GPU,
+    torch's peak windows."""
     windows: Dict[str, Dict[str, int]] = {}
 
     def at_prefill_end():
         windows["prefill"] = split_window()
 
     split_window()  # the prefill's window starts here
-    procs = LogitsProcessorList([make_split(at_prefill_end)])
-    out, secs = Clock(on_gpu).time(lambda: call_generate(module, inp, n, extra, logits_processor=procs))
+    out, e2e, ttft = timed_generate(module, inp, n, extra, clock, on_first=at_prefill_end)
     windows["decode"] = split_window()
-    return out, secs, windows
+    return out, e2e, ttft, windows
 
 
 def measure_point(module, ctx: RankContext, point: Point, text_ids: List[int], extra: Dict[str, Any], split_window):
@@ -153,24 +191,25 @@ def measure_point(module, ctx: RankContext, point: Point, text_ids: List[int], e
     import torch
 
     g = ctx.spec.generate
-    n, on_gpu = g.new_tokens, ctx.on_gpu
+    n, clock = g.new_tokens, Clock(ctx.on_gpu)
     ids = point_ids(text_ids, point.prompt_tokens)
-    inp = torch.tensor([ids] * point.batch, device=ctx.device if on_gpu else "cpu")
+    inp = torch.tensor([ids] * point.batch, device=ctx.device if ctx.on_gpu else "cpu")
     for _ in range(g.warmup):
         call_generate(module, inp, n, extra)
-    out, first_e2e, windows = memory_run(module, inp, n, extra, on_gpu, split_window)
+    out, first_e2e, first_ttft, windows = memory_run(module, inp, n, extra, clock, split_window)
     produced = int(out.sequences.shape[1] - inp.shape[1]) * point.batch
     tokens = out.sequences[0, inp.shape[1] :].tolist()
     kv = cache_bytes(getattr(out, "past_key_values", None))
     del out
-    clock = Clock(on_gpu)
-    e2e = [first_e2e] + [clock.time(lambda: call_generate(module, inp, n, extra))[1] for _ in range(g.repeats - 1)]
-    prefill, logits = [], None
-    for i in range(g.repeats):
-        res, secs = clock.time(lambda: call_generate(module, inp, 1, extra, output_logits=i == 0))
-        prefill.append(secs)
-        logits = first_logits(res) if i == 0 else logits
+    e2e, ttft = [first_e2e], [first_ttft]
+    for _ in range(g.repeats - 1):
+        res, secs, first = timed_generate(module, inp, n, extra, clock)
+        e2e.append(secs)
+        ttft.append(first)
         del res
+    res, prefill = clock.time(lambda: call_generate(module, inp, 1, extra, output_logits=True))
+    logits = first_logits(res)
+    del res
     record = {
         **point.to_dict(),
         "prompt_len": len(ids),
@@ -179,21 +218,23 @@ def measure_point(module, ctx: RankContext, point: Point, text_ids: List[int], e
         "kv_cache_bytes": kv,
         "prefill": windows.get("prefill", {}),
         "decode": windows.get("decode", {}),
-        "latency": latency(prefill, e2e, point.batch, n, len(ids)),
+        "latency": latency(ttft, e2e, [prefill], point.batch, n, len(ids)),
     }
     return record, logits, tokens
 
 
-def latency(prefill: List[float], e2e: List[float], batch: int, new_tokens: int, prompt_len: int) -> Dict[str, Any]:
-    """TTFT, TPOT and e2e (mean, p50, p90, p99), tokens/s (generated) and the prefill's prompt tokens/s from the
-    timed calls' seconds."""
-    mean_prefill = sum(prefill) / len(prefill)
-    tpot = [(t - mean_prefill) / (new_tokens - 1) for t in e2e] if new_tokens > 1 else []
-    total = sum(e2e)
+def latency(
+    ttft: List[float], e2e: List[float], prefill: List[float], batch: int, new_tokens: int, prompt_len: int
+) -> Dict[str, Any]:
+    """TTFT, TPOT and e2e (mean, p50, p90, p99) of the timed calls (ttft[i] and e2e[i] from the same call), tokens/s
+    (generated) and the prompt tokens/s of the prefill-only calls' mean time."""
+    tpot = [(t - f) / (new_tokens - 1) for t, f in zip(e2e, ttft)] if new_tokens > 1 else []
+    total, mean_prefill = sum(e2e), sum(prefill) / len(prefill)
     return {
-        "prefill_s": prefill,
+        "ttft_s": ttft,
         "e2e_s": e2e,
-        "ttft": summary(prefill),
+        "prefill_s": prefill,
+        "ttft": summary(ttft),
         "tpot": summary(tpot),
         "e2e": summary(e2e),
         "tokens_per_s": batch * new_tokens * len(e2e) / total if total > 0 else None,

@@ -89,6 +89,12 @@ def _candidate_line(title: str, c: B.Candidate, s: Dict[str, Any]) -> str:
     )
 
 
+SHARED_RANKING = (
+    "Ranked by the largest batch, then fewer GPUs, not by speed: the ranks shared one GPU over gloo, so their "
+    "tokens/s and TTFT are gloo's, not a multi-GPU machine's (shown, not compared)."
+)
+
+
 def unsettled(s: Dict[str, Any]) -> List[str]:
     """Configurations the search meant to measure but had not bracketed when it stopped (an interrupted search)."""
     return [c["key"] for c in s["configs"] if c.get("settled") is False and not (c.get("miss") or c.get("failed"))]
@@ -99,6 +105,8 @@ def _answer(found: List[B.Candidate], s: Dict[str, Any], provisional: bool = Fal
     lines = [f"- {_candidate_line(title, found[0], s)}"]
     if len(found) > 1:
         lines.append(f"- {_candidate_line('Runner-up', found[1], s)}")
+    if any(c.shared_gpu for c in found):
+        lines.append(f"- {SHARED_RANKING}")
     lines += [f"- {line}" for line in _what_if(found[0], s)]
     return lines
 

@@ -30,9 +30,10 @@ DEFINITIONS = [
     "script writing a checkpoint (save_pretrained); listed under the script's table.",
     "workload point: one (batch B, prompt of L tokens) of `generate.batch_size` x `generate.prompt_tokens`, its own "
     "phase (`generate[b=B,l=L]`), after `generate.warmup` untimed calls; tokens of a point = B x L (the prefill's).",
-    "TTFT (time to first token): the time of a prefill, a generate call with one new token (as optimum-benchmark "
-    "times it), CUDA events read after a synchronize on a GPU, perf_counter on the CPU; `generate.repeats` calls.",
-    "TPOT (time per output token): (e2e - mean TTFT) / (new tokens - 1), one value per timed e2e call.",
+    "TTFT (time to first token): in each timed generate call, from its start to its first token (a logits "
+    "processor's first call: the prompt's forward is done), as vLLM's benchmarks take it; CUDA events in stream "
+    "order on a GPU, perf_counter on the CPU; `generate.repeats` calls.",
+    "TPOT (time per output token): (e2e - TTFT) / (new tokens - 1) of the same call, one value per timed call.",
     "e2e (end to end): the time of one generate call of `generate.new_tokens` tokens; `generate.repeats` calls.",
     "p50 / p90 / p99: percentiles of the timed calls, linear interpolation between order statistics (numpy's "
     "default); with few calls p99 lies near the slowest.",

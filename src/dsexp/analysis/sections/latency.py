@@ -26,10 +26,27 @@ def render(inputs: ReportInputs) -> str:
         lat = q.latency
         lines.append(
             f"| `{q.config}` | {q.tp} | {q.batch} | {q.prompt_tokens} | {percentiles(lat.get('ttft'))} | "
-            f"{percentiles(lat.get('tpot'))} | {num((lat.get('e2e') or {}).get('p50'), 3)} | "
+            f"{tpot_cell(lat)} | {num((lat.get('e2e') or {}).get('p50'), 3)} | "
             f"{num(lat.get('tokens_per_s'), 1)} | {(lat.get('e2e') or {}).get('n', '-')} |"
         )
+    if any(tpot_cell(q.latency) == TPOT_UNKNOWN for q in points):
+        lines += ["", f'TPOT shown as "{TPOT_UNKNOWN}": {TPOT_UNKNOWN_WHY}']
     return "\n".join(lines + [""])
+
+
+TPOT_UNKNOWN = "- (older record)"
+TPOT_UNKNOWN_WHY = (
+    "a record made before TTFT was stamped inside each timed call took its TTFT from other calls than its e2e; "
+    "where that TTFT exceeded the e2e, no TPOT can be told from it."
+)
+
+
+def tpot_cell(lat) -> str:
+    """TPOT's percentiles; an older record's negative TPOT (its TTFT from other calls than its e2e) is not one."""
+    tpot = lat.get("tpot") or {}
+    if "ttft_s" not in lat and (tpot.get("min") or 0) < 0:
+        return TPOT_UNKNOWN
+    return percentiles(tpot)
 
 
 def percentiles(s) -> str:

@@ -104,6 +104,7 @@ def load_before(args: tuple, kwargs: dict) -> Dict[str, Any]:
     source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
     out = {
         "source": printable(source),
+        "source_expr": source_expression("from_pretrained", "pretrained_model_name_or_path"),
         "kwargs": {k: printable(kwargs[k]) for k in LOAD_ARGS if k in kwargs},
         "given": sorted(kwargs),
     }
@@ -313,17 +314,55 @@ def generate_before(session):
     return before
 
 
-_WRAPPERS = ("/torch/", "/contextlib.py", "/functools.py", "/dsexp/rank/")
+# frames between a script's call and dsexp's hook: the engine's own generate (DeepSpeed's InferenceEngine._generate)
+# is the script's `engine.generate`, not a caller of its own
+_WRAPPERS = ("/torch/", "/contextlib.py", "/functools.py", "/dsexp/rank/", "/deepspeed/")
+_LIBRARIES = (*_WRAPPERS, "/transformers/", "/site-packages/", "/dist-packages/", "<frozen ")
 
 
 def _caller() -> Optional[str]:
-    """The function that called generate (remote code's `chat`, a pipeline's `_forward`, the script's module)."""
+    """The function that called generate (remote code's `chat`, a pipeline's `_forward`, the script's own function),
+    or the script's file and line where it called from its top level."""
     frame = sys._getframe(1)
     while frame is not None and (
         any(w in frame.f_code.co_filename for w in _WRAPPERS) or frame.f_code.co_name == "generate"
     ):
         frame = frame.f_back
-    return None if frame is None else frame.f_code.co_name
+    if frame is None:
+        return None
+    if frame.f_code.co_name == "<module>":
+        return f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+    return frame.f_code.co_name
+
+
+def source_expression(method: str, keyword: str) -> Optional[str]:
+    """The script's own source of the first argument it passed to `method` (e.g. `args.model_path`, `model_dir`), read
+    from the line that made the call: the lines to change then use the script's names, not the value of this run.
+    None where the caller is no file of the user's or the call is not found there."""
+    import ast
+    import linecache
+
+    frame = sys._getframe(1)
+    while frame is not None and any(w in frame.f_code.co_filename for w in _LIBRARIES):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    text = "".join(linecache.getlines(frame.f_code.co_filename))
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    line = frame.f_lineno
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == method
+            and node.lineno <= line <= (node.end_lineno or node.lineno)
+        ):
+            arg = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == keyword), None)
+            return None if arg is None else ast.unparse(arg)
+    return None
 
 
 def generate_after(model, out, args: tuple, kwargs: dict) -> Dict[str, Any]:
