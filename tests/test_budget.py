@@ -660,7 +660,7 @@ def test_an_answer_from_a_search_stopped_before_it_settled_says_so_and_how_to_re
     text = capsys.readouterr().out
     assert "**Answer so far** (search not finished): `tp=4 trim=all` at batch **9**" in text
     assert "stopped before it settled `tp=2 trim=none`, `tp=2 trim=all`, `tp=4 trim=none`" in text
-    assert "| tp=4 trim=all | 11 | 9 | 10 |" in text  # predicted 11; 9 ran, 10 ran out of memory under the cap
+    assert "| tp=4 trim=all | 11 | - | 9 | 10 |" in text  # predicted 11; 9 ran, 10 ran out of memory under the cap
     assert "not by speed: the ranks shared one GPU over gloo" in text
     # at 40 GiB tp=2 trim=all was bracketed (10 ran; 11 to 16 out of memory under the cap: fragmentation), tp=2
     # untrimmed not yet
@@ -712,3 +712,16 @@ def test_a_record_from_before_a_key_was_added_still_finds_its_configuration():
     changed["generate"]["warmup"] = 0
     assert identity(changed) != identity(config)
     assert identity({**config, "tp": 2}) != identity(config)
+
+
+def test_the_runs_table_shows_where_the_measured_gap_moved_each_configurations_guess():
+    """The 40 GiB search on the H200: trimmed tp=2 measured 7.75 GiB over the model, and its neighbour (untrimmed,
+    never run) was next tried at 8 and 9 where the model alone said 14: the table says so, and whose gap it was."""
+    from dsexp.analysis.sections.budget_answer import _shifted
+
+    gib = 2**30
+    assert _shifted({"shift": 0, "shifted_largest": 14, "gap": None}) == "14"
+    assert _shifted({"shift": 8.3e9, "shifted_largest": 8, "gap": None}) == "8 (a neighbour's +7.73 GiB)"
+    assert _shifted({"shift": 7.75 * gib, "shifted_largest": 10, "gap": 7.75 * gib}) == "10 (own +7.75 GiB)"
+    assert _shifted({"shift": 70 * gib, "shifted_largest": None, "gap": 70 * gib}) == "none (own +70.00 GiB)"
+    assert _shifted({"gap": None}) == "-"  # a record written before the search kept its shift

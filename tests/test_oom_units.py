@@ -146,3 +146,33 @@ def test_a_point_not_run_is_no_measurement_for_the_budget_search():
     ]
     result = {"ranks": [{"rank": 0, "status": "ok", "points": points, "phases": {}}]}
     assert point_phase(result, 1) == "generate[b=1,l=8]" and point_phase(result, 4) is None
+
+
+def test_a_relaunch_gets_what_the_jobs_time_limit_has_left(tmp_path, monkeypatch):
+    """timeout_s is the job's: the first launch (rank 1 out of memory alone at (4, 8)) takes 70 of its 100 s, so the
+    relaunch for (1, 12) is given the 30 s left, not another 100."""
+    from types import SimpleNamespace
+
+    from dsexp.job import run as R
+
+    from helpers.run import spec_of
+
+    spec = spec_of("generate.batch_size=[1,4]", "generate.prompt_tokens=[8,12]", "timeout_s=100", "tp=2")
+    clock = {"now": 1000.0}
+    given = []
+    entry = {"batch": 1, "prompt_tokens": 12, "phase": "generate[b=1,l=12]", "status": "ok"}
+    launches = [launch_one(tmp_path), [{"rank": r, "status": "ok", "error": None, "points": [entry],
+                                        "phases": {entry["phase"]: {}}} for r in (0, 1)]]  # fmt: skip
+
+    def fake_run_ranks(spec, job_dir, device, visible, stack, script, timeout_s):
+        given.append(timeout_s)
+        clock["now"] += 70.0
+        (job_dir / "ranks").mkdir(exist_ok=True)
+        return SimpleNamespace(timed_out=False, returncode=0, to_dict=lambda: {"returncode": 0})
+
+    monkeypatch.setattr(R.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(R, "run_ranks", fake_run_ranks)
+    monkeypatch.setattr(R.records, "read_rank_records", lambda job_dir, tp: launches[len(given) - 1])
+    _, ranks, earlier = R.launch_for_points(spec, tmp_path, {"stack": None}, None)
+    assert given == [100.0, 30.0] and len(earlier) == 1
+    assert [p["status"] for p in ranks[0]["points"]] == ["ok", "oom", "ok", "skipped"]

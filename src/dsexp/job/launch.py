@@ -165,8 +165,10 @@ def run_ranks(
     visible: Optional[str] = None,
     stack: Optional[Dict[str, Any]] = None,
     script: Optional[Dict[str, Any]] = None,
+    timeout_s: Optional[float] = None,
 ) -> LaunchOutcome:
-    """Start the job's ranks (dsexp's worker, or `script`: the user's script as the job prepared it) and wait."""
+    """Start the job's ranks (dsexp's worker, or `script`: the user's script as the job prepared it) and wait, at most
+    `timeout_s` (default: the job's timeout_s; a relaunch gets what the job has left)."""
     nodes = spec.launcher.nodes
     port = free_port() if spec.launcher.name == "deepspeed" or nodes > 1 else None
     extra = rank_env(spec, device, visible, stack, job_dir)
@@ -182,7 +184,7 @@ def run_ranks(
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=cwd)
     timed_out, report = False, {"token": token}
     try:
-        proc.wait(timeout=spec.timeout_s)
+        proc.wait(timeout=spec.timeout_s if timeout_s is None else timeout_s)
         exited = time.time()
     except subprocess.TimeoutExpired:
         exited = None

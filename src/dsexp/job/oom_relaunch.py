@@ -5,9 +5,10 @@ The rank that ran out records the point and exits; the launcher stops its peers 
 launch ends within launcher.grace_s. Each peer's record then says how it ended (`ended`: torn down after rank k ran
 out of memory at point X) and lists that point as out of memory. The grid's points not yet run and not dominated by
 a point that ran out (dsexp.core.workload.dominated) are run by launching the ranks again for just those (one more
-load); every such launch adds a point that ran out, so there are fewer relaunches than points. Nothing recorded is
-lost: a launch's rank folder and launcher.log move to .dsexp/launches/<n>/, and the final rank records carry every
-launch's points and point phases (`earlier_launches` says how each earlier launch ended).
+load, within what the job's timeout_s has left); every such launch adds a point that ran out, so there are fewer
+relaunches than points. Nothing recorded is lost: a launch's rank folder and launcher.log move to
+.dsexp/launches/<n>/, and the final rank records carry every launch's points and point phases (`earlier_launches`
+says how each earlier launch ended).
 """
 
 from __future__ import annotations

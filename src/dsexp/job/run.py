@@ -393,12 +393,14 @@ def launch_for_points(
     spec: JobConfig, job_dir: Path, runtime: Dict[str, Any], visible: Optional[str]
 ) -> Tuple[LaunchOutcome, List[Optional[dict]], List[Dict[str, Any]]]:
     """Launch the ranks; where a rank ran out of memory alone and ended them (dsexp.job.oom_relaunch), launch them again
-    for the grid's points left. Returns the last launch, the rank records (every launch's points merged) and a
-    summary of each earlier launch."""
+    for the grid's points left. Every launch shares the job's timeout_s: a relaunch gets what the earlier ones left.
+    Returns the last launch, the rank records (every launch's points merged) and a summary of each earlier launch."""
     earlier: List[List[Optional[dict]]] = []
     launches: List[Dict[str, Any]] = []
+    deadline = time.monotonic() + spec.timeout_s
     while True:
-        outcome = run_ranks(spec, job_dir, spec.device, visible, runtime["stack"], runtime.get("script"))
+        left_s = max(1.0, deadline - time.monotonic())
+        outcome = run_ranks(spec, job_dir, spec.device, visible, runtime["stack"], runtime.get("script"), left_s)
         ranks = records.read_rank_records(job_dir, spec.tp)
         ended = oom_relaunch.ended_by_oom(ranks) if not outcome.timed_out else None
         if ended is None:

@@ -162,6 +162,7 @@ def _runs_table(s: Dict[str, Any]) -> str:
             [
                 c["key"],
                 c.get("predicted_largest") or "-",
+                _shifted(c),
                 c.get("largest_ok") or "-",
                 c.get("smallest_oom") or "-",
                 size(c.get("gap")) if c.get("gap") else "0",
@@ -169,5 +170,19 @@ def _runs_table(s: Dict[str, Any]) -> str:
                 points or "-",
             ]
         )
-    header = ["configuration", "predicted largest", "largest ran", "smallest past", "gap", "runs", "batch:status"]
-    return md_table(header, body, [False, True, True, True, True, True, False])
+    header = ["configuration", "predicted largest", "with the measured gap", "largest ran", "smallest past", "gap",
+              "runs", "batch:status"]  # fmt: skip
+    return md_table(header, body, [False, True, True, True, True, True, True, False])
+
+
+def _shifted(c: Dict[str, Any]) -> str:
+    """The largest batch the model says fits once shifted by the measured gap (the configuration's own, else the
+    largest of its neighbours', which differ in one dimension): where the search looked next. '-' in a record
+    written before the search kept it."""
+    if "shift" not in c:
+        return "-"
+    largest = c.get("shifted_largest") or "none"
+    if not c.get("shift"):
+        return str(largest)
+    whose = "own" if c.get("gap") else "a neighbour's"
+    return f"{largest} ({whose} +{size(c['shift'])})"

@@ -243,6 +243,8 @@ class BudgetSearch:
     def _config_entry(self, c: search.Config, final: bool = False) -> Dict[str, Any]:
         s, pred = self.state, self.predicted[c.key]
         guess = search.model_largest(c, s.device)
+        shift = search.gap(c, s)  # its own measured gap, else a neighbour's: where the search looked next
+        shifted = search.model_largest(c, s.device, shift)
         lo, hi = search.bracket(c, s.batches)
         return {
             "key": c.key,
@@ -257,6 +259,8 @@ class BudgetSearch:
             "needs": c.needs,
             "note": pred.note,
             "gap": search.own_gap(c, s.batches, s.device),
+            "shift": shift,
+            "shifted_largest": s.batches[shifted] if shifted >= 0 else None,
             "points": [p.__dict__ for p in sorted(c.points, key=lambda p: p.batch)],
             "largest_ok": s.batches[lo] if lo >= 0 else None,
             "smallest_oom": s.batches[hi] if hi < len(s.batches) else None,
