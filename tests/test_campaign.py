@@ -301,3 +301,22 @@ def test_resume_seeds_a_new_work_folder_from_the_results_folder_and_never_overwr
     campaign = Campaign("t", "a", "m", str(results), [], [Step("gpu24", "overrides", ["model=tiny"], 5)])
     assert crun.run_campaign(campaign, results, tmp_path / "fresh", resume=True) == 0
     assert (tmp_path / "fresh" / "gpu24" / "budget.json").is_file() and seen
+
+
+def test_resume_takes_an_earlier_work_folder_that_measured_more_than_the_results_folder_holds(tmp_path):
+    """The H200, 2026-12-02: each command ran in a fresh copy of the checkout, so the results folder an interrupted
+    budget step had filled was gone at the next command, while the campaign's work folder under /tmp stayed; the
+    second --resume started from the committed records and ran four jobs again. It now resumes from the fuller."""
+    results = tmp_path / "results" / "gpu40"
+    root = tmp_path / "campaigns" / "budget"
+    for f in ("results/gpu40/0/result.json", "campaigns/budget/t1/gpu40/0/result.json",
+              "campaigns/budget/t1/gpu40/1/result.json", "campaigns/budget/t1/gpu40/budget.json",
+              "campaigns/budget/t1/other/0/result.json", "campaigns/budget/t1/other/1/result.json",
+              "campaigns/budget/t1/other/2/result.json"):  # fmt: skip
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("{}")
+    assert crun.resume_source(results, root / "t2" / "gpu40", "budget") == root / "t1" / "gpu40"
+    assert crun.seed(root / "t1" / "gpu40", root / "t2" / "gpu40") == 2
+    # the results folder where it holds as many; an explicit --work outside <root>/<campaign>/ looks nowhere else
+    assert crun.resume_source(results, tmp_path / "w" / "gpu40", "budget") == results
+    assert crun.resume_source(results, root / "t3" / "fresh", "budget") == results

@@ -2,7 +2,8 @@
 
 Runs the campaign's steps in order and fills its results folder (--out: elsewhere); --dry-run prints the commands;
 --add appends an override to every sweep (`--add hydra/launcher=dsexp_slurm`); --list names every campaign;
---resume starts each sweep from the results folder's records (a budget search cut short on another machine goes on).
+--resume starts each sweep from the results folder's records (a budget search cut short on another machine goes on),
+or from an earlier work folder of the campaign where that holds more.
 Exit status 1 if a step failed or ran out of time (the steps after it still run); 130 if the campaign was stopped
 (Ctrl-C, SIGTERM): the running step is stopped, what it measured copied and recorded, the steps after it not run."""
 
@@ -36,7 +37,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="results folder (default: the campaign's, e.g. results/h200/shared)")
     work_help = f"sweeps run here (default: ${WORK_ENV} or multirun/campaigns, then <name>/<time>)"
     ap.add_argument("--work", type=Path, help=work_help)
-    resume_help = "start each sweep from the results folder's records (another machine's): ok jobs are skipped"
+    resume_help = (
+        "start each sweep from the results folder's records (another machine's) or an earlier work folder's, "
+        "whichever holds more: ok jobs are skipped"
+    )
     ap.add_argument("--resume", action="store_true", help=resume_help)
     args = ap.parse_args(argv)
     # SIGTERM (a SLURM time limit, `timeout`) stops the running step as Ctrl-C does: its results are copied first

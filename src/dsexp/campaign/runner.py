@@ -147,6 +147,21 @@ def seed(results: Path, sweep: Path) -> int:
     return len(found)
 
 
+def resume_source(results: Path, sweep: Path, campaign: str) -> Path:
+    """Where a step resumes from: its folder in the results, or the same step's sweep in an earlier work folder of
+    this campaign (<work root>/<campaign>/<time>/<step>, the default layout) that holds more results: an interrupted
+    run seeded from the results and measured more, but its copy into the results folder can be gone (a machine that
+    copies the checkout afresh for every command, as the H200 is lent: the second --resume of a session ran the
+    first one's four jobs again)."""
+
+    def count(folder: Path) -> int:
+        return len(list(folder.glob("*/" + RESULT)))
+
+    runs = sweep.parent.parent
+    earlier = [d / sweep.name for d in runs.glob("*") if d != sweep.parent] if runs.name == campaign else []
+    return max([results, *sorted(e for e in earlier if e.is_dir())], key=count)  # a tie keeps the results folder
+
+
 def machine() -> Dict:
     """The host and its GPUs (nvidia-smi), for the record."""
     gpus: List[str] = []
@@ -222,8 +237,9 @@ def run_campaign(
         if stdout:
             stdout.parent.mkdir(parents=True, exist_ok=True)
         if resume and step.kind == "overrides":
-            seeded = seed(out / step.name, work / step.name)
-            print(f"# step {step.name}: resumed from {seeded} results in {out / step.name}", flush=True)
+            source = resume_source(out / step.name, work / step.name, campaign.name)
+            seeded = seed(source, work / step.name)
+            print(f"# step {step.name}: resumed from {seeded} results in {source}", flush=True)
         outcome = run_step(argv, {**env, **step.env}, step.timeout_s, work / f"{step.name}.log", stdout)
         if step.kind == "overrides":
             outcome["results"] = collect(work / step.name, out / step.name)
