@@ -89,7 +89,8 @@ class GenerateConfig:
     job (the model loads once; each point its own phase, dsexp.core.workload). prompt_tokens null: the prompt text
     as the model's tokenizer cuts it; N: a prompt of exactly N tokens (the text's ids repeated), the same on every
     rank and in the tp=1 reference. Each point: `warmup` untimed generate calls, then `repeats` timed ones of
-    `new_tokens` tokens and `repeats` prefills (generate with one new token)."""
+    `new_tokens` tokens (each stamped at its first token), and at the grid's first point one prefill (generate with
+    one new token) for the logits."""
 
     prompt: str = "what is deepspeed?"
     new_tokens: int = 16

@@ -5,8 +5,9 @@ A point (batch B, prompt of L tokens; dsexp.core.workload) runs, after `generate
   processor's first call: the prompt's forward is done), giving the peaks during the prefill and during the decode
   (torch's allocator on a GPU, the sampler's host figures everywhere) and the KV cache's bytes at the end;
 - `repeats - 1` more timed generates of `new_tokens` tokens (e2e);
-- one prefill (a generate of one new token, as optimum-benchmark times its prefill), which also gives the first-step
-  logits the correctness check reads.
+- at the grid's first point only, one prefill (a generate of one new token, as optimum-benchmark times its prefill)
+  that gives the first-step logits the correctness check and the NaN scan read (the other points' would be unread:
+  a prefill saved per point, the costliest call at long prompts).
 Each timed generate is also stamped at its first token (the logits processor's first call), so TTFT and TPOT come from
 the same call as vLLM's benchmarks take them: TTFT = start to first token, TPOT = (e2e - TTFT) / (new_tokens - 1),
 never negative. Two calls' times are never subtracted: over gloo on a shared GPU one call's prefill took longer than
@@ -185,9 +186,17 @@ def memory_run(module, inp, n: int, extra: Dict[str, Any], clock: Clock, split_w
     return out, e2e, ttft, windows
 
 
-def measure_point(module, ctx: RankContext, point: Point, text_ids: List[int], extra: Dict[str, Any], split_window):
-    """Run one workload point (module docstring); return (its record, the first-step logits, the tokens of the
-    first sequence)."""
+def measure_point(
+    module,
+    ctx: RankContext,
+    point: Point,
+    text_ids: List[int],
+    extra: Dict[str, Any],
+    split_window,
+    logits: bool = True,
+):
+    """Run one workload point (module docstring); return (its record, the first-step logits (None unless `logits`),
+    the tokens of the first sequence)."""
     import torch
 
     g = ctx.spec.generate
@@ -207,9 +216,11 @@ def measure_point(module, ctx: RankContext, point: Point, text_ids: List[int], e
         e2e.append(secs)
         ttft.append(first)
         del res
-    res, prefill = clock.time(lambda: call_generate(module, inp, 1, extra, output_logits=True))
-    logits = first_logits(res)
-    del res
+    prefill, first = [], None
+    if logits:
+        res, secs = clock.time(lambda: call_generate(module, inp, 1, extra, output_logits=True))
+        prefill, first = [secs], first_logits(res)
+        del res
     record = {
         **point.to_dict(),
         "prompt_len": len(ids),
@@ -218,18 +229,19 @@ def measure_point(module, ctx: RankContext, point: Point, text_ids: List[int], e
         "kv_cache_bytes": kv,
         "prefill": windows.get("prefill", {}),
         "decode": windows.get("decode", {}),
-        "latency": latency(ttft, e2e, [prefill], point.batch, n, len(ids)),
+        "latency": latency(ttft, e2e, prefill, point.batch, n, len(ids)),
     }
-    return record, logits, tokens
+    return record, first, tokens
 
 
 def latency(
     ttft: List[float], e2e: List[float], prefill: List[float], batch: int, new_tokens: int, prompt_len: int
 ) -> Dict[str, Any]:
     """TTFT, TPOT and e2e (mean, p50, p90, p99) of the timed calls (ttft[i] and e2e[i] from the same call), tokens/s
-    (generated) and the prompt tokens/s of the prefill-only calls' mean time."""
+    (generated) and the prompt tokens/s of the prefill (its mean TTFT); `prefill`: the prefill-only call's seconds,
+    where one ran."""
     tpot = [(t - f) / (new_tokens - 1) for t, f in zip(e2e, ttft)] if new_tokens > 1 else []
-    total, mean_prefill = sum(e2e), sum(prefill) / len(prefill)
+    total, mean_prefill = sum(e2e), sum(ttft) / len(ttft)
     return {
         "ttft_s": ttft,
         "e2e_s": e2e,

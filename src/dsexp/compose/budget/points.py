@@ -31,13 +31,16 @@ NOT_MEASURED = ("interrupted", "time_limit", "slurm_cancelled", "node_failed")
 
 
 def identity(config: Dict[str, Any]) -> str:
-    """A configuration's identity in the space: its settings without the batch (and without what job_key drops), and
-    without the settings left at their defaults, so that a record written before a key was added to the schema (a
-    search resumed on a later commit) still finds its configuration."""
+    """A configuration's identity in the space: its settings without the batch, without how it is timed (warm-up
+    calls and repeats change no byte the search bounds: the budget campaign dropped its warm-up and still resumes its
+    records) and without what job_key drops, and without the settings left at their defaults, so that a record
+    written before a key was added to the schema (a search resumed on a later commit) still finds its
+    configuration."""
     d = json.loads(json.dumps(config, default=str))
     for k in ("tracking", "rerun", "timeout_s"):
         d.pop(k, None)
-    (d.get("generate") or {}).pop("batch_size", None)
+    for k in ("batch_size", "warmup", "repeats"):
+        (d.get("generate") or {}).pop(k, None)
     d = _without(d, _defaults())
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 

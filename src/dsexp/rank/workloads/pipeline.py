@@ -87,7 +87,7 @@ def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[
             skipped = {"phase": key, "status": "skipped", "larger_than": larger_than.to_dict()}
             outcomes.append({**point.to_dict(), **skipped})
             continue
-        entry, logits, tokens = run_point(ctx, rec, module, point, key, text, extra)
+        entry, logits, tokens = run_point(ctx, rec, module, point, key, text, extra, first=point == full[0])
         outcomes.append(entry)
         rec.note(points=outcomes)
         if entry.get("ended"):
@@ -106,8 +106,11 @@ def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[
     rec.note(engine=report, points=outcomes)
 
 
-def run_point(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: str, text: List[int], extra):
-    """One point as its own phase: (its entry for the rank record's `points`, first-step logits, tokens). An
+def run_point(
+    ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: str, text: List[int], extra, first: bool = True
+):
+    """One point as its own phase: (its entry for the rank record's `points`, first-step logits (the grid's first
+    point only: the correctness check and the NaN scan read those), tokens). An
     out-of-memory error ends the point, not the rank: recorded with the allocator's state; then the ranks agree on
     it before any of them moves on (dsexp.rank.oom_agreement), or, where they cannot, the entry says the ranks end."""
     import torch
@@ -128,7 +131,7 @@ def run_point(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: s
     device = ctx.device if ctx.on_gpu else "cpu"
     ran_out, go_on = ranks_out_before_forward(ctx.world_size, ctx.rank, oom is not None, device), True
     if not ran_out:
-        measured, logits, tokens, oom = forward(ctx, rec, module, point, key, text, extra)
+        measured, logits, tokens, oom = forward(ctx, rec, module, point, key, text, extra, first)
     if oom is not None:
         oom["allocator"] = allocator_state(ctx.on_gpu)
     rec.end(key)  # its memory snapshot (probe.memory_snapshot) still holds the allocator's cache as the point left it
@@ -150,7 +153,9 @@ def run_point(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: s
     return entry, logits, tokens
 
 
-def forward(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: str, text: List[int], extra):
+def forward(
+    ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: str, text: List[int], extra, first: bool = True
+):
     """The point measured (dsexp.rank.generation): (its record, logits, tokens, None), or (None, None, None, the
     out-of-memory error) where it ran out; any other error ends the phase and the rank."""
     import torch
@@ -159,7 +164,7 @@ def forward(ctx: RankContext, rec: PhaseRecorder, module, point: Point, key: str
 
     try:
         with oom_in_forward(ctx.spec.fault, ctx.rank, module, point):
-            return (*measure_point(module, ctx, point, text, extra, rec.split_window), None)
+            return (*measure_point(module, ctx, point, text, extra, rec.split_window, logits=first), None)
     except torch.OutOfMemoryError as e:
         return None, None, None, out_of_memory(e)
     except BaseException as e:
