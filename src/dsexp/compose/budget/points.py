@@ -37,7 +37,7 @@ def identity(config: Dict[str, Any]) -> str:
     written before a key was added to the schema (a search resumed on a later commit) still finds its
     configuration."""
     d = json.loads(json.dumps(config, default=str))
-    for k in ("tracking", "rerun", "timeout_s"):
+    for k in ("tracking", "rerun", "timeout_s", "cache_dir"):  # cache_dir: where the machine keeps checkpoints
         d.pop(k, None)
     for k in ("batch_size", "warmup", "repeats"):
         (d.get("generate") or {}).pop(k, None)
