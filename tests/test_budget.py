@@ -717,6 +717,7 @@ def test_a_record_from_before_a_key_was_added_still_finds_its_configuration():
     timed["generate"].update(warmup=0, repeats=3)
     assert identity(timed) == identity(config)
     assert identity({**config, "cache_dir": "/elsewhere"}) == identity(config)  # another machine's checkpoint folder
+    assert identity({**config, "load": {**config["load"], "shard_dir": "/dev/shm/s"}}) == identity(config)
 
 
 def test_the_runs_table_shows_where_the_measured_gap_moved_each_configurations_guess():

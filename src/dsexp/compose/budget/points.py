@@ -41,6 +41,7 @@ def identity(config: Dict[str, Any]) -> str:
         d.pop(k, None)
     for k in ("batch_size", "warmup", "repeats"):
         (d.get("generate") or {}).pop(k, None)
+    (d.get("load") or {}).pop("shard_dir", None)  # where split files are kept, as cache_dir
     d = _without(d, _defaults())
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
