@@ -141,3 +141,15 @@ def test_a_tpot_is_never_shown_negative():
     assert tpot_cell(lat) == percentiles(lat["tpot"])
     older = {"ttft": summary([69.26]), "e2e": summary([67.78]), "tpot": summary([(67.78 - 69.26) / 7])}
     assert tpot_cell(older) == TPOT_UNKNOWN
+
+
+def test_a_call_without_a_first_token_stamp_has_no_ttft_rather_than_a_made_up_one():
+    """An engine whose generate never calls the logits processors leaves no first-token stamp: that call has no TTFT
+    and no TPOT (not TTFT = e2e and TPOT = 0); its e2e and tokens/s still count."""
+    from dsexp.rank.generation import latency
+
+    lat = latency([None, 0.4], [1.0, 1.0], [], batch=1, new_tokens=3, prompt_len=8)
+    assert lat["ttft"]["n"] == lat["tpot"]["n"] == 1 and lat["e2e"]["n"] == 2 and lat["ttft_s"] == [None, 0.4]
+    assert lat["tpot"]["p50"] == pytest.approx(0.3) and lat["tokens_per_s"] == pytest.approx(3.0)
+    none = latency([None], [1.0], [], batch=1, new_tokens=3, prompt_len=8)
+    assert none["ttft"] == none["tpot"] == {"n": 0} and none["prefill_tokens_per_s"] is None
