@@ -195,3 +195,29 @@ def test_internlm2s_prefill_caches_each_value_as_a_view_of_its_layers_packed_qkv
     assert all(v.untyped_storage().nbytes() == v.numel() * 2 for v in values)
     assert cap.pins_packed_qkv(s, SimpleNamespace(transformers_before=lambda *v: (4, 42) < v))
     assert not cap.pins_packed_qkv(s, SimpleNamespace(transformers_before=lambda *v: (5, 24) < v))
+
+
+def test_the_last_logits_trim_takes_internlm2s_prompt_logits_off_as_the_model_says():
+    """trim.last_logits on InternLM2's code as published, which drops generate's logits_to_keep: its hook on the head
+    leaves the logits of the last position only, and what the code then allocates on the CPU is the model's
+    prediction with the trim (the logits term B x vocab, not B x L x vocab); the cut is the prompt's logits."""
+    import torch
+
+    from dsexp.predict.architecture import dims as dims_of
+    from dsexp.trims.last_logits.rank import keep_last_logits
+
+    batch, prompt, new, vocab = 4, 64, 4, 8192
+    model = build("internlm2", 256, 512, 8, 4, 2, vocab, "eager")
+    inp = torch.randint(0, vocab, (batch, prompt))
+    dims = dims_of(model)
+    assert dims.full_logits  # the published code computes every prompt position's logits
+    w = cap.Workload(batch, prompt, new)
+    whole = live_peak(model, inp, new)
+    report = keep_last_logits(model)
+    cut = live_peak(model, inp, new)
+    assert report["applied"] and report["calls_cut"] == 2  # the two prefills live_peak ran
+    terms = cap.above_weights(dims, strategy(last_position_logits=True), 1, w)
+    assert cap.peak_per_rank([0], terms)[0] == pytest.approx(cut, rel=0.05), (terms, cut)
+    untrimmed = cap.peak_per_rank([0], cap.above_weights(dims, strategy(), 1, w))[0]
+    assert untrimmed == pytest.approx(whole, rel=0.05)
+    assert whole - cut > batch * prompt * vocab * 6 * 0.8  # the prompt's logits in bf16 and fp32, gone

@@ -197,6 +197,7 @@ KEYS_ADDED_SINCE = {
     ("generate", "prompt_tokens"): None,
     ("generate", "repeats"): 1,
     ("generate", "warmup"): 1,
+    ("trim", "last_logits"): False,
 }
 
 

@@ -250,18 +250,24 @@ def test_each_engine_is_one_folder_holding_all_of_it():
 
 
 # Trims that move no tensor, so the memory model has no rule for them.
-NO_PLACEMENT = {"world_group": "a process group", "env": "the ranks' environment"}
+NO_PLACEMENT = {
+    "world_group": "a process group",
+    "env": "the ranks' environment",
+    "last_logits": "no tensor of the weights: its rule is the capacity model's logits term (its last_position_logits)",
+}
+# Trims that trim=all leaves off, and why (trim=all is what the weights replicate, removed)
+NOT_IN_ALL = {"env": "the ranks' environment, set by value", "last_logits": "what generate computes, not a weight"}
 
 
 def test_each_trim_is_one_folder_holding_all_of_it():
-    """trim.<key> of the schema and of conf/trim/all.yaml (env aside), and dsexp/trims/<key>/ with its traits and
+    """trim.<key> of the schema and of conf/trim/all.yaml (NOT_IN_ALL aside), and dsexp/trims/<key>/ with its traits and
     gate, its rank-side code and (where it moves a tensor) its placement rule."""
     from dsexp.core.schema import TrimConfig
     from dsexp.trims import TRIMS
 
     schema = [f.name for f in dataclasses.fields(TrimConfig) if f.name != "name"]
     conf = [k for k in yaml.safe_load((CONF / "trim" / "all.yaml").read_text()) if k not in ("name", "defaults")]
-    assert members("trims") == set(TRIMS) == set(schema) == set(conf) | {"env"}, (members("trims"), schema, conf)
+    assert members("trims") == set(TRIMS) == set(schema) == set(conf) | set(NOT_IN_ALL), (members("trims"), conf)
     assert list(TRIMS) == schema  # the schema's order is the labels' and the report's
     for key, traits in TRIMS.items():
         want = {"__init__.py", "rank.py"} | ({"placement.py"} if key not in NO_PLACEMENT else set())

@@ -282,8 +282,11 @@ def check_run(res):
 
 
 def test_every_trim_on_internlm2_tiny_eager_and_meta_at_tp2(tmp_path, cache_dir):
-    """trim=all through both placements of the embedding (before init: eager; after it: checkpoint= meta)."""
-    args = ["-m", "model=internlm2_tiny", "tp=2", "trim=all", "load=eager,meta", "generate.new_tokens=4"]
+    """trim=all through both placements of the embedding (before init: eager; after it: checkpoint= meta), with
+    trim.last_logits: InternLM2's code drops logits_to_keep, so the (sharded) head is handed every prompt position
+    until the trim cuts it to the last, and the output stays correct."""
+    args = ["-m", "model=internlm2_tiny", "tp=2", "trim=all", "trim.last_logits=true", "load=eager,meta"]
+    args += ["generate.new_tokens=4"]
     run_dsexp([*args, "hydra.sweep.dir=multirun/s"], tmp_path, cache_dir)
     results = sweep_results(tmp_path / "multirun" / "s")
     assert [r["config"]["load"]["name"] for r in results] == ["eager", "meta"]
@@ -304,6 +307,10 @@ def test_every_trim_on_internlm2_tiny_eager_and_meta_at_tp2(tmp_path, cache_dir)
             d = done["dedupe_buffers"]
             assert (d["buffers"], d["distinct_after"], d["held_before_engine"]) == (6, 3, 3)
             assert done["world_group"]["group"].startswith("world")
+            cut = done["last_logits"]
+            assert cut["applied"] and cut["head"] == "LmHeadLinearAllreduce" and cut["calls_cut"] >= 2, cut
+    said = " ".join(f.text for f in diagnose(results[0], predict(results[0])) if f.code == "trims")
+    assert "last_logits: the head (LmHeadLinearAllreduce) given the last position only in" in said, said
     when = [r["engine"]["trims"]["shard_embedding"]["when"] for r in results]
     assert when == ["before init_inference", "after init_inference"]
     assert not results[1]["engine"]["finalize"]["buffers"]["not_found"]  # held buffers are not reported missing

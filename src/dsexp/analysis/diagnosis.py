@@ -565,6 +565,14 @@ def trims_applied(f: RunFacts) -> List[Finding]:
                 + (f" ({t['when']})" if t.get("when") else "")
                 + f", {m.human(t.get('bytes_before'))} -> {m.human(t.get('bytes_after'))}"
             )
+    cut = done.get("last_logits")
+    if cut:
+        items.append(
+            f"last_logits: the head ({cut['head']}) given the last position only in {cut['calls_cut']} calls"
+            + (" (none: the model's code already gives it the last only)" if not cut["calls_cut"] else "")
+            if cut.get("applied")
+            else f"last_logits: not applied ({cut.get('why')})"
+        )
     if "env" in done:
         items.append("env: " + ", ".join(f"{k}={v}" for k, v in done["env"].items()))
     return [Finding("trims", "info", "trims on rank 0: " + "; ".join(items))] if items else []

@@ -133,7 +133,10 @@ class TrimConfig:
     shard_head: AutoTP splits the output head whatever its attribute name (DeepSpeed's LmHeadLinearAllreduce).
     shard_embedding: DeepSpeed's VocabParallelEmbedding for the input embedding (vocabulary rows split).
     world_group: AutoTP all-reduces on the world process group (tp == world size): DeepSpeed creates no second
-    communicator. env: environment variables for the ranks (NCCL, CUDA module loading, allocator, cuBLAS).
+    communicator. last_logits: in generate, the output head computes the last position's logits only (a model whose
+    code drops transformers' logits_to_keep computes every prompt position's, whole on every rank; not in trim=all,
+    which removes what the weights replicate). env: environment variables for the ranks (NCCL, CUDA module loading,
+    allocator, cuBLAS).
     """
 
     name: str = "none"
@@ -141,6 +144,7 @@ class TrimConfig:
     shard_head: bool = False
     shard_embedding: bool = False
     world_group: bool = False
+    last_logits: bool = False
     env: Dict[str, str] = field(default_factory=dict)
 
 

@@ -11,6 +11,7 @@ from dsexp.core.context import RankContext
 from dsexp.engines import part
 from dsexp.trims.dedupe_buffers.rank import HeldBuffers, dedupe_buffers
 from dsexp.trims.env.rank import env_seen
+from dsexp.trims.last_logits.rank import keep_last_logits
 
 
 def get_engine(name: str) -> "Engine":
@@ -40,12 +41,14 @@ class Engine(ABC):
         return module, report
 
     def after_finalize(self, module, ctx: RankContext, report: Dict[str, Any]) -> None:
-        """After the engine and the loader's fix-ups (buffer restore): the trims that need the final tensors
-        (dedupe_buffers), and the trim.env values the rank saw, into report["trims"]."""
+        """After the engine and the loader's fix-ups (buffer restore): the trims that need the final modules
+        (dedupe_buffers, last_logits), and the trim.env values the rank saw, into report["trims"]."""
         t = ctx.spec.trim
-        if not (t.dedupe_buffers or t.env):
+        if not (t.dedupe_buffers or t.last_logits or t.env):
             return
         done = report.setdefault("trims", {})
+        if t.last_logits:
+            done["last_logits"] = keep_last_logits(module)
         if t.dedupe_buffers:
             held = getattr(self, "held", None)
             done["dedupe_buffers"] = dedupe_buffers(module, held, "cuda" if ctx.on_gpu else "cpu")

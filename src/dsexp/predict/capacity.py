@@ -27,7 +27,7 @@ prompt plus new tokens past `max_out_tokens` does not run (DeepSpeed #2485, #375
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional
 
 from dsexp.predict import kv as kv_model
@@ -196,6 +196,8 @@ def above_weights(
     and the logits. attention: the model's (dims.attention: "eager" keeps the scores; anything else, SDPA or flash
     kernels, does not); None: the dims'."""
     s, e = Shapes.of(dims), DTYPE_BYTES[strategy.dtype]
+    if getattr(strategy, "last_position_logits", False):  # a trim gives the head the last position only
+        s = replace(s, full_logits=False)
     attention = attention or getattr(dims, "attention", "sdpa")
     if getattr(strategy, "kernel_inject", False):
         max_seq = int(getattr(strategy, "max_out_tokens", 0) or 1024)

@@ -45,6 +45,7 @@ class Strategy:
     casts_buffers: bool = False  # the whole module, buffers included, cast to the run dtype
     splits_weights: bool = False  # each rank keeps its slice of the weights and its own KV heads
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (trim.env, script.fix)
+    last_position_logits: bool = False  # a trim has the head compute the last position's logits only
 
     def trimmed(self, key: str) -> bool:
         return bool(self.trims.get(key))

@@ -26,6 +26,7 @@ class TrimTraits:
     summary: str
     autotp_only: bool = False  # changes DeepSpeed's AutoTP call: an engine with inference_autotp, without kernels
     changes_slices: bool = False  # changes which slices a rank keeps (part of load=sharded's split files' key)
+    last_position_logits: bool = False  # the head computes the last position's logits only (the memory model's logits)
     gate: Optional[VersionGate] = None  # what it needs of the ranks' software
 
     def applies_to(self, engine: str, kernel_inject: bool) -> bool:
