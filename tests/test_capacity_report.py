@@ -186,3 +186,21 @@ def test_an_out_of_memory_with_room_left_under_the_cap_is_named_as_fragmentation
     text = capsys.readouterr().out
     assert "Batch 13 x 2048" in text and "ran out of memory with room left" in text
     assert "7.90 GiB sat reserved but unallocated" in text and "+trim.env.PYTORCH_CUDA_ALLOC_CONF" in text
+
+
+def test_a_model_line_of_one_point_is_drawn_and_no_out_of_memory_entry_without_one(tmp_path, monkeypatch):
+    """A configuration measured at one point has a model "line" of one point, which matplotlib draws as nothing: it
+    gets a dash, so the legend's memory-model entry names something on the plot; the out-of-memory entry is there
+    only where a point ran out."""
+    import matplotlib.pyplot as plt
+
+    from dsexp.analysis import plots
+
+    monkeypatch.setattr(plt, "close", lambda fig: None)  # keep the figure to look at
+    one = {("a", 1): {"measured": [(512, 0.3)], "oom": [], "predicted L=512": [(512, 0.31)]}}
+    plots.memory_vs_tokens(one, True, tmp_path / "one.png")
+    ax = plt.gcf().axes[0]
+    assert any(line.get_marker() == "_" and len(line.get_xdata()) == 1 for line in ax.lines)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "memory model, L=512" in labels and not any("out of memory" in t for t in labels)
+    plt.close("all")

@@ -255,8 +255,10 @@ def memory_vs_tokens(series: TokenSeries, on_gpu: bool, path: Path) -> Path:
         c = colors[i % len(colors)]
         for j, key in enumerate(lengths):
             pred = sorted(s.get(key, []))
-            if pred:
-                ax.plot([t for t, _ in pred], [v * k for _, v in pred], ls=LENGTH_STYLES[j % 5], color=c, lw=1.3)
+            if pred:  # a line of one point is no line: a dash marks it
+                style = dict(marker="_", ms=14, mew=1.5) if len(pred) == 1 else {}
+                xs, ys = [t for t, _ in pred], [v * k for _, v in pred]
+                ax.plot(xs, ys, ls=LENGTH_STYLES[j % 5], color=c, lw=1.3, **style)
         pts = sorted(s.get("measured", []))
         if pts:
             ax.plot([t for t, _ in pts], [v * k for _, v in pts], "o", color=c, label=f"{config} tp={tp}")
@@ -265,7 +267,8 @@ def memory_vs_tokens(series: TokenSeries, on_gpu: bool, path: Path) -> Path:
             ax.plot([t for t, _ in oom], [v * k for _, v in oom], "x", color=c, ms=9, mew=2)
     for j, key in enumerate(lengths):
         ax.add_line(Line2D([], [], ls=LENGTH_STYLES[j % 5], color="gray", label=f"memory model, {key[10:]}"))
-    ax.add_line(Line2D([], [], ls="", marker="x", color="gray", label="out of memory (at the model's figure)"))
+    if any(s.get("oom") for s in series.values()):
+        ax.add_line(Line2D([], [], ls="", marker="x", color="gray", label="out of memory (at the model's figure)"))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.set_xlabel("tokens of the prefill (batch x prompt tokens)")
