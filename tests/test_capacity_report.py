@@ -149,14 +149,15 @@ def test_a_scripts_generate_call_on_the_seeds_stack_is_predicted_with_the_packed
     the whole model). The prompt's cache holds each layer's packed qkv through the value's view (capacity.KEEPS):
     without it the model was 15-41% under (149.51 MiB measured, 110.87 predicted at tp=2)."""
     from dsexp.analysis.matrix import build_rows
-    from dsexp.analysis.sections.script_calls import _generate_calls, measured_above, predicted_above
+    from dsexp.analysis.sections.script_calls import measured_above, predicted_above
+    from dsexp.analysis.user_script import generate_calls
     from dsexp.predict import capacity as cap
 
     from helpers.run import ROOT
 
     result = json.loads((ROOT / "results/h200/scripts" / run / "result.json").read_text())
     (row,) = build_rows([result])
-    (call,) = _generate_calls(row)
+    (call,) = generate_calls(row.result)
     predicted, measured = predicted_above(row, call), measured_above(row, call)
     assert abs(predicted / measured - 1) <= 0.03, (run, predicted, measured)
     assert row.prediction.strategy.transformers == "4.42.4"

@@ -739,3 +739,16 @@ def test_the_seeds_script_fixed_on_the_gpus_transformers_reads_as_what_happened(
         assert "No variant ran to the end" in report or "run failed" in report
     else:
         assert res["correctness"]["passed"], res.get("correctness")
+
+
+def test_the_recommendation_holds_for_the_workload_the_script_ran_not_dsexps_generate_settings():
+    """A user's main.py with a batch of 3 prompts of 24 tokens and 16 new tokens: the report said "batch 1, the
+    prompt text, 16 new tokens", dsexp's own generate settings, which a script never reads."""
+    from dsexp.analysis.matrix import Row
+    from dsexp.analysis.sections.recommendation import workload_line
+
+    call = {"kind": "generate", "phase": "generate", "prompt_tokens": 24, "new_tokens": 16, "sequences": 3}
+    line = workload_line(Row(script_result([load_call({}), INIT, call, {**call}]), None))
+    assert "the script ran (its generate calls): batch 3, a prompt of 24 tokens, 16 new tokens;" in line
+    assert line.count("batch 3") == 1 and "batch 1" not in line  # two calls of one shape: said once
+    assert "made no generate call" in workload_line(Row(script_result([load_call({}), INIT]), None))

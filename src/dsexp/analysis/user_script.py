@@ -40,6 +40,11 @@ def calls(result: Dict[str, Any], rank: int = 0) -> List[Dict[str, Any]]:
     return _script_of(result, rank).get("calls") or []
 
 
+def generate_calls(result: Dict[str, Any], rank: int = 0) -> List[Dict[str, Any]]:
+    """The rank's generate calls that returned (their shapes recorded: sequences, prompt_tokens, new_tokens)."""
+    return [c for c in calls(result, rank) if c.get("kind") == "generate" and c.get("prompt_tokens") is not None]
+
+
 def first_call(result: Dict[str, Any], kind: str, rank: int = 0) -> Optional[Dict[str, Any]]:
     return next((c for c in calls(result, rank) if c.get("kind") == kind), None)
 

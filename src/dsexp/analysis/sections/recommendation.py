@@ -12,6 +12,7 @@ from dsexp.analysis.diagnosis import floor_terms
 from dsexp.analysis.matrix import Extrapolated, Pick, Row, main_model, recommend
 from dsexp.analysis.sections.common import ReportInputs, num, on_gpu
 from dsexp.analysis.sections.trim_effects import trim_lines
+from dsexp.analysis.user_script import generate_calls, is_script
 from dsexp.core.workload import as_list
 
 NAME = "recommendation"
@@ -51,7 +52,10 @@ def recommendation_lines(rows: List[Row], extra: List[Extrapolated]) -> List[str
 
 
 def workload_line(row: Row) -> str:
-    """The workload the recommendation holds for: its memory and speed were measured at this shape only."""
+    """The workload the recommendation holds for: its memory and speed were measured at this shape only (a user's
+    script: the shapes its generate calls had, not dsexp's generate settings, which it never reads)."""
+    if is_script(row.result):
+        return _script_workload_line(row)
     g = row.config.get("generate") or {}
     batches, prompts = as_list(g.get("batch_size", 1)), as_list(g.get("prompt_tokens"))
     lengths = [q.prompt_tokens for q in capa.point_rows([row])]
@@ -63,6 +67,19 @@ def workload_line(row: Row) -> str:
     return (
         f"It holds for the workload it was measured at: batch {', '.join(map(str, batches))}, {prompt}, "
         f"{g.get('new_tokens')} new tokens{grid}; a larger batch or context needs what the capacity section shows."
+    )
+
+
+def _script_workload_line(row: Row) -> str:
+    shapes = dict.fromkeys(
+        f"batch {c.get('sequences', 1)}, a prompt of {c['prompt_tokens']} tokens, {c['new_tokens']} new tokens"
+        for c in generate_calls(row.result)
+    )
+    if not shapes:
+        return "It holds for what the script ran, which made no generate call that returned."
+    return (
+        f"It holds for the workload the script ran (its generate calls): {'; '.join(shapes)}; a larger batch or "
+        "context needs what the capacity section shows."
     )
 
 

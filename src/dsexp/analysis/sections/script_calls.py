@@ -6,12 +6,12 @@ above its weights during the call."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from dsexp.analysis.labels import config_label
 from dsexp.analysis.matrix import Row
 from dsexp.analysis.sections.common import ReportInputs, size
-from dsexp.analysis.user_script import calls, is_script, kernel_injection_without_policy
+from dsexp.analysis.user_script import generate_calls, is_script, kernel_injection_without_policy
 from dsexp.core.result import Phase
 from dsexp.predict import capacity as cap
 
@@ -19,7 +19,7 @@ NAME = "script_calls"
 
 
 def render(inputs: ReportInputs) -> str:
-    rows = [r for r in inputs.rows if is_script(r.result) and _generate_calls(r)]
+    rows = [r for r in inputs.rows if is_script(r.result) and generate_calls(r.result)]
     if not rows:
         return ""
     lines = [
@@ -34,18 +34,13 @@ def render(inputs: ReportInputs) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        for i, c in enumerate(_generate_calls(r), 1):
+        for i, c in enumerate(generate_calls(r.result), 1):
             predicted, measured = size(predicted_above(r, c)), size(measured_above(r, c))
             lines.append(
                 f"| `{config_label(r.config)}` | {r.tp} | {i} | {c.get('caller') or '-'} | {c.get('sequences', 1)} | "
                 f"{c['prompt_tokens']} | {c['new_tokens']} | {predicted} | {measured} |"
             )
     return "\n".join(lines + [""])
-
-
-def _generate_calls(r: Row) -> List[Dict[str, Any]]:
-    """Rank 0's generate calls that returned (their shapes recorded)."""
-    return [c for c in calls(r.result) if c.get("kind") == "generate" and c.get("prompt_tokens") is not None]
 
 
 def predicted_above(r: Row, call: Dict[str, Any]) -> Optional[int]:
