@@ -208,8 +208,8 @@ def write_plots(points: List[PointRow], folder) -> Dict[str, Any]:
         if q.status == "oom" and q.predicted_max is not None:
             s["oom"].append((q.tokens, q.predicted_max / GIB))
         rate, tpot = q.latency.get("tokens_per_s"), (q.latency.get("tpot") or {}).get("p50")
-        if tpot is not None and tpot < 0 and "ttft_s" not in q.latency:
-            tpot = None  # an older record's TTFT from other calls than its e2e (sections.latency.tpot_cell)
+        if older_negative_tpot(q.latency):
+            tpot = None
         if q.status == "ok" and rate:
             latency.setdefault((q.config, q.tp, q.prompt_tokens), []).append((q.batch, rate, tpot))
     out = {"capacity": plots.memory_vs_tokens(memory, any(q.on_gpu for q in points), folder / FILES["capacity"])}
@@ -254,3 +254,9 @@ def fragmentation(message: Optional[str]) -> Optional[Fragmented]:
         return None
     found = Fragmented(_bytes(tried, 1), _bytes(split, 1), _bytes(split, 3), _bytes(allowed, 1))
     return found if found.needed <= found.allowed else None
+
+
+def older_negative_tpot(lat: Dict[str, Any]) -> bool:
+    """A record made before TTFT was stamped inside each timed call took its TTFT from other calls than its e2e;
+    where that TTFT exceeded the e2e, its TPOT is negative and no TPOT at all."""
+    return "ttft_s" not in lat and ((lat.get("tpot") or {}).get("min") or 0) < 0

@@ -43,10 +43,7 @@ TPOT_UNKNOWN_WHY = (
 
 def tpot_cell(lat) -> str:
     """TPOT's percentiles; an older record's negative TPOT (its TTFT from other calls than its e2e) is not one."""
-    tpot = lat.get("tpot") or {}
-    if "ttft_s" not in lat and (tpot.get("min") or 0) < 0:
-        return TPOT_UNKNOWN
-    return percentiles(tpot)
+    return TPOT_UNKNOWN if capa.older_negative_tpot(lat) else percentiles(lat.get("tpot"))
 
 
 def percentiles(s) -> str:
