@@ -325,21 +325,25 @@ def test_a_jobs_points_are_its_batches_as_its_ranks_recorded_them():
 
 
 @pytest.mark.parametrize(
-    "cause, statuses, stops",
+    "cause, statuses, stops, stops_resumed",
     [
-        ("oom_gpu", ["oom", "oom"], False),  # the weights do not fit under the cap: every batch is out of memory
-        ("interrupted", [], False),  # Ctrl-C: nothing measured, run again on resume
-        ("time_limit", [], False),
-        ("incorrect_output", ["failed", "failed"], True),  # not an answer: the configuration stops
+        ("oom_gpu", ["oom", "oom"], False, False),  # the weights do not fit under the cap: every batch is out of memory
+        ("interrupted", [], False, False),  # Ctrl-C: nothing measured, run again on resume
+        ("time_limit", [], False, False),
+        ("incorrect_output", ["failed", "failed"], True, True),  # not an answer: the configuration stops
+        # the H200's disk full while the checkpoint was written (2026-12-02): stops this search, retried on resume
+        ("prepare_error", ["failed", "failed"], True, False),
     ],
 )
-def test_a_failed_job_is_a_boundary_a_rerun_or_a_stop_by_its_cause(cause, statuses, stops):
+def test_a_failed_job_is_a_boundary_a_rerun_or_a_stop_by_its_cause(cause, statuses, stops, stops_resumed):
     from pathlib import Path
 
     from dsexp.compose.budget import points as P
 
-    pts, stop = P.points_of(Path("j"), job_result("failed", cause))
+    res = job_result("failed", cause)
+    pts, stop = P.points_of(Path("j"), res)
     assert [p.status for p in pts] == statuses and (stop is not None) == stops
+    assert (P.points_of(Path("j"), res, resumed=True)[1] is not None) == stops_resumed
 
 
 def answer_text(shared: bool = False) -> str:

@@ -6,8 +6,10 @@ the allocator's reserved peak over the prefill and the decode plus what the proc
 (measured at the end of `start`); on a CPU run the simulated need the rank checked against the budget
 (dsexp.rank.budget_cap). A point skipped because a smaller one ran out of memory is no run (the smaller one is the
 boundary). A job that failed out of memory before any point (the weights do not fit under the cap) is out of memory at
-all its batches; a job ended from outside (NOT_MEASURED) measured nothing and runs again when the search resumes; any
-other failure (wrong output, a crash, a host out of memory) stops the configuration.
+all its batches; a job ended from outside (NOT_MEASURED) measured nothing and runs again when the search resumes; a
+job that failed preparing the machine (RETRIED_ON_RESUME: the disk full while the checkpoint was written) stops its
+configuration in that search and runs again when the search resumes, the machine mended; any other failure (wrong
+output, a crash, a host out of memory) stops the configuration.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ GIB = 2**30
 RESULT = "result.json"
 # A job ended from outside (Ctrl-C, SLURM's time limit, a node lost): nothing measured, the search runs it again
 NOT_MEASURED = ("interrupted", "time_limit", "slurm_cancelled", "node_failed")
+# Failed before any rank ran, preparing the machine (no space for the checkpoint, a cache it could not write): it says
+# nothing of the configuration, but running it again at once would fail again, so only a resumed search retries it
+RETRIED_ON_RESUME = ("prepare_error",)
 
 
 def identity(config: Dict[str, Any]) -> str:
@@ -83,13 +88,14 @@ def sweep_results(sweep_dir: Path) -> List[Tuple[Path, Dict[str, Any]]]:
     return out
 
 
-def points_of(job_dir: Path, result: Dict[str, Any]) -> Tuple[List[Point], Optional[str]]:
-    """The job's points, and why its configuration should not be pursued (None: go on)."""
+def points_of(job_dir: Path, result: Dict[str, Any], resumed: bool = False) -> Tuple[List[Point], Optional[str]]:
+    """The job's points, and why its configuration should not be pursued (None: go on); resumed: the job is an
+    earlier search's, read back by a search that resumes it."""
     rec = JobRecord.of(result)
     batches = job_batches(result.get("config") or {})
     if not rec.ok:
         cause = rec.cause or "failed"
-        if cause in NOT_MEASURED:
+        if cause in NOT_MEASURED or (resumed and cause in RETRIED_ON_RESUME):
             return [], None
         if cause == "oom_gpu":
             return [Point(b, OOM, job=str(job_dir)) for b in batches], None

@@ -115,8 +115,9 @@ class BudgetSearch:
 
     # --- measured points ----------------------------------------------------------------------------------------
 
-    def absorb(self, job_dir: Path, result: Optional[Dict[str, Any]]) -> None:
-        """Add a job's points to its configuration (found by its settings, whatever job number it has)."""
+    def absorb(self, job_dir: Path, result: Optional[Dict[str, Any]], resumed: bool = False) -> None:
+        """Add a job's points to its configuration (found by its settings, whatever job number it has); resumed: an
+        earlier search's job."""
         if not result:
             return
         ident = measured.identity(result.get("config") or {})
@@ -127,7 +128,7 @@ class BudgetSearch:
         job_dir = Path(result.get("job_dir") or job_dir)  # as the job recorded itself (the report matches on it)
         if any(j["dir"] == str(job_dir) for j in self.jobs):
             return
-        points, stop = measured.points_of(job_dir, result)
+        points, stop = measured.points_of(job_dir, result, resumed)
         for p in points:  # a point that ran past the budget (not capped, or outside the allocator) does not fit it
             if p.status == search.OK and p.peak is not None and p.peak > self.state.device:
                 p.status = search.OVER
@@ -147,7 +148,7 @@ class BudgetSearch:
 
     def resume(self) -> int:
         for job_dir, result in measured.sweep_results(self.sweep_dir):
-            self.absorb(job_dir, result)
+            self.absorb(job_dir, result, resumed=True)
         return len(self.jobs)
 
     # --- the loop -----------------------------------------------------------------------------------------------
