@@ -18,13 +18,15 @@ from dsexp.rank.probes.sampler import PeakSampler
 from dsexp.rank.probes.see_memory import parse
 from dsexp.rank.probes.weights import resident_bytes, weight_census
 
+from helpers.memory import resident
+
 
 def test_sampler_catches_a_transient_peak():
     s = PeakSampler(0.005).start()
     try:
         s.take()
         before = status_rss()["host_anon"]
-        blob = bytearray(300 * 2**20)  # touched: anonymous resident memory
+        blob = resident(300 * 2**20)  # touched: anonymous resident memory
         time.sleep(0.1)
         del blob
         time.sleep(0.05)
@@ -41,7 +43,7 @@ def test_held_open_proc_files_follow_memory_as_fresh_reads_do():
     files = ProcFiles()
     try:
         before = files.read()
-        blob = bytearray(200 * 2**20)
+        blob = resident(200 * 2**20)
         during, fresh = files.read(), status_rss()
         del blob
     finally:
@@ -55,7 +57,7 @@ def test_held_open_proc_files_follow_memory_as_fresh_reads_do():
 def test_recorder_without_sampler_thread_keeps_phase_end_peaks(tmp_path):
     rec = PhaseRecorder(tmp_path, 0, 1, 0, time.perf_counter(), sample_ms=0, see_memory_usage=False)
     with rec.phase("load"):
-        blob = bytearray(100 * 2**20)
+        blob = resident(100 * 2**20)
     rec.finish()
     del blob
     phase = rec.record["phases"]["load"]
@@ -161,7 +163,7 @@ def test_a_split_window_inside_a_phase_keeps_the_phases_own_peak(tmp_path):
     saw and the phase still has the whole phase's."""
     rec = PhaseRecorder(tmp_path, 0, 1, 0, time.perf_counter(), sample_ms=0, see_memory_usage=False)
     key = rec.begin("generate[b=1,l=8]")
-    hog = bytearray(256 * 2**20)
+    hog = resident(256 * 2**20)
     hog[::4096] = b"x" * len(hog[::4096])  # touch every page: resident
     first = rec.split_window()["host_rss_peak"]
     del hog

@@ -12,6 +12,8 @@ from dsexp.rank.probes.memory_series import MAX_GAP_S, MemorySeries
 from dsexp.rank.probes.phases import PhaseRecorder
 from dsexp.rank.probes.sampler import ALLOCATOR_EVERY, PeakSampler
 
+from helpers.memory import resident
+
 MIB = 2**20
 FIELDS = ("host_rss", "host_anon", "node_used")
 
@@ -103,7 +105,7 @@ def test_fields_grow_once_a_gpu_is_attached(tmp_path):
 def test_recorder_series_holds_each_phases_sampled_peak_within_its_times(tmp_path):
     rec = PhaseRecorder(tmp_path, 0, 1, 0, time.perf_counter(), sample_ms=5, see_memory_usage=False)
     with rec.phase("load"):
-        blobs = [bytearray(40 * MIB) for _ in range(4)]  # up, then down again within the phase
+        blobs = [resident(40 * MIB) for _ in range(4)]  # up, then down again within the phase
         time.sleep(0.1)
         del blobs
         time.sleep(0.05)
@@ -111,7 +113,7 @@ def test_recorder_series_holds_each_phases_sampled_peak_within_its_times(tmp_pat
         time.sleep(0.3)
     with rec.phase("generate"):  # a phase that happens twice is kept twice
         time.sleep(0.05)
-        blob = bytearray(60 * MIB)  # its peak is its last moment: the reading that closes it must lie within it
+        blob = resident(60 * MIB)  # its peak is its last moment: the reading that closes it must lie within it
     rec.finish()
     del blob
     s = read_series(series_file(tmp_path, 0))
@@ -135,7 +137,7 @@ def test_a_rank_dying_mid_phase_leaves_its_curve_up_to_its_last_heartbeat(tmp_pa
     rec = PhaseRecorder(tmp_path, 0, 1, 0, time.perf_counter(), sample_ms=5, see_memory_usage=False)
     try:
         rec.begin("load")
-        blob = bytearray(80 * MIB)
+        blob = resident(80 * MIB)
         time.sleep(1.3)  # heartbeats every 0.5 s; the phase never ends
         left = read_series(series_file(tmp_path, 0))  # what a SIGKILL now would leave
         now = time.perf_counter() - rec.t_process
