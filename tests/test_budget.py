@@ -650,10 +650,10 @@ def test_a_budget_search_over_a_scripts_batch_size_skips_the_misses_and_brackets
     assert "**Answer**: `tp=1 script.fix=" in summary and "so each run is a job" in summary
 
 
-def test_an_answer_from_a_search_stopped_before_it_settled_says_so_and_how_to_resume(tmp_path, capsys):
-    """The H200 at 24 and 40 GiB (results/h200/budget/gpu24, gpu40): each step was cut at its time limit with one
-    configuration bracketed and others not yet; the answer is the best of what was measured, and says that the
-    search did not finish."""
+def test_the_h200_answers_a_settled_search_plainly_and_one_stopped_before_it_settled_as_so_far(tmp_path, capsys):
+    """The H200 at 24 GiB (results/h200/budget/gpu24): every configuration bracketed, a plain answer; at 40 GiB
+    (gpu40): the step was cut at its time limit with tp=2 untrimmed not yet bracketed, so the answer is the best of
+    what was measured and says the search did not finish."""
     from dsexp.report import main
 
     from helpers.run import ROOT
@@ -662,9 +662,11 @@ def test_an_answer_from_a_search_stopped_before_it_settled_says_so_and_how_to_re
         main([str(ROOT / "results/h200/budget/gpu24"), "--out", str(tmp_path), "--no-mlflow", "--print", "budget"]) == 0
     )
     text = capsys.readouterr().out
-    assert "**Answer so far** (search not finished): `tp=4 trim=all` at batch **9**" in text
-    assert "stopped before it settled `tp=2 trim=none`, `tp=2 trim=all`, `tp=4 trim=none`" in text
-    assert "| tp=4 trim=all | 11 | - | 9 | 10 |" in text  # predicted 11; 9 ran, 10 ran out of memory under the cap
+    assert "- **Answer**: `tp=4 trim=all` at batch **9**" in text and "stopped before it settled" not in text
+    assert "Runner-up: `tp=4 trim=none` at batch **7**" in text
+    # predicted 11; the measured gap moved it to 9; 9 ran, 10 ran out of memory under the cap
+    assert "| tp=4 trim=all | 11 | 9 (own +2.25 GiB) | 9 | 10 |" in text
+    assert "| tp=2 trim=none | 2 | 1 (own +1.04 GiB) | 1 | 2 |" in text
     assert "not by speed: the ranks shared one GPU over gloo" in text
     # at 40 GiB tp=2 trim=all was bracketed (10 ran; 11 to 16 out of memory under the cap: fragmentation), tp=2
     # untrimmed not yet
@@ -677,6 +679,7 @@ def test_an_answer_from_a_search_stopped_before_it_settled_says_so_and_how_to_re
     text = capsys.readouterr().out
     assert "**Answer so far** (search not finished): `tp=2 trim=all` at batch **10**" in text
     assert "stopped before it settled `tp=2 trim=none`" in text and "No configuration fits" not in text
+    assert "Run the same command again (same hydra.sweep.dir) to resume" in text
 
 
 def test_a_search_stopped_before_anything_ran_within_the_budget_has_no_answer_yet_not_nothing_fits():
