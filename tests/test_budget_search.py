@@ -221,3 +221,35 @@ def test_an_exact_model_settles_a_one_batch_configuration_in_two_jobs():
     state = S.State(device=100, batches=batches, configs=[c])
     jobs = simulate(state, lambda c, b: c.needs[batches.index(b)])
     assert jobs == [("a", [30]), ("a", [31])]  # 10 + 3 x 30 = 100 fits, 31 does not
+
+
+def test_the_floors_first_miss_bounds_the_bisection_so_a_low_guess_does_not_send_it_to_the_middle_of_the_range():
+    """The H200 at 24 GiB, tp=2 trim=all (results/h200/budget/gpu24): a neighbour's gap made the first job run 1 and
+    2, both ran; then, with nothing known above, the run bound sent the bisection to 33, 17, 9, 5 and 3, all out of
+    memory. The model (a floor) says 5 does not fit, so nothing above 5 is run: the guess and the floor's first miss
+    in one job, then the batch below."""
+    batches = S.batch_range(1, 64, 1)
+    c = S.Config("tp=2 trim=all", {"tp": "2"}, linear_needs(batches, 18 * GIB, GIB + GIB // 4))
+    state = S.State(device=24 * GIB, batches=batches, configs=[c])
+    assert S.model_largest(c, state.device) == batches.index(4)  # 18 + 4 x 1.25 = 23 GiB fits, 5 does not
+    c.points = [S.Point(1, S.OK, c.needs[0] + GIB // 8), S.Point(2, S.OK, c.needs[1] + GIB // 8)]
+    assert S.floor_cap(c, state) == batches.index(5)
+
+    def truth(c, b):  # fragmentation: 1.5 GiB more than the model, so 4 runs out
+        return c.needs[batches.index(b)] + 3 * GIB // 2
+
+    jobs = simulate(state, truth)
+    assert jobs == [("tp=2 trim=all", [4, 5]), ("tp=2 trim=all", [3])], jobs
+    assert S.largest_ok(c, batches) == 3 and S.bracket(c, batches) == (2, 3)
+
+
+def test_a_model_measured_above_a_point_is_no_floor_and_the_whole_range_is_bisected():
+    """A point that ran below its prediction: the model is not a floor for that configuration, its first predicted
+    miss bounds nothing, and the search finds the true boundary above it."""
+    batches = S.batch_range(1, 64, 1)
+    c = S.Config("a", {"tp": "1"}, linear_needs(batches, 10 * GIB, GIB))
+    state = S.State(device=24 * GIB, batches=batches, configs=[c])
+    c.points = [S.Point(14, S.OK, 20 * GIB)]  # the model said 24 GiB at 14
+    assert S.floor_cap(c, state) == len(batches)
+    jobs = simulate(state, lambda c, b: 6 * GIB + GIB * b // 2)  # 36 fits, 37 does not
+    assert S.largest_ok(c, batches) == 36 and S.runs_used(c) <= S.run_bound(64), jobs

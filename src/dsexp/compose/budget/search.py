@@ -11,6 +11,11 @@ that did not are one step apart. A probe is the model's guess (shifted by the me
 holds in the worst case after it, else the midpoint; the midpoint too while only out-of-memory points are known (they
 bound the need from below, not by how much): at most ceil(log2(len(batches))) + 2 runs per configuration.
 
+The model is a floor (dsexp.predict: it never sits above a measurement it claims to bound), so a batch it says does
+not fit bounds the bisection from above before anything ran there: the search plans within the batches up to the
+first such one and measures that one itself (floor_cap). The cap is dropped where a measured point came in below its
+prediction, or the capped batch ran: the model is then not a floor there, and the whole range is bisected.
+
 Feedback: a point measured above its prediction (or out of memory where the model said it fits) gives its
 configuration a gap; every later guess of that configuration, and the first guess of each configuration that differs
 from it in one dimension and has no measurement of its own, adds the gap to the model's need.
@@ -153,6 +158,20 @@ def calibrated(c: Config) -> bool:
     return any(p.status in (OK, OVER) and p.peak is not None for p in c.points)
 
 
+def floor_cap(c: Config, s: State) -> int:
+    """Index of the first batch above the largest that ran whose predicted need (unshifted: a floor) passes the budget:
+    the batch the bisection plans up to and measures; len(batches) where there is none, or where a measured point
+    shows the model is not a floor for c (a peak below its prediction, or the capped batch itself ran)."""
+    n = len(s.batches)
+    index = {b: i for i, b in enumerate(s.batches)}
+    ran = [p for p in c.points if p.status == OK and p.batch in index]
+    if any(p.peak is not None and p.peak < c.needs[index[p.batch]] for p in ran):
+        return n
+    lo, _ = bracket(c, s.batches)
+    cap = next((i for i in range(lo + 1, n) if c.needs[i] > s.device), n)
+    return n if any(index[p.batch] >= cap for p in ran) else cap
+
+
 def done(c: Config, s: State) -> bool:
     if c.miss is not None or c.failed is not None:
         return True
@@ -172,6 +191,7 @@ def next_batches(c: Config, s: State) -> List[int]:
         g = max(guess, 0)
         return [b[g], b[g + 1]] if g + 1 < n and not c.one_batch else [b[g]]
     lo, hi = bracket(c, b)
+    hi = min(hi, floor_cap(c, s) + 1)  # past the floor's first miss: planned as out of memory, not measured
     left = run_bound(n) - runs_used(c)
     if not calibrated(c):
         # only out-of-memory points: they say the need passed the budget, not by how much (on the H200 the allocator's
