@@ -40,3 +40,26 @@ def test_loadable_with_exact_shapes_and_deterministic(tmp_path):
     for (n1, p1), (n2, p2) in zip(m1.state_dict().items(), m2.state_dict().items()):
         assert n1 == n2 and torch.equal(p1, p2)
     assert torch.all(m1.model.norm.weight == 1)
+
+
+def test_a_checkpoint_the_disk_cannot_hold_is_refused_before_it_is_written_naming_the_cached_ones(
+    tmp_path, monkeypatch
+):
+    """The H200's 64 GiB disk held one 20B checkpoint and failed 20 GiB into the next: now the write is refused at
+    once, with both numbers and the checkpoints cached beside it, and no half-written folder is left."""
+    import shutil
+    from collections import namedtuple
+
+    import pytest
+
+    from dsexp.models import writer
+
+    first = ensure_checkpoint(str(tmp_path), "first", "llama", DIMS, "bf16", "safetensors")
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(writer.shutil, "disk_usage", lambda p: Usage(10 * 2**30, 10 * 2**30 - 2**20, 2**20))
+    with pytest.raises(writer.NoSpaceError) as e:
+        ensure_checkpoint(str(tmp_path), "second", "llama", DIMS, "fp32", "safetensors")
+    msg = str(e.value)
+    assert "has 0.00 GiB free" in msg and f"cached there: {first.path}" in msg and "cache_dir" in msg
+    monkeypatch.setattr(writer.shutil, "disk_usage", shutil.disk_usage)
+    assert sorted(p.name for p in (tmp_path / "models").iterdir() if p.is_dir()) == [first.path.name]

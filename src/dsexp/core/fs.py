@@ -34,7 +34,11 @@ def build_once(final: Path, mark: str, build: Callable[[Path], Dict[str, Any]]) 
             return json.loads((final / mark).read_text()), True
         tmp = final.with_name(final.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        done = build(tmp)
+        try:
+            done = build(tmp)
+        except BaseException:  # a half-written folder would hold the disk (a failed 20B checkpoint: 20 GiB)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         (tmp / mark).write_text(json.dumps(done))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)

@@ -198,6 +198,7 @@ def write_checkpoint(
     cfg.save_pretrained(folder)
     write_tokenizer(folder)
     shards = list(plan_shards(specs, torch_dtype(dtype).itemsize, shard_mb))
+    ensure_space(folder, sum(math.prod(shape) for _, shape in specs) * torch_dtype(dtype).itemsize)
     n = len(shards)
     t0 = time.perf_counter()
     weight_map, total, pending = {}, 0, []
@@ -221,6 +222,34 @@ def write_checkpoint(
     index = "model.safetensors.index.json" if fmt == "safetensors" else "pytorch_model.bin.index.json"
     (folder / index).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     return total, time.perf_counter() - t0
+
+
+class NoSpaceError(OSError):
+    """The checkpoint would not fit the disk of the cache: said before a byte of it is written."""
+
+
+GIB = 2**30
+SPACE_MARGIN = GIB // 2  # the index, the tokenizer and what else writes there meanwhile
+
+
+def ensure_space(folder: Path, nbytes: int) -> None:
+    """Refuse to write nbytes of weights into folder (inside <cache>/models) when its disk has not that much free,
+    naming the checkpoints cached beside it, largest first: on the H200's 64 GiB disk one cached 20B checkpoint left
+    no room for a second, and the write failed 20 GiB in (No space left on device)."""
+    free = shutil.disk_usage(folder).free
+    if nbytes + SPACE_MARGIN <= free:
+        return
+    models = folder.parent
+    cached = sorted(
+        ((sum(f.stat().st_size for f in d.rglob("*") if f.is_file()), d) for d in models.iterdir() if d.is_dir()),
+        reverse=True,
+    )
+    others = [f"{d} ({size / GIB:.2f} GiB)" for size, d in cached if d != folder and size > 0]
+    raise NoSpaceError(
+        f"the checkpoint needs {nbytes / GIB:.2f} GiB and {models} has {free / GIB:.2f} GiB free"
+        + (f"; cached there: {', '.join(others[:5])}: delete those not needed" if others else "")
+        + ", or set cache_dir to a larger disk"
+    )
 
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
