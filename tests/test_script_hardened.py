@@ -449,6 +449,9 @@ def test_an_op_deepspeed_builds_is_a_one_time_cost_left_out_of_its_phase():
     (line,) = one_time_lines(rows({**script_result([]), "ranks": [ranks[0]]})[0])
     assert line == ("one-time cost: 78.8 s of init on rank 0 was DeepSpeed building its op deepspeed_shm_comm; "
                     "left out of the phase's time")  # fmt: skip
+    # the same op loaded from torch's extensions cache in 0.02 s: nothing to say (it printed "0.0 s" before)
+    ranks[0]["script"]["events"] = [{**event, "seconds": 0.02, "cached": True}]
+    assert one_time_lines(rows({**script_result([]), "ranks": [ranks[0]]})[0]) == []
 
 
 # --- input as a new user writes it --------------------------------------------------------------------------

@@ -83,21 +83,23 @@ ONE_TIME = {
 }
 
 
+NEGLIGIBLE_S = 0.05  # a cost that prints as "0.0 s" (an op built before, only loaded) says nothing
+
+
 def one_time_lines(r: Row) -> List[str]:
     """Each one-time cost rank 0 paid (an op compiled, a checkpoint written), with the phase it fell in; the phase
-    times in the tables leave it out."""
+    times in the tables leave it out. Costs under NEGLIGIBLE_S are not listed."""
     rank0 = r.record.ranks[0].script if r.record.ranks else {}
     out = []
     for e in (rank0.get("events") or []) if rank0 else []:
-        if e.get("kind") != "one_time":
+        if e.get("kind") != "one_time" or e.get("seconds", 0) < NEGLIGIBLE_S:
             continue
         what = ONE_TIME.get(e.get("what"), "{name}").format(name=e.get("name"))
         if e.get("what") == "op_build" and e.get("cached"):
             what = f"DeepSpeed loading its op {e.get('name')}, built before (torch's extensions cache)"
-        how = ""
         size = f", {m.human(e['bytes'])}" if e.get("bytes") else ""
         out.append(
-            f"one-time cost: {e['seconds']:.1f} s of {e.get('in_phase')} on rank 0 was {what}{how}{size}; "
+            f"one-time cost: {e['seconds']:.1f} s of {e.get('in_phase')} on rank 0 was {what}{size}; "
             "left out of the phase's time"
         )
     return out
