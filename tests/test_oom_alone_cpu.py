@@ -128,3 +128,14 @@ def test_the_next_job_runs_and_ranks_out_of_memory_together_go_on(sweep):
 def test_no_process_is_left(sweep):
     for res in sweep:
         assert teardown.job_processes(res["teardown"]["token"]) == []
+
+
+@SLOW
+def test_the_trace_holds_every_launch_so_the_point_that_ran_out_stays_visible(sweep):
+    alone = sweep[0]
+    trace = json.loads((Path(alone["job_dir"]) / alone["trace"]).read_text())
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert sorted(names.values()) == [f"rank {r} (launch {n} of 2)" for r in (0, 1) for n in (1, 2)]
+    first_rank1 = next(pid for pid, n in names.items() if n == "rank 1 (launch 1 of 2)")
+    slices = [e["name"] for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == first_rank1]
+    assert KEY in slices  # the point rank 1 ran out at, in the launch it ended

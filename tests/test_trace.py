@@ -94,3 +94,22 @@ def test_result_json_carries_each_ranks_whole_series(jobs):
             first, last = series["points"][0][0], series["points"][-1][0]
             assert first < round(rk["timeline"][0]["t1"], 6) < round(rk["timeline"][-1]["t1"], 6) < last
             assert series["points"][-1][0] <= life
+
+
+def test_an_earlier_launch_is_a_process_of_its_own_on_the_same_time_axis():
+    """An out-of-memory relaunch (dsexp.job.oom_relaunch) archives the first launch's ranks: the trace draws them
+    beside the last launch's, named by launch, their slices where their clocks put them."""
+    from dsexp.core.trace import chrome_trace
+
+    def launch(t0, pid, phase):
+        rec = {"rank": 0, "pid": pid, "clock": {"t0": t0}, "timeline": [{"phase": phase, "t0": 0.5, "t1": 1.5}]}
+        return {"ranks": [{**rec, "phases": {phase: {"wall_s": 1.0}}}]}
+
+    trace = chrome_trace({**launch(110.0, 42, "generate[b=1,l=12]"), "config": {"tp": 1}}, [launch(100.0, 41, "oom")])
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert names == {41: "rank 0 (launch 1 of 2)", 42: "rank 0 (launch 2 of 2)"}
+    slices = {e["pid"]: (e["name"], e["ts"]) for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert slices == {41: ("oom", 500_000), 42: ("generate[b=1,l=12]", 10_500_000)}
+    # one launch: named as before
+    one = chrome_trace({**launch(110.0, 42, "generate"), "config": {"tp": 1}})
+    assert [e["args"]["name"] for e in one["traceEvents"] if e["name"] == "process_name"] == ["rank 0"]

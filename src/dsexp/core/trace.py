@@ -1,6 +1,8 @@
 """A job's ranks as one Chrome trace (`trace.json`), opened as it is by ui.perfetto.dev and chrome://tracing.
 
-One process per rank (`pid`: the rank's OS process id; `process_name` "rank N", sorted by rank), its phases as
+One process per rank (`pid`: the rank's OS process id; `process_name` "rank N", sorted by rank; where a rank out
+of memory ended a launch and the job launched again for the points left, each launch's ranks are processes of their
+own, "rank N (launch K of M)"), its phases as
 complete events (`X`, name: the phase key as in the rank record, `cat` "phase", args: kind, wall_s and the
 phase's sampled peaks in bytes; a phase the rank died in is drawn up to its last heartbeat, args.partial true),
 and its memory series as counters (`C`, name: the series field, e.g. host_rss, one arg `bytes`; Perfetto names
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 TRACE = "trace.json"
 PHASES_TID_NAME = "phases"
@@ -56,8 +58,20 @@ def phase_spans(rec: Dict[str, Any], clock_t0: float) -> List[Dict[str, Any]]:
     return sorted(spans, key=lambda s: s["t0"])
 
 
-def chrome_trace(result: Dict[str, Any]) -> Dict[str, Any]:
-    views = rank_views(result)
+def launch_views(result: Dict[str, Any], earlier: Sequence[Dict[str, Any]] = ()) -> List[Dict[str, Any]]:
+    """The rank views of every launch, oldest first, each tagged with its launch number (None where there was one
+    launch). earlier: the launches an out-of-memory relaunch archived ({ranks, series} each, dsexp.job.oom_relaunch):
+    their ranks are processes of their own in the trace, so the point that ran out stays visible."""
+    if not earlier:
+        return rank_views(result)
+    out = []
+    for n, launch in enumerate([*earlier, result], 1):
+        out += [{**v, "launch": n, "launches": len(earlier) + 1} for v in rank_views(launch)]
+    return out
+
+
+def chrome_trace(result: Dict[str, Any], earlier: Sequence[Dict[str, Any]] = ()) -> Dict[str, Any]:
+    views = launch_views(result, earlier)
     origin = min((v["clock_t0"] for v in views), default=0.0)
     events: List[Dict[str, Any]] = []
     for view, pid in zip(views, pids(views)):
@@ -86,15 +100,16 @@ def pids(views: List[Dict[str, Any]]) -> List[int]:
     real = [v["record"].get("pid") for v in views]
     if all(isinstance(p, int) and p > 0 for p in real) and len(set(real)) == len(real):
         return real
-    return [1 + v["rank"] for v in views]
+    return [1 + v["rank"] + 1000 * (v.get("launch") or 0) for v in views]
 
 
 def rank_events(view: Dict[str, Any], pid: int, offset: int) -> List[Dict[str, Any]]:
-    rank, rec = view["rank"], view["record"]
+    rank, rec, launch = view["rank"], view["record"], view.get("launch")
     host = rec.get("hostname")
+    name = f"rank {rank}" + (f" (launch {launch} of {view['launches']})" if launch else "")
     events: List[Dict[str, Any]] = [
-        {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"rank {rank}"}},
-        {"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": rank}},
+        {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}},
+        {"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": rank + 1000 * (launch or 0)}},
         {"ph": "M", "name": "thread_name", "pid": pid, "tid": pid, "args": {"name": PHASES_TID_NAME}},
     ]
     if host:
@@ -141,9 +156,10 @@ def counter_events(series: Dict[str, Any], pid: int, offset: int) -> List[Dict[s
     return out
 
 
-def write_trace(result: Dict[str, Any], path: Path) -> Optional[Path]:
-    """trace.json for the job (compact JSON); None when no rank left a record or a series."""
-    trace = chrome_trace(result)
+def write_trace(result: Dict[str, Any], path: Path, earlier: Sequence[Dict[str, Any]] = ()) -> Optional[Path]:
+    """trace.json for the job (compact JSON), earlier launches included; None when no rank left a record or a
+    series."""
+    trace = chrome_trace(result, earlier)
     if not any(e["ph"] in "XC" for e in trace["traceEvents"]):
         return None
     Path(path).write_text(json.dumps(trace, separators=(",", ":")))

@@ -267,10 +267,19 @@ def write_job_trace(job_dir: Path, result: Dict[str, Any], world_size: int) -> N
         if "series" not in result:
             result["series"] = read_job_series(job_dir, world_size)
         view = result if result.get("ranks") else {**result, "ranks": records.read_rank_records(job_dir, world_size)}
-        if write_trace(view, job_dir / TRACE):
+        earlier = [launch_records(Path(launch["dir"]), world_size) for launch in result.get("launches") or []]
+        if write_trace(view, job_dir / TRACE, earlier):
             result["trace"] = TRACE
     except Exception as e:
         result["trace_error"] = f"{type(e).__name__}: {e}"[:500]
+
+
+def launch_records(launch_dir: Path, world_size: int) -> Dict[str, Any]:
+    """An archived launch's rank records and series (dsexp.job.oom_relaunch.archive_launch keeps its ranks/ there)."""
+    return {
+        "ranks": records.read_rank_records(launch_dir, world_size),
+        "series": read_job_series(launch_dir, world_size),
+    }
 
 
 def _packing(spec: JobConfig, job_dir: Path, sweep_dir: Optional[Path]):
