@@ -21,8 +21,8 @@ from dsexp.predict import architecture as arch
 from dsexp.predict.kv import kv_bytes, kv_heads
 from dsexp.predict.placements import Strategy
 from dsexp.predict.weights_per_rank import Prediction, host, per_rank, reserve
-from dsexp.trims import TRIMS
 from dsexp.trims import active as active_trims
+from dsexp.trims import last_position_logits
 
 
 def predict(result: Dict[str, Any], tp: Optional[int] = None) -> Prediction:
@@ -91,7 +91,7 @@ def strategy_of(result: Dict[str, Any]) -> Strategy:
         casts_buffers=bool(traits and traits.casts_buffers),
         splits_weights=bool(traits and traits.splits_weights),
         expandable_segments="expandable_segments:true" in alloc_conf(c).replace(" ", "").lower(),
-        last_position_logits=any(TRIMS[k].last_position_logits for k in active_trims(c.get("trim") or {})),
+        last_position_logits=last_position_logits(c.get("trim") or {}),
     )
 
 

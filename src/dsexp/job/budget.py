@@ -20,7 +20,7 @@ def above_per_point(spec: JobConfig, runtime: Dict[str, Any]) -> Dict[str, List[
     from dsexp.engines import ENGINES
     from dsexp.predict import architecture as arch
     from dsexp.predict.capacity import Workload, above_weights, peak_per_rank
-    from dsexp.trims import TRIMS, active
+    from dsexp.trims import last_position_logits
 
     dims = arch.dims(arch.meta_model(arch.model_source(asdict(spec), runtime), spec.dtype))
     traits = ENGINES.get(spec.engine.name)
@@ -30,7 +30,7 @@ def above_per_point(spec: JobConfig, runtime: Dict[str, Any]) -> Dict[str, List[
         max_out_tokens=spec.engine.max_out_tokens,
         splits_weights=bool(traits and traits.splits_weights),
         device=spec.device,
-        last_position_logits=any(TRIMS[k].last_position_logits for k in active(spec.trim)),
+        last_position_logits=last_position_logits(spec.trim),
     )
     out = {}
     for point in grid(spec.generate):

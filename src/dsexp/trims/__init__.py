@@ -32,6 +32,11 @@ def active(trim: Any) -> List[str]:
     return [k for k in MODEL_TRIMS if get(k, False)]
 
 
+def last_position_logits(trim: Any) -> bool:
+    """Whether a trim switched on has the head compute the last position's logits only (the memory model's logits)."""
+    return any(TRIMS[k].last_position_logits for k in active(trim))
+
+
 def label(trim: Optional[Dict[str, Any]]) -> Optional[str]:
     """A short name for a configuration's trims, e.g. "trim(dedupe,head)+env(NCCL_MAX_NCHANNELS=8)"; None: none."""
     from dsexp.trims.env import env_value
