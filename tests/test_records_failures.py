@@ -59,6 +59,17 @@ def test_classify_ok_and_failures():
         "time": 1,
     }
     assert classify(False, 1, [rank(0, 1, 1, status="failed", error=err)], {})["cause"] == "config_rejected"
+    # a user's script given a folder that is not there (2026-12-02): huggingface_hub's HFValidationError in the
+    # traceback is no config rejected, the script raised
+    err = {
+        "phase": "start",
+        "type": "OSError",
+        "message": "Repo id must be in the form 'repo_name' or 'namespace/repo_name': '/tmp/nowhere/model'.",
+        "traceback": "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name'",
+        "outside_calls": True,
+        "time": 1,
+    }
+    assert classify(False, 1, [rank(0, 1, 1, status="failed", error=err)], {})["cause"] == "script_error"
     err = {"phase": "load", "type": "SafetensorError", "message": "incomplete metadata", "time": 1}
     assert classify(False, 1, [rank(0, 1, 1, status="failed", error=err)], {})["cause"] == "load_error"
     # rank 1 vanished during load (SIGKILL): no Python error anywhere

@@ -55,8 +55,10 @@ _OOM_GPU = re.compile(
 _OOM_HOST = re.compile(
     r"\bMemoryError\b|Cannot allocate memory|std::bad_alloc|DefaultCPUAllocator: can't allocate", re.I
 )
+# (?<![A-Za-z]): pydantic's ValidationError, not huggingface_hub's HFValidationError (a repo id or path that does not
+# exist: from_pretrained given a folder that is not there is no config DeepSpeed rejected)
 _REJECTED = re.compile(
-    r"ValidationError|validation error|Extra inputs are not permitted|is not supported by|"
+    r"(?<![A-Za-z])ValidationError|validation error|Extra inputs are not permitted|is not supported by|"
     r"not a valid|Cannot use both|Injection policy layer.*not valid|Not able to determine model policy",
     re.I,
 )
