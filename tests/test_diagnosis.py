@@ -234,3 +234,13 @@ def test_a_weights_difference_on_another_transformers_says_the_model_is_built_he
     assert _other_transformers({}) == ""
     note = _other_transformers({"software": {"versions": {"transformers": "4.42.4"}}})
     assert "ranks ran transformers 4.42.4" in note and transformers.__version__ in note
+
+
+def test_a_finding_ending_in_an_errors_own_full_stop_gets_no_second_one():
+    """A user's script given a folder that is not there: huggingface_hub's message ends in "needed.", and the
+    diagnosis read "... if needed..": a finding is a sentence with one full stop."""
+    from dsexp.analysis.sections.run_findings import sentence
+
+    assert sentence("the run failed (script_error): OSError: Use `repo_type` argument if needed.").endswith("needed.")
+    assert not sentence("x needed.").endswith("..")
+    assert sentence("weights on each rank = 3.25 MiB") == "weights on each rank = 3.25 MiB."

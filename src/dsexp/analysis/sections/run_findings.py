@@ -18,5 +18,10 @@ def render(inputs: ReportInputs) -> str:
 
 
 def _items(r: Row) -> List[str]:
-    items = [f"- {'**problem**: ' if f.severity == 'problem' else ''}{f.text}." for f in r.findings]
+    items = [f"- {'**problem**: ' if f.severity == 'problem' else ''}{sentence(f.text)}" for f in r.findings]
     return items or [f"- no diagnosis: {r.model_error or 'no measurements'}."]
+
+
+def sentence(text: str) -> str:
+    """The finding as a sentence: a full stop added, unless its text (an error's own message) ends in one."""
+    return text if text.endswith((".", "!", "?")) else text + "."
