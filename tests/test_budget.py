@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dsexp.compose.config import to_schema
@@ -650,36 +652,72 @@ def test_a_budget_search_over_a_scripts_batch_size_skips_the_misses_and_brackets
     assert "**Answer**: `tp=1 script.fix=" in summary and "so each run is a job" in summary
 
 
-def test_the_h200_answers_a_settled_search_plainly_and_one_stopped_before_it_settled_as_so_far(tmp_path, capsys):
-    """The H200 at 24 GiB (results/h200/budget/gpu24): every configuration bracketed, a plain answer; at 40 GiB
-    (gpu40): the step was cut at its time limit with tp=2 untrimmed not yet bracketed, so the answer is the best of
-    what was measured and says the search did not finish."""
+def budget_section(capsys, *args) -> str:
     from dsexp.report import main
 
+    assert main([*map(str, args), "--no-mlflow", "--print", "budget"]) == 0
+    return capsys.readouterr().out
+
+
+def test_the_h200_answers_a_settled_search_plainly(tmp_path, capsys):
+    """The H200 at 24 GiB (results/h200/budget/gpu24) and at 40 GiB (gpu40): every configuration bracketed."""
     from helpers.run import ROOT
 
-    assert (
-        main([str(ROOT / "results/h200/budget/gpu24"), "--out", str(tmp_path), "--no-mlflow", "--print", "budget"]) == 0
-    )
-    text = capsys.readouterr().out
+    text = budget_section(capsys, ROOT / "results/h200/budget/gpu24", "--out", tmp_path)
     assert "- **Answer**: `tp=4 trim=all` at batch **9**" in text and "stopped before it settled" not in text
     assert "Runner-up: `tp=4 trim=none` at batch **7**" in text
     # predicted 11; the measured gap moved it to 9; 9 ran, 10 ran out of memory under the cap
     assert "| tp=4 trim=all | 11 | 9 (own +2.25 GiB) | 9 | 10 |" in text
     assert "| tp=2 trim=none | 2 | 1 (own +1.04 GiB) | 1 | 2 |" in text
     assert "not by speed: the ranks shared one GPU over gloo" in text
-    # at 40 GiB tp=2 trim=all was bracketed (10 ran; 11 to 16 out of memory under the cap: fragmentation), tp=2
-    # untrimmed not yet
-    assert (
-        main(
-            [str(ROOT / "results/h200/budget/gpu40"), "--out", str(tmp_path / "40"), "--no-mlflow", "--print", "budget"]
-        )
-        == 0
-    )
-    text = capsys.readouterr().out
+    # at 40 GiB: 10 ran trimmed, 11 and 13 to 16 ran out of memory under the cap (fragmentation); 9 untrimmed
+    text = budget_section(capsys, ROOT / "results/h200/budget/gpu40", "--out", tmp_path / "40")
+    assert "- **Answer**: `tp=2 trim=all` at batch **10**" in text
+    assert "Runner-up: `tp=2 trim=none` at batch **9**" in text
+    assert "| tp=2 trim=none | 14 | 8 (own +8.51 GiB) | 9 | 10 |" in text
+
+
+def test_a_search_stopped_before_it_settled_answers_so_far_and_says_how_to_resume(tmp_path, capsys):
+    """The 40 GiB search as it stood when its step was cut at the time limit: tp=2 untrimmed not yet bracketed."""
+    import shutil
+
+    from helpers.run import ROOT
+
+    sweep = tmp_path / "gpu40"
+    shutil.copytree(ROOT / "results/h200/budget/gpu40", sweep)
+    state = json.loads((sweep / "budget.json").read_text())
+    for c in state["configs"]:
+        if c["key"] == "tp=2 trim=none":
+            c.update(largest_ok=None, smallest_oom=None, settled=False, points=[])
+    (sweep / "budget.json").write_text(json.dumps(state))
+    text = budget_section(capsys, sweep, "--out", tmp_path / "out")
     assert "**Answer so far** (search not finished): `tp=2 trim=all` at batch **10**" in text
     assert "stopped before it settled `tp=2 trim=none`" in text and "No configuration fits" not in text
     assert "Run the same command again (same hydra.sweep.dir) to resume" in text
+
+
+def test_searches_of_one_budget_are_answered_as_one_and_of_different_budgets_refused(tmp_path, capsys):
+    """The H200's 4 x 24 GiB space was searched in parts (load=meta over tp; eager and sharded per tp): read as one,
+    the answer is over the union, every configuration is keyed by every dimension, and what no part covered is
+    named. 40 GiB is another question."""
+    from dsexp.report import main
+
+    from helpers.run import ROOT
+
+    parts = [ROOT / "results/h200/budget" / p for p in ("gpu24", "gpu24_loads_tp4", "gpu24_loads_tp2")]
+    text = budget_section(capsys, *parts, "--out", tmp_path / "space")
+    assert "- **Answer**: `tp=4 load=meta trim=all` at batch **9**" in text and "Job `gpu24/2`" in text
+    # eager and sharded reach 8 trimmed at tp=4; the wider per-GPU margin (sharded's) breaks the tie
+    assert "Runner-up: `tp=4 load=sharded trim=all` at batch **8**" in text and "Job `gpu24_loads_tp4/5`" in text
+    assert "| tp=4 load=eager trim=none | 9 | 7 (own +2.59 GiB) | 7 | 8 |" in text
+    assert "against 1152 for the full grid (18 configurations x 64 batches)" in text
+    assert "Not in any of them" in text and "`tp=1 load=eager trim=none`" in text
+    assert (tmp_path / "space" / "summary.md").is_file() and not (parts[0] / "space").exists()
+    with_tp1 = budget_section(capsys, *parts, ROOT / "results/h200/budget/gpu24_loads_tp1", "--out", tmp_path / "all")
+    assert "Not in any of them" not in with_tp1 and "- `tp=1 load=sharded trim=all`: weights carries" in with_tp1
+    assert main([str(parts[0]), str(ROOT / "results/h200/budget/gpu40"), "--out", str(tmp_path / "x")]) == 1
+    assert "asked different questions: budget.gpu_gib 40.0 vs 24.0" in capsys.readouterr().err
+    assert main([str(parts[0]), str(parts[1])]) == 1 and "need --out" in capsys.readouterr().err
 
 
 def test_a_search_stopped_before_anything_ran_within_the_budget_has_no_answer_yet_not_nothing_fits():
@@ -696,6 +734,8 @@ def test_a_search_stopped_before_anything_ran_within_the_budget_has_no_answer_ye
     for c in state["configs"]:  # as it stood before batch 6 ran: 13 to 16 out of memory, tp=2 untrimmed not run
         if c["key"] == "tp=2 trim=all":
             c.update(largest_ok=None, settled=False, points=[p for p in c["points"] if p["status"] == "oom"])
+        if c["key"] == "tp=2 trim=none":
+            c.update(largest_ok=None, smallest_oom=None, settled=False, points=[])
     text = budget_answer.render(ReportInputs([], search=state))
     assert "**No answer yet**" in text and "No configuration fits" not in text
     assert "stopped before it settled `tp=2 trim=none`, `tp=2 trim=all`" in text

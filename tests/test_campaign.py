@@ -174,6 +174,18 @@ def test_collect_keeps_the_compact_results_only(tmp_path):
     assert crun.collect(tmp_path / "empty", dest) == 0 and (dest / "0" / "result.json").is_file()
 
 
+def test_a_budget_search_that_launched_nothing_is_kept_but_never_over_results(tmp_path):
+    sweep, dest = tmp_path / "sweep", tmp_path / "dest"
+    sweep.mkdir()
+    (sweep / "budget.json").write_text('{"configs": []}')
+    (sweep / "summary.md").write_text("nothing fits")
+    assert crun.collect(sweep, dest) == 0
+    assert (dest / "budget.json").is_file() and (dest / "summary.md").read_text() == "nothing fits"
+    (dest / "0").mkdir()
+    (dest / "0" / "result.json").write_text("{}")
+    assert crun.collect(sweep, dest) == 0 and (dest / "0" / "result.json").is_file()
+
+
 def test_a_step_past_its_time_limit_is_stopped(tmp_path):
     t0 = time.monotonic()
     out = crun.run_step(["sleep", "30"], dict(os.environ), 1, tmp_path / "s.log", None)

@@ -18,8 +18,13 @@ from dsexp.analysis.sections import NAMES as SECTIONS  # imports no torch, panda
 
 def parse(argv: Optional[List[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m dsexp.report", description=__doc__.splitlines()[0])
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("sweep_dir", nargs="?", type=Path, help="a sweep folder (or a folder of sweeps)")
+    ap.add_argument(
+        "sweep_dir",
+        nargs="*",
+        type=Path,
+        help="a sweep folder (or a folder of sweeps); several budget searches of one budget: read as one (--out)",
+    )
+    src = ap.add_mutually_exclusive_group()
     src.add_argument("--experiment", help="MLflow experiment name: report on all its job runs")
     src.add_argument("--parent-run", help="MLflow run id of a sweep's parent run")
     ap.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
@@ -36,7 +41,10 @@ def parse(argv: Optional[List[str]]) -> argparse.Namespace:
         choices=SECTIONS,
         help="also print one section of summary.md to stdout (e.g. to generate docs from committed results)",
     )
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if (len(args.sweep_dir) > 0) + (args.experiment is not None) + (args.parent_run is not None) != 1:
+        ap.error("give one source: sweep folder(s), --experiment or --parent-run")
+    return args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -50,14 +58,16 @@ def run(args: argparse.Namespace, out) -> int:
     from dsexp.tracking.runs import read_sweep_state, resolve_uri
     from dsexp.tracking.upload import report_sweep
 
-    if args.sweep_dir is not None:
-        if not args.sweep_dir.is_dir():
-            print(f"dsexp report: {args.sweep_dir} is not a folder", file=sys.stderr)
-            return 2
-        parent = None if args.no_mlflow else read_sweep_state(args.sweep_dir)
-        return show(
-            report_sweep(args.sweep_dir, parent=parent, out_dir=args.out, source=str(args.sweep_dir)), args.show, out
-        )
+    missing = [d for d in args.sweep_dir if not d.is_dir()]
+    if missing:
+        print(f"dsexp report: {missing[0]} is not a folder", file=sys.stderr)
+        return 2
+    if len(args.sweep_dir) > 1:
+        return show(merged_report(args.sweep_dir, args.out), args.show, out)
+    if args.sweep_dir:
+        sweep = args.sweep_dir[0]
+        parent = None if args.no_mlflow else read_sweep_state(sweep)
+        return show(report_sweep(sweep, parent=parent, out_dir=args.out, source=str(sweep)), args.show, out)
     from dsexp.tracking.readback import results_from_mlflow
 
     uri = resolve_uri(args.tracking_uri)
@@ -70,6 +80,33 @@ def run(args: argparse.Namespace, out) -> int:
         args.show,
         out,
     )
+
+
+def merged_report(dirs: List[Path], out_dir: Optional[Path]) -> Optional[Dict[str, str]]:
+    """Budget searches of one budget, answered as one search over their union (dsexp.analysis.budget_merge); the
+    report goes to --out only (each search's own folder keeps its own report), attached to no MLflow run."""
+    from dsexp.analysis.budget_merge import MergeError, read_merged
+    from dsexp.analysis.summary import write_report
+
+    if out_dir is None:
+        print("dsexp report: several folders need --out: where their merged report goes", file=sys.stderr)
+        return None
+    try:
+        search, results = read_merged(dirs)
+    except MergeError as e:
+        print(f"dsexp report: {e}", file=sys.stderr)
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = " ".join(_shown(d) for d in dirs) + f" --out {_shown(out_dir)}"
+    return write_report(out_dir, results, out_dir, source, search=search)
+
+
+def _shown(path: Path) -> str:
+    """A folder as the report names it: relative to here where it lies below (a campaign passes absolute paths)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def show(parts: Optional[Dict[str, str]], section: Optional[str], out) -> int:

@@ -34,6 +34,19 @@ def job_name(job_dir: Any) -> str:
     return Path(str(job_dir)).name
 
 
+def result_key(result: Dict[str, Any]) -> str:
+    """How a search's point finds its job's result: the job's folder name, under its search's folder name where
+    several searches are read as one (dsexp.analysis.budget_merge tags each result with it)."""
+    name = job_name(result.get("job_dir"))
+    return f"{result['sweep']}/{name}" if result.get("sweep") else name
+
+
+def point_key(config: Dict[str, Any], point: Dict[str, Any]) -> str:
+    """result_key's counterpart for a point of a configuration (merged: the configuration names its search)."""
+    name = job_name(point.get("job"))
+    return f"{config['search']}/{name}" if config.get("search") else name
+
+
 def read_search(sweep_dir: Path) -> Optional[Dict[str, Any]]:
     return read_json(Path(sweep_dir) / STATE_FILE)
 
@@ -153,14 +166,14 @@ class Candidate:
 
 def candidates(search: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> List[Candidate]:
     """Every configuration with a largest batch that ran and no failure (wrong output, a crash, over the host
-    budget), best first: by_speed, or by_batch where ranks shared a GPU. results: by job folder name (job_name)."""
+    budget), best first: by_speed, or by_batch where ranks shared a GPU. results: by result_key."""
     out = []
     for c in search.get("configs") or []:
         b = c.get("largest_ok")
         if b is None or c.get("failed"):
             continue
         point = next((p for p in c.get("points") or [] if p["batch"] == b and p["status"] == "ok"), None)
-        res = results.get(job_name(point.get("job"))) if point else None
+        res = results.get(point_key(c, point)) if point else None
         if res is None:
             continue
         sp = speed(res, b)
@@ -173,7 +186,7 @@ def candidates(search: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> Li
                 sp["ttft_s"],
                 device_per_rank(res, b),
                 host_need(res),
-                point["job"],
+                point_key(c, point),
                 c,
                 bool((res.get("runtime") or {}).get("shared_gpu")),
             )
@@ -189,8 +202,9 @@ def by_speed(c: Candidate):
 
 def by_batch(c: Candidate):
     """Where ranks shared one GPU, tokens/s are gloo's (a multi-GPU machine's NCCL is another order), so no speed
-    is compared: the largest batch first (the most sequences served at once), then fewer GPUs."""
-    return (-c.batch, c.tp)
+    is compared: the largest batch first (the most sequences served at once), then fewer GPUs, then the lower
+    per-GPU peak (the wider margin to the budget), then the lower host peak."""
+    return (-c.batch, c.tp, max((d or 0 for d in c.device), default=0), c.host or 0)
 
 
 def closest_miss(search: Dict[str, Any]) -> Optional[Dict[str, Any]]:

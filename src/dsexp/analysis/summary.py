@@ -32,14 +32,16 @@ def write_report(
     out_dir: Optional[Path] = None,
     source: Optional[str] = None,
     mlflow=None,
+    search: Optional[Dict[str, Any]] = None,
 ) -> Optional[Dict[str, str]]:
     """Report on a sweep folder's results (or the given ones) into out_dir (default: the sweep folder), and hand
     it to `mlflow` if given (its `view(rows)` returns (parent run, UI route) for the summary's MLflow line).
-    Returns the report's sections by name (markdown), None when there are no results."""
+    Returns the report's sections by name (markdown), None when there are no results. search: a budget search
+    (default: the folder's budget.json)."""
     from dsexp.analysis.budget_runs import read_search
 
     results = list(results) if results is not None else results_from_dir(sweep_dir)
-    search = read_search(sweep_dir)
+    search = search if search is not None else read_search(sweep_dir)
     out = Path(out_dir or sweep_dir)
     if not results and search is not None:  # a budget nothing meets: the answer is that, with no run
         return write_search_only(out, search, source or str(sweep_dir))

@@ -120,8 +120,10 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 def collect(sweep: Path, dest: Path) -> int:
     """Copy a sweep's compact results (CAMPAIGN_KEEP) to `dest`, replacing what an earlier run left there; a sweep
-    that wrote no result leaves `dest` as it was. Returns the number of results copied."""
-    if not list(sweep.glob("*/" + RESULT)):
+    that wrote no result leaves `dest` as it was, unless it is a budget search that launched nothing (its budget.json
+    is the answer: nothing fits) and `dest` holds no result to lose. Returns the number of results copied."""
+    searched_only = (sweep / "budget.json").is_file() and not list(dest.glob("*/" + RESULT))
+    if not list(sweep.glob("*/" + RESULT)) and not searched_only:
         return 0
     if dest.exists():
         shutil.rmtree(dest)

@@ -27,9 +27,9 @@ def render(inputs: ReportInputs) -> str:
     s = inputs.search
     if not s:
         return ""
-    results = {B.job_name(r.result.get("job_dir")): r.result for r in inputs.rows}
+    results = {B.result_key(r.result): r.result for r in inputs.rows}
     how = B.enforcement([r.result for r in inputs.rows])
-    lines = ["## Budget search", "", _budget_line(s, how), ""]
+    lines = ["## Budget search", "", _budget_line(s, how if inputs.rows else "none launched"), ""]
     found = B.candidates(s, results)
     open_ = unsettled(s)
     if found:
@@ -43,7 +43,7 @@ def render(inputs: ReportInputs) -> str:
             f"- The search was stopped before it settled {', '.join(f'`{k}`' for k in open_)} (no bracket yet): the "
             "answer holds among what was measured. Run the same command again (same hydra.sweep.dir) to resume."
         )
-    lines += ["", _runs_line(s), ""]
+    lines += ["", _runs_line(s), ""] + _merged_lines(s)
     misses = [c for c in s["configs"] if c.get("miss")]
     if misses:
         lines += ["Not launched (predicted not to fit):", ""]
@@ -51,7 +51,8 @@ def render(inputs: ReportInputs) -> str:
     failed = [c for c in s["configs"] if c.get("failed")]
     if failed:
         lines += ["Stopped (not an answer):", ""] + [f"- `{c['key']}`: {c['failed']}" for c in failed] + [""]
-    lines += [_runs_table(s), ""]
+    if any(not c.get("miss") for c in s["configs"]):
+        lines += [_runs_table(s), ""]
     return "\n".join(lines)
 
 
@@ -64,6 +65,7 @@ def _budget_line(s: Dict[str, Any], how: Optional[str]) -> str:
             "simulated on the CPU: each point's device need is the rank's weights plus the memory model's bytes above "
             f"them x {b.get('cpu_scale', 1.0)}, checked against the budget (no GPU allocator to cap)"
         ),
+        "none launched": "not put to a run: nothing was launched",
     }.get(how or "", "compared with the measured peaks")
     return (
         f"Budget: {b['gpus']} GPUs x {size(b['device'])}{host}; prompts of {s['prompt_tokens']} tokens, "
@@ -85,13 +87,13 @@ def _candidate_line(title: str, c: B.Candidate, s: Dict[str, Any]) -> str:
     ttft = "" if c.ttft_s is None else f", TTFT {c.ttft_s * 1000:.1f} ms"  # none for a script's calls
     return (
         f"{title}: `{c.key}` at batch **{c.batch}**: {tps} tokens/s{ttft}; per GPU {per_gpu} "
-        f"(margin {margin} to the budget's {size(budget)}){host}. Job `{c.job}`."
+        f"(margin {margin} to the budget's {size(budget)}){host}. Job `{c.job}` (its folder here)."
     )
 
 
 SHARED_RANKING = (
-    "Ranked by the largest batch, then fewer GPUs, not by speed: the ranks shared one GPU over gloo, so their "
-    "tokens/s and TTFT are gloo's, not a multi-GPU machine's (shown, not compared)."
+    "Ranked by the largest batch, then fewer GPUs, then the wider per-GPU margin, not by speed: the ranks shared "
+    "one GPU over gloo, so their tokens/s and TTFT are gloo's, not a multi-GPU machine's (shown, not compared)."
 )
 
 
@@ -146,10 +148,24 @@ def _runs_line(s: Dict[str, Any]) -> str:
     jobs = len(s.get("jobs") or [])
     return (
         f"Runs: {s['runs']} points in {jobs} jobs, against {s['full_grid_runs']} for the full grid "
-        f"({len(s['configs'])} configurations x {len(s['batches'])} batches); "
+        f"({s.get('grid_configs') or len(s['configs'])} configurations x {len(s['batches'])} batches); "
         f"at most {s['run_bound']} per configuration"
         + (f" ({B.ONE_BATCH_PER_JOB})." if s.get("one_batch_per_job") else ".")
     )
+
+
+def _merged_lines(s: Dict[str, Any]) -> List[str]:
+    """Where several searches of one budget were read as one (dsexp.analysis.budget_merge)."""
+    if not s.get("merged_from"):
+        return []
+    lines = [f"Read as one search from the folders {', '.join(f'`{n}`' for n in s['merged_from'])} (one budget and "
+             "workload; each job below is named by its folder)."]  # fmt: skip
+    if s.get("not_searched"):
+        lines.append(
+            f"Not in any of them (counted in the full grid, neither predicted nor run): "
+            f"{', '.join(f'`{k}`' for k in s['not_searched'])}."
+        )
+    return lines + [""]
 
 
 def _runs_table(s: Dict[str, Any]) -> str:
