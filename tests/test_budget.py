@@ -77,7 +77,6 @@ def needs(tp: int, batches, *extra: str):
 
 
 def read_state(sweep):
-    import json
 
     return json.loads((sweep / "budget.json").read_text())
 
@@ -148,7 +147,6 @@ def test_a_search_the_model_gets_wrong_bisects_to_a_one_step_bracket_and_resumes
     measured gap moves the first guess of its neighbour. tp=1 is predicted not to fit at batch 1. The
     search is killed (Ctrl-C) after its first job and run again on the same folder: it resumes from what it
     measured and overwrites no result."""
-    import json
     import os
     import signal
     import subprocess
@@ -427,7 +425,6 @@ def test_the_host_a_job_needs_is_the_nodes_growth_not_the_checkpoint_pages_its_r
     """The H200's budget run at 40 GiB: two ranks loading 20B shapes on the meta device each showed ~41 GiB of RSS
     (the checkpoint's pages mapped: page cache), while the node grew by ~7.5 GiB; the search had stopped on the
     first against a 64 GiB host budget."""
-    import json
 
     from dsexp.analysis.budget_runs import host_need
     from dsexp.analysis.measured import node_growth
@@ -615,7 +612,6 @@ def test_a_budget_search_over_a_scripts_batch_size_skips_the_misses_and_brackets
     the budget has: not launched. Each tp=1 configuration runs one batch a job, through {batch_size}, and ends in a
     one-step bracket within the run bound: the largest batch ran under the simulated budget, the next one ran out of
     memory in the script's generate call."""
-    import json
     from pathlib import Path
 
     from helpers.run import run_dsexp
@@ -714,7 +710,6 @@ def test_searches_of_one_budget_are_answered_as_one_and_of_different_budgets_ref
 def test_a_search_stopped_before_anything_ran_within_the_budget_has_no_answer_yet_not_nothing_fits():
     """The 40 GiB search as it stood after its second stop (results/h200/budget/gpu40 before batch 6 ran): only
     out-of-memory points, the rest not measured; what was not measured may still fit."""
-    import json
 
     from dsexp.analysis.sections import budget_answer
     from dsexp.analysis.sections.common import ReportInputs
@@ -736,7 +731,6 @@ def test_a_record_from_before_a_key_was_added_still_finds_its_configuration():
     """A search resumed on a later commit (--resume on the next GPU machine): its committed records lack the keys the
     schema gained since; at their defaults they do not change a configuration's identity. A setting that differs
     still does."""
-    import json
 
     from dsexp.compose.budget.points import identity
 
