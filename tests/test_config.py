@@ -142,7 +142,7 @@ def test_every_default_is_the_schemas_and_conf_sets_only_what_differs():
 
     classes = {"load": schema.LoadConfig, "engine": schema.EngineConfig, "zero": schema.ZeroConfig,
                "launcher": schema.LauncherConfig, "trim": schema.TrimConfig, "stack": schema.StackConfig,
-               "model": schema.ModelConfig}  # fmt: skip
+               "model": schema.ModelConfig, "tracking": schema.TrackingConfig}  # fmt: skip
     repeated = []
     for group, cls in classes.items():
         defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
@@ -154,6 +154,23 @@ def test_every_default_is_the_schemas_and_conf_sets_only_what_differs():
     top = yaml.safe_load((CONF / "config.yaml").read_text())
     assert not repeated and set(top) == {"defaults", "dtype", "cache_dir"}, repeated
     assert to_schema(compose()) == to_schema(compose(["tp=1", "timeout_s=900", "probe.sample_ms=20"]))
+
+
+def test_tracking_none_keeps_results_on_disk_and_a_later_sync_logs_them_to_the_default_store(tmp_path, monkeypatch):
+    from dsexp.tracking import relog
+    from dsexp.tracking.runs import OFF, resolve_uri, track_job
+
+    assert to_schema(compose(["tracking=none"])).tracking.uri == OFF
+    assert to_schema(compose(["tracking=mlflow"])).tracking == to_schema(compose()).tracking
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    result = {"config": {"tracking": {"uri": OFF, "experiment": "dsexp"}}, "status": "ok"}
+    (tmp_path / "0").mkdir()
+    track_job(result, tmp_path / "0", None, resolve_uri(OFF), "dsexp")
+    assert result["tracking"] == {"uri": OFF} and not list(tmp_path.glob("mlflow*"))
+    assert json.loads((tmp_path / "0" / "result.json").read_text())["tracking"] == {"uri": OFF}
+    uri, _ = relog._target(tmp_path, [(tmp_path / "0", result)], None, None)
+    assert uri == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
 
 
 def test_local_folder_checks(tmp_path):

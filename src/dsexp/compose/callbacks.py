@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from dsexp.analysis.labels import config_label
 from dsexp.core.records import node_shared
-from dsexp.tracking.runs import Tracker, ensure_parent, read_sweep_state, resolve_uri
+from dsexp.tracking.runs import OFF, Tracker, ensure_parent, read_sweep_state, resolve_uri
 
 
 class SweepCallback(Callback):
@@ -37,7 +37,8 @@ class SweepCallback(Callback):
         results = collect_results(sweep_dir)
         print(format_table(results))
         print(format_cache_use(results))
-        if any(not (res.get("tracking") or {}).get("run_id") for res in results):
+        off = resolve_uri(config.tracking.uri) == OFF
+        if not off and any(not (res.get("tracking") or {}).get("run_id") for res in results):
             retry_tracking(sweep_dir)
         state = read_sweep_state(sweep_dir)
         summarise_sweep(sweep_dir, state)
@@ -83,6 +84,10 @@ def start_packing(config: DictConfig, sweep_dir: Path) -> None:
 def open_parent_run(config: DictConfig, sweep_dir: Path) -> None:
     """Create the store and the sweep's parent run once, before any job (reused when a sweep is resumed)."""
     uri = resolve_uri(config.tracking.uri, Path(os.getcwd()))
+    if uri == OFF:
+        print(f"dsexp: tracking=none: results stay in result.json files; log them later with: "
+              f"python -m dsexp.sync {sweep_dir}", file=sys.stderr)  # fmt: skip
+        return
     try:
         tracker = Tracker(uri, config.tracking.experiment)
         state = ensure_parent(

@@ -217,7 +217,7 @@ def fill_args(args: List[Any], values: Dict[str, Any]) -> List[str]:
 
 @dataclass
 class TrackingConfig:
-    uri: Optional[str] = None  # null: $MLFLOW_TRACKING_URI, else sqlite:///<launch dir>/mlflow.db
+    uri: Optional[str] = None  # null: $MLFLOW_TRACKING_URI, else sqlite:///<launch dir>/mlflow.db; none: no MLflow
     experiment: str = "dsexp"
 
 

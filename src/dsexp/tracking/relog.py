@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from dsexp.core.fs import read_json
-from dsexp.tracking.runs import Tracker, ensure_parent, read_sweep_state, resolve_uri, track_job
+from dsexp.tracking.runs import OFF, Tracker, ensure_parent, read_sweep_state, resolve_uri, track_job
 
 
 def job_results(sweep_dir: Path) -> List[Tuple[Path, Dict[str, Any]]]:
@@ -30,11 +30,13 @@ def job_results(sweep_dir: Path) -> List[Tuple[Path, Dict[str, Any]]]:
 def _target(
     sweep_dir: Path, missing: List[Tuple[Path, Dict[str, Any]]], uri: Optional[str], experiment: Optional[str]
 ) -> Tuple[str, str]:
-    """Where to log: the arguments, else the sweep's recorded store, else the store the jobs tried."""
+    """Where to log: the arguments, else the sweep's recorded store, else the store the jobs tried (a sweep run
+    with tracking=none: the default store)."""
     state = read_sweep_state(sweep_dir) or {}
     tried = missing[0][1].get("tracking") or {}
     cfg = missing[0][1].get("config", {}).get("tracking", {})
-    uri = resolve_uri(uri or state.get("uri") or tried.get("uri") or cfg.get("uri"))
+    given = [uri, state.get("uri"), tried.get("uri"), cfg.get("uri")]
+    uri = resolve_uri(next((u for u in given if u and u != OFF), None))
     return uri, experiment or state.get("experiment") or tried.get("experiment") or cfg.get("experiment") or "dsexp"
 
 

@@ -31,8 +31,11 @@ MAX_PARAM_LEN = 6000
 METRIC_BATCH = 900
 
 
+OFF = "none"  # tracking.uri=none (tracking=none): no MLflow, results on disk only
+
+
 def resolve_uri(uri: Optional[str], launch_dir: Optional[Path] = None) -> str:
-    """Config value, else $MLFLOW_TRACKING_URI, else sqlite:///<launch dir>/mlflow.db (absolute)."""
+    """Config value, else $MLFLOW_TRACKING_URI, else sqlite:///<launch dir>/mlflow.db (absolute); OFF stays OFF."""
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         return f"sqlite:///{(Path(launch_dir or os.getcwd()) / 'mlflow.db').resolve()}"
@@ -324,6 +327,10 @@ def track_job(result: Dict[str, Any], job_dir: Path, sweep_dir: Optional[Path], 
     state = read_sweep_state(sweep_dir)
     if state:
         uri, experiment = state["uri"], state["experiment"]
+    if uri == OFF:
+        result["tracking"] = {"uri": OFF}
+        write_json_atomic(Path(job_dir) / "result.json", result)
+        return
     try:
         tracker = Tracker(uri, experiment)
         rid = tracker.log_job(result, job_dir, state and state.get("run_id"), run_name(result["config"]))
@@ -348,7 +355,7 @@ def record_cluster_outcome(
     from dsexp.core.fs import write_json_atomic
 
     run_id = (result.get("tracking") or {}).get("run_id")
-    if not run_id:
+    if not run_id or uri == OFF:
         track_job(result, job_dir, sweep_dir, uri, experiment)
         return
     state = read_sweep_state(sweep_dir)
