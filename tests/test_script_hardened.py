@@ -755,3 +755,18 @@ def test_the_recommendation_holds_for_the_workload_the_script_ran_not_dsexps_gen
     assert "the script ran (its generate calls): batch 3, a prompt of 24 tokens, 16 new tokens;" in line
     assert line.count("batch 3") == 1 and "batch 1" not in line  # two calls of one shape: said once
     assert "made no generate call" in workload_line(Row(script_result([load_call({}), INIT]), None))
+
+
+def test_a_generate_call_names_its_callers_file_line_and_function():
+    """The report's caller column: `modeling_internlm2.py:1180 chat` for remote code's chat, where the function name
+    alone did not say which file; generate's own frames (and wrappers around it) are skipped."""
+    from dsexp.rank.workloads.script import facts
+
+    def generate():
+        return facts._caller()
+
+    def chat():
+        return generate()  # the line the caller names
+
+    line = chat.__code__.co_firstlineno + 1
+    assert chat() == f"test_script_hardened.py:{line} chat"

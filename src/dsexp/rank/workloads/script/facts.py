@@ -321,8 +321,9 @@ _LIBRARIES = (*_WRAPPERS, "/transformers/", "/site-packages/", "/dist-packages/"
 
 
 def _caller() -> Optional[str]:
-    """The function that called generate (remote code's `chat`, a pipeline's `_forward`, the script's own function),
-    or the script's file and line where it called from its top level."""
+    """Where generate was called from: the file and line, and the function (remote code's `chat`, a pipeline's
+    `_forward`, the script's own function) unless it was the script's top level: `main.py:37`,
+    `modeling_internlm2.py:1180 chat`."""
     frame = sys._getframe(1)
     while frame is not None and (
         any(w in frame.f_code.co_filename for w in _WRAPPERS) or frame.f_code.co_name == "generate"
@@ -330,9 +331,8 @@ def _caller() -> Optional[str]:
         frame = frame.f_back
     if frame is None:
         return None
-    if frame.f_code.co_name == "<module>":
-        return f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
-    return frame.f_code.co_name
+    where = f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+    return where if frame.f_code.co_name == "<module>" else f"{where} {frame.f_code.co_name}"
 
 
 def source_expression(method: str, keyword: str) -> Optional[str]:
