@@ -763,3 +763,17 @@ def test_the_runs_table_shows_where_the_measured_gap_moved_each_configurations_g
     assert _shifted({"shift": 7.75 * gib, "shifted_largest": 10, "gap": 7.75 * gib}) == "10 (own +7.75 GiB)"
     assert _shifted({"shift": 70 * gib, "shifted_largest": None, "gap": 70 * gib}) == "none (own +70.00 GiB)"
     assert _shifted({"gap": None}) == "-"  # a record written before the search kept its shift
+
+
+def test_a_budget_searchs_report_defers_to_its_answer_not_to_the_lowest_peak(tmp_path, capsys):
+    """In a search the lowest per-GPU peak is its smallest batch (batch 6 at 40 GiB): the Recommendation section
+    says the answer is the budget's, and names that run as the lowest, not as recommended."""
+    from dsexp.report import main
+
+    from helpers.run import ROOT
+
+    args = [str(ROOT / "results/h200/budget/gpu40"), "--out", str(tmp_path), "--no-mlflow", "--print"]
+    assert main([*args, "recommendation"]) == 0
+    text = capsys.readouterr().out
+    assert "A budget search: its answer (above) is the recommendation for the budget" in text
+    assert "**Lowest per-GPU peak among the runs that passed correctness: " in text and "**Recommended" not in text
