@@ -269,6 +269,33 @@ def test_a_campaign_stopped_mid_step_copies_what_the_step_measured_and_says_how_
     assert step["interrupted"] and step["results"] == 1
 
 
+def test_a_stopped_campaign_bundles_its_steps_records_and_campaign_json_for_a_machine_that_forgets(
+    tmp_path, monkeypatch
+):
+    """The H200 runs each command in a fresh copy of the checkout: what a campaign wrote into the results folder is
+    gone at the next command. --bundle packs the chosen steps' compact results and campaign.json, named as in the
+    results' parent, even when the campaign was stopped; another step's folder stays out."""
+    import tarfile
+
+    from dsexp.campaign import __main__ as cmain
+
+    work, out = tmp_path / "work", tmp_path / "results" / "budget"
+    (work / "a" / "0").mkdir(parents=True)
+    (work / "a" / "0" / "result.json").write_text("{}")
+    (out / "other" / "0").mkdir(parents=True)
+    (out / "other" / "0" / "result.json").write_text("{}")
+    campaign = Campaign("t", "a", "m", str(out), [], [Step(n, "overrides", ["model=tiny"], 5) for n in "ab"])
+    monkeypatch.setattr(cmain, "load", lambda name: campaign)
+    stopped = {"rc": -15, "timed_out": False, "wall_s": 1.0, "interrupted": True}
+    monkeypatch.setattr(crun, "run_step", lambda *a: stopped)
+    tgz = tmp_path / "out" / "b.tgz"
+    assert cmain.main(["t", "--out", str(out), "--work", str(work), "--bundle", str(tgz), "--only", "a,b"]) == 130
+    with tarfile.open(tgz) as tar:
+        names = tar.getnames()
+    assert "budget/campaign.json" in names and "budget/a/0/result.json" in names
+    assert not any(n.startswith(("budget/other", "budget/b")) for n in names)
+
+
 def test_ctrl_c_during_a_step_stops_it_and_returns(tmp_path):
     import _thread
     import threading

@@ -1,4 +1,5 @@
-"""`python -m dsexp.campaign NAME [--dry-run] [--only STEPS] [--add OVERRIDE]... [--out DIR] [--work DIR] [--resume]`.
+"""`python -m dsexp.campaign NAME [--dry-run] [--only STEPS] [--add OVERRIDE]... [--out DIR] [--work DIR] [--resume]
+[--bundle TAR_GZ]`.
 
 Runs the campaign's steps in order and fills its results folder (--out: elsewhere); --dry-run prints the commands;
 --add appends an override to every sweep (`--add hydra/launcher=dsexp_slurm`); --list names every campaign;
@@ -16,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from dsexp.campaign.runner import run_campaign
+from dsexp.campaign.runner import bundle, run_campaign, selected
 from dsexp.campaign.spec import REPO, load, names
 from dsexp.core.schema import ConfigError
 
@@ -42,6 +43,11 @@ def main(argv=None) -> int:
         "whichever holds more: ok jobs are skipped"
     )
     ap.add_argument("--resume", action="store_true", help=resume_help)
+    bundle_help = (
+        "at the end (stopped too), a tar.gz of the steps' compact results and campaign.json, named as in the repo: "
+        "for a machine whose checkout is gone after the command"
+    )
+    ap.add_argument("--bundle", type=Path, metavar="TAR_GZ", help=bundle_help)
     args = ap.parse_args(argv)
     # SIGTERM (a SLURM time limit, `timeout`) stops the running step as Ctrl-C does: its results are copied first
     signal.signal(signal.SIGTERM, _interrupt)
@@ -56,7 +62,12 @@ def main(argv=None) -> int:
         root = Path(os.environ.get(WORK_ENV) or REPO / "multirun" / "campaigns")
         work = (args.work or root / args.name / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
         only = args.only.split(",") if args.only else None
-        return run_campaign(campaign, out, work, dry_run=args.dry_run, only=only, add=args.add, resume=args.resume)
+        steps = [s.name for s in selected(campaign, only)]
+        try:
+            return run_campaign(campaign, out, work, dry_run=args.dry_run, only=only, add=args.add, resume=args.resume)
+        finally:
+            if args.bundle and not args.dry_run:
+                print(f"# bundle {args.bundle}: {', '.join(bundle(out, steps, args.bundle)) or 'nothing'}", flush=True)
     except ConfigError as e:
         print(f"dsexp.campaign: {e}", file=sys.stderr)
         return 2
