@@ -41,15 +41,10 @@ def read_merged(dirs: Sequence[Path]) -> Tuple[Dict[str, Any], List[Dict[str, An
 
 
 def merge(named: Sequence[Tuple[str, Dict[str, Any]]]) -> Dict[str, Any]:
+    """One search state (as dsexp.compose.budget writes budget.json) over these named searches' union."""
     labels = [n for n, _ in named]
-    if len(set(labels)) != len(labels):
-        raise MergeError(f"two searches share a folder name ({', '.join(labels)}): their jobs could not be told apart")
-    first_name, first = named[0]
-    for name, s in named[1:]:
-        for k in SAME:
-            diff = _difference(k, s.get(k), first.get(k))
-            if diff:
-                raise MergeError(f"{name} and {first_name} asked different questions: {diff}")
+    _check_one_question(named)
+    first = named[0][1]
     dims = sorted(dict.fromkeys(d for _, s in named for d in s.get("dims") or []), key=_dim_order)
     configs = [_rekeyed(c, dims, name) for name, s in named for c in s.get("configs") or []]
     seen = _values_seen(configs, dims)
@@ -68,6 +63,17 @@ def merge(named: Sequence[Tuple[str, Dict[str, Any]]]) -> Dict[str, Any]:
         not_searched=[k for k in (_key(g, dims) for g in grid) if k not in keys],
     )
     return out
+
+
+def _check_one_question(named: Sequence[Tuple[str, Dict[str, Any]]]) -> None:
+    labels = [n for n, _ in named]
+    if len(set(labels)) != len(labels):
+        raise MergeError(f"two searches share a folder name ({', '.join(labels)}): their jobs could not be told apart")
+    first_name, first = named[0]
+    for name, s in named[1:]:
+        diff = next((d for d in (_difference(k, s.get(k), first.get(k)) for k in SAME) if d), "")
+        if diff:
+            raise MergeError(f"{name} and {first_name} asked different questions: {diff}")
 
 
 def _difference(name: str, a: Any, b: Any) -> str:
