@@ -16,8 +16,10 @@ DEFINITIONS = [
     "`start`: CUDA context, communicator, workspaces; ranks sharing one GPU are held to their own process's "
     "peak, so their floor leaves the device's reserve out too).",
     "host peak / rank: RSS peak of one rank process (the kernel's high-water mark, VmHWM, read at each phase end: "
-    "exact, whatever the sampler saw); node host peak: total - available memory of the machine "
-    "(left out, `-`, for jobs packed with other jobs: `launcher.pack=true`).",
+    "exact, whatever the sampler saw); node host peak: total - available memory of the machine, so everything on "
+    "it counts, files in a tmpfs such as /dev/shm (split checkpoints) and other processes included (left out, "
+    "`-`, for jobs packed with other jobs: `launcher.pack=true`); a budget search's host need is the node's growth "
+    "over the job, its peak minus its used memory before launch.",
     "load_s / init_s / generate_s: a phase's wall time, the slowest rank's; shown only for a phase every rank "
     "ended (a phase cut short by a failure or a kill has no duration: its figures are `-`).",
     "tokens/s: tokens generated over their time. dsexp's own jobs: batch x new tokens x timed e2e calls over those "
