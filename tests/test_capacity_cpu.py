@@ -131,6 +131,8 @@ def test_the_report_shows_each_point_measured_against_the_model(grid_job, tmp_pa
     assert "| 4 | 16 | 64 | oom |" in table and "| 4 | 24 | 96 | skipped |" in table
     ok_rows = [line for line in table.splitlines() if "| ok |" in line]
     assert len(ok_rows) == 6  # every point that ran, its KV cache measured against the model's term
+    # on the CPU the tensors' own bytes on both sides (no caching allocator rounds them): the model is exact
+    assert all("| 1.000 |" in row for row in ok_rows), ok_rows
     assert "TTFT" in parts["latency"] and "| 2 | 16 |" in parts["latency"]
     assert (tmp_path / "plots" / "memory_vs_tokens.png").stat().st_size > 0
     assert (tmp_path / "plots" / "latency_vs_batch.png").stat().st_size > 0

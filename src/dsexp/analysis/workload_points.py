@@ -112,11 +112,14 @@ def point_row(row: Row, entry: Dict[str, Any], length: int) -> PointRow:
 
 
 def kv_at_end(row: Row, entry: Dict[str, Any], length: int) -> List[int]:
-    """The KV cache the model predicts when generate returns (prompt + new - 1 tokens): what a CPU run counts."""
+    """The KV cache the model predicts when generate returns (prompt + new - 1 tokens): what a CPU run counts, the
+    tensors' own bytes (no caching allocator rounds them there)."""
     p, new = row.prediction, int((row.config.get("generate") or {}).get("new_tokens") or 1)
     shapes, e = cap.Shapes.of(p.dims), cap.DTYPE_BYTES[p.strategy.dtype]
     return [
-        cap.kv_cache(
+        2
+        * shapes.layers
+        * cap.kv_tensor(
             shapes, cap.rank_heads(shapes, p.strategy, row.tp, r)["kv_heads"], entry["batch"], length + new - 1, e
         )
         for r in range(row.tp)

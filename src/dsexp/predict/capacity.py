@@ -116,8 +116,14 @@ def rank_heads(s: Shapes, strategy: Any, tp: int, rank: int) -> Dict[str, int]:
 
 
 def kv_cache(s: Shapes, kv_heads: int, batch: int, tokens: int, e: int) -> int:
-    """Keys and values of every layer: 2 x layers tensors of B x kv_heads x tokens x head_dim."""
-    return alloc(batch * kv_heads * tokens * s.head_dim * e, 2 * s.layers)
+    """Keys and values of every layer: 2 x layers tensors of B x kv_heads x tokens x head_dim, as the caching
+    allocator holds them."""
+    return alloc(kv_tensor(s, kv_heads, batch, tokens, e), 2 * s.layers)
+
+
+def kv_tensor(s: Shapes, kv_heads: int, batch: int, tokens: int, e: int) -> int:
+    """One layer's keys (or values): their own bytes, without the allocator's rounding (what a CPU run counts)."""
+    return batch * kv_heads * tokens * s.head_dim * e
 
 
 def prompt_cache(s: Shapes, held: Dict[str, int], w: Workload, e: int, pins_qkv: bool) -> int:
