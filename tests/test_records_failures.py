@@ -70,6 +70,16 @@ def test_classify_ok_and_failures():
         "time": 1,
     }
     assert classify(False, 1, [rank(0, 1, 1, status="failed", error=err)], {})["cause"] == "script_error"
+    # a user's script whose argparse refused an argument (2026-12-03): sys.exit(2) says why only in what it printed
+    err = {"phase": "start", "type": "SystemExit", "message": "the script exited with code 2", "outside_calls": True}
+    refused = "main.py: error: argument --batch: invalid int value: 'four'"
+    tails = {"rank0": f"usage: main.py [-h] --model MODEL\n{refused}\n"}
+    got = classify(False, 1, [rank(0, 1, 1, status="failed", error=err)], tails)
+    assert got["cause"] == "script_error" and got["message"] == (
+        "SystemExit: the script exited with code 2; its last output: main.py: error: argument --batch: invalid int "
+        "value: 'four'"
+    )
+    assert classify(False, 1, [rank(0, 1, 1, status="failed", error=err)], {})["message"].endswith("code 2")
     err = {"phase": "load", "type": "SafetensorError", "message": "incomplete metadata", "time": 1}
     assert classify(False, 1, [rank(0, 1, 1, status="failed", error=err)], {})["cause"] == "load_error"
     # rank 1 vanished during load (SIGKILL): no Python error anywhere

@@ -180,9 +180,17 @@ def classify(
             if err
             else _from_silent_stop(rank, rec, exits.get(rank), returncode, tails.get(f"rank{rank}", ""), oom_killed)
         )
+        if (err or {}).get("type") == "SystemExit":  # a script's sys.exit(2) says why only in what it printed
+            out["message"] += _last_words(tails.get(f"rank{rank}", ""))
         out = {"rank": rank, "phase": (err or {}).get("phase") or at_stop.get(rank), **out}
     out["ranks_at_stop"] = {f"rank{r}": p for r, p in at_stop.items()}
     return out
+
+
+def _last_words(log: str) -> str:
+    """The last line a rank printed, as a suffix of its failure's message ('' where it printed nothing)."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    return f"; its last output: {lines[-1][:500]}" if lines else ""
 
 
 _PHASE_ORDER = {p: i for i, p in enumerate(PHASES)}  # rank "furthest behind" = lowest
