@@ -26,23 +26,18 @@ class MergeError(ValueError):
 
 def read_merged(dirs: Sequence[Path]) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
     """The merged search of these sweep folders and their results, each result tagged with its folder's name."""
-    named = []
+    named, results = [], []
     for d in dirs:
         s = read_search(d)
         if s is None:
             raise MergeError(f"{d} holds no budget search (no budget.json)")
         named.append((Path(d).name, s))
-    results = []
-    for d in dirs:
-        for r in results_from_dir(d):
-            r["sweep"] = Path(d).name
-            results.append(r)
+        results += [{**r, "sweep": Path(d).name} for r in results_from_dir(d)]
     return merge(named), results
 
 
 def merge(named: Sequence[Tuple[str, Dict[str, Any]]]) -> Dict[str, Any]:
     """One search state (as dsexp.compose.budget writes budget.json) over these named searches' union."""
-    labels = [n for n, _ in named]
     _check_one_question(named)
     first = named[0][1]
     dims = sorted(dict.fromkeys(d for _, s in named for d in s.get("dims") or []), key=_dim_order)
@@ -59,7 +54,7 @@ def merge(named: Sequence[Tuple[str, Dict[str, Any]]]) -> Dict[str, Any]:
         grid_configs=len(grid),
         full_grid_runs=len(grid) * len(first.get("batches") or []),
         one_batch_per_job=any(s.get("one_batch_per_job") for _, s in named),
-        merged_from=labels,
+        merged_from=[n for n, _ in named],
         not_searched=[k for k in (_key(g, dims) for g in grid) if k not in keys],
     )
     return out

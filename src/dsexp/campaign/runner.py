@@ -140,13 +140,13 @@ def bundle(out: Path, steps: Sequence[str], path: Path) -> List[str]:
     """A tar.gz of what these steps left in the results folder, with its campaign.json, named as in the repo (unpack
     it at the repo root): a machine that runs each command in a fresh copy of the checkout keeps neither past the
     command. Returns the paths it holds."""
-    base = REPO if out.resolve().is_relative_to(REPO) else out.parent
-    held = [p for p in [out / RECORD, *(out / s for s in steps)] if p.exists()]
+    base = (REPO if out.resolve().is_relative_to(REPO) else out.parent).resolve()
+    held = {str(p.resolve().relative_to(base)): p for p in [out / RECORD, *(out / s for s in steps)] if p.exists()}
     path.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, "w:gz") as tar:
-        for p in held:
-            tar.add(p, arcname=str(p.resolve().relative_to(base.resolve())))
-    return [str(p.resolve().relative_to(base.resolve())) for p in held]
+        for name, p in held.items():
+            tar.add(p, arcname=name)
+    return list(held)
 
 
 def seed(results: Path, sweep: Path) -> int:

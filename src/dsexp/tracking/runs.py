@@ -329,20 +329,24 @@ def track_job(result: Dict[str, Any], job_dir: Path, sweep_dir: Optional[Path], 
         uri, experiment = state["uri"], state["experiment"]
     if uri == OFF:
         result["tracking"] = {"uri": OFF}
-        write_json_atomic(Path(job_dir) / "result.json", result)
-        return
+    else:
+        result["tracking"] = _log_job(result, job_dir, state, uri, experiment)
+    result.setdefault("clock", {})["tracked"] = time.time()
+    write_json_atomic(Path(job_dir) / "result.json", result)
+
+
+def _log_job(result: Dict[str, Any], job_dir: Path, state: Optional[Dict], uri: str, experiment: str) -> Dict:
+    """The job as an MLflow run; its tracking record (run id, or the error if the store was unreachable)."""
     try:
         tracker = Tracker(uri, experiment)
         rid = tracker.log_job(result, job_dir, state and state.get("run_id"), run_name(result["config"]))
-        result["tracking"] = {"uri": uri, "experiment": experiment, "run_id": rid}
         for earlier in result.get("earlier_attempts") or []:
             if earlier.get("run_id"):
                 with contextlib.suppress(Exception):  # the earlier run may live in another store
                     tracker.client.set_tag(earlier["run_id"], "dsexp.superseded_by", rid)
+        return {"uri": uri, "experiment": experiment, "run_id": rid}
     except Exception as e:
-        result["tracking"] = {"uri": uri, "experiment": experiment, "error": f"{type(e).__name__}: {e}"[:2000]}
-    result.setdefault("clock", {})["tracked"] = time.time()
-    write_json_atomic(Path(job_dir) / "result.json", result)
+        return {"uri": uri, "experiment": experiment, "error": f"{type(e).__name__}: {e}"[:2000]}
 
 
 def record_cluster_outcome(

@@ -104,14 +104,19 @@ def _per_device_lines(best: Pick, plain: Pick, gpu: bool, searched: bool = False
     """The recommended configuration; where the lowest figure offloads weights to the host, the best one that does
     not is recommended and the offload one shown with what it costs (speed, host memory)."""
     what = _what(gpu)
-    head = f"**Lowest {what} among the runs" if searched else f"**Recommended (lowest {what}"
+
+    def title(rest: str) -> str:
+        return f"**Lowest {what} among the runs {rest}" if searched else f"**Recommended (lowest {what} {rest})"
+
     if plain is None or plain.row is best.row:
-        return [_pick_line(f"{head} that passed correctness" + ("" if searched else ")"), best, gpu, "**")]
+        return [_pick_line(title("that passed correctness"), best, gpu, "**")]
     a, b = best.row.values(), plain.row.values()
     return [
         _pick_line(
-            f"{head} without offloading weights to the host, passed correctness; ties within 1% broken by host "
-            "peak per rank" + ("" if searched else ")"),
+            title(
+                "without offloading weights to the host, passed correctness; ties within 1% broken by host peak "
+                "per rank"
+            ),
             plain,
             gpu,
             "**",
