@@ -669,17 +669,44 @@ def test_the_h200_answers_a_settled_search_plainly(tmp_path, capsys):
     assert "not by speed: the ranks shared one GPU over gloo" in text
 
 
-def test_a_search_stopped_before_it_settled_answers_so_far_and_says_how_to_resume(tmp_path, capsys):
-    """The H200 at 40 GiB (results/h200/budget/gpu40): searched with load=meta, then resumed with the other load
-    strategies and cut by the device's time limit before two of them were bracketed. The new configurations began
-    at the meta ones' measured gaps (one dimension away), not at the model's 14 and 16."""
+def test_the_h200_at_40_gib_answers_over_every_load_once_settled(tmp_path, capsys):
+    """The H200 at 40 GiB (results/h200/budget/gpu40): searched with load=meta, then resumed twice with the other load
+    strategies until every configuration was bracketed. The new configurations began at the meta ones' measured gaps
+    (one dimension away), not at the model's 14 and 16."""
     from helpers.run import ROOT
 
     text = budget_section(capsys, ROOT / "results/h200/budget/gpu40", "--out", tmp_path)
+    assert "- **Answer**: `tp=2 load=sharded trim=all` at batch **11**" in text
+    assert "stopped before it settled" not in text
+    assert "Runner-up: `tp=2 load=eager trim=all` at batch **10**" in text
+    assert "| tp=2 load=meta trim=none | 14 | 8 (own +8.51 GiB) | 9 | 10 |" in text
+    row = "| tp=2 load=sharded trim=none | 14 | 8 (own +8.53 GiB) | 9 | 10 | 8.53 GiB | 3 | 8:ok, 9:ok, 10:oom |"
+    assert row in text
+    assert "against 768 for the full grid (12 configurations x 64 batches)" in text
+
+
+def test_a_search_stopped_before_it_settled_answers_so_far_and_says_how_to_resume(tmp_path, capsys):
+    """The 40 GiB search as it stood when the device's time ran out in its third stop: eager untrimmed had 9 running
+    and 10 not yet run, sharded untrimmed nothing. The answer is the best measured, named as so far, and the
+    unbracketed configuration starts from its neighbour's gap."""
+    import shutil
+
+    from helpers.run import ROOT
+
+    folder = tmp_path / "gpu40"
+    shutil.copytree(ROOT / "results/h200/budget/gpu40", folder)
+    state = json.loads((folder / "budget.json").read_text())
+    for c in state["configs"]:
+        if c["key"] == "tp=2 load=eager trim=none":
+            c.update(smallest_oom=None, settled=False, points=[p for p in c["points"] if p["status"] == "ok"])
+        elif c["key"] == "tp=2 load=sharded trim=none":
+            neighbour_gap = 9134858568  # meta untrimmed's, as the search had it then
+            c.update(largest_ok=None, smallest_oom=None, settled=False, points=[], gap=None, shift=neighbour_gap)
+    (folder / "budget.json").write_text(json.dumps(state))
+    text = budget_section(capsys, folder, "--out", tmp_path / "out")
     assert "**Answer so far** (search not finished): `tp=2 load=sharded trim=all` at batch **11**" in text
     assert "stopped before it settled `tp=2 load=eager trim=none`, `tp=2 load=sharded trim=none`" in text
     assert "Run the same command again (same hydra.sweep.dir) to resume" in text and "No configuration" not in text
-    assert "| tp=2 load=meta trim=none | 14 | 8 (own +8.51 GiB) | 9 | 10 |" in text
     assert "| tp=2 load=sharded trim=none | 14 | 8 (a neighbour's +8.51 GiB) | - | - |" in text
 
 
