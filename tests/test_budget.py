@@ -804,3 +804,23 @@ def test_a_budget_searchs_report_defers_to_its_answer_not_to_the_lowest_peak(tmp
     text = capsys.readouterr().out
     assert "A budget search: its answer (above) is the recommendation for the budget" in text
     assert "**Lowest per-GPU peak among the runs that passed correctness: " in text and "**Recommended" not in text
+
+
+def test_the_answer_comes_with_the_command_that_runs_it_fixed_settings_included(tmp_path, capsys):
+    """The H200 at 40 GiB with expandable segments (results/h200/budget/gpu40_expandable): the search swept only the
+    load; tp=2, trim=all and the allocator setting were fixed, so the answer's key (`load=meta`) does not name them.
+    Its command does, composes, and runs the answer at its batch without the budget or the shared-GPU stand-in."""
+    import shlex
+
+    from helpers.run import ROOT
+
+    text = budget_section(capsys, ROOT / "results/h200/budget/gpu40_expandable", "--out", tmp_path)
+    assert "- **Answer**: `load=meta` at batch **15**" in text
+    line = next(x for x in text.splitlines() if x.startswith("- Run it on the budget's GPUs (2 x 40.00 GiB): `"))
+    argv = shlex.split(line.split("`", 1)[1].rsplit("`", 1)[0])
+    assert argv[:3] == ["python", "-m", "dsexp"]
+    assert not [a for a in argv if a.startswith(("budget.", "launcher.gpus", "hydra."))]
+    spec = to_schema(compose(argv[3:]))
+    assert (spec.tp, spec.load.name, spec.trim.name) == (2, "meta", "all")
+    assert spec.trim.env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert spec.generate.batch_size == 15 and spec.generate.prompt_tokens == 2048 and not spec.budget.active

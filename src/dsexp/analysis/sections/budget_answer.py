@@ -6,6 +6,7 @@ why; every run the search made against the full grid's count."""
 from __future__ import annotations
 
 import math
+import shlex
 from typing import Any, Dict, List, Optional
 
 from dsexp.analysis import budget_runs as B
@@ -105,12 +106,28 @@ def unsettled(s: Dict[str, Any]) -> List[str]:
 def _answer(found: List[B.Candidate], s: Dict[str, Any], provisional: bool = False) -> List[str]:
     title = "**Answer so far** (search not finished)" if provisional else "**Answer**"
     lines = [f"- {_candidate_line(title, found[0], s)}"]
+    command = run_it(found[0])
+    if command:
+        b = s["budget"]
+        lines.append(f"- Run it on the budget's GPUs ({b['gpus']} x {size(b['device'])}): `{command}`")
     if len(found) > 1:
         lines.append(f"- {_candidate_line('Runner-up', found[1], s)}")
     if any(c.shared_gpu for c in found):
         lines.append(f"- {SHARED_RANKING}")
     lines += [f"- {line}" for line in _what_if(found[0], s)]
     return lines
+
+
+def run_it(c: B.Candidate) -> Optional[str]:
+    """The command that runs the answer on its own: the overrides its configuration's jobs ran with (the search's
+    fixed settings included, such as a trim.env the key does not name) at its largest batch, less the budget and
+    launcher.gpus (where ranks shared one GPU standing in for the budget's)."""
+    overrides = c.entry.get("overrides")
+    if not overrides:  # a record written before configurations kept their overrides
+        return None
+    dropped = ("budget.", "hydra.", "launcher.gpus=")
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(dropped)]
+    return " ".join(["python -m dsexp", *map(shlex.quote, kept), f"generate.batch_size={c.batch}"])
 
 
 def _what_if(c: B.Candidate, s: Dict[str, Any]) -> List[str]:
