@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, List, Optional
 
 GENERATE = "generate"
+BATCH_KEY = "generate.batch_size"  # the override a budget search sets per job, and its answer's command
 NOT_MEASURED = ("skipped", "not_run")  # a point's statuses where nothing ran: larger than one that ran out; no launch
 _POINT_KEY = re.compile(r"^(?P<kind>\w+)\[b=(?P<b>\d+),l=(?P<l>\d+|text)\]$")
 

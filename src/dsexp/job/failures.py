@@ -163,34 +163,32 @@ def classify(
     if timed_out:
         out = _timeout(ranks, at_stop, hangs or {})
     elif not any(ranks) or not at_stop:  # no rank ever started, or all finished and the launcher still failed
-        last = (tails.get("launcher") or "").strip().splitlines()[-1:] or ["(empty launcher.log)"]
+        last = _last_line(tails.get("launcher")) or "(empty launcher.log)"
         out = {
             "cause": "launch_error",
             "rank": None,
             "phase": None,
             "type": "launcher",
-            "message": f"the launcher exited with rc={returncode}: {last[0][:500]}",
+            "message": f"the launcher exited with rc={returncode}: {last}",
         }
     else:
         rank = _culprit(ranks, exits, at_stop)
         rec = ranks[rank]
         err = (rec or {}).get("error")
-        out = (
-            _from_error(err)
-            if err
-            else _from_silent_stop(rank, rec, exits.get(rank), returncode, tails.get(f"rank{rank}", ""), oom_killed)
-        )
-        if (err or {}).get("type") == "SystemExit":  # a script's sys.exit(2) says why only in what it printed
-            out["message"] += _last_words(tails.get(f"rank{rank}", ""))
+        tail = tails.get(f"rank{rank}", "")
+        out = _from_error(err) if err else _from_silent_stop(rank, rec, exits.get(rank), returncode, tail, oom_killed)
+        said = _last_line(tail) if (err or {}).get("type") == "SystemExit" else ""  # sys.exit(2) says why only there
+        if said:
+            out["message"] += f"; its last output: {said}"
         out = {"rank": rank, "phase": (err or {}).get("phase") or at_stop.get(rank), **out}
     out["ranks_at_stop"] = {f"rank{r}": p for r, p in at_stop.items()}
     return out
 
 
-def _last_words(log: str) -> str:
-    """The last line a rank printed, as a suffix of its failure's message ('' where it printed nothing)."""
-    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    return f"; its last output: {lines[-1][:500]}" if lines else ""
+def _last_line(log: Optional[str]) -> str:
+    """The last non-empty line of a log, at most 500 characters ('' where it holds nothing)."""
+    lines = (log or "").strip().splitlines()
+    return lines[-1].strip()[:500] if lines else ""
 
 
 _PHASE_ORDER = {p: i for i, p in enumerate(PHASES)}  # rank "furthest behind" = lowest

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 from dsexp.analysis import budget_runs as B
 from dsexp.analysis.markdown import md_table
 from dsexp.analysis.sections.common import ReportInputs, size
+from dsexp.core.workload import BATCH_KEY
 
 NAME = "budget"
 GIB = 2**30
@@ -127,7 +128,7 @@ def run_it(c: B.Candidate) -> Optional[str]:
         return None
     dropped = ("budget.", "hydra.", "launcher.gpus=")
     kept = [o for o in overrides if not o.lstrip("+~").startswith(dropped)]
-    return " ".join(["python -m dsexp", *map(shlex.quote, kept), f"generate.batch_size={c.batch}"])
+    return " ".join(["python -m dsexp", *map(shlex.quote, kept), f"{BATCH_KEY}={c.batch}"])
 
 
 def _what_if(c: B.Candidate, s: Dict[str, Any]) -> List[str]:

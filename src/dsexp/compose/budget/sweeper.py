@@ -21,16 +21,15 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from dsexp.analysis.budget_runs import ONE_BATCH_PER_JOB
+from dsexp.analysis.budget_runs import ONE_BATCH_PER_JOB, STATE_FILE
 from dsexp.compose.budget import points as measured
 from dsexp.compose.budget import search
 from dsexp.compose.budget.model import Predicted, describe, need_at, predict_config
 from dsexp.core.fs import write_json_atomic
 from dsexp.core.schema import ConfigError, JobConfig
+from dsexp.core.workload import BATCH_KEY
 
 log = logging.getLogger(__name__)
-STATE_FILE = "budget.json"
-BATCH_KEY = "generate.batch_size"
 GIB = 2**30
 
 
