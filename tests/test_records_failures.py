@@ -80,6 +80,13 @@ def test_classify_ok_and_failures():
         "value: 'four'"
     )
     assert classify(False, 1, [rank(0, 1, 1, status="failed", error=err)], {})["message"].endswith("code 2")
+    # a user's script with an option `--n` (2026-12-03): torchrun's argparse took it for one of its own, as plain
+    # torchrun does; the message says whose argument it was
+    ambiguous = "run.py: error: ambiguous option: --n could match --nnodes, --nproc-per-node, --node-rank"
+    got = classify(False, 2, [None, None], {"launcher": f"usage: torchrun ...\n{ambiguous}\n"})
+    assert got["cause"] == "launch_error" and got["message"].startswith(f"the launcher exited with rc=2: {ambiguous}")
+    assert "read the script's argument --n as an abbreviation of its own options" in got["message"]
+    assert "abbreviation" not in classify(False, 2, [None], {"launcher": "run.py: error: bad"})["message"]
     err = {"phase": "load", "type": "SafetensorError", "message": "incomplete metadata", "time": 1}
     assert classify(False, 1, [rank(0, 1, 1, status="failed", error=err)], {})["cause"] == "load_error"
     # rank 1 vanished during load (SIGKILL): no Python error anywhere

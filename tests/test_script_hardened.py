@@ -238,6 +238,15 @@ def test_every_variant_failed_is_not_called_correctness_switched_off():
     assert "Correctness was not checked here (check.correctness=false)" in report_text(*off)
 
 
+def test_variants_the_launcher_never_started_have_a_table_not_a_crash():
+    """A user's script with an option `--n` (2026-12-03): torchrun's argparse refused it, so no variant has a rank.
+    The report's table was built from max() over no ranks and the whole report failed (ValueError)."""
+    failed = [script_result([], status="failed", fix=f, ranks=[]) for f in ((), ("all",))]
+    text = report_text(*failed)
+    assert "| as written | failed: engine_error | - (run failed) | - | - | - | - | - |" in text
+    assert "| all | failed: engine_error | - (run failed) | - | - | - | - | - |" in text
+
+
 def test_a_failed_reference_and_a_remedy_not_applied_are_said_under_the_table():
     """Issue 34, 2: a tp=2 run ok whose world-size-1 reference failed: its correctness cell says why, the reason is
     under the table; a remedy that could not act on the script's call is listed with its reason."""

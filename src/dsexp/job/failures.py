@@ -169,7 +169,7 @@ def classify(
             "rank": None,
             "phase": None,
             "type": "launcher",
-            "message": f"the launcher exited with rc={returncode}: {last}",
+            "message": f"the launcher exited with rc={returncode}: {last}{_launcher_took_the_scripts(last)}",
         }
     else:
         rank = _culprit(ranks, exits, at_stop)
@@ -183,6 +183,21 @@ def classify(
         out = {"rank": rank, "phase": (err or {}).get("phase") or at_stop.get(rank), **out}
     out["ranks_at_stop"] = {f"rank{r}": p for r, p in at_stop.items()}
     return out
+
+
+_AMBIGUOUS = re.compile(r"error: ambiguous option: (--?[\w-]+)")
+
+
+def _launcher_took_the_scripts(last: str) -> str:
+    """argparse in torchrun and DeepSpeed's runner reads a script argument such as `--n` as an abbreviation of the
+    launcher's own options (dsexp passes the launcher none), and plain torchrun fails the same way."""
+    m = _AMBIGUOUS.search(last)
+    if not m:
+        return ""
+    return (
+        f" (the launcher read the script's argument {m.group(1)} as an abbreviation of its own options, as it would "
+        "outside dsexp: rename the script's option so that no launcher option begins with it)"
+    )
 
 
 def _last_line(log: Optional[str]) -> str:

@@ -46,6 +46,11 @@ def _device_per_rank(r: Row) -> List[Optional[float]]:
     return [rk.weights_held for rk in r.record.ranks]
 
 
+def _measured(per_rank: List[Optional[float]]) -> bool:
+    """Every rank has a figure, and there is a rank."""
+    return bool(per_rank) and all(per_rank)
+
+
 def _peak_per_rank(r: Row, key: str) -> List[Optional[int]]:
     """Per rank, a sampled peak at its highest over the phases."""
     peaks = ((ph.peaks.get(key) for ph in rk.phases()) for rk in r.record.ranks)
@@ -210,11 +215,12 @@ def _table(group: List[Row], base: Optional[Row]) -> str:
         "saved per rank vs as written",
     ]
     body = []
+    written = _device_per_rank(base) if base is not None else []
     for r in group:
         dev = _device_per_rank(r)
         saved = "-"
-        if base is not None and r is not base and all(dev) and all(_device_per_rank(base)):
-            saved = m.human(max(_device_per_rank(base)) - max(dev))
+        if r is not base and _measured(dev) and _measured(written):  # a job that never launched has no ranks
+            saved = m.human(max(written) - max(dev))
         body.append(
             [
                 ",".join(_fixes(r)) or "as written",
