@@ -37,6 +37,7 @@ ALLOWED = {
     "job": {"core", "models", "predict", "rank", "tracking", "job", "family"},
     "compose": {"core", "models", "predict", "analysis", "tracking", "job", "compose", "family", "family.placement"},
     "campaign": {"core", "job", "compose", "campaign"},  # runs sweeps (python -m dsexp) as a user would
+    "plan": {"compose", "plan"},  # python -m dsexp.plan: the command over compose.planning
 }
 # Only compose/ and the hydra_plugins package import these; the first two nowhere else at all, the last two
 # nowhere else at module level (the job's own process, on a GPU image without them, must import without them).

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from dsexp.analysis import measured as m
 from dsexp.core.records import phase_kind
-from dsexp.core.remedies import CONTEXT_ENV, resolve
+from dsexp.core.remedies import CONTEXT_ENV
 from dsexp.core.result import JobRecord
 from dsexp.engines import hf_tp, init_inference, zero_inference
 from dsexp.trims import MODEL_TRIMS
@@ -124,18 +124,10 @@ def as_pipeline_result(result: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def as_configured(result: Dict[str, Any]) -> Dict[str, Any]:
-    """A user's script before it runs (no rank has recorded a call: a budget search predicting it): the
-    configuration its config alone says: the model group (the checkpoint {model_dir} names), tp, dtype and the engine
-    group as configured (init_inference with AutoTP unless told otherwise); each rank loading its part on the meta
-    device where script.fix asks meta_load (else a whole copy per rank), dsexp's trims where it asks trims at tp > 1,
-    the allocator's settings where it asks context. Once it ran, as_pipeline_result reads the call it made."""
-    config = result.get("config") or {}
-    fixes = resolve(list((config.get("script") or {}).get("fix") or []))
-    trim: Dict[str, Any] = {k: True for k in MODEL_TRIMS} if "trims" in fixes and int(config.get("tp") or 1) > 1 else {}
-    if "context" in fixes:
-        trim["env"] = dict(CONTEXT_ENV)
-    load = {"name": "meta" if "meta_load" in fixes else "eager", "format": "safetensors"}
-    return {**result, "config": {**config, "load": load, "trim": trim}}
+    """A user's script before it runs, as its config alone says (dsexp.engines.placement.script_as_configured)."""
+    from dsexp.engines.placement import script_as_configured
+
+    return {**result, "config": script_as_configured(result.get("config") or {})}
 
 
 def applied_fixes(result: Dict[str, Any], rank: int = 0) -> Dict[str, Any]:

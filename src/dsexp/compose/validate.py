@@ -69,6 +69,25 @@ def validate(spec: JobConfig, gpus: Optional[int] = None, gpu_total: Optional[in
 
     gpus, gpu_total: the visible GPUs and the first one's bytes (None: asked of NVML)."""
     gpus = visible_gpus() if gpus is None else gpus
+    _validate_settings(spec)
+    device = resolve_device(spec, gpus)
+    if device == "cuda" and gpus == 0:
+        raise ConfigError("device=cuda but no GPU is visible (NVML found none)")
+    _validate_gpus(spec, device, gpus)
+    spec.device = device
+    if spec.workload == "script":
+        _validate_script(spec)
+    else:
+        _validate_pipeline(spec, device)
+    if spec.shared_gpu and spec.workload == "pipeline":
+        _validate_shared_fit(spec, gpu_total)
+    if spec.budget.active:
+        _validate_budget(spec, gpus, gpu_total)
+    return spec
+
+
+def _validate_settings(spec: JobConfig) -> None:
+    """What the config says of itself, whatever machine it is for."""
     _one_of("device", spec.device, DEVICES)
     _one_of("dtype", spec.dtype, DTYPES)
     _one_of("model.dtype", spec.model.dtype, DTYPES)
@@ -92,23 +111,24 @@ def validate(spec: JobConfig, gpus: Optional[int] = None, gpu_total: Optional[in
     if spec.timeout_s <= 0:
         raise ConfigError(f"timeout_s={spec.timeout_s}: must be > 0")
 
-    device = resolve_device(spec, gpus)
-    if device == "cuda" and gpus == 0:
-        raise ConfigError("device=cuda but no GPU is visible (NVML found none)")
-    _validate_gpus(spec, device, gpus)
-    spec.device = device
+
+def validate_plan(spec: JobConfig) -> JobConfig:
+    """The checks a plan (dsexp.plan) needs: the config's own sense, not this machine's. No GPU need be here (device
+    auto is a GPU: the plan is for one), a local model folder need hold only config.json (and the code it names),
+    and a budget's numbers are the GPUs planned for, not the ones present."""
+    _validate_settings(spec)
+    spec.device = "cpu" if spec.device == "cpu" else "cuda"
     if spec.workload == "script":
         _validate_script(spec)
     else:
-        _validate_pipeline(spec, device)
-    if spec.shared_gpu and spec.workload == "pipeline":
-        _validate_shared_fit(spec, gpu_total)
-    if spec.budget.active:
-        _validate_budget(spec, gpus, gpu_total)
+        _validate_pipeline(spec, spec.device, weights=False)
+    b = spec.budget
+    if b.gpu_gib is not None and b.gpu_gib <= 0:
+        raise ConfigError(f"budget.gpu_gib={b.gpu_gib}: must be > 0")
     return spec
 
 
-def _validate_pipeline(spec: JobConfig, device: str) -> None:
+def _validate_pipeline(spec: JobConfig, device: str, weights: bool = True) -> None:
     """dsexp's own pipeline: the model, the loading, the engine and its ZeRO block, the trims, the stack's versions."""
     if spec.zero.offload != "none" and spec.zero.stage != 3:
         raise ConfigError(
@@ -129,7 +149,7 @@ def _validate_pipeline(spec: JobConfig, device: str) -> None:
             f"engine={spec.engine.name} runs ZeRO stage 3 but zero={spec.zero.name} has stage "
             f"{spec.zero.stage}; choose zero=stage3, zero=stage3_offload or zero=seed_accepted"
         )
-    _validate_model(spec)
+    _validate_model(spec, weights=weights)
     _validate_context(spec)
     _validate_stack(spec)
     engine.check(spec)
@@ -226,13 +246,18 @@ def _validate_gpus(spec: JobConfig, device: str, gpus: int) -> None:
 def _validate_shared_fit(spec: JobConfig, gpu_total: Optional[int] = None) -> None:
     """Ranks sharing GPUs: refuse a job whose predicted memory on its busiest GPU exceeds that GPU (the memory model's
     weights and KV cache per rank, plus a CUDA context per process)."""
-    from dsexp.analysis.memory import shared_gpu_fit_of
+    from dsexp.compose.budget.model import predict_spec
+    from dsexp.predict.fit import shared_gpu_fit
 
     total = gpu_total if gpu_total is not None else gpu_memory_total()
     if total is None:
         return
-    fit = shared_gpu_fit_of(spec, total)
-    if fit is not None and not fit["fits"]:
+    try:
+        pred = predict_spec(spec, device="cuda")
+    except Exception:  # the model cannot predict it: the run will say
+        return
+    fit = shared_gpu_fit(pred, spec.ranks_per_node, int(spec.launcher.gpus), total)
+    if not fit["fits"]:
         raise ConfigError(fit["message"])
 
 
@@ -342,8 +367,9 @@ def _validate_load(spec: JobConfig) -> None:
         )
 
 
-def _validate_model(spec: JobConfig, heads: bool = True) -> None:
-    """The model group's source, and (heads) tp against its key/value heads for the engine."""
+def _validate_model(spec: JobConfig, heads: bool = True, weights: bool = True) -> None:
+    """The model group's source, and (heads) tp against its key/value heads for the engine. weights=False (a plan):
+    a local folder need hold only config.json, whose dimensions must all be there."""
     m = spec.model
     if m.path:
         folder = Path(m.path).expanduser()
@@ -351,8 +377,8 @@ def _validate_model(spec: JobConfig, heads: bool = True) -> None:
             raise ConfigError(f"model.path={m.path!r} does not exist or is not a folder")
         if not (folder / "config.json").is_file():
             raise ConfigError(f"model.path={m.path!r} has no config.json")
-        weights = [p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")]
-        if not weights:
+        files = [p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")]
+        if weights and not files:
             raise ConfigError(f"model.path={m.path!r} holds no weights (*.safetensors or *.bin)")
         try:
             cfg = folder_config(folder)
@@ -365,7 +391,7 @@ def _validate_model(spec: JobConfig, heads: bool = True) -> None:
                 f"model.path={m.path!r} ships its own modeling code (auto_map in config.json); "
                 "set model.trust_remote_code=true explicitly to allow running it"
             )
-        problem = checkpoint_problem(folder)
+        problem = checkpoint_problem(folder) if files else config_problem(cfg)
         if problem:
             raise ConfigError(f"model.path={m.path!r}: {problem}")
     elif m.config_path:
@@ -406,6 +432,46 @@ def _validate_model(spec: JobConfig, heads: bool = True) -> None:
             f"engine={spec.engine.name} splits attention evenly: tp={spec.tp} must divide the "
             f"model's {kv} key/value heads"
         )
+
+
+# The dimensions the memory model reads of any config (transformers' names; an architecture's own aliases, such as
+# GPT-2's n_embd, are read through its config class's attribute_map)
+NEEDED_DIMS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def config_problem(cfg: Dict[str, Any]) -> Optional[str]:
+    """What keeps a config.json alone (no weights: a plan) from being predicted: a model_type transformers does not
+    know and no code of its own (auto_map), or a dimension it leaves out (transformers would fill in its class's
+    default, silently another model). None if nothing."""
+    from dsexp.models.presets import transformers_model_types
+
+    kind = cfg.get("model_type")
+    types = transformers_model_types()
+    aliases: Dict[str, set] = {}
+    if not cfg.get("auto_map"):
+        if kind not in types:
+            import difflib
+
+            close = difflib.get_close_matches(str(kind), sorted(types), n=5, cutoff=0.6)
+            return (
+                f"config.json's model_type={kind!r} is not one of transformers' {len(types)} model types"
+                + (f" (close: {', '.join(close)})" if close else "")
+                + " and the folder ships no code of its own (auto_map)"
+            )
+        from transformers import AutoConfig
+
+        mapping = getattr(AutoConfig.for_model(kind), "attribute_map", {}) or {}
+        for alias, name in mapping.items():
+            aliases.setdefault(name, set()).add(alias)
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    for name in NEEDED_DIMS:
+        keys = {name} | aliases.get(name, set())
+        if not any(k in cfg or k in text for k in keys):
+            return (
+                f"config.json (model_type={kind!r}) has no {' / '.join(sorted(keys))}: the memory model needs "
+                f"{', '.join(NEEDED_DIMS)} (transformers would take its class's default, another model)"
+            )
+    return None
 
 
 def _validate_generate(spec: JobConfig) -> None:

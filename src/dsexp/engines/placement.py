@@ -1,14 +1,20 @@
 """The engines' and trims' rules in the memory model, dispatched: the engine member's `placement.place`, then the
 trims' rules over its placements, and the order the engine allocates in. The memory model (dsexp.predict) knows no
-member; whoever predicts a job asks here for the rule (dsexp.analysis.memory)."""
+member; whoever predicts a job hands this module to it as its rules (dsexp.predict.job.predict(config, RULES)), which
+also says the strategy a config runs (`strategy_of`: the engine's traits, the trims that are on)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import sys
+from typing import Any, Dict, List, Mapping, Optional
 
 from dsexp.engines import ENGINES, part
+from dsexp.engines.base import effective_policy
+from dsexp.predict.job import NOT_REPORTED, Facts, device_of, version
 from dsexp.predict.placements import Placement, Placer, Strategy, Tensor, replicated, tensors, unchanged
 from dsexp.predict.weights_per_rank import AllocationOrder
+from dsexp.trims import active as active_trims
+from dsexp.trims import last_position_logits
 from dsexp.trims.dedupe_buffers import placement as dedupe
 
 
@@ -67,3 +73,83 @@ def allocator_reserve(placements: List[Placement], rank: int, s: Strategy):
     order = allocation_order(s.engine)
     sizes = order(placements, rank, s) if order else None
     return replay(sizes) if sizes is not None else None
+
+
+def strategy_of(config: Mapping[str, Any], facts: Facts) -> Strategy:
+    """The settings that decide placement, as the job was configured and, where it ran, as its ranks reported."""
+    from dsexp.core.schema import EngineConfig
+
+    model, eng, zero, load = (config.get(k) or {} for k in ("model", "engine", "zero", "load"))
+    dtype, model_dtype = config.get("dtype") or model.get("dtype", "bf16"), model.get("dtype", "bf16")
+    conversion = facts.conversion
+    if conversion is NOT_REPORTED:
+        conversion = f"{model_dtype}->{dtype}" if dtype != model_dtype else None
+    name = eng.get("name", EngineConfig.name)
+    traits = ENGINES.get(name)
+    trim = config.get("trim") or {}
+    return Strategy(
+        engine=name,
+        kernel_inject=bool(eng.get("kernel_inject")),
+        policy=_policy_used(config, facts),
+        zero_stage=int(zero.get("stage") or 0),
+        offload=zero.get("offload") or "none",
+        dtype=dtype,
+        model_dtype=model_dtype,
+        load=load.get("name", "eager"),
+        fmt=load.get("format", "safetensors"),
+        device=device_of(config, facts),
+        max_out_tokens=int(eng.get("max_out_tokens") or 0),
+        conversion=conversion,
+        restore_buffers=load.get("restore_buffers", True) is not False,
+        trims=dict.fromkeys(active_trims(trim), True),
+        deepspeed=version(config, facts, "deepspeed"),
+        transformers=version(config, facts, "transformers"),
+        casts_buffers=bool(traits and traits.casts_buffers),
+        splits_weights=bool(traits and traits.splits_weights),
+        expandable_segments="expandable_segments:true" in alloc_conf(config).replace(" ", "").lower(),
+        last_position_logits=last_position_logits(trim),
+    )
+
+
+def alloc_conf(config: Mapping[str, Any]) -> str:
+    """PYTORCH_CUDA_ALLOC_CONF as the ranks got it (trim.env; a script's `context` fix sets it there too)."""
+    return str(((config.get("trim") or {}).get("env") or {}).get("PYTORCH_CUDA_ALLOC_CONF") or "")
+
+
+def _policy_used(config: Mapping[str, Any], facts: Facts) -> Optional[Dict[str, List[str]]]:
+    """The injection policy the engine reported it used, else what the config resolves to."""
+    if facts.policy_used is not NOT_REPORTED:
+        return facts.policy_used or None
+    eng, model = (config.get(k) or {} for k in ("engine", "model"))
+    return effective_policy(
+        eng.get("injection_policy", "auto"), bool(eng.get("kernel_inject")), model.get("injection_policy")
+    )
+
+
+def second_communicator(s: Strategy) -> bool:
+    """Whether the engine makes its own tensor-parallel group beside the world's (a second NCCL communicator):
+    DeepSpeed's init_inference does, unless trim.world_group hands it the world group."""
+    from dsexp.engines import init_inference
+    from dsexp.trims import world_group
+
+    return s.engine == init_inference.TRAITS.name and not s.trimmed(world_group.TRAITS.key)
+
+
+def script_as_configured(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """A user's script before it runs (no rank has recorded a call: a plan or a budget search predicting it): the
+    configuration its config alone says: the model group (the checkpoint {model_dir} names), tp, dtype and the engine
+    group as configured (init_inference with AutoTP unless told otherwise); each rank loading its part on the meta
+    device where script.fix asks meta_load (else a whole copy per rank), dsexp's trims where it asks trims at tp > 1,
+    the allocator's settings where it asks context. Once it ran, dsexp.analysis.user_script reads the call it made."""
+    from dsexp.core.remedies import CONTEXT_ENV, resolve
+    from dsexp.trims import MODEL_TRIMS
+
+    fixes = resolve(list((config.get("script") or {}).get("fix") or []))
+    trim: Dict[str, Any] = {k: True for k in MODEL_TRIMS} if "trims" in fixes and int(config.get("tp") or 1) > 1 else {}
+    if "context" in fixes:
+        trim["env"] = dict(CONTEXT_ENV)
+    load = {"name": "meta" if "meta_load" in fixes else "eager", "format": "safetensors"}
+    return {**config, "load": load, "trim": trim}
+
+
+RULES = sys.modules[__name__]  # this module is the rules dsexp.predict.job.predict takes (its Rules protocol)

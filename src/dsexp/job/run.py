@@ -95,8 +95,28 @@ def prepare_model(spec: JobConfig) -> Dict[str, Any]:
         return {"model_dir": str(Path(spec.model.path).expanduser().resolve()), "checkpoint_written": False}
     from dsexp.models.writer import cached_checkpoint
 
+    args = checkpoint_args(spec)
+    folder = cached_checkpoint(**args)  # a hit needs no writer process (it imports torch and transformers)
+    if folder is not None:
+        return {"model_dir": str(folder), "checkpoint_written": False}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dsexp.models.writer", json.dumps(args)], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"writing the {spec.model.name} checkpoint failed:\n{proc.stderr[-3000:]}")
+    st = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {
+        "model_dir": st["path"],
+        "checkpoint_written": not st["cache_hit"],
+        "checkpoint_write_s": st["seconds"],
+        "checkpoint_bytes": st["bytes"],
+    }
+
+
+def checkpoint_args(spec: JobConfig) -> Dict[str, Any]:
+    """The model group's checkpoint as dsexp.models.writer keys it (a preset's or a config folder's)."""
     m = spec.model
-    args = dict(
+    return dict(
         cache_dir=spec.cache_dir,
         name=m.name,
         arch=m.arch,
@@ -111,21 +131,6 @@ def prepare_model(spec: JobConfig) -> Dict[str, Any]:
             else {}
         ),
     )
-    folder = cached_checkpoint(**args)  # a hit needs no writer process (it imports torch and transformers)
-    if folder is not None:
-        return {"model_dir": str(folder), "checkpoint_written": False}
-    proc = subprocess.run(
-        [sys.executable, "-m", "dsexp.models.writer", json.dumps(args)], capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"writing the {m.name} checkpoint failed:\n{proc.stderr[-3000:]}")
-    st = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {
-        "model_dir": st["path"],
-        "checkpoint_written": not st["cache_hit"],
-        "checkpoint_write_s": st["seconds"],
-        "checkpoint_bytes": st["bytes"],
-    }
 
 
 def baseline(device: str, gpus: Optional[List[int]] = None) -> Dict[str, Any]:

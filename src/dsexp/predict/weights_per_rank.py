@@ -117,16 +117,14 @@ def reserve(
     ]
 
 
-def host(
-    result: Dict[str, Any], s: Strategy, tp: int, weights: List[int], placements: List[Placement]
-) -> HostPrediction:
+def host(files: List[int], s: Strategy, tp: int, weights: List[int], placements: List[Placement]) -> HostPrediction:
     """Host bytes loading adds per rank at its peak (the interpreter's own imports during load, ~100-200 MiB,
-    come on top). Eager loads mmap the checkpoint (.bin too: transformers >= 5 loads it with mmap=True) and
-    touch the pages of what the rank takes: a whole tensor when it is replicated, partitioned by ZeRO or cut
-    along columns, only its rows when cut along dim 0. A dtype conversion materialises a private converted
-    copy; on a CPU run the TP slices a rank keeps are copies; offloaded ZeRO partitions live on the host."""
+    come on top), from the checkpoint's file sizes (`files`: checkpoint_sizes). Eager loads mmap the checkpoint
+    (.bin too: transformers >= 5 loads it with mmap=True) and touch the pages of what the rank takes: a whole tensor
+    when it is replicated, partitioned by ZeRO or cut along columns, only its rows when cut along dim 0. A dtype
+    conversion materialises a private converted copy; on a CPU run the TP slices a rank keeps are copies; offloaded
+    ZeRO partitions live on the host."""
     model_run = sum(p.full for p in placements if not p.copy)
-    files = checkpoint_files(result, s, placements)
     ckpt = sum(files) or model_run * arch.DTYPE_BYTES[s.model_dtype] // arch.DTYPE_BYTES[s.dtype]
     on_host = s.device == "cpu"  # on a CPU run the device *is* the host
     offload = sum(math.ceil(p.full / tp) for p in placements if p.how == "offloaded")
@@ -170,14 +168,16 @@ def host(
     )
 
 
-def checkpoint_files(result: Dict[str, Any], s: Strategy, placements: List[Placement]) -> List[int]:
-    """Bytes of each checkpoint file: the folder's, else as the writer packs the parameters (model dtype, shard_mb)."""
-    files = arch.checkpoint_files((result.get("runtime") or {}).get("model_dir"))
+def checkpoint_sizes(
+    folder: Optional[str], shard_mb: Optional[float], s: Strategy, placements: List[Placement]
+) -> List[int]:
+    """Bytes of each checkpoint file (`files`, for `host`): the folder's, else as the writer packs the parameters
+    (model dtype, shard_mb); none where neither says."""
+    files = arch.checkpoint_files(folder)
     if files:
         return list(files.values())
     from dsexp.models.writer import plan_shards
 
-    shard_mb = ((result.get("config") or {}).get("model") or {}).get("shard_mb")
     if not shard_mb:
         return []
     scale = arch.DTYPE_BYTES[s.model_dtype] / arch.DTYPE_BYTES[s.dtype]

@@ -1,6 +1,7 @@
 """The memory model's view of one configuration of a budget search, before anything runs.
 
-Per rank: the allocator's reserve for the weights (dsexp.analysis.memory), what the process holds outside the
+Per rank: the allocator's reserve for the weights (dsexp.predict.job.predict, the plan's and the report's function),
+what the process holds outside the
 allocator (a CUDA context on a GPU: CUDA_CONTEXT_BYTES; nothing on a CPU run, whose device budget is simulated) and
 the bytes above the weights at each batch (dsexp.predict.capacity). The device need at a batch is the busiest rank's;
 a configuration whose need at the smallest batch passes the budget, that takes more GPUs than the budget has, or whose
@@ -79,25 +80,30 @@ def token_limit(pred, spec: JobConfig) -> Optional[Miss]:
     return Miss("max_out_tokens", int(g.prompt_tokens) + int(g.new_tokens), spec.engine.max_out_tokens, where="tokens")
 
 
-def breaking_term(terms: Dict[str, int], need: int, budget: int) -> str:
-    """The term whose bytes, added in order, carry the total past the budget (the largest term above the weights
-    where the terms are not all held at once and their running sum never passes it)."""
-    total = 0
-    for name, value in terms.items():
-        total += value
-        if total > budget:
-            return name
-    above = {k: v for k, v in terms.items() if k not in ("weights", "outside")}
-    return max(above, key=above.get) if above else "weights"
+def predict_spec(spec: JobConfig, tp: Optional[int] = None, device: Optional[str] = None):
+    """The memory model for this job's spec alone (nothing has run): dsexp.predict.job.predict with the families'
+    rules, on the spec's device or another."""
+    from dsexp.engines.placement import RULES
+    from dsexp.predict.job import Facts, predict
+
+    return predict(script_config(spec), RULES, Facts(device=device or spec.device), tp or spec.tp)
+
+
+def script_config(spec: JobConfig) -> Dict[str, Any]:
+    """The spec as plain data; a user's script, not yet run, as its config says it will run
+    (dsexp.engines.placement.script_as_configured)."""
+    from dsexp.engines.placement import script_as_configured
+
+    return script_as_configured(asdict(spec)) if spec.workload == "script" else asdict(spec)
 
 
 def predict_config(spec: JobConfig, batches: List[int]) -> Predicted:
-    from dsexp.analysis.memory import predict
+    from dsexp.predict.job import breaking_term
 
     b = spec.budget
     device = int(b.gpu_gib * GIB)
     try:
-        pred = predict({"config": asdict(spec), "runtime": {"device": spec.device}}, spec.tp)
+        pred = predict_spec(spec)
         per_batch = [device_needs(pred, spec, x) for x in batches]
     except Exception as e:  # the model cannot say: measure it (the run will)
         return Predicted([0] * len(batches), None, None, note=f"not predicted: {type(e).__name__}: {e}")
@@ -112,7 +118,7 @@ def predict_config(spec: JobConfig, batches: List[int]) -> Predicted:
     elif too_long is not None:
         miss = too_long
     elif needs[0] > device:
-        miss = Miss(breaking_term(terms, needs[0], device), needs[0], device)
+        miss = Miss(breaking_term(terms, device), needs[0], device)
     elif b.host_gib is not None and host is not None and host > b.host_gib * GIB:
         miss = Miss("host (loading)", host, int(b.host_gib * GIB), where="host")
     return Predicted(needs, host, miss, terms, "; ".join(pred.notes) or None)
@@ -123,11 +129,9 @@ def need_at(spec: JobConfig, batch: int, tp: Optional[int] = None) -> Optional[i
     say."""
     from dataclasses import replace
 
-    from dsexp.analysis.memory import predict
-
     other = replace(spec, tp=tp or spec.tp)
     try:
-        pred = predict({"config": asdict(other), "runtime": {"device": other.device}}, other.tp)
+        pred = predict_spec(other)
         return max(device_needs(pred, other, batch))
     except Exception:
         return None

@@ -1,0 +1,176 @@
+"""The plan: every configuration's memory predicted from its config alone (dsexp.predict.job.plan_entry), per rank
+and per workload point, and the largest batch a GPU of the planned size holds. The same entries make the terminal
+table of `python -m dsexp.plan` and the markdown section; every figure here is a prediction."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from dsexp.analysis.measured import human
+
+NAME = "plan"
+TERMS = ("kv_cache", "activations_split", "activations_whole", "logits", "workspace", "cublas_workspace")
+OUTSIDE = ("cuda_context", "communicator")
+SHORT = {"activations_split": "act split", "activations_whole": "act whole", "cublas_workspace": "cublas",
+         "cuda_context": "context", "communicator": "comm"}  # fmt: skip
+
+
+def _b(v: Any) -> str:
+    return "-" if v is None else human(v)
+
+
+def rank_columns(entry: Dict[str, Any]) -> List[str]:
+    """The per-rank columns this entry has figures for, in pipeline order."""
+    r0 = entry["per_rank"][0]
+    return (
+        ["weights", "sharded", "replicated", "reserve"]
+        + [k for k in OUTSIDE if f"{k}_bytes" in r0]
+        + [k for k in TERMS if f"{k}_bytes" in r0]
+        + (["above", "peak", "dominant"] if "peak_bytes" in r0 else [])
+        + ["host private", "host mapped"]
+    )
+
+
+KEY = {"weights": "weights_bytes", "sharded": "weights_sharded_bytes", "replicated": "weights_replicated_bytes",
+       "reserve": "reserve_bytes", "above": "above_weights_bytes", "peak": "peak_bytes", "dominant": "dominant",
+       "host private": "host_private_bytes", "host mapped": "host_mapped_bytes"}  # fmt: skip
+
+
+def cell(rank: Dict[str, Any], column: str) -> str:
+    v = rank.get(KEY.get(column, f"{column}_bytes"))
+    return str(v) if column == "dominant" else _b(v)
+
+
+def table(header: List[str], rows: List[List[str]], markdown: bool) -> List[str]:
+    if markdown:
+        return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+            "| " + " | ".join(r) + " |" for r in rows
+        ]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+
+    def line(r: List[str]) -> str:  # the first column (a name) left, the figures right
+        return "  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in enumerate(zip(r, widths)))
+
+    return [line(header)] + [line(r) for r in rows]
+
+
+def workload_line(entry: Dict[str, Any]) -> str:
+    pts = entry["per_rank"][0]["points"]
+    if not pts:
+        return ""
+    last = pts[-1]
+    of = f" (the largest of {len(pts)} points)" if len(pts) > 1 else ""
+    return f"at batch {last['batch']} x {last['prompt_tokens']} prompt + {last['new_tokens']} new tokens{of}"
+
+
+def points_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
+    pts = [p for p in entry["per_rank"][0]["points"]]
+    if len(pts) < 2:
+        return []
+    rows = []
+    for i, p in enumerate(pts):
+        peaks = [r["points"][i]["peak_bytes"] for r in entry["per_rank"]]
+        above = [r["points"][i]["above_weights_bytes"] for r in entry["per_rank"]]
+        busiest = peaks.index(max(peaks))
+        dom = entry["per_rank"][busiest]["points"][i]["dominant"]
+        rows.append([str(p["batch"]), str(p["prompt_tokens"]), _b(max(above)), _b(max(peaks)), dom])
+    return table(["batch", "prompt", "above weights (busiest)", "peak per rank", "dominant"], rows, markdown)
+
+
+def capacity_line(entry: Dict[str, Any]) -> str:
+    fits = entry.get("largest_batch")
+    if not fits:
+        return ""
+    parts = [
+        f"L={n}: {c['largest_batch']}" + ("" if c["breaks"] == "-" else f" (the next breaks on {c['breaks']})")
+        for n, c in fits.items()
+    ]
+    return f"largest batch on a {human(entry['gpu_bytes'])} GPU: " + "; ".join(parts)
+
+
+def families_lines(entry: Dict[str, Any], markdown: bool, top: int) -> List[str]:
+    fams = sorted(entry["weights_by_family"].items(), key=lambda kv: -sum(sum(v) for v in kv[1].values()))
+    rows = [
+        [f"`{name}`" if markdown else name] + [_b(sum(kinds.get(k, [0])[:1])) for k in ("sharded", "replicated")]
+        for name, kinds in fams[:top]
+    ]
+    more = len(fams) - top
+    return table(["tensor family (rank 0)", "sharded", "replicated"], rows, markdown) + (
+        [f"... and {more} more families"] if more > 0 else []
+    )
+
+
+def entry_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
+    title = f"{entry['configuration']}: {entry['model']}, tp={entry['tp']}"
+    head = [f"### {title}" if markdown else f"== {title} =="]
+    if entry["status"] != "predicted":
+        return head + [f"not predicted: {entry['reason']}", ""]
+    cols = rank_columns(entry)
+    rows = [[str(r["rank"])] + [cell(r, c) for c in cols] for r in entry["per_rank"]]
+    desc = f"{entry['engine']} on {entry['device']}, {entry['dtype']}, load={entry['load']}"
+    wl = workload_line(entry)
+    out = head + ["", f"{desc}; per rank{', ' + wl if wl else ''} (predicted):", ""]
+    out += table(["rank"] + [SHORT.get(c, c) for c in cols], rows, markdown) + [""]
+    pts = points_lines(entry, markdown)
+    out += pts + ([""] if pts else [])
+    host = entry["host"]
+    out.append(
+        f"host: {_b(host['node_private_bytes'])} private per node + up to {_b(host['mapped_bytes'])} of page cache "
+        f"per rank ({host['how']})"
+    )
+    if capacity_line(entry):
+        out.append(capacity_line(entry))
+    if entry.get("limit"):
+        out.append(f"cannot run: {entry['limit']}")
+    out += [""] + families_lines(entry, markdown, 99 if markdown else 6) + [""]
+    return out
+
+
+def summary_rows(entries: List[Dict[str, Any]]) -> List[List[str]]:
+    lengths = sorted({n for e in entries for n in (e.get("largest_batch") or {})}, key=int)
+    rows = []
+    for e in entries:
+        if e["status"] != "predicted":
+            rows.append([e["configuration"], str(e["tp"]), "not predicted", "-", "-", "-"] + ["-"] * len(lengths))
+            continue
+        ranks = e["per_rank"]
+        peak = max((r.get("peak_bytes") for r in ranks if r.get("peak_bytes") is not None), default=None)
+        above = max((r.get("above_weights_bytes") for r in ranks if "above_weights_bytes" in r), default=None)
+        fits = e.get("largest_batch") or {}
+        figures = [max(r["weights_bytes"] for r in ranks), above, peak, e["host"]["node_private_bytes"]]
+        batches = [str(fits[n]["largest_batch"]) if n in fits else "-" for n in lengths]
+        rows.append([e["configuration"], str(e["tp"])] + [_b(v) for v in figures] + batches)
+    return rows
+
+
+def summary_header(entries: List[Dict[str, Any]]) -> List[str]:
+    lengths = sorted({n for e in entries for n in (e.get("largest_batch") or {})}, key=int)
+    return ["configuration", "tp", "weights/rank", "above weights", "peak/rank", "host/node"] + [
+        f"largest batch L={n}" for n in lengths
+    ]
+
+
+def render_terminal(entries: List[Dict[str, Any]]) -> str:
+    out: List[str] = []
+    for e in entries:
+        out += entry_lines(e, markdown=False)
+    if len(entries) > 1:
+        out += ["== all configurations (predicted, busiest rank) =="] + table(
+            summary_header(entries), summary_rows(entries), markdown=False
+        )
+    return "\n".join(out)
+
+
+def render_markdown(entries: List[Dict[str, Any]]) -> str:
+    out = [
+        "## Plan: memory predicted from the config alone",
+        "",
+        "Every figure here is a prediction (dsexp.predict.job; `python -m dsexp.plan`), per rank: the weights sharded "
+        "and replicated, the allocator's reserve for them, what the process holds outside the allocator, the terms "
+        "above the weights at the workload, the peak, and the host memory of the loading strategy.",
+        "",
+    ]
+    out += table(summary_header(entries), summary_rows(entries), markdown=True) + [""]
+    for e in entries:
+        out += entry_lines(e, markdown=True)
+    return "\n".join(out)

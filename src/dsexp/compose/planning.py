@@ -1,0 +1,156 @@
+"""`python -m dsexp.plan [-m] <overrides> [--json FILE] [--markdown FILE]`: every configuration the same overrides
+would run, predicted from the config alone, without launching anything or reading a weight.
+
+The config is composed by Hydra as `python -m dsexp` composes it (experiment presets, config groups, `-m` sweeps and
+lists); each configuration is checked for sense (dsexp.compose.validate.validate_plan: not against this machine) and
+predicted by dsexp.predict.job, the function the budget search and the report call. A configuration the model has
+no rule for is listed with its reason; bad input is refused before anything is predicted, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from dsexp.compose.config import conf_dir, config_error, to_schema
+from dsexp.core.schema import ConfigError, JobConfig
+
+GIB = 2**30
+
+
+class PlanError(Exception):
+    """Bad input: named with the key and what is accepted."""
+
+
+@dataclass
+class Planned:
+    overrides: List[str]  # the combination's own overrides (what the sweep varies)
+    spec: JobConfig
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m dsexp.plan",
+        description="Predict per-GPU and host memory of every configuration the overrides compose, from the config "
+        "alone (no GPU, no ranks, no weights read).",
+    )
+    p.add_argument("-m", "--multirun", action="store_true", help="expand sweeps (tp=1,2,4) as `python -m dsexp -m`")
+    p.add_argument("--json", type=Path, help="write the predictions (bytes) to this file")
+    p.add_argument("--markdown", type=Path, help="write the report's plan section to this file")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m dsexp")
+    return p.parse_args(list(argv))
+
+
+def combinations(overrides: Sequence[str], multirun: bool) -> List[List[str]]:
+    """The override lists Hydra's basic sweeper would run: the command line's and an experiment preset's sweeps."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    parser = OverridesParser.create()
+    try:
+        parsed = parser.parse_overrides(list(overrides))
+    except HydraException as e:
+        raise PlanError(config_error(e)) from None
+    sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
+    if sweeps and not multirun:
+        raise PlanError(f"{', '.join(sweeps)}: a sweep; add -m (as for python -m dsexp -m)")
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    params = OmegaConf.select(composed(fixed, hydra=True), "hydra.sweeper.params") or {}
+    args = [f"{k}={v}" for k, v in params.items()] + list(overrides)
+    return [combo for batch in BasicSweeper.split_arguments(parser.parse_overrides(args), None) for combo in batch]
+
+
+def compose(overrides: Sequence[str], hydra: bool = False):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides), return_hydra_config=hydra)
+
+
+def checked(combo: List[str]) -> JobConfig:
+    """One combination composed and checked for sense, or PlanError naming the key."""
+    from dsexp.compose.validate import validate_plan
+
+    try:
+        return validate_plan(to_schema(composed(combo)))
+    except ConfigError as e:
+        raise PlanError(config_error(e)) from None
+
+
+def composed(overrides: Sequence[str], hydra: bool = False):
+    """The config these overrides compose, or PlanError naming the key (and a group's options)."""
+    from hydra.errors import HydraException, MissingConfigException
+
+    try:
+        return compose(overrides, hydra)
+    except MissingConfigException as e:
+        msg = config_error(e) + (f"; choose one of: {', '.join(sorted(e.options))}" if e.options else "")
+        raise PlanError(msg) from None
+    except HydraException as e:
+        raise PlanError(config_error(e)) from None
+
+
+def space(overrides: Sequence[str], multirun: bool) -> List[Planned]:
+    """Every configuration, each checked, before any is predicted: the first bad one stops the plan."""
+    return [
+        Planned([o for o in combo if o not in overrides], checked(combo)) for combo in combinations(overrides, multirun)
+    ]
+
+
+def plan_one(p: Planned) -> Dict[str, Any]:
+    """One configuration's entry: its prediction (dsexp.predict.job.plan_entry), or why it has none."""
+    from dsexp.compose.budget.model import script_config
+    from dsexp.engines.placement import RULES
+    from dsexp.predict import job as model
+
+    config = script_config(p.spec)
+    label = " ".join(p.overrides) or "(as composed)"
+    head = {"configuration": label, "overrides": p.overrides, "model": p.spec.model.name, "tp": p.spec.tp}
+    gib = p.spec.budget.gpu_gib
+    t0 = time.perf_counter()
+    try:
+        pred = model.predict(config, RULES, model.Facts(device=p.spec.device, model_dir=cached_folder(p.spec)))
+        if pred.error:
+            return {**head, "status": "not_predicted", "reason": pred.error}
+        entry = model.plan_entry(pred, config, RULES, model.workloads_of(config), int(gib * GIB) if gib else None)
+    except Exception as e:  # a configuration the model has no rule for: said, the others still predicted
+        return {**head, "status": "not_predicted", "reason": f"{type(e).__name__}: {e}"}
+    return {**head, "status": "predicted", "seconds": round(time.perf_counter() - t0, 3), **entry}
+
+
+def cached_folder(spec: JobConfig) -> Optional[str]:
+    """The preset's checkpoint where dsexp already wrote it here (its files' sizes, never their data, size the host's
+    loading cost); None: sized as the writer would pack it."""
+    from dsexp.job.run import checkpoint_args
+    from dsexp.models.writer import cached_checkpoint
+
+    if spec.model.path or not spec.model.arch:
+        return None
+    folder = cached_checkpoint(**checkpoint_args(spec))
+    return str(folder) if folder else None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from dsexp.analysis.sections.plan_table import render_markdown, render_terminal
+
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        planned = space(args.overrides, args.multirun)
+    except PlanError as e:
+        print(f"dsexp.plan: bad config: {e}", file=sys.stderr)
+        return 2
+    entries = [plan_one(p) for p in planned]
+    print(render_terminal(entries))
+    if args.json:
+        args.json.write_text(json.dumps({"configurations": entries}, indent=1) + "\n")
+    if args.markdown:
+        args.markdown.write_text(render_markdown(entries) + "\n")
+    return 0

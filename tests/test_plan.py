@@ -1,0 +1,155 @@
+"""`python -m dsexp.plan`: every configuration predicted from its config alone, by the same function the report
+and the budget search call (dsexp.predict.job.predict), without a GPU, a rank or a weight."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from dsexp.analysis.memory import predict as report_prediction
+from dsexp.compose.planning import main
+from dsexp.predict import capacity as cap
+from dsexp.predict.job import workloads_of
+
+from helpers.run import sweep_results
+
+# A Llama as its config.json says it, at a size no preset has (a 3B-class model: 26 layers, GQA 4:1)
+LLAMA_CONFIG = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+}
+
+
+def plan(capsys, tmp_path, *overrides):
+    """(exit status, the JSON's configurations, the terminal text, stderr) of `python -m dsexp.plan` in-process."""
+    out = tmp_path / "plan.json"
+    status = main(["--json", str(out), *overrides])
+    text = capsys.readouterr()
+    entries = json.loads(out.read_text())["configurations"] if out.is_file() else []
+    return status, entries, text.out, text.err
+
+
+def config_folder(tmp_path: Path, **changes) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir(exist_ok=True)
+    cfg = {k: v for k, v in {**LLAMA_CONFIG, **changes}.items() if v is not None}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def test_the_plan_of_a_run_equals_the_reports_prediction_after_it_to_the_byte(tiny_sweep, capsys, tmp_path, cache_dir):
+    """The session's tiny sweep (tp=1,2, CPU) ran; the plan of the same overrides, from the config alone, says what the
+    report says of each run: weights, reserve, KV cache, host per rank, and every term above the weights."""
+    os.environ["DSEXP_CACHE"] = str(cache_dir)  # the plan finds the checkpoint the run wrote (its file sizes)
+    try:
+        status, entries, _, _ = plan(capsys, tmp_path, "-m", "tp=1,2", "load=eager", "model=tiny", "device=cpu")
+    finally:
+        os.environ.pop("DSEXP_CACHE", None)
+    assert status == 0
+    by_tp = {e["tp"]: e for e in entries}
+    results = sweep_results(tiny_sweep[1])
+    assert sorted(by_tp) == sorted(r["config"]["tp"] for r in results) == [1, 2]
+    for result in results:
+        entry, pred = by_tp[result["config"]["tp"]], report_prediction(result)
+        [w] = workloads_of(result["config"])
+        terms = cap.above_weights(pred.dims, pred.strategy, pred.tp, w)
+        for r, rank in enumerate(entry["per_rank"]):
+            assert rank["weights_bytes"] == pred.weights[r] and rank["reserve_bytes"] == pred.weights[r]  # CPU
+            assert (rank["host_private_bytes"], rank["host_mapped_bytes"]) == (pred.host.anon[r], pred.host.file[r])
+            point = rank["points"][0]
+            assert (point["batch"], point["prompt_tokens"], point["new_tokens"]) == (
+                w.batch,
+                w.prompt_tokens,
+                w.new_tokens,
+            )
+            assert {k: v[r] for k, v in terms.items()} == {k: point[f"{k}_bytes"] for k in terms}
+            assert point["above_weights_bytes"] == sum(v[r] for v in terms.values()) > 0
+
+
+def test_a_folder_holding_only_config_json_is_planned_with_its_largest_batch_on_a_named_card(capsys, tmp_path):
+    folder = config_folder(tmp_path)
+    status, [entry], text, _ = plan(
+        capsys, tmp_path, "model=local", f"model.path={folder}", "tp=2", "gpu=a100_40gb",
+        "generate.prompt_tokens=[512,2048]",
+    )  # fmt: skip
+    assert status == 0 and entry["status"] == "predicted" and entry["device"] == "cuda"
+    params = 32000 * 3072 * 2 + 26 * (3072 * 3072 * 2 + 2 * 3072 * 1024 + 3 * 3072 * 8192 + 2 * 3072) + 3072
+    assert 0 <= entry["model_bytes"] - 2 * params <= 1024  # bf16 parameters, from the config alone; + RoPE's inv_freq
+    ranks = entry["per_rank"]
+    assert ranks[0]["weights_sharded_bytes"] + ranks[0]["weights_replicated_bytes"] == ranks[0]["weights_bytes"]
+    assert ranks[0]["weights_bytes"] < entry["model_bytes"] * 0.6  # AutoTP halves the layers
+    assert ranks[0]["cuda_context_bytes"] > 0 and ranks[0]["communicator_bytes"] > 0  # NCCL between 2 GPUs
+    fits = entry["largest_batch"]
+    assert set(fits) == {"512", "2048"} and fits["512"]["largest_batch"] > fits["2048"]["largest_batch"] > 0
+    assert entry["gpu_bytes"] == int(39.39 * 2**30)
+    for point in ranks[0]["points"]:
+        assert point["peak_bytes"] > point["above_weights_bytes"] + ranks[0]["reserve_bytes"]
+    assert "largest batch on a 39.39 GiB GPU" in text and "L=2048" in text
+
+
+def test_a_sweep_over_tp_load_and_trim_is_planned_configuration_by_configuration(capsys, tmp_path):
+    status, entries, text, _ = plan(
+        capsys, tmp_path, "-m", "model=tiny", "tp=1,2", "load=eager,meta,sharded", "trim=none,all", "budget.gpu_gib=1"
+    )
+    assert status == 0 and len(entries) == 12 and all(e["status"] == "predicted" for e in entries)
+    assert len({tuple(e["overrides"]) for e in entries}) == 12
+    host = {(e["tp"], e["load"]): e["host"]["node_private_bytes"] for e in entries}
+    tp2 = [e for e in entries if e["tp"] == 2]
+    trimmed = {(e["load"], "trim=all" in e["overrides"]): max(r["weights_bytes"] for r in e["per_rank"]) for e in tp2}
+    assert trimmed[("eager", True)] < trimmed[("eager", False)]  # the trims shard the head and embedding
+    assert host[(2, "meta")] >= 0 and "all configurations" in text
+
+
+def test_without_m_a_sweep_is_refused_as_hydra_refuses_it(capsys, tmp_path):
+    status, entries, _, err = plan(capsys, tmp_path, "tp=1,2")
+    assert status == 2 and not entries and "tp=1,2" in err and "-m" in err
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["model=config", "model.arch=lama"], "'lama' is neither a dsexp preset"),
+        (["tp=3", "model=tiny", "engine=hf_tp"], "tp=3 must divide the model's"),
+        (["model=tiny", "generate.batch_size=abc"], "generate.batch_size='abc': must be a whole number"),
+        (["model=tiny", "gpu=h100"], "choose one of: a100_40gb"),
+    ],
+)
+def test_bad_input_is_refused_with_the_key_and_what_is_accepted(capsys, tmp_path, overrides, needle):
+    status, entries, _, err = plan(capsys, tmp_path, *overrides)
+    assert status == 2 and not entries and needle in err, err
+
+
+@pytest.mark.parametrize(
+    "changes, needle",
+    [
+        ({"model_type": "llamma"}, "model_type='llamma' is not one of transformers'"),
+        ({"hidden_size": None}, "has no hidden_size: the memory model needs"),
+    ],
+)
+def test_a_config_json_the_model_cannot_read_is_refused_naming_the_key(capsys, tmp_path, changes, needle):
+    folder = config_folder(tmp_path, **changes)
+    status, entries, _, err = plan(capsys, tmp_path, "model=local", f"model.path={folder}")
+    assert status == 2 and not entries and needle in err, err
+
+
+def test_a_configuration_the_model_has_no_rule_for_is_listed_and_the_others_predicted(capsys, tmp_path):
+    """InternLM2 under kernel injection: DeepSpeed has no policy and AutoTP refuses it without one (its own assert):
+    that configuration says why, the other is predicted."""
+    status, entries, text, _ = plan(
+        capsys, tmp_path, "-m", "model=internlm2_tiny", "engine.injection_policy=null,infer", "tp=2"
+    )
+    assert status == 0
+    by = {e["status"]: e for e in entries}
+    assert set(by) == {"predicted", "not_predicted"} and by["not_predicted"]["reason"]
+    assert "not predicted:" in text
