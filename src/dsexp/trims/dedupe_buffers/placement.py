@@ -4,9 +4,13 @@ the model built with real buffers), and those buffers' placements, which take no
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import os
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from dsexp.core.fs import write_json_atomic
 from dsexp.predict import architecture as arch
 from dsexp.predict.placements import Placement
 from dsexp.trims.dedupe_buffers import TRAITS, duplicate_buffers
@@ -20,8 +24,35 @@ def shared_buffers(source: Dict[str, Any], s) -> Optional[Dict[str, str]]:
 def duplicates(source: Dict[str, Any], dtype: str) -> Dict[str, str]:
     """{buffer name: the first identical one} among the model's non-persistent buffers, by the rule the ranks share
     them by. The model is built with real buffers (parameters on meta) and their values compared: this costs the
-    buffers' memory while it runs (0.75 GiB at InternLM2-20B shapes)."""
-    return dict(_duplicates(json.dumps(source, sort_keys=True), dtype))
+    buffers' memory and time while it runs (0.75 GiB and ~10 s on 2 cores at InternLM2-20B shapes), so the answer is
+    kept on disk once per model (`kept`): a plan asks again in milliseconds."""
+    key = json.dumps(source, sort_keys=True)
+    path = kept(key, dtype, source)
+    if path is not None and path.is_file():
+        return dict(json.loads(path.read_text()))
+    found = dict(_duplicates(key, dtype))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, found, fsync=False)
+    return found
+
+
+def kept(key: str, dtype: str, source: Dict[str, Any]) -> Optional[Path]:
+    """Where the comparison's answer for this model is kept: dsexp's cache folder (DSEXP_CACHE, else
+    ~/.cache/dsexp), keyed by the source, the dtype and the content of its code and config.json (a folder's, or a
+    preset's shipped code); None where that content cannot be read."""
+    from dsexp.models.presets import code_digest, folder_digest
+
+    try:
+        if "folder" in source:
+            content = folder_digest(source["folder"])
+        else:
+            content = code_digest(source.get("arch"), source.get("config_path"))
+    except OSError:
+        return None
+    digest = hashlib.sha1(f"{key}|{dtype}|{content}".encode()).hexdigest()[:16]
+    root = Path(os.environ.get("DSEXP_CACHE") or Path.home() / ".cache" / "dsexp").expanduser()
+    return root / "buffers" / f"{digest}.json"
 
 
 @functools.lru_cache(maxsize=16)
