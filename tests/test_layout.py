@@ -150,6 +150,36 @@ def test_upward_sees_a_family_reaching_up_even_for_a_type():
     assert "dsexp.analysis" in imported_names(tree)  # a type-only import is read as an import
 
 
+def reaching(graph: Dict[str, Set[str]], source: str, target: str) -> List[str]:
+    """The imports by a module of package `source` (itself included) of a module of package `target`."""
+    under = lambda mod, package: mod == package or mod.startswith(package + ".")  # noqa: E731
+    return sorted(
+        f"{mod} -> {dep}" for mod, deps in graph.items() if under(mod, source) for dep in deps if under(dep, target)
+    )
+
+
+def test_the_trims_never_import_the_engines():
+    """The engines import the trims (their rank code and placement rules call the trims'), never the other way, not
+    even lazily or for a type: where a trim's rule needs an engine's traits, the engine hands them in
+    (dsexp.trims.base.TrimTraits.engine_problem, asked by dsexp.engines.base.EngineTraits.check)."""
+    assert not reaching(import_graph(), "dsexp.trims", "dsexp.engines")
+    assert reaching(import_graph(), "dsexp.engines", "dsexp.trims")  # the one direction there is
+
+
+def test_reaching_sees_a_trim_importing_an_engine():
+    graph = {
+        "dsexp.trims.base": {"dsexp.core.gates", "dsexp.engines"},
+        "dsexp.trims.shard_head.placement": {"dsexp.engines.init_inference.placement"},
+        "dsexp.trims": {"dsexp.trims.base"},
+        "dsexp.engines.base": {"dsexp.trims"},
+        "dsexp.trimsx": {"dsexp.engines"},  # another package whose name starts alike
+    }
+    assert reaching(graph, "dsexp.trims", "dsexp.engines") == [
+        "dsexp.trims.base -> dsexp.engines",
+        "dsexp.trims.shard_head.placement -> dsexp.engines.init_inference.placement",
+    ]
+
+
 def test_family_traits_import_without_torch():
     """Validation, the report and the ranks' registry lookups read the families' traits: torch-free at import."""
     code = (

@@ -18,6 +18,7 @@ from dsexp.analysis import measured as m
 from dsexp.analysis import user_script
 from dsexp.core.result import JobRecord
 from dsexp.core.schema import EngineConfig
+from dsexp.engines import ENGINES
 from dsexp.predict.weights_per_rank import Prediction
 from dsexp.trims.world_group import TRAITS as WORLD_GROUP
 
@@ -526,7 +527,7 @@ def outside_allocator(f: RunFacts) -> List[Finding]:
     eng, trim = cfg.get("engine") or {}, cfg.get("trim") or {}
     if (
         int(cfg.get("tp") or 1) > 1
-        and WORLD_GROUP.applies_to(eng.get("name", EngineConfig.name), bool(eng.get("kernel_inject")))
+        and WORLD_GROUP.applies_to(ENGINES.get(eng.get("name", EngineConfig.name)), bool(eng.get("kernel_inject")))
         and not trim.get(WORLD_GROUP.key)
         and (parts.get("engine") or 0) >= OWN_GROUP
     ):

@@ -2,7 +2,8 @@
 engine's traits and validation (`__init__.py`), its rank-side class (`rank.py`) and its rule in the memory model
 (`placement.py`); dsexp.engines.base says what each part provides.
 
-The registry is built from the folders: ENGINES, {name: traits}, for validation, the memory model and the matrix;
+The registry is built from the folders: ENGINES, {name: traits} (dsexp.engines.base.FAMILY, filled here), for
+validation, the memory model and the matrix;
 `part` imports a member's rank.py (on ranks) or placement.py (in the analysis) by the engine's name."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pkgutil
 from types import ModuleType
 from typing import Dict
 
-from dsexp.engines.base import EngineTraits
+from dsexp.engines.base import FAMILY, EngineTraits
 
 
 def _members() -> Dict[str, EngineTraits]:
@@ -20,7 +21,8 @@ def _members() -> Dict[str, EngineTraits]:
     return {m.TRAITS.name: m.TRAITS for m in members}
 
 
-ENGINES: Dict[str, EngineTraits] = _members()
+FAMILY.update(_members())
+ENGINES: Dict[str, EngineTraits] = FAMILY
 
 
 def traits(name: str) -> EngineTraits:

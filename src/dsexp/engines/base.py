@@ -1,4 +1,5 @@
-"""The engines family's interface (`engine=` group): what an engine declares of itself, on the standard library alone.
+"""The engines family's interface (`engine=` group): what an engine declares of itself, on the standard library,
+dsexp.core and the trims' traits alone.
 
 A member is one folder, dsexp/engines/<name>/, selected by conf/engine/<name>.yaml:
 - `__init__.py`: TRAITS, an EngineTraits (or a subclass carrying the engine's own validation rules and its version
@@ -6,8 +7,9 @@ A member is one folder, dsexp/engines/<name>/, selected by conf/engine/<name>.ya
 - `rank.py`: ENGINE, the class that wraps the model on a rank (a dsexp.engines.rank.Engine); imported on ranks only;
 - `placement.py`: `place`, the engine's rule in the memory model (a dsexp.predict.placements.Placer); imported by
   the family's dispatch (dsexp.engines.placement) only.
-The registry (dsexp.engines) is built from the folders. The injection policy the AutoTP engines apply is resolved
-here, once, for the ranks and the memory model alike.
+The registry (dsexp.engines) is built from the folders into FAMILY below. The injection policy the AutoTP engines
+apply is resolved here, once, for the ranks and the memory model alike. The engines import the trims, never the other
+way: an engine's check asks each trim switched on whether it can act under it, handing it the engine's traits.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 from dsexp.core.gates import VersionGate
+from dsexp.core.schema import ConfigError
+from dsexp.trims import TRIMS
 
 if TYPE_CHECKING:
     from dsexp.core.schema import JobConfig
@@ -34,6 +38,16 @@ class EngineTraits:
     gate: Optional[VersionGate] = None  # what it needs of the ranks' software
 
     def check(self, spec: "JobConfig") -> None:
+        """Raise ConfigError where a pipeline job cannot run under this engine: its own rules (`rules`), then each
+        trim switched on that cannot act under it (an AutoTP-only trim: see dsexp.trims.base)."""
+        self.rules(spec)
+        for trim in TRIMS.values():
+            if getattr(spec.trim, trim.key, False):
+                problem = trim.engine_problem(self, spec.engine.kernel_inject, FAMILY)
+                if problem:
+                    raise ConfigError(problem)
+
+    def rules(self, spec: "JobConfig") -> None:
         """The engine's own rules on a pipeline job, beyond what the traits say (raise ConfigError)."""
 
     def device_problem(self, spec: "JobConfig", device: str) -> Optional[str]:
@@ -43,6 +57,12 @@ class EngineTraits:
     def shared_gpu_problem(self, spec: "JobConfig") -> Optional[str]:
         """Why the engine cannot run with ranks sharing a GPU; None: it can."""
         return None
+
+
+# Every engine, {name: traits}: dsexp.engines fills it from its folders when the package is imported (Python imports a
+# package before any of its modules, this one included) and serves it as ENGINES. Held here so that `check` can name
+# the engines that take a trim without importing the registry above it.
+FAMILY: Dict[str, EngineTraits] = {}
 
 
 # --- the injection policy (engine.injection_policy) ---------------------------------------------------------------

@@ -20,7 +20,7 @@ SHARED_GPU_REFUSED = (
 
 
 class HfTPTraits(EngineTraits):
-    def check(self, spec) -> None:
+    def rules(self, spec) -> None:
         """transformers' TP shards only what the model's own plan names; without a plan it refuses at load."""
         if spec.tp == 1:
             return
