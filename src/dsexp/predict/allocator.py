@@ -1,4 +1,5 @@
-"""What PyTorch's CUDA caching allocator reserves to hold a rank's weights: its segments, not the tensors' bytes.
+"""PyTorch's CUDA caching allocator, replayed: what it reserves for a rank's weights, and for a generate's
+allocations with their frees, under a cap (where it runs out of memory while free bytes sit in blocks too small).
 
 The allocator rounds every request to 512 bytes and takes memory from the driver in segments: 2 MiB for requests
 up to 1 MiB (the small pool, shared by many), 20 MiB for requests between 1 and 10 MiB (the rest of the segment
@@ -6,6 +7,12 @@ serves later requests of that size class), and the request rounded up to 2 MiB a
 best-fit within its pool and split where more than 1 MiB (large pool) or 512 bytes (small pool) would be left;
 otherwise the whole block is handed out. These are the rules of c10's CUDACachingAllocator (unchanged from torch
 1.x to 2.11) without `expandable_segments` or `max_split_size_mb`.
+
+Freed blocks return to their pool and merge with free neighbours of their segment. A request that finds no block
+and no room under the cap (set_per_process_memory_fraction) makes the allocator free its cached whole segments and
+try once more; then it runs out of memory. With `expandable_segments` each pool is one segment of virtual addresses
+that maps pages as it grows (2 MiB in the small pool, 20 MiB in the large one, c10's kSmallBuffer / kLargeBuffer) and
+unmaps the free pages when it runs out. `Allocator` replays such a sequence (`Event`s).
 
 Nothing is freed while the weights are placed, so replaying the allocations in the order the engine makes them
 gives the reserve exactly: on the H200, AutoTP at internlm2_20b_shapes, tp=2, 4 and 8, trimmed and not, the
@@ -17,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 MIN_BLOCK = 512
 SMALL_REQUEST = 1 << 20  # the largest request served from the small pool
@@ -50,42 +57,232 @@ def splits_off(tail: int, small: bool) -> bool:
     return tail >= MIN_BLOCK if small else tail > SMALL_REQUEST
 
 
-def replay(sizes: Iterable[int], expandable: bool = False) -> Reserve:
-    """The allocator's reserve after these allocations, made in this order and none freed (sizes <= 0 skipped).
+@dataclass
+class Block:
+    addr: int
+    size: int
+    segment: "Segment"
+    free: bool = True
+    mapped: bool = True  # expandable segments: pages behind it (False: address space only)
+    prev: Optional["Block"] = None
+    next: Optional["Block"] = None
 
-    expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): each pool is one segment that maps 2 MiB pages
-    as it grows, so nothing is left in half-used segments: the reserve is the requests rounded, then to 2 MiB
-    pages per pool."""
-    if expandable:
-        return _replay_expandable(sizes)
-    free: dict = {True: [], False: []}  # small pool?: sorted free block sizes
-    reserved = allocated = 0
-    for size in sizes:
-        if size <= 0:
-            continue
+
+@dataclass
+class Segment:
+    small: bool
+    expandable: bool = False
+
+
+class OutOfMemory(Exception):
+    def __init__(self, index: int, request: int, state: "Replay"):
+        super().__init__(
+            f"event {index}: {request} bytes requested with {state.allocated} allocated and "
+            f"{state.reserved - state.allocated} reserved but unallocated under a cap of {state.cap}"
+        )
+        self.index, self.request = index, request
+
+
+@dataclass
+class Replay:
+    """The allocator's figures over a replay (bytes)."""
+
+    cap: Optional[int]
+    reserved: int = 0
+    allocated: int = 0
+    peak_reserved: int = 0
+    peak_allocated: int = 0
+    oom: Optional[Tuple[int, int]] = None  # (event index, bytes requested) where it ran out of memory
+
+    def note(self) -> None:
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+
+
+Event = Tuple[str, int, int]  # ("alloc", id, bytes) or ("free", id, 0)
+
+
+class Allocator:
+    """c10's CUDACachingAllocator for one stream: best fit within a pool, blocks split and merged, segments from the
+    driver (or pages mapped, with expandable segments) under an optional cap. Its figures are `state`."""
+
+    def __init__(self, cap: Optional[int] = None, expandable: bool = False):
+        self.state = Replay(cap)
+        self.expandable = expandable
+        self.pools: Dict[bool, List[Tuple[int, int, int]]] = {True: [], False: []}  # small?: sorted (size, addr, id)
+        self.blocks: Dict[int, Block] = {}  # id(block) -> block, for the free lists
+        self.live: Dict[int, Block] = {}  # an event's id -> its block
+        self.next_addr = 0
+        self.space: Dict[bool, Block] = {}  # expandable: each pool's segment, from its first block
+
+    def malloc(self, size: int, index: int = 0) -> Block:
         n = round_request(size)
         small = n <= SMALL_REQUEST
-        pool = free[small]
-        i = bisect.bisect_left(pool, n)
-        if i < len(pool):
-            block = pool.pop(i)
-        else:
-            block = segment_for(n)
-            reserved += block
-        tail = block - n
-        if splits_off(tail, small):
-            bisect.insort(pool, tail)
-            allocated += n
-        else:
-            allocated += block
-    return Reserve(reserved, allocated)
+        block = self._best_fit(small, n) or self._grow(small, n)
+        if block is None:
+            self._release()
+            block = self._best_fit(small, n) or self._grow(small, n)
+        if block is None:
+            self.state.oom = (index, n)
+            raise OutOfMemory(index, n, self.state)
+        self._split(block, n, small)
+        block.free = False
+        self.state.allocated += block.size
+        self.state.note()
+        return block
+
+    def free(self, block: Block) -> None:
+        block.free = True
+        self.state.allocated -= block.size
+        for other in (block.prev, block.next):
+            if other is not None and other.free and other.mapped:
+                block = self._merge(block, other)
+        self._insert(block)
+
+    def run(self, events: Sequence[Event]) -> Replay:
+        """Replay allocations and frees in order; stops at the first that runs out of memory (state.oom)."""
+        for i, (kind, key, size) in enumerate(events):
+            if kind == "alloc":
+                if size <= 0:
+                    continue
+                try:
+                    self.live[key] = self.malloc(size, i)
+                except OutOfMemory:
+                    break
+            elif key in self.live:
+                self.free(self.live.pop(key))
+        return self.state
+
+    def _best_fit(self, small: bool, n: int) -> Optional[Block]:
+        pool = self.pools[small]
+        i = bisect.bisect_left(pool, (n, -1, -1))
+        if i == len(pool):
+            return None
+        _, _, bid = pool.pop(i)
+        return self.blocks.pop(bid)
+
+    def _insert(self, block: Block) -> None:
+        self.blocks[id(block)] = block
+        bisect.insort(self.pools[block.segment.small], (block.size, block.addr, id(block)))
+
+    def _remove(self, block: Block) -> None:
+        pool = self.pools[block.segment.small]
+        i = bisect.bisect_left(pool, (block.size, block.addr, id(block)))
+        if i < len(pool) and pool[i][2] == id(block):
+            pool.pop(i)
+            self.blocks.pop(id(block), None)
+
+    def _fits_cap(self, more: int) -> bool:
+        return self.state.cap is None or self.state.reserved + more <= self.state.cap
+
+    def _grow(self, small: bool, n: int) -> Optional[Block]:
+        """A new segment from the driver holding the request, or (expandable) pages mapped at the pool's end."""
+        if self.expandable:
+            return self._map(small, n)
+        size = segment_for(n)
+        if not self._fits_cap(size):
+            return None
+        self.state.reserved += size
+        self.state.note()
+        block = Block(self.next_addr, size, Segment(small))
+        self.next_addr += size
+        return block
+
+    def _map(self, small: bool, n: int) -> Optional[Block]:
+        page = SMALL_SEGMENT if small else LARGE_SEGMENT
+        if small not in self.space:
+            self.space[small] = Block(0, 1 << 62, Segment(small, expandable=True), mapped=False)
+        hole, start = self.space[small], None
+        while hole is not None:  # the lowest unmapped stretch that, with a free mapped block before it, holds n
+            if hole.free and not hole.mapped:
+                start = hole.prev if hole.prev is not None and hole.prev.free and hole.prev.mapped else hole
+                if hole.size + (start.size if start is not hole else 0) >= n:
+                    break
+            hole = hole.next
+        need = max(0, n - (start.size if start is not hole else 0))
+        grow = page * -(-need // page)
+        if not self._fits_cap(grow):
+            return None
+        self.state.reserved += grow
+        self.state.note()
+        mapped = Block(hole.addr, grow, hole.segment, mapped=True, prev=hole.prev, next=hole)
+        if hole.prev is not None:
+            hole.prev.next = mapped
+        hole.prev, hole.addr, hole.size = mapped, hole.addr + grow, hole.size - grow
+        if hole is self.space[small]:
+            self.space[small] = mapped
+        if start is not hole:
+            self._remove(start)
+            mapped = self._merge(mapped, start)
+        return mapped
+
+    def _split(self, block: Block, n: int, small: bool) -> None:
+        tail = block.size - n
+        if not splits_off(tail, small):
+            return
+        rest = Block(block.addr + n, tail, block.segment, prev=block, next=block.next)
+        if block.next is not None:
+            block.next.prev = rest
+        block.next, block.size = rest, n
+        self._insert(rest)
+
+    def _merge(self, block: Block, other: Block) -> Block:
+        """`other` (a free neighbour, out of its pool) folded into `block`."""
+        self._remove(other)
+        first, second = (block, other) if block.addr < other.addr else (other, block)
+        first.size += second.size
+        first.next = second.next
+        if second.next is not None:
+            second.next.prev = first
+        if self.expandable and self.space.get(first.segment.small) is second:
+            self.space[first.segment.small] = first
+        return first
+
+    def _release(self) -> None:
+        """What c10 does before it gives up: free cached segments no tensor uses (expandable: unmap free pages)."""
+        for small, pool in self.pools.items():
+            for _, _, bid in list(pool):
+                block = self.blocks[bid]
+                if self.expandable:
+                    self._unmap(block, SMALL_SEGMENT if small else LARGE_SEGMENT)
+                elif block.prev is None and block.next is None:
+                    self._remove(block)
+                    self.state.reserved -= block.size
+
+    def _unmap(self, block: Block, page: int) -> None:
+        lo, hi = -(-block.addr // page) * page, (block.addr + block.size) // page * page
+        if hi <= lo:
+            return
+        self._remove(block)
+        self.state.reserved -= hi - lo
+        pieces = [(block.addr, lo - block.addr, True), (lo, hi - lo, False), (hi, block.addr + block.size - hi, True)]
+        prev, after = block.prev, block.next
+        made = []
+        for addr, size, mapped in pieces:
+            if size > 0:
+                made.append(Block(addr, size, block.segment, mapped=mapped))
+        for a, b in zip([prev] + made, made + [after]):
+            if a is not None:
+                a.next = b
+            if b is not None:
+                b.prev = a
+        for piece in made:
+            if piece.mapped:
+                self._insert(piece)
+        if self.space.get(block.segment.small) is block:
+            self.space[block.segment.small] = made[0]
+        hole = next(p for p in made if not p.mapped)
+        for a, b in ((hole, hole.next), (hole.prev, hole)):  # one unmapped stretch
+            if a is not None and b is not None and not a.mapped and not b.mapped and a.free and b.free:
+                a.size += b.size
+                a.next = b.next
+                if b.next is not None:
+                    b.next.prev = a
+                hole = a
 
 
-def _replay_expandable(sizes: Iterable[int]) -> Reserve:
-    pools = {True: 0, False: 0}  # small pool?: bytes of its requests, rounded
-    for size in sizes:
-        if size > 0:
-            n = round_request(size)
-            pools[n <= SMALL_REQUEST] += n
-    reserved = sum(ROUND_LARGE * -(-b // ROUND_LARGE) for b in pools.values())
-    return Reserve(reserved, sum(pools.values()))
+def replay(sizes: Iterable[int], expandable: bool = False) -> Reserve:
+    """The allocator's reserve after these allocations, made in this order and none freed (sizes <= 0 skipped)."""
+    allocator = Allocator(expandable=expandable)
+    state = allocator.run([("alloc", i, s) for i, s in enumerate(sizes)])
+    return Reserve(state.reserved, state.allocated)
