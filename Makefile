@@ -62,7 +62,7 @@ bench-slurm: $(NEED)  ## SLURM's submit-to-start time per dsexp job on a throwaw
 	$(RUN) benchmarks/slurm.py
 
 benchmark: $(NEED)  ## one benchmark of benchmarks/: NAME=packing ARGS="--jobs 4" (NAME= lists them)
-	@if [ -z "$(NAME)" ]; then ls benchmarks/*.py | sed 's#benchmarks/##; s#\.py$$##'; else $(RUN) benchmarks/$(NAME).py $(ARGS); fi
+	@if [ -z "$(NAME)" ]; then ls benchmarks/*.py | sed 's#benchmarks/##; s#\.py$$##' | grep -vx common; else $(RUN) benchmarks/$(NAME).py $(ARGS); fi
 
 campaign: $(NEED)  ## remake a results folder: NAME=shared [ARGS="--dry-run" or "--only autotp2"] (NAME= lists them)
 	$(RUN) -m dsexp.campaign $(if $(NAME),$(NAME),--list) $(ARGS)

@@ -27,7 +27,7 @@ from typing import Any, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run import ROOT, dsexp, machine_name, results  # noqa: E402
+from common import ROOT, dsexp, machine_name, results  # noqa: E402
 
 from dsexp.analysis.packed import compare, render  # noqa: E402
 from dsexp.job.cluster.packing import gpu_pool  # noqa: E402

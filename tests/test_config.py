@@ -219,11 +219,11 @@ KEYS_ADDED_SINCE = {
 
 
 def test_the_benchmark_composes_what_a_job_runs():
-    """benchmarks/run.py reads the sampler's period from the composed config (it once composed without dsexp's
-    schema registered, and Hydra could not find `dsexp_schema`)."""
+    """`make bench`'s benchmarks read the sampler's period from the composed config (benchmarks/common.py; it once
+    composed without dsexp's schema registered, and Hydra could not find `dsexp_schema`)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
+    spec = importlib.util.spec_from_file_location("bench_common", ROOT / "benchmarks" / "common.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     composed = bench.compose("tiny")
