@@ -1,0 +1,96 @@
+"""Where a capped GPU runs out of memory: the weights' allocations and a generate's (traced on the meta device,
+dsexp.predict.meta_trace), replayed with their frees through the caching allocator (dsexp.predict.allocator.Allocator)
+under the cap, default or with expandable segments.
+
+The allocated bytes (dsexp.predict.capacity) say what a batch holds at its peak; the allocator decides whether the
+free bytes it holds come in blocks large enough. On the H200 (llama_20b_shapes, tp=1, prompt 2048 + 8 new tokens,
+capped at 48 GiB: results/h200/fragmentation) the replay put the last batch that fits at 14 with the default allocator
+and 16 with expandable segments, as measured; the allocated bytes alone said 16 for both.
+
+A rank of a tensor-parallel engine runs code that the meta device does not trace here (DeepSpeed's sliced layers
+and all-reduces): only tp=1 is replayed (`replayable`); the others keep the allocated-bytes answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from dsexp.predict.allocator import Allocator, Replay
+from dsexp.predict.meta_trace import CUBLAS_WORKSPACE, generate_events
+
+
+@dataclass
+class Probe:
+    """One batch replayed: whether it fits the cap, and the allocator's peaks (uncapped where it does not fit)."""
+
+    batch: int
+    fits: bool
+    peak_reserved: int
+    peak_allocated: int
+    request: Optional[int] = None  # the request that found no room (out of memory)
+
+
+def apply_order(model) -> List[int]:
+    """The bytes of each tensor in the order `module.to(device)` / `to_empty` allocates them: children first, then
+    each module's own parameters and buffers (tied tensors once)."""
+    seen, out = set(), []
+
+    def walk(module) -> None:
+        for child in module.children():
+            walk(child)
+        for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            if id(t) not in seen:
+                seen.add(id(t))
+                out.append(t.untyped_storage().nbytes())
+
+    walk(model)
+    return out
+
+
+def replayable(strategy, tp: int) -> Optional[str]:
+    """Why this configuration's generate is not replayed (None: it is)."""
+    if tp > 1:
+        return "tensor-parallel ranks are not traced on the meta device yet"
+    if getattr(strategy, "kernel_inject", False):
+        return "kernel injection runs DeepSpeed's kernels and workspace, not traced"
+    return None
+
+
+def probe(
+    model, weights: List[int], batch: int, prompt: int, new: int, cap: int, expandable: bool = False, kept: int = 0
+) -> Probe:
+    """Replay the weights, then `kept` bytes held from before (cuBLAS's workspace of an earlier call), then one
+    generate of `batch` x `prompt` + `new`, under `cap`."""
+    events = [("alloc", ("w", i), n) for i, n in enumerate(weights)]
+    if kept:
+        events.append(("alloc", "kept", kept))
+    events += generate_events(model, batch, prompt, new, workspace=0 if kept else CUBLAS_WORKSPACE)
+    capped: Replay = Allocator(cap, expandable).run(events)
+    if capped.oom is None:
+        return Probe(batch, True, capped.peak_reserved, capped.peak_allocated)
+    free = Allocator(None, expandable).run(events)
+    return Probe(batch, False, free.peak_reserved, free.peak_allocated, capped.oom[1])
+
+
+def largest_batch(
+    model, weights: List[int], prompt: int, new: int, cap: int, start: int, expandable: bool = False, top: int = 4096
+) -> Tuple[int, List[Probe]]:
+    """The largest batch whose replay fits `cap`, searched from `start` (the allocated bytes' answer: fragmentation
+    only lowers it, so the walk is usually down, one replay a batch): (batch, the probes made)."""
+    probes: List[Probe] = []
+
+    def fits(b: int) -> bool:
+        probes.append(probe(model, weights, b, prompt, new, cap, expandable))
+        return probes[-1].fits
+
+    b = max(1, min(start, top))
+    if fits(b):
+        while b < top and fits(b + 1):
+            b += 1
+        return b, probes
+    while b > 1:
+        b -= 1
+        if fits(b):
+            return b, probes
+    return 0, probes

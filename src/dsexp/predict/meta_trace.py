@@ -1,0 +1,137 @@
+"""The allocations a generate makes, in order, with their frees, traced on the meta device: no GPU, no real memory.
+
+The model is built on the meta device (predict.architecture) and transformers' own `generate` runs on it as dsexp's
+ranks call it (greedy, min_new_tokens = new tokens; dsexp.rank.generation.call_generate) under a dispatch mode that
+records every new storage an op makes (its bytes) and, through a finaliser on that storage, the moment it is freed:
+the order the caching allocator sees on a GPU. What the meta device cannot say is supplied where a GPU differs:
+- data-dependent scalars (`.item()`, `.any()` of a stop check) read as 0 / False, and the loop runs exactly the new
+  tokens (its stop check counted, as min_new_tokens makes it on a GPU);
+- `scaled_dot_product_attention` has no fused kernel on meta (it decomposes into the scores): on a GPU the flash or
+  memory-efficient kernel allocates its output and the log-sum-exp (B x heads x L, fp32) only, so that is recorded;
+- cuBLAS's workspace is allocated through the caching allocator at the first matrix product and kept.
+The events replay through dsexp.predict.allocator.Allocator after the weights' own allocations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any, Iterator, List, Tuple
+
+from dsexp.predict.capacity import CUBLAS_WORKSPACE
+
+Event = Tuple[str, int, int]  # ("alloc", key, bytes) | ("free", key, 0)
+GEMMS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default")
+
+
+def recorder():
+    """A TorchDispatchMode that records storages as they are made and freed (`.events`)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self, workspace: int):
+            super().__init__()
+            self.events: List[Event] = []
+            self.live: dict = {}
+            self.workspace = workspace
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:  # a stop check or .item(): no data on meta
+                return False if args[0].dtype == torch.bool else 0
+            if self.workspace and str(func) in GEMMS:  # cuBLAS's workspace, once, before the first product
+                self.events.append(("alloc", -1, self.workspace))
+                self.workspace = 0
+            out = func(*args, **(kwargs or {}))
+            given = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self.made(t.untyped_storage(), given)
+            return out
+
+        def made(self, storage, given) -> None:
+            key = storage._cdata
+            if key in self.live or key in given:  # a view or an in-place result: no new memory
+                return
+            self.live[key] = storage.nbytes()
+            self.events.append(("alloc", key, storage.nbytes()))
+            weakref.finalize(storage, self.freed, key)
+
+        def freed(self, key: int) -> None:
+            if self.live.pop(key, None) is not None:
+                self.events.append(("free", key, 0))
+
+    return Recorder
+
+
+@contextlib.contextmanager
+def fused_attention() -> Iterator[None]:
+    """scaled_dot_product_attention as a GPU's fused kernels allocate it: the output and the log-sum-exp."""
+    import torch
+    import torch.nn.functional as F
+
+    original = F.scaled_dot_product_attention
+
+    def fused(q, k, v, *args, **kwargs):
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
+        del lse
+        return out
+
+    F.scaled_dot_product_attention = fused
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+@contextlib.contextmanager
+def exactly(model, steps: int) -> Iterator[None]:
+    """generate's loop runs `steps` times (its stop check reads no data on meta)."""
+    cls = type(model)
+    original = cls._has_unfinished_sequences
+    count = [0]
+
+    def unfinished(self, *args: Any, **kwargs: Any) -> bool:
+        count[0] += 1
+        return count[0] <= steps
+
+    cls._has_unfinished_sequences = unfinished
+    try:
+        yield
+    finally:
+        cls._has_unfinished_sequences = original
+
+
+def generate_events(model, batch: int, prompt_tokens: int, new_tokens: int, workspace: int = CUBLAS_WORKSPACE):
+    """The allocation events of one greedy generate of `batch` x `prompt_tokens` + `new_tokens` on a meta model."""
+    import torch
+
+    ids = torch.zeros((batch, prompt_tokens), dtype=torch.long, device="meta")
+    rec = recorder()(workspace)
+    with fused_attention(), exactly(model, new_tokens), rec, torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+        del out
+    return rec.events
+
+
+def live_peak(events: List[Event]) -> int:
+    """The most bytes the events hold at once (their own bytes, before any allocator's rounding)."""
+    sizes, live, peak = {}, 0, 0
+    for kind, key, n in events:
+        if kind == "alloc":
+            sizes[key] = n
+            live += n
+            peak = max(peak, live)
+        else:
+            live -= sizes.pop(key, 0)
+    return peak

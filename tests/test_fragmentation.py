@@ -1,0 +1,96 @@
+"""Where a capped GPU runs out: the allocator replayed with frees against what the H200 recorded, and the meta-device
+trace of a generate replayed under the cap against the brackets the H200 measured (results/h200/fragmentation:
+llama_20b_shapes, tp=1, prompt 2048 + 8 new tokens, 48 GiB)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from dsexp.predict.allocator import Allocator
+
+from helpers.run import ROOT
+
+H200 = ROOT / "results" / "h200" / "fragmentation"
+GIB, MIB = 2**30, 2**20
+LLAMA_20B = dict(
+    hidden_size=6144,
+    intermediate_size=16384,
+    num_hidden_layers=48,
+    num_attention_heads=48,
+    num_key_value_heads=8,
+    vocab_size=92544,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+)
+
+
+def measured(name: str):
+    return {p["batch"]: p for p in json.loads((H200 / name).read_text())["points"]}
+
+
+def cuda_events(batch: int):
+    """The allocator's own events the H200 recorded: the weights', then that batch's generate's."""
+    trace = json.loads(gzip.open(H200 / f"trace_b{batch}.json.gz", "rt").read())
+    out = []
+    for action, size, addr in trace["weights"] + trace["generate"]:
+        if action == "alloc":
+            out.append(("alloc", addr, size))
+        elif action == "free_requested":
+            out.append(("free", addr, 0))
+    return out
+
+
+@pytest.mark.parametrize("batch", [4, 12])
+def test_the_replay_of_what_the_h200_allocated_and_freed_reserves_what_it_reserved(batch):
+    """To the byte, once the 32 MiB cuBLAS workspace the first batch's call left allocated is counted (the traced
+    batch ran after batches 1..B-1 in the same process)."""
+    state = Allocator().run([("alloc", "cublas", 32 * MIB)] + cuda_events(batch))
+    point = measured("probe_1-24.json")[batch]
+    assert (state.peak_reserved, state.peak_allocated) == (point["reserved_peak"], point["allocated_peak"])
+
+
+def test_a_batch_after_an_out_of_memory_one_peaks_as_in_a_fresh_process():
+    """One load for the whole bisection: batches 14 (fits) and 15 (out of memory) run in a fresh process reserve the
+    same bytes as in the process that ran 1..15 in turn, releasing each out-of-memory point's cache."""
+    in_turn = measured("probe_1-24.json")
+    for batch in (14, 15):
+        fresh = measured(f"probe_{batch}.json")[batch]
+        assert (fresh["status"], fresh["reserved_peak"]) == (in_turn[batch]["status"], in_turn[batch]["reserved_peak"])
+
+
+@pytest.fixture(scope="module")
+def llama_20b():
+    from dsexp.predict import architecture as arch
+    from dsexp.predict.fragmentation import apply_order
+
+    model = arch.meta_model({"arch": "llama", "dims": LLAMA_20B}, "bf16")
+    return model, apply_order(model)
+
+
+def test_the_weights_replayed_in_to_empty_order_reserve_what_the_h200_reserved(llama_20b):
+    _, weights = llama_20b
+    weights_only = [e for e in cuda_events(4)[: len(weights)]]
+    assert (
+        Allocator().run([("alloc", i, n) for i, n in enumerate(weights)]).reserved
+        == Allocator().run(weights_only).reserved
+    )
+
+
+@pytest.mark.parametrize("expandable, last_ok, measured_file", [(False, 14, "probe_1-24.json"),
+                                                                 (True, 16, "probe_1-30_exp.json")])  # fmt: skip
+def test_the_meta_trace_replayed_under_the_cap_finds_the_bracket_the_h200_measured(
+    llama_20b, expandable, last_ok, measured_file
+):
+    """From the allocated bytes' answer (16 for both: they do not see fragmentation) the walk replays a generate per
+    batch on the meta device: the default allocator runs out at 15 with room left, expandable segments at 17."""
+    from dsexp.predict.fragmentation import largest_batch
+
+    model, weights = llama_20b
+    found, probes = largest_batch(model, weights, 2048, 8, 48 * GIB, start=16, expandable=expandable)
+    points = measured(measured_file)
+    assert found == last_ok and points[last_ok]["status"] == "ok" and points[last_ok + 1]["status"] == "oom"
+    assert len(probes) <= 3  # the prediction, and the batches next to it
+    assert all(p.fits == (points[p.batch]["status"] == "ok") for p in probes)
