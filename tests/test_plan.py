@@ -153,3 +153,16 @@ def test_a_configuration_the_model_has_no_rule_for_is_listed_and_the_others_pred
     by = {e["status"]: e for e in entries}
     assert set(by) == {"predicted", "not_predicted"} and by["not_predicted"]["reason"]
     assert "not predicted:" in text
+
+
+def test_replay_gives_the_allocators_answer_beside_the_allocated_bytes_one_where_it_can(capsys, tmp_path):
+    status, entries, text, _ = plan(
+        capsys, tmp_path, "--replay", "-m", "model=tiny", "tp=1,2", "budget.gpu_gib=0.75", "generate.prompt_tokens=256"
+    )
+    assert status == 0
+    by_tp = {e["tp"]: e["largest_batch"]["256"] for e in entries}
+    one = by_tp[1]["replayed"]
+    assert 0 < one["default"]["batch"] <= by_tp[1]["largest_batch"]  # fragmentation only lowers it
+    assert one["expandable_segments"]["batch"] > 0  # (20 MiB pages: at a 72 MiB cap not always more)
+    assert "tensor-parallel" in by_tp[2]["replayed"]["not_replayed"]
+    assert "replayed through the caching allocator" in text

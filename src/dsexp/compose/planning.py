@@ -42,6 +42,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("-m", "--multirun", action="store_true", help="expand sweeps (tp=1,2,4) as `python -m dsexp -m`")
     p.add_argument("--json", type=Path, help="write the predictions (bytes) to this file")
     p.add_argument("--markdown", type=Path, help="write the report's plan section to this file")
+    p.add_argument(
+        "--replay",
+        action="store_true",
+        help="with a GPU size: also replay each generate through the caching allocator (fragmentation; tp=1; "
+        "seconds per batch at 20B shapes)",
+    )
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m dsexp")
     return p.parse_args(list(argv))
 
@@ -105,7 +111,7 @@ def space(overrides: Sequence[str], multirun: bool) -> List[Planned]:
     ]
 
 
-def plan_one(p: Planned) -> Dict[str, Any]:
+def plan_one(p: Planned, replay: bool = False) -> Dict[str, Any]:
     """One configuration's entry: its prediction (dsexp.predict.job.plan_entry), or why it has none."""
     from dsexp.compose.budget.model import script_config
     from dsexp.engines.placement import RULES
@@ -120,7 +126,8 @@ def plan_one(p: Planned) -> Dict[str, Any]:
         pred = model.predict(config, RULES, model.Facts(device=p.spec.device, model_dir=cached_folder(p.spec)))
         if pred.error:
             return {**head, "status": "not_predicted", "reason": pred.error}
-        entry = model.plan_entry(pred, config, RULES, model.workloads_of(config), int(gib * GIB) if gib else None)
+        gpu = int(gib * GIB) if gib else None
+        entry = model.plan_entry(pred, config, RULES, model.workloads_of(config), gpu, replay)
     except Exception as e:  # a configuration the model has no rule for: said, the others still predicted
         return {**head, "status": "not_predicted", "reason": f"{type(e).__name__}: {e}"}
     return {**head, "status": "predicted", "seconds": round(time.perf_counter() - t0, 3), **entry}
@@ -147,7 +154,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except PlanError as e:
         print(f"dsexp.plan: bad config: {e}", file=sys.stderr)
         return 2
-    entries = [plan_one(p) for p in planned]
+    entries = [plan_one(p, args.replay) for p in planned]
     print(render_terminal(entries))
     if args.json:
         args.json.write_text(json.dumps({"configurations": entries}, indent=1) + "\n")

@@ -233,11 +233,13 @@ def plan_entry(
     rules: Rules,
     workloads: List[cap.Workload],
     gpu_bytes: Optional[int] = None,
+    replay: bool = False,
 ) -> Dict[str, Any]:
     """What `python -m dsexp.plan` says of one configuration, as plain data (bytes): per rank the weights by tensor
     family, their reserve, what lives outside the allocator, the host's loading cost, every workload point's terms
     (`above_weights_bytes`, `peak_bytes`, the dominant term) and, with a GPU size, the largest batch per prompt length
-    and the term that breaks the next one."""
+    and the term that breaks the next one; with `replay`, also the largest batch the caching allocator's replay of the
+    generate finds, default and with expandable segments (dsexp.predict.fragmentation)."""
     outside_terms = outside(config, pred.strategy, pred.tp, rules)
     out_bytes = sum(outside_terms.values())
     points = [at(pred, w, out_bytes) for w in workloads]
@@ -282,7 +284,35 @@ def plan_entry(
         result["largest_batch"] = {
             str(n): asdict(largest_batch(pred, n, new, int(gpu_bytes), out_bytes)) for n in lengths
         }
+        if replay:
+            for n, fit in result["largest_batch"].items():
+                fit["replayed"] = replayed(pred, config, rules, int(n), new, int(gpu_bytes) - out_bytes, fit)
     return result
+
+
+def replayed(pred: Prediction, config: Mapping[str, Any], rules: Rules, prompt: int, new: int, cap_bytes: int,
+             fit: Dict[str, Any]) -> Dict[str, Any]:  # fmt: skip
+    """The largest batch whose generate, traced on the meta device and replayed through the caching allocator after
+    the weights, fits the allocator's cap (the GPU less what lives outside it), default and with expandable segments;
+    or why it is not replayed."""
+    from dsexp.predict import fragmentation
+
+    why = fragmentation.replayable(pred.strategy, pred.tp)
+    if not str(pred.strategy.device).startswith("cuda"):
+        why = "a CPU run has no caching allocator"
+    if why or not fit["largest_batch"]:
+        return {"not_replayed": why or "not even batch 1 fits the allocated bytes"}
+    model = arch.meta_model(arch.model_source(dict(config), None), pred.strategy.dtype)
+    order = rules.allocation_order(pred.strategy.engine)
+    weights = (order(pred.placements, 0, pred.strategy) if order else None) or fragmentation.apply_order(model)
+    out: Dict[str, Any] = {}
+    for name, expandable in (("default", False), ("expandable_segments", True)):
+        batch, probes = fragmentation.largest_batch(
+            model, weights, prompt, new, cap_bytes, fit["largest_batch"], expandable
+        )
+        out[name] = {"batch": batch, "replays": len(probes), "peak_reserved_bytes": next(
+            (p.peak_reserved for p in probes if p.batch == batch), None)}  # fmt: skip
+    return out
 
 
 def point_entry(q: PointPrediction, rank: int) -> Dict[str, Any]:

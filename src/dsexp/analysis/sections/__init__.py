@@ -13,6 +13,7 @@
     weights          weights_table       weights per rank, predicted vs measured
     trims            trim_effects        each trimmed run against the same one untrimmed
     predicted        predicted_tp        the memory model at tp values not run
+    plan             plan_table          each configuration per rank and point, as `python -m dsexp.plan` predicts it
     diagnosis        run_findings        every run's findings
     plots            plot_links          the sweep's plots
     memory           memory_over_time    each run's memory against time
@@ -30,6 +31,7 @@ from dsexp.analysis.sections import (
     latency,
     matrix_table,
     memory_over_time,
+    plan_table,
     plot_links,
     predicted_tp,
     recommendation,
@@ -54,6 +56,7 @@ SECTIONS = (
     weights_table,
     trim_effects,
     predicted_tp,
+    plan_table,
     run_findings,
     plot_links,
     memory_over_time,

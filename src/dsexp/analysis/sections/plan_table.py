@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
+from dsexp.analysis.labels import config_label
 from dsexp.analysis.measured import human
+from dsexp.analysis.sections.common import ReportInputs
 
 NAME = "plan"
 TERMS = ("kv_cache", "activations_split", "activations_whole", "logits", "workspace", "cublas_workspace")
@@ -82,10 +84,24 @@ def capacity_line(entry: Dict[str, Any]) -> str:
     if not fits:
         return ""
     parts = [
-        f"L={n}: {c['largest_batch']}" + ("" if c["breaks"] == "-" else f" (the next breaks on {c['breaks']})")
+        f"L={n}: {c['largest_batch']}"
+        + ("" if c["breaks"] == "-" else f" (the next breaks on {c['breaks']})")
+        + replayed_text(c.get("replayed"))
         for n, c in fits.items()
     ]
     return f"largest batch on a {human(entry['gpu_bytes'])} GPU: " + "; ".join(parts)
+
+
+def replayed_text(r) -> str:
+    """The allocator's replay beside the allocated bytes' answer (fragmentation), where it ran."""
+    if not r:
+        return ""
+    if "not_replayed" in r:
+        return f", not replayed ({r['not_replayed']})"
+    d, e = r["default"]["batch"], r["expandable_segments"]["batch"]
+    return (
+        f", replayed through the caching allocator: {d}, or {e} with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    )
 
 
 def families_lines(entry: Dict[str, Any], markdown: bool, top: int) -> List[str]:
@@ -174,3 +190,25 @@ def render_markdown(entries: List[Dict[str, Any]]) -> str:
     for e in entries:
         out += entry_lines(e, markdown=True)
     return "\n".join(out)
+
+
+def render(inputs: ReportInputs) -> str:
+    """The sweep's own configurations as `python -m dsexp.plan` predicts them (the run's facts beside the config:
+    the checkpoint it wrote, the prompt as tokenized, the versions its ranks ran)."""
+    entries = [
+        row_entry(row)
+        for row in inputs.rows
+        if row.prediction is not None and not (row.config.get("script") or {}).get("path")
+    ]
+    return render_markdown(entries) if entries else ""
+
+
+def row_entry(row) -> Dict[str, Any]:
+    from dsexp.analysis.memory import facts_of
+    from dsexp.engines.placement import RULES
+    from dsexp.predict.job import plan_entry, workloads_of
+
+    config = dict(row.config)
+    entry = plan_entry(row.prediction, config, RULES, workloads_of(config, facts_of(row.result)))
+    return {"configuration": config_label(config), "overrides": [], "model": (config.get("model") or {}).get("name"),
+            "status": "predicted", **entry}  # fmt: skip
