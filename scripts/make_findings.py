@@ -23,6 +23,8 @@ Placeholders in the template:
   {{seed_script_table}}   what the seed's own see_memory_usage calls printed in those runs, per run
   {{shared_tp_table}}     AutoTP at 20B shapes, tp=2/4/8 shared, untrimmed and trimmed: per rank against the model
   {{seed_two_commands}}   the seed's 2- and 4-GPU commands as its main.py runs them (24 layers), beside its report
+  {{llm_analysis:SECTION}} a section of results/cpu/plan_vs_llm_analysis.md (dsexp.plan beside llm-analysis and the
+                          H200; benchmarks/plan_vs_llm_analysis.py writes it): weights, above, largest, notes
 
 Usage: `make findings` (rewrites docs/FINDINGS.md); `scripts/make_findings.py --check` fails if it is stale;
 `scripts/make_findings.py --table gpu_stacks|stack_bisect FOLDER` prints one table (the campaigns' last steps).
@@ -51,6 +53,7 @@ BISECT = ROOT / "results" / "cpu" / "stack_bisect" / "sweep"
 SHARED = ROOT / "results" / "h200" / "shared"
 SCRIPTS = ROOT / "results" / "h200" / "scripts"
 CAPACITY = ROOT / "results" / "h200" / "capacity"
+LLM_ANALYSIS = ROOT / "results" / "cpu" / "plan_vs_llm_analysis.md"
 GIB = 2**30
 PRIVATE = 0.5  # a rank "copies" when loading adds private memory of more than half the model
 
@@ -380,6 +383,15 @@ def committed_table(path: Path) -> str:
     return "\n".join(lines).strip()
 
 
+def committed_section(path: Path, name: str) -> str:
+    """The part of a committed markdown file after its `<!-- section: NAME -->` marker, up to the next marker or
+    heading."""
+    lines = path.read_text().splitlines()
+    start = lines.index(f"<!-- section: {name} -->") + 1
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith(("<!-- section:", "#"))), len(lines))
+    return "\n".join(lines[start:end]).strip()
+
+
 def render(template: str) -> str:
     def sub(m: re.Match) -> str:
         kind, _, arg = m.group(1).partition(":")
@@ -423,6 +435,8 @@ def render(template: str) -> str:
             return (ROOT / arg).read_text().strip()
         if kind == "arch_matrix":
             return committed_table(ROOT / "results" / "cpu" / "arch_matrix.md")
+        if kind == "llm_analysis":
+            return committed_section(LLM_ANALYSIS, arg)
         raise KeyError(m.group(0))
 
     return re.sub(r"\{\{([a-z_]+(?::[a-z_./]+)?)\}\}", sub, template)
