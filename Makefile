@@ -4,6 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.dsexp-installed
 SWEEP   ?= tp=1,2 load=eager
+PLAN    ?= model=internlm2_20b_shapes tp=1,2,4 load=eager,meta trim=none,all gpu=h100_80gb generate.prompt_tokens=2048
 UI_PORT ?= 5000
 BENCH   ?=
 SERVER_PORT ?= 5001
@@ -22,7 +23,7 @@ NEED := install
 endif
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: help install sweep test lint test-all test-slurm ui server bench bench-slurm benchmark campaign findings clean \
+.PHONY: help install sweep plan test lint test-all test-slurm ui server bench bench-slurm benchmark campaign findings clean \
 	slurm-up slurm-down
 
 help:  ## list the targets
@@ -40,6 +41,9 @@ $(STAMP): pyproject.toml
 
 sweep: install  ## the main job: a CPU sweep on the tiny model into multirun/ and ./mlflow.db (SWEEP="..." to change)
 	$(BIN)/python -m dsexp -m $(SWEEP)
+
+plan: install  ## predict every configuration from the config alone, no GPU (PLAN="..." overrides, -m implied)
+	$(BIN)/python -m dsexp.plan -m $(PLAN)
 
 test: install lint  ## lint, then the test suite (CPU; slow and GPU tests are skipped)
 	$(BIN)/python -m pytest

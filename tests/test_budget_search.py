@@ -253,3 +253,33 @@ def test_a_model_measured_above_a_point_is_no_floor_and_the_whole_range_is_bisec
     assert S.floor_cap(c, state) == len(batches)
     jobs = simulate(state, lambda c, b: 6 * GIB + GIB * b // 2)  # 36 fits, 37 does not
     assert S.largest_ok(c, batches) == 36 and S.runs_used(c) <= S.run_bound(64), jobs
+
+
+def test_the_allocators_replay_lowers_the_models_first_guess():
+    """The allocated bytes fit batches up to 16; the replay (fragmentation) up to 14: the first guess is 14."""
+    GIB = 2**30
+    needs = [b * GIB for b in range(1, 21)]
+    plain = S.Config("a", {}, needs)
+    replayed = S.Config("a", {}, needs, replayed=13)  # index of batch 14
+    assert S.model_largest(plain, 16 * GIB) == 15 and S.model_largest(replayed, 16 * GIB) == 13
+    assert S.model_largest(S.Config("a", {}, needs, replayed=-1), 16 * GIB) == -1
+
+
+def test_a_gpu_configuration_at_tp_1_is_replayed_before_the_search_and_a_tp_2_one_is_not():
+    from dsexp.compose.budget.model import predict_config
+
+    from helpers.run import spec_of
+
+    common = [
+        "model=tiny",
+        "device=cuda",
+        "budget.gpus=2",
+        "budget.gpu_gib=0.75",
+        "generate.prompt_tokens=256",
+        "generate.new_tokens=2",
+    ]
+    batches = list(range(1, 41))
+    one = predict_config(spec_of(*common, "tp=1", gpus=2), batches)
+    allocated = max(b for b, need in zip(batches, one.needs) if need <= 0.75 * 2**30)
+    assert one.replayed is not None and 0 < one.replayed <= allocated
+    assert predict_config(spec_of(*common, "tp=2", gpus=2), batches).replayed is None

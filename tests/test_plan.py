@@ -157,7 +157,15 @@ def test_a_configuration_the_model_has_no_rule_for_is_listed_and_the_others_pred
 
 def test_replay_gives_the_allocators_answer_beside_the_allocated_bytes_one_where_it_can(capsys, tmp_path):
     status, entries, text, _ = plan(
-        capsys, tmp_path, "--replay", "-m", "model=tiny", "tp=1,2", "budget.gpu_gib=0.75", "generate.prompt_tokens=256"
+        capsys,
+        tmp_path,
+        "--replay",
+        "-m",
+        "model=tiny",
+        "tp=1,2",
+        "budget.gpu_gib=0.75",
+        "generate.prompt_tokens=256",
+        "generate.new_tokens=2",
     )
     assert status == 0
     by_tp = {e["tp"]: e["largest_batch"]["256"] for e in entries}

@@ -77,7 +77,8 @@ def largest_batch(
     model, weights: List[int], prompt: int, new: int, cap: int, start: int, expandable: bool = False, top: int = 4096
 ) -> Tuple[int, List[Probe]]:
     """The largest batch whose replay fits `cap`, searched from `start` (the allocated bytes' answer: fragmentation
-    only lowers it, so the walk is usually down, one replay a batch): (batch, the probes made)."""
+    only lowers it, mostly by a batch or two): `start`, then the two batches below it one by one, then a bisection
+    below those (batch, the probes made)."""
     probes: List[Probe] = []
 
     def fits(b: int) -> bool:
@@ -89,8 +90,13 @@ def largest_batch(
         while b < top and fits(b + 1):
             b += 1
         return b, probes
-    while b > 1:
-        b -= 1
-        if fits(b):
-            return b, probes
-    return 0, probes
+    for below in (b - 1, b - 2):
+        if below < 1:
+            return 0, probes
+        if fits(below):
+            return below, probes
+    lo, hi = 0, b - 3  # lo fits (0: nothing needs to), hi the largest left to try
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo, probes

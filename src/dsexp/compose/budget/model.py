@@ -26,6 +26,7 @@ class Predicted:
     miss: Optional[Miss]
     terms: Dict[str, int] = field(default_factory=dict)  # the busiest rank's terms at the smallest batch
     note: Optional[str] = None  # the model could not predict this configuration (it runs anyway)
+    replayed: Optional[int] = None  # the largest batch the caching allocator's replay fits (fragmentation; tp=1)
 
 
 def outside_bytes(spec: JobConfig) -> int:
@@ -121,7 +122,28 @@ def predict_config(spec: JobConfig, batches: List[int]) -> Predicted:
         miss = Miss(breaking_term(terms, device), needs[0], device)
     elif b.host_gib is not None and host is not None and host > b.host_gib * GIB:
         miss = Miss("host (loading)", host, int(b.host_gib * GIB), where="host")
-    return Predicted(needs, host, miss, terms, "; ".join(pred.notes) or None)
+    replay = None if miss else replayed_largest(pred, spec, batches, needs, device)
+    return Predicted(needs, host, miss, terms, "; ".join(pred.notes) or None, replay)
+
+
+def replayed_largest(pred, spec: JobConfig, batches: List[int], needs: List[int], device: int) -> Optional[int]:
+    """Where the generate can be replayed through the caching allocator (dsexp's pipeline, tp=1, on a GPU), the
+    largest batch of the range it fits under the cap each rank gets (the budget less what lives outside the
+    allocator), with the allocator setting the configuration runs (trim.env); None elsewhere. It starts from the
+    allocated bytes' answer and walks down: fragmentation only lowers it (dsexp.predict.fragmentation)."""
+    from dsexp.engines.placement import RULES
+    from dsexp.predict.job import replayed
+
+    fitting = [b for b, need in zip(batches, needs) if need <= device]
+    if spec.device != "cuda" or spec.workload == "script" or not fitting:
+        return None
+    g = spec.generate
+    cap = device - outside_bytes(spec)
+    found = replayed(pred, script_config(spec), RULES, int(g.prompt_tokens), int(g.new_tokens), cap,
+                     {"largest_batch": max(fitting)})  # fmt: skip
+    if "not_replayed" in found:
+        return None
+    return found["expandable_segments" if pred.strategy.expandable_segments else "default"]["batch"]
 
 
 def need_at(spec: JobConfig, batch: int, tp: Optional[int] = None) -> Optional[int]:

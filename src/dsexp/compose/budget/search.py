@@ -66,6 +66,7 @@ class Config:
     gpus: int = 1  # GPUs it takes (its tp): fewer is better at equal batch
     one_batch: bool = False  # a job runs one batch (a user's script: its {batch_size}), never a grid in one load
     miss: Optional[Miss] = None  # predicted not to fit at all: never launched
+    replayed: Optional[int] = None  # index of the largest batch the allocator's replay fits (None: not replayed)
     points: List[Point] = field(default_factory=list)
     failed: Optional[str] = None  # a run failed for another cause than memory: not pursued
 
@@ -148,8 +149,8 @@ def gap(c: Config, s: State) -> int:
 
 
 def model_largest(c: Config, device: int, shift: int = 0) -> int:
-    """Index of the largest batch the model (shifted) says fits; -1 if none."""
-    fits = [i for i, need in enumerate(c.needs) if need + shift <= device]
+    """Index of the largest batch the model (shifted) says fits, no larger than the allocator's replay; -1 if none."""
+    fits = [i for i, need in enumerate(c.needs) if need + shift <= device and (c.replayed is None or i <= c.replayed)]
     return max(fits, default=-1)
 
 

@@ -108,7 +108,9 @@ class BudgetSearch:
             self.overrides[key], self.predicted[key], self.specs[key] = list(combo), pred, spec
             self.identity[key] = measured.identity(_config_dict(spec))
             one_batch = spec.workload == "script"  # its batch is an argument: one a job ({batch_size})
-            configs.append(search.Config(key, coords, pred.needs, gpus=spec.tp, miss=pred.miss, one_batch=one_batch))
+            replayed = None if pred.replayed is None else max((i for i, x in enumerate(batches) if x <= pred.replayed),
+                                                             default=-1)  # fmt: skip
+            configs.append(search.Config(key, coords, pred.needs, spec.tp, one_batch, pred.miss, replayed=replayed))
         host = int(b.host_gib * GIB) if b.host_gib is not None else None
         return search.State(int(b.gpu_gib * GIB), batches, configs, host)
 
