@@ -8,6 +8,7 @@ import gzip
 import json
 
 import pytest
+import yaml
 
 from dsexp.predict.allocator import Allocator
 
@@ -15,16 +16,7 @@ from helpers.run import ROOT
 
 H200 = ROOT / "results" / "h200" / "fragmentation"
 GIB, MIB = 2**30, 2**20
-LLAMA_20B = dict(
-    hidden_size=6144,
-    intermediate_size=16384,
-    num_hidden_layers=48,
-    num_attention_heads=48,
-    num_key_value_heads=8,
-    vocab_size=92544,
-    max_position_embeddings=32768,
-    rope_theta=1000000.0,
-)
+LLAMA_20B = yaml.safe_load((ROOT / "conf" / "model" / "llama_20b_shapes.yaml").read_text())["dims"]
 
 
 def measured(name: str):

@@ -22,17 +22,11 @@ import os
 import time
 from pathlib import Path
 
+import yaml
+
 GIB = 2**30
-DIMS = dict(
-    hidden_size=6144,
-    intermediate_size=16384,
-    num_hidden_layers=48,
-    num_attention_heads=48,
-    num_key_value_heads=8,
-    vocab_size=92544,
-    max_position_embeddings=32768,
-    rope_theta=1000000.0,
-)
+# the dims of conf/model/llama_20b_shapes.yaml (read as text: no dsexp, Hydra or OmegaConf on the GPU machine)
+DIMS = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf/model/llama_20b_shapes.yaml").read_text())["dims"]
 
 
 def batches(text: str):

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from dsexp.compose.config import conf_dir, config_error, to_schema
 from dsexp.core.schema import ConfigError, JobConfig
@@ -52,8 +52,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return p.parse_args(list(argv))
 
 
-def combinations(overrides: Sequence[str], multirun: bool) -> List[List[str]]:
-    """The override lists Hydra's basic sweeper would run: the command line's and an experiment preset's sweeps."""
+def combinations(overrides: Sequence[str], multirun: bool) -> Tuple[List[List[str]], Set[str]]:
+    """(The override lists Hydra's basic sweeper would run, the keys its sweeps vary): the command line's and an
+    experiment preset's sweeps; each list has the values the sweeps chose first."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -69,8 +70,13 @@ def combinations(overrides: Sequence[str], multirun: bool) -> List[List[str]]:
         raise PlanError(f"{', '.join(sweeps)}: a sweep; add -m (as for python -m dsexp -m)")
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     params = OmegaConf.select(composed(fixed, hydra=True), "hydra.sweeper.params") or {}
-    args = [f"{k}={v}" for k, v in params.items()] + list(overrides)
-    return [combo for batch in BasicSweeper.split_arguments(parser.parse_overrides(args), None) for combo in batch]
+    args = parser.parse_overrides([f"{k}={v}" for k, v in params.items()] + list(overrides))
+    swept = {o.key_or_group for o in args if o.is_sweep_override()}
+    return [
+        sorted(combo, key=lambda o: o.split("=", 1)[0].lstrip("+~") not in swept)
+        for batch in BasicSweeper.split_arguments(args, None)
+        for combo in batch
+    ], swept
 
 
 def compose(overrides: Sequence[str], hydra: bool = False):
@@ -106,9 +112,8 @@ def composed(overrides: Sequence[str], hydra: bool = False):
 
 def space(overrides: Sequence[str], multirun: bool) -> List[Planned]:
     """Every configuration, each checked, before any is predicted: the first bad one stops the plan."""
-    return [
-        Planned([o for o in combo if o not in overrides], checked(combo)) for combo in combinations(overrides, multirun)
-    ]
+    combos, swept = combinations(overrides, multirun)
+    return [Planned([o for o in c if o.split("=", 1)[0].lstrip("+~") in swept], checked(c)) for c in combos]
 
 
 def plan_one(p: Planned, replay: bool = False) -> Dict[str, Any]:

@@ -15,7 +15,14 @@ from typing import Any, Iterable, List, Optional
 
 GENERATE = "generate"
 BATCH_KEY = "generate.batch_size"  # the override a budget search sets per job, and its answer's command
-NOT_MEASURED = ("skipped", "not_run")  # a point's statuses where nothing ran: larger than one that ran out; no launch
+NOT_MEASURED = ("skipped", "not_run")
+# How dsexp's ranks call generate (greedy, exactly the new tokens: `min_new_tokens` too), and so how the memory model
+# traces it on the meta device (dsexp.predict.meta_trace)
+GREEDY = {
+    "do_sample": False,
+    "return_dict_in_generate": True,
+    "pad_token_id": 0,
+}  # a point's statuses where nothing ran: larger than one that ran out; no launch
 _POINT_KEY = re.compile(r"^(?P<kind>\w+)\[b=(?P<b>\d+),l=(?P<l>\d+|text)\]$")
 
 

@@ -18,6 +18,7 @@ import contextlib
 import weakref
 from typing import Any, Iterator, List, Tuple
 
+from dsexp.core.workload import GREEDY
 from dsexp.predict.capacity import CUBLAS_WORKSPACE
 
 Event = Tuple[str, int, int]  # ("alloc", key, bytes) | ("free", key, 0)
@@ -116,9 +117,7 @@ def generate_events(model, batch: int, prompt_tokens: int, new_tokens: int, work
             attention_mask=torch.ones_like(ids),
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
-            do_sample=False,
-            return_dict_in_generate=True,
-            pad_token_id=0,
+            **GREEDY,
         )
         del out
     return rec.events

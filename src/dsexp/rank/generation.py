@@ -126,15 +126,15 @@ def call_generate(module, inp, new_tokens: int, extra: Dict[str, Any], **kw: Any
     """Greedy decode of exactly `new_tokens` tokens."""
     import torch
 
+    from dsexp.core.workload import GREEDY
+
     with torch.no_grad():
         return module.generate(
             inp,
             attention_mask=torch.ones_like(inp),
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
-            do_sample=False,
-            return_dict_in_generate=True,
-            pad_token_id=0,
+            **GREEDY,
             **extra,
             **kw,
         )
