@@ -2,7 +2,7 @@
 
 The search (dsexp.compose.budget) writes `<sweep>/budget.json`: the budget, the batches, per configuration its
 prediction, the points it ran (job folder, status) and its bracket. The figures of a point come from the job's
-result.json: per rank the device need (on a GPU the allocator's reserved peak over the prefill and the decode plus
+result.json: per rank the device need (on a GPU the allocator's reserved peak over everything the point ran (warm-up included) plus
 what the process holds outside it; on a CPU run the simulated need the rank checked, dsexp.rank.budget_cap),
 tokens/s and the time to first token; per job the host bytes its ranks held (each rank's largest RSS, summed). A
 user's script's job runs one batch (its {batch_size}): its point is every generate call it made, the busiest one.
@@ -90,10 +90,10 @@ def rank_need(rk: RankRecord, phase_key: str) -> Optional[int]:
     if simulated is not None:
         return int(simulated)
     point = phase.get("point") or {}
-    reserved = [(point.get(w) or {}).get("gpu_reserved_peak") for w in ("prefill", "decode")]
-    reserved = [r for r in reserved if r is not None]
-    if not point:  # a script's generate call: the phase's own reserved peak
-        reserved = [r for r in [(phase.get("gpu") or {}).get("gpu_reserved_peak")] if r is not None]
+    # the point's whole phase (its warm-up calls too: a figure the answer states must hold for everything the point
+    # ran), beside its measured prefill and decode windows; a script's generate call: the phase's own peak
+    windows = [(point.get(w) or {}).get("gpu_reserved_peak") for w in ("prefill", "decode")] if point else []
+    reserved = [r for r in [*windows, (phase.get("gpu") or {}).get("gpu_reserved_peak")] if r is not None]
     if not reserved:
         return None
     return max(reserved) + int((rk.raw.get("budget") or {}).get("outside_bytes") or 0)
