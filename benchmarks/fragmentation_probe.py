@@ -1,12 +1,15 @@
 """On a GPU machine: where a capped caching allocator runs out, batch by batch, in one process and in fresh ones.
 
-    python3 scripts/gpu/fragmentation_probe.py --out DIR [--cap-gib 48] [--batches 1-24] [--expandable]
+    python3 benchmarks/fragmentation_probe.py --out DIR [--cap-gib 48] [--batches 1-24] [--trace 4,12] [--fresh]
+    (campaign fragmentation: `make campaign NAME=fragmentation`)
 
 A Llama at InternLM2-20B's dimensions (conf/model/llama_20b_shapes.yaml), bf16, built on the meta device and given
 uninitialised GPU memory (`to_empty`: the weights' bytes and allocation order are what matter, not their values);
 each rank's allocator capped with set_per_process_memory_fraction so the GPU stands in for a card of --cap-gib;
 greedy generate of --new tokens after --prompt tokens, as dsexp's ranks call it. One load, every batch in turn: an
-out-of-memory batch is caught, its memory released (empty_cache) and the next batch runs in the same process.
+out-of-memory batch is caught, its memory released (empty_cache) and the next batch runs in the same process; with
+--fresh the last batch that fit and the first that did not then run again, each in a fresh process. --expandable
+sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch starts.
 Writes DIR/probe.json (per batch: ok / oom, the allocator's reserved and allocated peaks, PyTorch's message) and
 DIR/trace_b<B>.json.gz (the allocator's events of the weights and of that batch's generate, from
 torch.cuda.memory._record_memory_history) for the batches named by --trace. Needs torch and transformers only.
@@ -19,6 +22,8 @@ import gc
 import gzip
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -116,10 +121,14 @@ def main() -> int:
     p.add_argument("--new", type=int, default=8)
     p.add_argument("--batches", default="1-24")
     p.add_argument("--trace", default="", help="batches whose allocator events are written")
-    p.add_argument("--expandable", action="store_true", help="(set PYTORCH_CUDA_ALLOC_CONF yourself; recorded)")
+    p.add_argument("--expandable", action="store_true", help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    p.add_argument("--fresh", action="store_true", help="then the boundary batches, each in a fresh process")
     p.add_argument("--stop-after-oom", type=int, default=2, help="batches measured past the first out of memory")
     args = p.parse_args()
+    if args.expandable:  # before torch reads it
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     import torch
+    import transformers
 
     Path(args.out).mkdir(parents=True, exist_ok=True)
     total = torch.cuda.get_device_properties(0).total_memory
@@ -149,11 +158,23 @@ def main() -> int:
         "after_load": after_load,
         "points": rows,
         "torch": torch.__version__,
-        "transformers": __import__("transformers").__version__,
+        "transformers": transformers.__version__,
     }
     name = f"probe_{args.batches.replace(',', '_')}{'_exp' if args.expandable else ''}.json"
     (Path(args.out) / name).write_text(json.dumps(out, indent=1) + "\n")
+    if args.fresh:
+        fresh(args, rows)
     return 0
+
+
+def fresh(args, rows) -> None:
+    """The last batch that fit and the first that ran out, each run again alone in a new process."""
+    ok = [r["batch"] for r in rows if r["status"] == "ok"]
+    oom = [r["batch"] for r in rows if r["status"] == "oom"]
+    for batch in [b for b in (max(ok, default=None), min(oom, default=None)) if b is not None]:
+        cmd = [sys.executable, __file__, "--out", args.out, "--cap-gib", str(args.cap_gib), "--prompt",
+               str(args.prompt), "--new", str(args.new), "--batches", str(batch)]  # fmt: skip
+        subprocess.run(cmd + (["--expandable"] if args.expandable else []), check=True)
 
 
 if __name__ == "__main__":
