@@ -65,12 +65,24 @@ def probe(
     events = [("alloc", ("w", i), n) for i, n in enumerate(weights)]
     if kept:
         events.append(("alloc", "kept", kept))
-    events += generate_events(model, batch, prompt, new, workspace=0 if kept else CUBLAS_WORKSPACE)
+    events += traced(model, batch, prompt, new, 0 if kept else CUBLAS_WORKSPACE)
     capped: Replay = Allocator(cap, expandable).run(events)
     if capped.oom is None:
         return Probe(batch, True, capped.peak_reserved, capped.peak_allocated)
     free = Allocator(None, expandable).run(events)
     return Probe(batch, False, free.peak_reserved, free.peak_allocated, capped.oom[1])
+
+
+_TRACES: dict = {}  # (model, batch, prompt, new, workspace) -> events: both allocators replay the same generate
+
+
+def traced(model, batch: int, prompt: int, new: int, workspace: int) -> list:
+    key = (id(model), batch, prompt, new, workspace)
+    if key not in _TRACES:
+        if len(_TRACES) > 64:
+            _TRACES.clear()
+        _TRACES[key] = (model, generate_events(model, batch, prompt, new, workspace))  # the model kept: its id holds
+    return _TRACES[key][1]
 
 
 def largest_batch(
