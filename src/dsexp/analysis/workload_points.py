@@ -165,14 +165,16 @@ class Fit:
 def largest_batches(rows: List[Row], points: List[PointRow]) -> List[Fit]:
     """For each GPU run with a prediction and each prompt length of its grid, the largest batch that fits its GPU
     (where its ranks shared one, each rank's share of it)."""
-    out = []
+    out, seen = [], set()
     for row in rows:
         p, total = row.prediction, device_bytes(row)
         if p is None or not total or not p.dims.hidden:
             continue
-        # ranks sharing one GPU (launcher.gpus=1) split it: each gets its share
-        budget = total // (row.tp if row.record.shared_gpu else 1)
         label = config_label(row.config, workload=False)
+        if (label, row.tp) in seen:  # a search's several jobs of one configuration: one table row per length
+            continue
+        seen.add((label, row.tp))
+        budget = gpu_budget(row, total)
         mine = [q for q in points if q.config == label and q.tp == row.tp]
         for length in sorted({q.prompt_tokens for q in mine}):
             at = [q for q in mine if q.prompt_tokens == length]
@@ -184,6 +186,15 @@ def largest_batches(rows: List[Row], points: List[PointRow]) -> List[Fit]:
             largest_ran, first_oom = max(ran) if ran else None, min(oom) if oom else None
             out.append(Fit(label, row.tp, length, new, best, largest_ran, first_oom, cause))
     return out
+
+
+def gpu_budget(row: Row, total: int) -> int:
+    """What one rank may use: a budget search's GPU (budget.gpu_gib, not the card the run borrowed), else the run's
+    GPU (ranks sharing one, launcher.gpus=1: each its share)."""
+    gib = (row.config.get("budget") or {}).get("gpu_gib")
+    if gib:
+        return int(float(gib) * 2**30)
+    return total // (row.tp if row.record.shared_gpu else 1)
 
 
 FILES = {"capacity": "memory_vs_tokens.png", "latency": "latency_vs_batch.png"}

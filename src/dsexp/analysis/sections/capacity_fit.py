@@ -77,7 +77,8 @@ def fit_lines(fits: List[capa.Fit]) -> List[str]:
         "### Largest batch at each prompt length",
         "",
         "Predicted: the largest batch whose every rank's peak (weights' reserve + the terms above + the memory the "
-        "run measured outside PyTorch's allocator) fits the GPU the run had (ranks sharing one GPU: each its share).",
+        "run measured outside PyTorch's allocator) fits the budget's GPU in a budget search (budget.gpu_gib, one row "
+        "per configuration over its jobs), else the GPU the run had (ranks sharing one GPU: each its share).",
         "",
         "| configuration | tp | prompt | new | predicted largest batch | largest that ran | smallest out of memory |",
         "|---|---|---|---|---|---|---|",
