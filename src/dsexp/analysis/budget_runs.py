@@ -4,8 +4,9 @@ The search (dsexp.compose.budget) writes `<sweep>/budget.json`: the budget, the 
 prediction, the points it ran (job folder, status) and its bracket. The figures of a point come from the job's
 result.json: per rank the device need (on a GPU the allocator's reserved peak over everything the point ran, warm-up
 included, plus what the process holds outside it; on a CPU run the simulated need the rank checked,
-dsexp.rank.budget_cap), tokens/s and the time to first token; per job the host bytes its ranks held (each rank's largest RSS, summed). A
-user's script's job runs one batch (its {batch_size}): its point is every generate call it made, the busiest one.
+dsexp.rank.budget_cap), tokens/s and the time to first token; per job the host bytes its ranks held (each rank's
+largest RSS, summed). A user's script's job runs one batch (its {batch_size}): its point is every generate call it
+made, the busiest one.
 """
 
 from __future__ import annotations
