@@ -21,6 +21,7 @@ STACK_SIGNAL = signal.SIGUSR1  # the worker dumps every thread's stack on it (fa
 STACK_IMPORT_ERROR = "StackImportError"  # the error type a rank records when its software stack fails to import
 SCRIPT_JOB_ENV = "DSEXP_SCRIPT_JOB"  # a user's script's ranks: the job folder (dsexp.rank.bootstrap turns on)
 SCRIPT_ENV = "DSEXP_SCRIPT"  # ... and the script's path (only the process running it is a rank to measure)
+SCRIPT_ENTRY_MODULE = "dsexp.rank.workloads.script.entry"  # what the launcher runs on a script's ranks
 SHARED_GPUS_ENV = "DSEXP_SHARED_GPUS"  # ranks sharing GPUs: the GPUs (CUDA indices as the job saw them) they share
 CAMPAIGN_ENV = "DSEXP_CAMPAIGN"  # set by python -m dsexp.campaign: the campaign a job ran in (result.json "campaign")
 COMMIT_ENV = "DSEXP_COMMIT"  # ... and the dsexp commit it ran at (result.json "commit"; else read from git here)

@@ -17,7 +17,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from dsexp.core.protocol import SCRIPT_ENV, SCRIPT_JOB_ENV, SHARED_GPUS_ENV, TOKEN_ENV, WORKER_MODULE, bootstrap_dir
+from dsexp.core.protocol import (
+    SCRIPT_ENTRY_MODULE,
+    SCRIPT_ENV,
+    SCRIPT_JOB_ENV,
+    SHARED_GPUS_ENV,
+    TOKEN_ENV,
+    WORKER_MODULE,
+    bootstrap_dir,
+)
 from dsexp.core.schema import JobConfig
 from dsexp.job import overlay, teardown
 from dsexp.job.cluster import multinode
@@ -49,18 +57,16 @@ def free_port() -> int:
 
 
 def rank_target(spec: JobConfig, job_dir: Path, script: Optional[Dict[str, Any]] = None) -> List[str]:
-    """What the launcher starts on every rank, after its own options: dsexp's worker for this job, or the user's
-    script with its arguments (`script`: the job's runtime facts of it). The DeepSpeed launcher passes
-    --local_rank=N to a script unless script.local_rank_arg=false; the worker never takes it."""
+    """What the launcher starts on every rank, after its own options: dsexp's worker for this job, or (`script`: the
+    job's runtime facts of a user's script) dsexp's entry for it, which reads the script and its arguments from the
+    job file: the launcher's argparse never sees them (it would take `--n` for its --nnodes). The DeepSpeed launcher
+    passes --local_rank=N on to the script unless script.local_rank_arg=false; the worker never takes it."""
     deepspeed = spec.launcher.name == "deepspeed"
-    if script is None:
-        return (
-            ["--no_local_rank", "--module", WORKER_MODULE, str(job_dir)]
-            if deepspeed
-            else ["-m", WORKER_MODULE, str(job_dir)]
-        )
-    local_rank = [] if (not deepspeed or spec.script.local_rank_arg) else ["--no_local_rank"]
-    return [*local_rank, script["path"], *script["argv"]]
+    module = WORKER_MODULE if script is None else SCRIPT_ENTRY_MODULE
+    if not deepspeed:
+        return ["-m", module, str(job_dir)]
+    local_rank = [] if (script is not None and spec.script.local_rank_arg) else ["--no_local_rank"]
+    return [*local_rank, "--module", module, str(job_dir)]
 
 
 def rank_command(

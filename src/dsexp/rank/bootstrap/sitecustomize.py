@@ -1,11 +1,14 @@
 """dsexp's bootstrap: reaches every rank of a user's script through the launcher's environment.
 
-The job puts this folder first on PYTHONPATH; Python's `site` imports `sitecustomize` at start-up in every process
-the launcher starts (torchrun and the DeepSpeed launcher pass PYTHONPATH on, also to other nodes). It turns on only
-in a rank running the script (DSEXP_SCRIPT_JOB and RANK set, sys.argv[0] is the script): torchrun's agent, the
-DeepSpeed runner and launch.py, and any other Python the script starts are left alone. There it hands over to the
-script workload, which installs the hooks before the script's first line. A `sitecustomize` further down the path
-is imported too, as it would have been without dsexp. Standard library only here.
+dsexp's launchers start dsexp.rank.workloads.script.entry on a script's ranks (so that the launcher's argparse never
+reads the script's arguments), and the entry starts the probes itself once sys.argv is the script's; this module
+starts them in a rank that runs the script directly (`python script.py`). The job puts this folder first on
+PYTHONPATH; Python's `site` imports `sitecustomize` at start-up in every process the launcher starts (torchrun and
+the DeepSpeed launcher pass PYTHONPATH on, also to other nodes). It turns on only in a rank running the script
+(DSEXP_SCRIPT_JOB and RANK set, sys.argv[0] is the script): torchrun's agent, the DeepSpeed runner and launch.py, the
+entry, and any other Python the script starts are left alone. There it hands over to the script workload, which
+installs the hooks before the script's first line. A `sitecustomize` further down the path is imported too, as it
+would have been without dsexp. Standard library only here.
 """
 
 import importlib.machinery
