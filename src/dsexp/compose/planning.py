@@ -45,8 +45,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument(
         "--replay",
         action="store_true",
-        help="with a GPU size: also replay each generate through the caching allocator (fragmentation; tp=1; "
-        "seconds per batch at 20B shapes)",
+        help="with a GPU size: also replay each point's generate calls through the caching allocator "
+        "(fragmentation; tp=1, or AutoTP, without trims; seconds per batch at 20B shapes)",
     )
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m dsexp")
     return p.parse_args(list(argv))

@@ -135,6 +135,19 @@ def second_communicator(s: Strategy) -> bool:
     return s.engine == init_inference.TRAITS.name and not s.trimmed(world_group.TRAITS.key)
 
 
+def rank_model(model, s: Strategy, placements: List[Placement], rank: int, tp: int):
+    """(the meta model as rank `rank` holds it, to trace its generate, or None; why not), without trims on the
+    model: at tp=1 the model itself; else where the engine's rank code is modelled (AutoTP: `placement.rank_model`)."""
+    if active_trims(s.trims):
+        return None, f"trims ({', '.join(active_trims(s.trims))}) change the ranks' code: not traced yet"
+    if tp == 1:
+        return model, None
+    rule = getattr(part(s.engine, "placement"), "rank_model", None) if s.engine in ENGINES else None
+    if rule is None or s.kernel_inject:
+        return None, f"engine {s.engine}{' with kernel injection' if s.kernel_inject else ''}: its ranks are not traced"
+    return rule(model, placements, rank, tp), None
+
+
 def script_as_configured(config: Mapping[str, Any]) -> Dict[str, Any]:
     """A user's script before it runs (no rank has recorded a call: a plan or a budget search predicting it): the
     configuration its config alone says: the model group (the checkpoint {model_dir} names), tp, dtype and the engine

@@ -7,14 +7,16 @@ free bytes it holds come in blocks large enough. On the H200 (llama_20b_shapes, 
 capped at 48 GiB: results/h200/fragmentation) the replay put the last batch that fits at 14 with the default allocator
 and 16 with expandable segments, as measured; the allocated bytes alone said 16 for both.
 
-A rank of a tensor-parallel engine runs code that the meta device does not trace here (DeepSpeed's sliced layers
-and all-reduces): only tp=1 is replayed (`replayable`); the others keep the allocated-bytes answer.
+A rank of a tensor-parallel engine is traced on the meta model as that rank holds it (its family's `rank_model`: for
+AutoTP the split linears and the heads each module is told it has); an all-reduce allocates nothing on the device.
+A point of dsexp's own job makes several generate calls (`point_calls`: warm-up, the measured one, repeats, and at a
+job's first point one more of one token with its logits for the correctness check), replayed in turn.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from dsexp.predict.allocator import Allocator, Replay
 from dsexp.predict.meta_trace import CUBLAS_WORKSPACE, generate_events
@@ -48,24 +50,23 @@ def apply_order(model) -> List[int]:
     return out
 
 
-def replayable(strategy, tp: int) -> Optional[str]:
-    """Why this configuration's generate is not replayed (None: it is)."""
-    if tp > 1:
-        return "tensor-parallel ranks are not traced on the meta device yet"
-    if getattr(strategy, "kernel_inject", False):
-        return "kernel injection runs DeepSpeed's kernels and workspace, not traced"
-    return None
+Call = Tuple[int, bool]  # one generate call: (new tokens, output_logits)
+
+
+def point_calls(new: int, warmup: int = 0, repeats: int = 1, logits: bool = False) -> List[Call]:
+    """The generate calls one point of dsexp's pipeline makes, in order (dsexp.rank.generation.measure_point)."""
+    return [(new, False)] * (warmup + max(1, repeats)) + ([(1, True)] if logits else [])
 
 
 def probe(
-    model, weights: List[int], batch: int, prompt: int, new: int, cap: int, expandable: bool = False, kept: int = 0
+    model, weights: List[int], batch: int, prompt: int, calls: Sequence[Call], cap: int, expandable: bool = False
 ) -> Probe:
-    """Replay the weights, then `kept` bytes held from before (cuBLAS's workspace of an earlier call), then one
-    generate of `batch` x `prompt` + `new`, under `cap`."""
+    """Replay the weights, then one point's generate calls at `batch` x `prompt` (cuBLAS's workspace at the first
+    product, kept), under `cap`."""
     events = [("alloc", ("w", i), n) for i, n in enumerate(weights)]
-    if kept:
-        events.append(("alloc", "kept", kept))
-    events += traced(model, batch, prompt, new, 0 if kept else CUBLAS_WORKSPACE)
+    for i, (new, logits) in enumerate(calls):
+        ws = CUBLAS_WORKSPACE if i == 0 else 0
+        events += [(kind, (i, key), n) for kind, key, n in traced(model, batch, prompt, new, logits, ws)]
     capped: Replay = Allocator(cap, expandable).run(events)
     if capped.oom is None:
         return Probe(batch, True, capped.peak_reserved, capped.peak_allocated)
@@ -76,17 +77,26 @@ def probe(
 _TRACES: dict = {}  # (model, batch, prompt, new, workspace) -> events: both allocators replay the same generate
 
 
-def traced(model, batch: int, prompt: int, new: int, workspace: int) -> list:
-    key = (id(model), batch, prompt, new, workspace)
+def traced(model, batch: int, prompt: int, new: int, logits: bool, workspace: int) -> list:
+    key = (id(model), batch, prompt, new, logits, workspace)
     if key not in _TRACES:
         if len(_TRACES) > 64:
             _TRACES.clear()
-        _TRACES[key] = (model, generate_events(model, batch, prompt, new, workspace))  # the model kept: its id holds
+        extra = {"output_logits": True} if logits else {}
+        events = generate_events(model, batch, prompt, new, workspace, **extra)
+        _TRACES[key] = (model, events)  # the model kept with its events: its id stays its own
     return _TRACES[key][1]
 
 
 def largest_batch(
-    model, weights: List[int], prompt: int, new: int, cap: int, start: int, expandable: bool = False, top: int = 4096
+    model,
+    weights: List[int],
+    prompt: int,
+    calls: Sequence[Call],
+    cap: int,
+    start: int,
+    expandable: bool = False,
+    top: int = 4096,
 ) -> Tuple[int, List[Probe]]:
     """The largest batch whose replay fits `cap`, searched from `start` (the allocated bytes' answer: fragmentation
     only lowers it, mostly by a batch or two): `start`, then the two batches below it one by one, then a bisection
@@ -94,7 +104,7 @@ def largest_batch(
     probes: List[Probe] = []
 
     def fits(b: int) -> bool:
-        probes.append(probe(model, weights, b, prompt, new, cap, expandable))
+        probes.append(probe(model, weights, b, prompt, calls, cap, expandable))
         return probes[-1].fits
 
     b = max(1, min(start, top))

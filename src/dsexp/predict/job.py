@@ -44,6 +44,8 @@ class Rules(Protocol):
 
     def second_communicator(self, strategy: Strategy) -> bool: ...
 
+    def rank_model(self, model, strategy: Strategy, placements, rank: int, tp: int): ...
+
 
 NOT_REPORTED = object()  # the engine said nothing of the policy it used
 
@@ -292,23 +294,26 @@ def plan_entry(
 
 def replayed(pred: Prediction, config: Mapping[str, Any], rules: Rules, prompt: int, new: int, cap_bytes: int,
              fit: Dict[str, Any]) -> Dict[str, Any]:  # fmt: skip
-    """The largest batch whose generate, traced on the meta device and replayed through the caching allocator after
-    the weights, fits the allocator's cap (the GPU less what lives outside it), default and with expandable segments;
-    or why it is not replayed."""
+    """The largest batch whose point (its generate calls, traced on the meta device as the busiest rank holds the
+    model) replayed through the caching allocator after the weights fits the allocator's cap (the GPU less what lives
+    outside it), default and with expandable segments; or why it is not replayed."""
     from dsexp.predict import fragmentation
 
-    why = fragmentation.replayable(pred.strategy, pred.tp)
-    if not str(pred.strategy.device).startswith("cuda"):
-        why = "a CPU run has no caching allocator"
+    why = None if str(pred.strategy.device).startswith("cuda") else "a CPU run has no caching allocator"
     if why or not fit["largest_batch"]:
         return {"not_replayed": why or "not even batch 1 fits the allocated bytes"}
     model = arch.meta_model(arch.model_source(dict(config), None), pred.strategy.dtype)
+    ranked, why = rules.rank_model(model, pred.strategy, pred.placements, 0, pred.tp)
+    if ranked is None:
+        return {"not_replayed": why}
     order = rules.allocation_order(pred.strategy.engine)
     weights = (order(pred.placements, 0, pred.strategy) if order else None) or fragmentation.apply_order(model)
+    gen = config.get("generate") or {}
+    calls = fragmentation.point_calls(new, int(gen.get("warmup") or 0), int(gen.get("repeats") or 1), logits=True)
     out: Dict[str, Any] = {}
     for name, expandable in (("default", False), ("expandable_segments", True)):
         batch, probes = fragmentation.largest_batch(
-            model, weights, prompt, new, cap_bytes, fit["largest_batch"], expandable
+            ranked, weights, prompt, calls, cap_bytes, fit["largest_batch"], expandable
         )
         out[name] = {"batch": batch, "replays": len(probes), "peak_reserved_bytes": next(
             (p.peak_reserved for p in probes if p.batch == batch), None)}  # fmt: skip

@@ -105,8 +105,11 @@ def exactly(model, steps: int) -> Iterator[None]:
         cls._has_unfinished_sequences = original
 
 
-def generate_events(model, batch: int, prompt_tokens: int, new_tokens: int, workspace: int = CUBLAS_WORKSPACE):
-    """The allocation events of one greedy generate of `batch` x `prompt_tokens` + `new_tokens` on a meta model."""
+def generate_events(
+    model, batch: int, prompt_tokens: int, new_tokens: int, workspace: int = CUBLAS_WORKSPACE, **extra: Any
+):
+    """The allocation events of one greedy generate of `batch` x `prompt_tokens` + `new_tokens` on a meta model
+    (`extra`: generate's other arguments, output_logits=True for one)."""
     import torch
 
     ids = torch.zeros((batch, prompt_tokens), dtype=torch.long, device="meta")
@@ -118,6 +121,7 @@ def generate_events(model, batch: int, prompt_tokens: int, new_tokens: int, work
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
             **GREEDY,
+            **extra,
         )
         del out
     return rec.events

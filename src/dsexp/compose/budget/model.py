@@ -26,7 +26,9 @@ class Predicted:
     miss: Optional[Miss]
     terms: Dict[str, int] = field(default_factory=dict)  # the busiest rank's terms at the smallest batch
     note: Optional[str] = None  # the model could not predict this configuration (it runs anyway)
-    replayed: Optional[int] = None  # the largest batch the caching allocator's replay fits (fragmentation; tp=1)
+    replayed: Optional[int] = (
+        None  # the largest batch the caching allocator's replay fits (fragmentation; where traced)
+    )
 
 
 def outside_bytes(spec: JobConfig) -> int:
@@ -127,8 +129,8 @@ def predict_config(spec: JobConfig, batches: List[int]) -> Predicted:
 
 
 def replayed_largest(pred, spec: JobConfig, batches: List[int], needs: List[int], device: int) -> Optional[int]:
-    """Where the generate can be replayed through the caching allocator (dsexp's pipeline, tp=1, on a GPU), the
-    largest batch of the range it fits under the cap each rank gets (the budget less what lives outside the
+    """Where the point can be replayed through the caching allocator (dsexp's pipeline on a GPU, its ranks traced:
+    dsexp.engines.placement.rank_model), the largest batch of the range it fits under the cap each rank gets (the budget less what lives outside the
     allocator), with the allocator setting the configuration runs (trim.env); None elsewhere. It starts from the
     allocated bytes' answer and walks down: fragmentation only lowers it (dsexp.predict.fragmentation)."""
     from dsexp.engines.placement import RULES

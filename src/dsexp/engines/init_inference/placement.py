@@ -242,3 +242,46 @@ def kernel_inject(model, tensors: List[Tensor], tp: int, notes: List[str]):
         else:
             out.append(replicated(t, tp))
     return out, {"removed": dict(Counter(layers.values())), "added": {}}
+
+
+# What DeepSpeed's AutoTP divides by tp on the modules around the linears it splits (AutoTP.update_mp_params), so
+# that their forward reshapes to the rank's heads
+MP_PARAMS = ("n_heads", "inner_dim", "num_heads", "num_kv", "num_attention_heads", "num_attn_heads", "all_head_size",
+             "embed_dim", "hidden_size", "num_key_value_heads", "num_kv_heads", "kv_n_heads", "d_model")  # fmt: skip
+
+
+def rank_model(model, placements: List[Placement], rank: int, tp: int):
+    """A copy of the meta model as AutoTP leaves rank `rank` of tp (no kernel injection, no trims): each split
+    linear's weight (and bias) cut to the rank's rows or columns, and the module around it told its share of the
+    heads, as update_mp_params does. Its generate can then be traced on the meta device (dsexp.predict.meta_trace).
+    A head split on its hidden dim (LmHeadLinearAllreduce) also slices its input, as DeepSpeed's does."""
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(model)
+    modules = dict(model.named_modules())
+    params = dict(model.named_parameters())
+    around = set()
+    for p in placements:
+        t = params.get(p.name)
+        if p.dim is None or t is None or p.copy:
+            continue
+        shape = list(t.shape)
+        shape[p.dim] = p.local[rank] // (t.element_size() * (t.numel() // t.shape[p.dim]))
+        owner, name = p.name.rsplit(".", 1)
+        setattr(modules[owner], name, torch.nn.Parameter(torch.empty(shape, device="meta", dtype=t.dtype), False))
+        around.add(owner.rsplit(".", 1)[0] if "." in owner else owner)
+        if p.dim == 1 and p.how.startswith("LmHead"):
+            _slice_input(modules[owner], shape[1], rank)
+    for name in around:
+        for attr in MP_PARAMS:
+            value = getattr(modules[name], attr, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(modules[name], attr, even(value, tp)[rank])
+    return model
+
+
+def _slice_input(head, width: int, rank: int) -> None:
+    forward = head.forward
+    head.forward = lambda x: forward(x[..., rank * width : (rank + 1) * width])
