@@ -130,9 +130,10 @@ def predict_config(spec: JobConfig, batches: List[int]) -> Predicted:
 
 def replayed_largest(pred, spec: JobConfig, batches: List[int], needs: List[int], device: int) -> Optional[int]:
     """Where the point can be replayed through the caching allocator (dsexp's pipeline on a GPU, its ranks traced:
-    dsexp.engines.placement.rank_model), the largest batch of the range it fits under the cap each rank gets (the budget less what lives outside the
-    allocator), with the allocator setting the configuration runs (trim.env); None elsewhere. It starts from the
-    allocated bytes' answer and walks down: fragmentation only lowers it (dsexp.predict.fragmentation)."""
+    dsexp.engines.placement.rank_model), the largest batch of the range it fits under the cap each rank gets (the
+    budget less what lives outside the allocator), with the allocator setting the configuration runs (trim.env);
+    None elsewhere. It starts from the allocated bytes' answer and walks down: fragmentation only lowers it
+    (dsexp.predict.fragmentation)."""
     from dsexp.engines.placement import RULES
     from dsexp.predict.job import replayed
 
