@@ -106,7 +106,7 @@ def failed(f: RunFacts) -> List[Finding]:
         if x
     )
     msg = str(fail.get("message") or "").strip().splitlines()
-    first = (msg[0] if msg else "")[:240]
+    first = (msg[0] if msg else "")[: 1000 if fail.get("illegal_instruction") else 240]  # SIGILL: its fix too
     return [
         Finding(
             "failed",

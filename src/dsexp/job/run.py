@@ -33,7 +33,7 @@ from dsexp.core.protocol import CAMPAIGN_ENV, COMMIT_ENV, RESULT, STACK_IMPORT_E
 from dsexp.core.schema import JobConfig, dtype_conversion
 from dsexp.core.series import read_job_series
 from dsexp.core.workload import grid
-from dsexp.job import correctness, failures, oom_relaunch, script_job, teardown
+from dsexp.job import correctness, failures, illegal_instruction, oom_relaunch, script_job, teardown
 from dsexp.job.budget import budget_runtime
 from dsexp.job.cluster import slurm
 from dsexp.job.launch import LaunchOutcome, run_ranks
@@ -478,6 +478,7 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
         terminated=terminated,
         oom_killed=(result["teardown"].get("oom_kills") or 0) > (base.get("oom_kills") or 0),
     )
+    illegal_instruction.name(failure, job_dir, ranks, exits, spec.script.path)  # a rank killed by SIGILL
     failures.record_how_ranks_ended(
         ranks, failure, {**exits, **{r: -signal.SIGTERM for r in terminated}}, outcome.returncode
     )

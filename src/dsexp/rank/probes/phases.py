@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, Optional
 
 import psutil
 
+from dsexp.core.cpu import features as cpu_features
 from dsexp.core.fs import write_json_atomic
 from dsexp.core.protocol import live_file, rank_file
 from dsexp.core.records import phase_kind
@@ -82,6 +83,7 @@ class PhaseRecorder:
             "pid": os.getpid(),
             "hostname": socket.gethostname(),
             "slurm_node": os.environ.get("SLURMD_NODENAME"),  # the SLURM node (several slurmd may share a host)
+            "cpu": cpu_features(),  # its vector instruction sets: a kernel built for one it lacks dies of SIGILL
             "device": "cpu",
             "status": "running",
             "phases": {},
