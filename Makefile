@@ -45,8 +45,8 @@ sweep: install  ## the main job: a CPU sweep on the tiny model into multirun/ an
 plan: install  ## predict every configuration from the config alone, no GPU (PLAN="..." overrides, -m implied)
 	$(BIN)/python -m dsexp.plan -m $(PLAN)
 
-test: install lint  ## lint, then the test suite (CPU; slow and GPU tests are skipped)
-	$(BIN)/python -m pytest
+test: install lint  ## lint, then the test suite (CPU; slow and GPU tests are skipped; two workers, a file each)
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 lint: install  ## ruff check + ruff format --check
 	$(BIN)/ruff check src tests scripts benchmarks examples
