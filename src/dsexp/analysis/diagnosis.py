@@ -56,7 +56,7 @@ def diagnose(
 ) -> List[Finding]:
     facts = RunFacts(result, prediction, [s for s in siblings or [] if m.completed(s)])
     if user_script.is_script(result):
-        return script_findings(facts)
+        return script_findings(facts) + all_reduce(result)
     if m.completed(result):
         found = [f for rule in RULES for f in rule(facts)]
     else:
@@ -67,7 +67,22 @@ def diagnose(
             for rule in [*after_init, host_copies]
             for f in rule(facts)
         ]
-    return sorted(found, key=lambda f: f.severity != "problem")
+    return sorted(found + all_reduce(result), key=lambda f: f.severity != "problem")
+
+
+def all_reduce(result: Dict[str, Any]) -> List[Finding]:
+    """One line where the ranks found DeepSpeed's CPU shared-memory all-reduce unusable on their CPU (no avx512bw):
+    what ran instead and why (dsexp.rank.shm_fallback)."""
+    got = result.get("all_reduce")
+    if not got:
+        return []
+    ds = f"DeepSpeed {got.get('deepspeed')}"
+    if got.get("all_reduce") == "gloo":
+        was = (got.get("local_size") or {}).get("was")
+        said = f"all-reduce on gloo, not {ds}'s shared memory: {got['why']} (LOCAL_SIZE=1 in the ranks, was {was})"
+    else:
+        said = f"all-reduce: {got.get('all_reduce')}; {got.get('why')} ({ds})"
+    return [Finding("all_reduce", "info", said)]
 
 
 def script_findings(f: RunFacts) -> List[Finding]:

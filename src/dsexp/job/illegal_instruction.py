@@ -27,7 +27,8 @@ KNOWN = (
         "built for avx512bw",
         ["avx512bw"],
         "DeepSpeed 0.19.8 checks the CPU before it uses them and falls back to gloo's all_reduce; DeepSpeed <= 0.14.4 "
-        "falls back where LOCAL_SIZE is not the number of ranks (set it so in the ranks); 0.14.5 to 0.19.5 have no "
+        "falls back where LOCAL_SIZE is not the number of ranks (dsexp sets LOCAL_SIZE=1 in the ranks on a CPU "
+        "without avx512bw: rank/shm_fallback.py); 0.14.5 to 0.19.5 have no "
         "switch: run on a CPU with avx512bw or on DeepSpeed 0.19.8",
     ),
     (

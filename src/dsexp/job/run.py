@@ -461,6 +461,8 @@ def _execute(spec: JobConfig, job_dir: Path, result: Dict[str, Any]) -> None:
             result["headline"]["gpu_weights_gib"] = script_job.weights_held_gib(ranks)
     result["engine"] = (ranks[0] or {}).get("engine") if ranks else None
     result["software"] = (ranks[0] or {}).get("software") if ranks else None
+    # DeepSpeed's CPU shared-memory all-reduce switched off (a CPU without avx512bw): what the ranks did and why
+    result["all_reduce"] = next((rk["all_reduce"] for rk in ranks if rk and rk.get("all_reduce")), None)
     hangs = (
         {r: failures.hang_site(failures.tail(job_dir / "ranks" / f"rank{r}.log", 400)) for r in range(spec.tp)}
         if outcome.timed_out

@@ -26,6 +26,7 @@ from dsexp.rank.probes.phases import PhaseRecorder  # noqa: E402
 from dsexp.rank.probes.snapshots import snapshot_options  # noqa: E402
 from dsexp.rank.probes.software import software  # noqa: E402
 from dsexp.rank.shared_gpu import setup_rank  # noqa: E402
+from dsexp.rank.shm_fallback import avoid_shm_allreduce  # noqa: E402
 from dsexp.rank.workloads import get_workload  # noqa: E402
 
 
@@ -109,6 +110,9 @@ def main(argv=None) -> int:
     workload = get_workload(runtime.get("workload", "pipeline"))
     if shared:
         rec.note(shared_gpu=shared)
+    fallback = avoid_shm_allreduce(rec.record["cpu"])  # before deepspeed.init_distributed: a CPU without avx512bw
+    if fallback:
+        rec.note(all_reduce=fallback)
     try:
         with rec.phase("start", t0=T_PROCESS):
             maybe_inject(spec.fault, rank, "start", job_dir)
