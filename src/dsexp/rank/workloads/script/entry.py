@@ -11,12 +11,10 @@ sys.path, its `__file__`, an uncaught exception reported from the script's first
 
 from __future__ import annotations
 
-import builtins
-import importlib.machinery
 import json
 import os
+import runpy
 import sys
-import types
 from typing import List
 
 
@@ -47,24 +45,19 @@ def start_probes() -> None:
 
 
 def run_as_main(path: str) -> None:
-    """Run the file at `path` as `__main__`, as the interpreter runs a script named on its command line."""
+    """Run the file at `path` as `__main__`, as the interpreter runs a script named on its command line (runpy), its
+    folder first on sys.path; an uncaught exception is reported from the script's own frames on, exit code 1."""
     file = os.path.abspath(path)
-    main = types.ModuleType("__main__")
-    main.__dict__.update(
-        __file__=file, __builtins__=builtins, __cached__=None, __package__=None, __spec__=None,
-        __loader__=importlib.machinery.SourceFileLoader("__main__", file),
-    )  # fmt: skip
-    with open(file, "rb") as f:
-        code = compile(f.read(), file, "exec", dont_inherit=True)
-    sys.modules["__main__"] = main
     sys.path[0] = os.path.dirname(os.path.realpath(file))  # not the folder the launcher ran in
     try:
-        exec(code, main.__dict__)
+        runpy.run_path(file, run_name="__main__")
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException:
         kind, exc, tb = sys.exc_info()
-        sys.excepthook(kind, exc, tb.tb_next if tb is not None else None)  # from the script's own frame on
+        while tb is not None and tb.tb_frame.f_code.co_filename != file:  # runpy's own frames
+            tb = tb.tb_next
+        sys.excepthook(kind, exc, tb)
         raise SystemExit(1) from None
 
 
