@@ -48,6 +48,8 @@ class Rules(Protocol):
 
 
 NOT_REPORTED = object()  # the engine said nothing of the policy it used
+# A folder holding only config.json: its checkpoint as transformers' save_pretrained shards it (max_shard_size 5 GB)
+SAVED_SHARD_MB = 5e9 / 2**20
 
 
 @dataclass
@@ -96,7 +98,7 @@ def predict(config: Mapping[str, Any], rules: Rules, facts: Optional[Facts] = No
     d = arch.dims(model)
     tokens = _tokens(config, strategy, facts)
     kv = [kv_bytes(d, kv_heads(d.kv_heads, tp, r, strategy.splits_weights), tokens, strategy.dtype) for r in range(tp)]
-    shard_mb = (config.get("model") or {}).get("shard_mb")
+    shard_mb = (config.get("model") or {}).get("shard_mb") or (SAVED_SHARD_MB if "folder" in source else None)
     files = checkpoint_sizes(facts.model_dir or source.get("folder"), shard_mb, strategy, placements)
     return Prediction(
         tp=tp,
