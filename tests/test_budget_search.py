@@ -265,7 +265,7 @@ def test_the_allocators_replay_lowers_the_models_first_guess():
     assert S.model_largest(S.Config("a", {}, needs, replayed=-1), 16 * GIB) == -1
 
 
-def test_a_gpu_configuration_is_replayed_before_the_search_and_a_trimmed_one_is_not():
+def test_a_gpu_configuration_is_replayed_before_the_search_and_one_under_kernel_injection_is_not():
     from dsexp.compose.budget.model import predict_config
 
     from helpers.run import spec_of
@@ -282,4 +282,4 @@ def test_a_gpu_configuration_is_replayed_before_the_search_and_a_trimmed_one_is_
     one = predict_config(spec_of(*common, "tp=1", gpus=2), batches)
     allocated = max(b for b, need in zip(batches, one.needs) if need <= 0.75 * 2**30)
     assert one.replayed is not None and 0 < one.replayed <= allocated
-    assert predict_config(spec_of(*common, "tp=1", "trim=all", gpus=2), batches).replayed is None
+    assert predict_config(spec_of(*common, "tp=1", "engine.kernel_inject=true", gpus=2), batches).replayed is None

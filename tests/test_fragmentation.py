@@ -90,15 +90,14 @@ def test_the_meta_trace_replayed_under_the_cap_finds_the_bracket_the_h200_measur
 
 def committed_budget_configs():
     """(search, configuration label, tp) -> (config, largest batch that ran, smallest out of memory) of every
-    committed H200 budget configuration without trims (trims change the ranks' code: not traced yet)."""
+    committed H200 budget configuration that bracketed its batch."""
     from dsexp.analysis.labels import config_label
-    from dsexp.trims import active
 
     found = {}
     for path in sorted((ROOT / "results/h200/budget").glob("gpu*/*/result.json")):
         r = json.loads(path.read_text())
         c = r["config"]
-        if not r.get("ranks") or active(c.get("trim") or {}):
+        if not r.get("ranks"):
             continue
         key = (path.parts[-3], config_label(c, workload=False), c["tp"])
         _, ok, oom = found.get(key, (c, [], []))
@@ -119,10 +118,13 @@ FAST = ("gpu24", "autotp/internlm2_20b_shapes/meta/init_inference/bf16/shared_gp
         for k in sorted(COMMITTED)
     ],  # fmt: skip
 )
-def test_every_untrimmed_budget_bracket_the_h200_measured_is_replayed_within_one_batch(key):
+def test_every_budget_bracket_the_h200_measured_is_replayed_nearer_than_the_allocated_bytes_say(key):
     """InternLM2 at 20B shapes, AutoTP at tp=2 and 4 with the ranks sharing the H200, each capped at 24 or 40 GiB:
     the busiest rank's point (its generate calls, the logits call of a job's first point included) traced on the
-    model as that rank holds it and replayed under the cap. The allocated bytes alone said up to 5 batches more."""
+    model as that rank holds it (the trims' splits, the last position's logits) and replayed under the cap, with the
+    allocator setting the configuration ran. Untrimmed: within one batch of the last that ran everywhere (the
+    allocated bytes alone said up to 5 more). Trimmed: within two, the load's own allocations not traced (at 4 x 24
+    GiB eager and sharded ran to 8 where meta ran to 9)."""
     from dsexp.engines.placement import RULES
     from dsexp.predict.job import Facts, largest_batch, outside, predict, replayed
 
@@ -131,6 +133,7 @@ def test_every_untrimmed_budget_bracket_the_h200_measured_is_replayed_within_one
     gpu = int(config["budget"]["gpu_gib"] * GIB)
     held = sum(outside(config, pred.strategy, pred.tp, RULES).values())
     allocated = largest_batch(pred, 2048, 8, gpu, held).largest_batch
-    found = replayed(pred, config, RULES, 2048, 8, gpu - held, {"largest_batch": allocated})["default"]["batch"]
-    assert ran - 1 <= found <= ran + 1 and found < failed + 1, (found, ran, failed)
-    assert abs(found - ran) <= abs(allocated - ran)
+    answer = replayed(pred, config, RULES, 2048, 8, gpu - held, {"largest_batch": allocated})
+    found = answer["expandable_segments" if pred.strategy.expandable_segments else "default"]["batch"]
+    within = 2 if pred.strategy.trims else 1
+    assert abs(found - ran) <= within and abs(found - ran) <= abs(allocated - ran), (found, ran, failed, allocated)

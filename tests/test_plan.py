@@ -163,15 +163,15 @@ def test_replay_gives_the_allocators_answer_beside_the_allocated_bytes_one_where
         "-m",
         "model=tiny",
         "tp=1",
-        "trim=none,all",
+        "engine.kernel_inject=false,true",
         "budget.gpu_gib=0.75",
         "generate.prompt_tokens=256",
         "generate.new_tokens=2",
     )
     assert status == 0
-    by_trim = {e["overrides"][0]: e["largest_batch"]["256"] for e in entries}
-    one = by_trim["trim=none"]["replayed"]
-    assert 0 < one["default"]["batch"] <= by_trim["trim=none"]["largest_batch"]  # fragmentation only lowers it
+    by_kernels = {e["overrides"][0].lower(): e["largest_batch"]["256"] for e in entries}
+    one = by_kernels["engine.kernel_inject=false"]["replayed"]
+    assert 0 < one["default"]["batch"] <= by_kernels["engine.kernel_inject=false"]["largest_batch"]  # only lowers it
     assert one["expandable_segments"]["batch"] > 0  # (20 MiB pages: at a 72 MiB cap not always more)
-    assert "trims" in by_trim["trim=all"]["replayed"]["not_replayed"]
+    assert "kernel injection" in by_kernels["engine.kernel_inject=true"]["replayed"]["not_replayed"]
     assert "replayed through the caching allocator" in text

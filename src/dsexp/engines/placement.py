@@ -136,16 +136,20 @@ def second_communicator(s: Strategy) -> bool:
 
 
 def rank_model(model, s: Strategy, placements: List[Placement], rank: int, tp: int):
-    """(the meta model as rank `rank` holds it, to trace its generate, or None; why not), without trims on the
-    model: at tp=1 the model itself; else where the engine's rank code is modelled (AutoTP: `placement.rank_model`)."""
-    if active_trims(s.trims):
-        return None, f"trims ({', '.join(active_trims(s.trims))}) change the ranks' code: not traced yet"
-    if tp == 1:
-        return model, None
+    """(a copy of the meta model as rank `rank` holds it, to trace its generate, or None; why not): at tp > 1 where
+    the engine's rank code is modelled (AutoTP: `placement.rank_model`, the trims' splits among its placements), with
+    trim.last_logits's hook on the head. Kernel injection runs DeepSpeed's own kernels: not traced."""
+    import copy
+
+    from dsexp.trims import last_logits
+
     rule = getattr(part(s.engine, "placement"), "rank_model", None) if s.engine in ENGINES else None
-    if rule is None or s.kernel_inject:
+    if s.kernel_inject or (tp > 1 and rule is None):
         return None, f"engine {s.engine}{' with kernel injection' if s.kernel_inject else ''}: its ranks are not traced"
-    return rule(model, placements, rank, tp), None
+    ranked = rule(model, placements, rank, tp) if tp > 1 else copy.deepcopy(model)
+    if s.trimmed(last_logits.TRAITS.key):
+        last_logits.keep_last_logits(ranked)
+    return ranked, None
 
 
 def script_as_configured(config: Mapping[str, Any]) -> Dict[str, Any]:

@@ -10,7 +10,9 @@ and 16 with expandable segments, as measured; the allocated bytes alone said 16 
 A rank of a tensor-parallel engine is traced on the meta model as that rank holds it (its family's `rank_model`: for
 AutoTP the split linears and the heads each module is told it has); an all-reduce allocates nothing on the device.
 A point of dsexp's own job makes several generate calls (`point_calls`: warm-up, the measured one, repeats, and at a
-job's first point one more of one token with its logits for the correctness check), replayed in turn.
+job's first point one more of one token with its logits for the correctness check), replayed in turn. Not traced:
+what the load itself allocated and freed before the weights settled (the replay places the weights in the engine's
+order), the one batch or two the loading strategies differ by under a cap (docs/FINDINGS.md 6d).
 """
 
 from __future__ import annotations

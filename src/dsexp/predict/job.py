@@ -301,13 +301,12 @@ def replayed(pred: Prediction, config: Mapping[str, Any], rules: Rules, prompt: 
     outside it), default and with expandable segments; or why it is not replayed."""
     from dsexp.predict import fragmentation
 
-    why = None if str(pred.strategy.device).startswith("cuda") else "a CPU run has no caching allocator"
-    if why or not fit["largest_batch"]:
-        return {"not_replayed": why or "not even batch 1 fits the allocated bytes"}
+    if not str(pred.strategy.device).startswith("cuda"):
+        return {"not_replayed": "a CPU run has no caching allocator"}
     model = arch.meta_model(arch.model_source(dict(config), None), pred.strategy.dtype)
     ranked, why = rules.rank_model(model, pred.strategy, pred.placements, 0, pred.tp)
-    if ranked is None:
-        return {"not_replayed": why}
+    if ranked is None or not fit["largest_batch"]:
+        return {"not_replayed": why or "not even batch 1 fits the allocated bytes"}
     order = rules.allocation_order(pred.strategy.engine)
     weights = (order(pred.placements, 0, pred.strategy) if order else None) or fragmentation.apply_order(model)
     gen = config.get("generate") or {}
