@@ -826,3 +826,15 @@ def test_the_answer_comes_with_the_command_that_runs_it_fixed_settings_included(
     assert (spec.tp, spec.load.name, spec.trim.name) == (2, "meta", "all")
     assert spec.trim.env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     assert spec.generate.batch_size == 15 and spec.generate.prompt_tokens == 2048 and not spec.budget.active
+
+
+def test_a_job_whose_every_point_ran_out_of_memory_is_not_ok_in_the_matrix():
+    """gpu40's job 12 ran batch 10 out of memory and skipped 11: the job ended cleanly, nothing it measured fits."""
+    from dsexp.analysis.matrix import status
+    from dsexp.core.result import JobRecord
+
+    from helpers.run import ROOT
+
+    read = lambda n: JobRecord.of(json.loads((ROOT / f"results/h200/budget/gpu40/{n}/result.json").read_text()))  # noqa: E731
+    assert read(12).ok and status(read(12)) == "oom: every point"
+    assert status(read(11)) == "ok"  # batches 8 and 9 ran

@@ -56,7 +56,7 @@ class Row:
         return {
             "config": self.strategy,
             "tp": self.tp,
-            "status": "ok" if r.ok else f"{r.status or '?'}:{r.cause or '?'}",
+            "status": status(r),
             "correct": None if not corr else bool(corr.get("passed")),
             "logits_rel_err": corr.get("logits_rel_err"),
             "gpu_peak_gib": m.headline(r, "gpu_peak_gib"),
@@ -92,6 +92,18 @@ def _outside_columns(r: JobRecord) -> Dict[str, Optional[int]]:
 def untrimmed_label(config: Dict[str, Any]) -> str:
     """The label of the same configuration without its trims (its sibling in a sweep)."""
     return config_label({k: v for k, v in config.items() if k != "trim"})
+
+
+def status(r: JobRecord) -> str:
+    """A job's status as the matrix says it: ok, failed:<cause>, or, for a job that ran to its end while every
+    workload point ran out of memory (a budget search's upper bracket), oom: nothing it measured fits."""
+    if not r.ok:
+        return f"{r.status or '?'}:{r.cause or '?'}"
+    rank0 = next(iter(r.ranks), None)
+    points = (rank0.points if rank0 is not None else None) or []
+    if points and not any(p.get("status") == "ok" for p in points):
+        return "oom: every point"
+    return "ok"
 
 
 def _gib(b: Optional[float]) -> Optional[float]:
