@@ -118,7 +118,7 @@ def space(overrides: Sequence[str], multirun: bool) -> List[Planned]:
 
 def plan_one(p: Planned, replay: bool = False) -> Dict[str, Any]:
     """One configuration's entry: its prediction (dsexp.predict.job.plan_entry), or why it has none."""
-    from dsexp.compose.budget.model import script_config
+    from dsexp.compose.budget.model import predict_spec, script_config
     from dsexp.engines.placement import RULES
     from dsexp.predict import job as model
 
@@ -128,7 +128,7 @@ def plan_one(p: Planned, replay: bool = False) -> Dict[str, Any]:
     gib = p.spec.budget.gpu_gib
     t0 = time.perf_counter()
     try:
-        pred = model.predict(config, RULES, model.Facts(device=p.spec.device, model_dir=cached_folder(p.spec)))
+        pred = predict_spec(p.spec, model_dir=cached_folder(p.spec))
         if pred.error:
             return {**head, "status": "not_predicted", "reason": pred.error}
         gpu = int(gib * GIB) if gib else None

@@ -83,13 +83,15 @@ def token_limit(pred, spec: JobConfig) -> Optional[Miss]:
     return Miss("max_out_tokens", int(g.prompt_tokens) + int(g.new_tokens), spec.engine.max_out_tokens, where="tokens")
 
 
-def predict_spec(spec: JobConfig, tp: Optional[int] = None, device: Optional[str] = None):
+def predict_spec(
+    spec: JobConfig, tp: Optional[int] = None, device: Optional[str] = None, model_dir: Optional[str] = None
+):
     """The memory model for this job's spec alone (nothing has run): dsexp.predict.job.predict with the families'
-    rules, on the spec's device or another."""
+    rules, on the spec's device or another; model_dir: a checkpoint folder already here whose file sizes to read."""
     from dsexp.engines.placement import RULES
     from dsexp.predict.job import Facts, predict
 
-    return predict(script_config(spec), RULES, Facts(device=device or spec.device), tp or spec.tp)
+    return predict(script_config(spec), RULES, Facts(device=device or spec.device, model_dir=model_dir), tp or spec.tp)
 
 
 def script_config(spec: JobConfig) -> Dict[str, Any]:
