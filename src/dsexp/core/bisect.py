@@ -1,0 +1,50 @@
+"""The batch search inside one load: which batch a job runs next, from what its points measured so far.
+
+A budget search hands each of dsexp's own jobs a range of batches and the memory model's guess
+(`generate.bisect_from`); the ranks load the model once and run points until the largest batch that ran and the
+smallest that ran out of memory are neighbours in the range (dsexp.rank.workloads.pipeline). Every rank computes the
+same next batch from the same outcomes (the ranks agree on each out-of-memory point before moving on,
+dsexp.rank.oom_agreement), so no message is needed to choose it.
+
+The order: the guess; then, while only points that ran are known, up from it (guess+1, +2, +4, +8: where the guess
+was right, one run above it settles the bracket, and one batch under costs one point more); while only out-of-memory
+points are known, the same downwards; then plain bisection between the two. Where the guess holds within one batch
+the job runs 2 or 3 points: the guess, one above, and one below only if the guess ran out of memory.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional, Tuple
+
+OK, OOM = "ok", "oom"
+
+
+def bracket(batches: List[int], outcomes: Dict[int, str]) -> Tuple[int, int]:
+    """(index of the largest batch that ran below the smallest that ran out of memory, index of that smallest); -1 and
+    len(batches) where nothing is known on that side."""
+    hi = min((i for i, b in enumerate(batches) if outcomes.get(b) == OOM), default=len(batches))
+    lo = max((i for i, b in enumerate(batches[:hi]) if outcomes.get(b) == OK), default=-1)
+    return lo, hi
+
+
+def next_batch(batches: List[int], start: int, outcomes: Dict[int, str]) -> Optional[int]:
+    """The batch to run next (None: settled), `batches` ascending, `start` the first guess (clamped into the range),
+    `outcomes` batch -> ok | oom for the points run so far (any other status counts as not run)."""
+    if not batches:
+        return None
+    s = min(range(len(batches)), key=lambda i: (abs(batches[i] - start), batches[i]))
+    lo, hi = bracket(batches, outcomes)
+    if lo == -1 and hi == len(batches):
+        return batches[s]
+    if hi - lo <= 1:
+        return None
+    if hi == len(batches):  # only ran so far: up, the step doubling from the guess
+        return batches[min(len(batches) - 1, lo + max(lo - s, 1))]
+    if lo == -1:  # only out of memory so far: down, likewise
+        return batches[max(0, hi - max(s - hi, 1))]
+    return batches[(lo + hi) // 2]
+
+
+def outcomes_of(entries: Iterable[dict]) -> Dict[int, str]:
+    """batch -> ok | oom from rank records' point entries (the points not run are left out)."""
+    return {int(e["batch"]): e["status"] for e in entries if e.get("status") in (OK, OOM)}

@@ -1,0 +1,144 @@
+"""The batch search inside one load (dsexp.core.bisect) and the budget search that hands it a configuration's whole
+range (dsexp.compose.budget.search with one_load): pure, no ranks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dsexp.compose.budget import search as S
+from dsexp.core.bisect import OK, OOM, bracket, next_batch
+
+BATCHES = list(range(1, 65))
+
+
+def run_search(batches, start, largest):
+    """The batches a search from `start` runs on a card whose largest batch that fits is `largest` (0: none)."""
+    outcomes, ran = {}, []
+    batch = next_batch(batches, start, outcomes)
+    while batch is not None:
+        assert batch not in outcomes, f"ran {batch} twice: {ran}"
+        outcomes[batch] = OK if batch <= largest else OOM
+        ran.append(batch)
+        batch = next_batch(batches, start, outcomes)
+    return ran, outcomes
+
+
+@pytest.mark.parametrize("largest,ran", [(16, [16, 17]), (17, [16, 17, 18]), (15, [16, 15])])
+def test_a_guess_within_one_batch_settles_in_at_most_three_points(largest, ran):
+    got, outcomes = run_search(BATCHES, 16, largest)
+    assert got == ran
+    lo, hi = bracket(BATCHES, outcomes)
+    assert BATCHES[lo] == largest and BATCHES[hi] == largest + 1
+
+
+def test_a_guess_far_off_doubles_its_step_then_bisects():
+    ran, outcomes = run_search(BATCHES, 4, 40)
+    assert ran[:6] == [4, 5, 6, 8, 12, 20]  # up, the step doubling while only runs are known
+    lo, hi = bracket(BATCHES, outcomes)
+    assert (BATCHES[lo], BATCHES[hi]) == (40, 41)
+    down, outcomes = run_search(BATCHES, 40, 4)
+    assert down[:5] == [40, 39, 38, 36, 32]
+    assert BATCHES[bracket(BATCHES, outcomes)[0]] == 4
+
+
+def test_every_boundary_is_found_within_log_steps_from_any_guess():
+    for largest in range(0, 65):
+        for start in (1, 7, 32, 64):
+            ran, outcomes = run_search(BATCHES, start, largest)
+            lo, hi = bracket(BATCHES, outcomes)
+            assert lo == largest - 1 and hi - lo == 1, (largest, start, ran)
+            assert len(ran) <= 2 * 6 + 2, (largest, start, ran)
+
+
+def test_the_range_ends_settle_it():
+    assert run_search(BATCHES, 64, 64)[0] == [64]  # the top ran: nothing above to try
+    assert run_search(BATCHES, 1, 0)[0] == [1]  # the bottom ran out of memory: nothing fits
+    assert next_batch([], 3, {}) is None
+    assert next_batch([5, 6, 7], 1, {}) == 5  # a guess outside the range: its nearest batch
+
+
+def test_only_outcomes_that_ran_or_ran_out_count():
+    assert next_batch([1, 2, 3], 2, {2: "skipped"}) == 2
+
+
+# --- the budget search over one-load configurations -----------------------------------------------------------
+
+
+def one_load_state(needs_of, device, configs=("a",)):
+    return S.State(
+        device=device,
+        batches=BATCHES,
+        configs=[S.Config(k, {"x": k}, needs_of(k), one_load=True) for k in configs],
+    )
+
+
+def run_jobs(state, largest_of, fail_at=None):
+    """Run the search to its end: each job searches inside its load; a job reaching batch `fail_at` fails there
+    (a CUDA error other than out of memory) after what it measured. Returns [(config, batches run)] per job."""
+    jobs, failed = [], False
+    for _ in range(50):
+        todo = S.next_round(state)
+        if not todo:
+            return jobs
+        for c, job in todo:
+            assert job.start in job.batches
+            outcomes, ran = {}, []
+            batch = job.start
+            while batch is not None:
+                if batch == fail_at and not failed:
+                    ran.append(None)
+                    failed = True
+                    break
+                status = OK if batch <= largest_of(c) else OOM
+                c.points.append(S.Point(batch, status, 0 if status == OK else None, job=str(len(jobs))))
+                outcomes[batch] = status
+                ran.append(batch)
+                batch = next_batch(job.batches, job.start, outcomes)
+            jobs.append((c.key, ran))
+    raise AssertionError("the search did not settle")
+
+
+def test_an_exact_model_settles_a_configuration_in_one_load_of_two_points():
+    state = one_load_state(lambda k: [b * 10 for b in BATCHES], device=160)
+    jobs = run_jobs(state, lambda c: 16)
+    assert jobs == [("a", [16, 17])]
+    c = state.configs[0]
+    assert S.loads_used(c) == 1 and S.largest_ok(c, BATCHES) == 16 and S.done(c, state)
+
+
+def test_the_replay_guess_one_off_costs_one_point_not_a_load():
+    state = one_load_state(lambda k: [b * 10 for b in BATCHES], device=160)
+    state.configs[0].replayed = BATCHES.index(14)  # fragmentation: the replay says 14
+    jobs = run_jobs(state, lambda c: 13)
+    assert jobs == [("a", [14, 13])]
+
+
+def test_the_floors_first_miss_is_the_top_of_the_range_the_job_searches():
+    state = one_load_state(lambda k: [b * 10 for b in BATCHES], device=160)
+    ((c, job),) = S.next_round(state)
+    assert job.batches == BATCHES[:17] and job.start == 16  # up to 17, the first the floor says does not fit
+
+
+def test_a_job_that_failed_after_measuring_goes_on_in_a_fresh_job_from_its_points():
+    state = one_load_state(lambda k: [b * 10 for b in BATCHES], device=160)
+    jobs = run_jobs(state, lambda c: 15, fail_at=15)
+    # the first load: 16 ran out of memory, then 15 failed otherwise; the second load searches what is still open,
+    # below 16, and its guess moved down by the gap 16 showed
+    assert jobs == [("a", [16, None]), ("a", [15])]
+    assert S.largest_ok(state.configs[0], BATCHES) == 15 and S.loads_used(state.configs[0]) == 2
+
+
+def test_one_load_searches_settle_whatever_the_model_gets_wrong():
+    rng = random.Random(7)
+    for trial in range(200):
+        truth = rng.randint(0, 64)
+        slope = rng.choice([5, 10, 20])
+        state = one_load_state(lambda k: [b * slope for b in BATCHES], device=160)
+        state.configs[0].replayed = rng.choice([None, rng.randint(0, 63)])
+        jobs = run_jobs(state, lambda c: truth)
+        c = state.configs[0]
+        lo, hi = S.bracket(c, BATCHES)
+        assert hi - lo == 1 and (BATCHES[lo] if lo >= 0 else 0) == truth, (trial, jobs)
+        assert S.loads_used(c) <= 2, (trial, jobs)  # the floor's first miss ran: the range above it, once
