@@ -87,8 +87,8 @@ def test_a_budget_search_on_cpu_skips_the_miss_and_settles_in_one_job_then_resum
     tmp_path, cache_dir
 ):
     """tp=2 takes more GPUs than the budget has: not launched. tp=1, with the model exact on the CPU
-    (cpu_scale=1), runs the model's largest batch and the next one in one job: the first runs, the second is out of
-    memory (a result), a one-step bracket. Run again on the same folder: the search resumes with nothing left."""
+    (cpu_scale=1), searches the batch in one job (one load) from the model's largest batch: it runs, the next is out
+    of memory (a result), a one-step bracket. Run again on the same folder: the search resumes with nothing left."""
     from helpers.run import run_dsexp, sweep_results
 
     batches = range(1, 9)
@@ -105,7 +105,8 @@ def test_a_budget_search_on_cpu_skips_the_miss_and_settles_in_one_job_then_resum
     assert [(p["batch"], p["status"]) for p in c["points"]] == [(3, "ok"), (4, "oom")]
     assert (c["largest_ok"], c["smallest_oom"], state["runs"], len(state["jobs"])) == (3, 4, 2, 1)
     (res,) = sweep_results(sweep)
-    assert res["status"] == "ok" and res["config"]["generate"]["batch_size"] == [3, 4]
+    assert res["status"] == "ok" and res["config"]["generate"]["batch_size"] == [1, 2, 3, 4]  # up to the floor's miss
+    assert res["config"]["generate"]["bisect_from"] == 3
     summary = (sweep / "summary.md").read_text()
     assert "## Budget search" in summary and "**Answer**: `tp=1` at batch **3**" in summary
     assert "simulated on the CPU" in summary and "2 points in 1 jobs, against 16 for the full grid" in summary
@@ -143,8 +144,8 @@ def test_a_budget_nothing_meets_is_an_answer_naming_the_closest_configuration_an
 @pytest.mark.slow  # a search of several one-rank jobs, run twice (killed, then resumed): minutes on 2 shared cores
 def test_a_search_the_model_gets_wrong_bisects_to_a_one_step_bracket_and_resumes_after_a_kill(tmp_path, cache_dir):
     """The CPU card needs 1.6x the model's bytes above the weights (budget.cpu_scale): tp=2's first guess runs out of
-    memory; the search bisects on what it measured to a one-step bracket within ceil(log2 8)+2 runs, and its
-    measured gap moves the first guess of its neighbour. tp=1 is predicted not to fit at batch 1. The
+    memory; the job's search inside its one load goes down to a one-step bracket, and the configuration's measured gap
+    moves the first guess of its neighbour. tp=1 is predicted not to fit at batch 1. The
     search is killed (Ctrl-C) after its first job and run again on the same folder: it resumes from what it
     measured and overwrites no result."""
     import os
@@ -187,7 +188,7 @@ def test_a_search_the_model_gets_wrong_bisects_to_a_one_step_bracket_and_resumes
     for key in ("tp=2 trim=none", "tp=2 trim=all"):
         c = configs[key]
         assert c["settled"] and not c["failed"], c
-        assert len(c["points"]) <= state["run_bound"] == 5
+        assert c["loads"] <= 2 and c["one_load"], c  # a second load only where Ctrl-C ended the first
         lo, hi = c["largest_ok"], c["smallest_oom"]
         assert lo is not None and hi == lo + 1 and hi <= c["predicted_largest"], c
         assert c["gap"] > 0 or key != "tp=2 trim=none"
@@ -344,6 +345,30 @@ def test_a_failed_job_is_a_boundary_a_rerun_or_a_stop_by_its_cause(cause, status
     pts, stop = P.points_of(Path("j"), res)
     assert [p.status for p in pts] == statuses and (stop is not None) == stops
     assert (P.points_of(Path("j"), res, resumed=True)[1] is not None) == stops_resumed
+
+
+def test_a_search_in_one_load_that_failed_otherwise_keeps_what_it_measured_and_its_configuration_goes_on():
+    """A CUDA error other than out of memory ends the job at its third point: the two measured before count, and the
+    search goes on in a fresh job from them; a search job that measured nothing stops its configuration."""
+    from pathlib import Path
+
+    from dsexp.compose.budget import points as P
+
+    sim = {"budget": {"simulated_need": 700, "fits": True}}
+    measured = [
+        {"batch": 6, "phase": "generate[b=6,l=64]", "status": "oom"},
+        {"batch": 5, "phase": "generate[b=5,l=64]", "status": "ok"},
+    ]
+    res = job_result("failed", "rank_error", batches=range(1, 9), points=measured, phases={"generate[b=5,l=64]": sim})
+    res["config"]["generate"]["bisect_from"] = 6
+    pts, stop = P.points_of(Path("j"), res)
+    assert [(p.batch, p.status, p.peak) for p in pts] == [(5, "ok", 700), (6, "oom", None)] and stop is None
+    res["failure"]["cause"] = "interrupted"  # Ctrl-C: what it measured is kept too
+    assert [p.batch for p in P.points_of(Path("j"), res)[0]] == [5, 6]
+    res["failure"]["cause"] = "rank_error"
+    res["ranks"] = [{"rank": r, "points": [], "phases": {}} for r in (0, 1)]
+    pts, stop = P.points_of(Path("j"), res)
+    assert {p.status for p in pts} == {"failed"} and stop.startswith("rank_error")
 
 
 def answer_text(shared: bool = False) -> str:
@@ -536,13 +561,17 @@ def test_a_script_is_predicted_before_it_runs_as_dsexps_pipeline_with_the_loadin
 
 def test_script_fix_is_a_dimension_of_the_space_and_a_scripts_job_runs_one_batch():
     from dsexp.compose.budget import search as S
-    from dsexp.compose.budget.sweeper import Space, batch_override
+    from dsexp.compose.budget.sweeper import Space, batch_overrides
 
     space = Space(["budget.gpus=2", "tp=1,2", "script.fix=[],[all]"])
     assert space.dims == ["tp", "script.fix"] and len(space.combos) == 4
     assert space.coordinates(space.combos[1]) == {"tp": "1", "script.fix": "[all]"}
-    assert batch_override(S.Config("a", {}, [], one_batch=True), [6]) == "generate.batch_size=6"
-    assert batch_override(S.Config("a", {}, []), [6, 7]) == "generate.batch_size=[6,7]"
+    assert batch_overrides(S.Config("a", {}, [], one_batch=True), S.Job([6])) == ["generate.batch_size=6"]
+    assert batch_overrides(S.Config("a", {}, []), S.Job([6, 7])) == ["generate.batch_size=[6,7]"]
+    assert batch_overrides(S.Config("a", {}, [], one_load=True), S.Job([5, 6, 7], 6)) == [
+        "generate.batch_size=[5,6,7]",
+        "generate.bisect_from=6",
+    ]
 
 
 def script_result(status="ok", cause=None, batch=3, needs=((700, 650), (800,))):
@@ -682,7 +711,7 @@ def test_the_h200_at_40_gib_answers_over_every_load_once_settled(tmp_path, capsy
     # 34.93 GiB reserved, its 35.59 GiB figure: its extra prefill call reserved 38.01); a tie, meta listed first
     assert "Runner-up: `tp=2 load=meta trim=all` at batch **10**" in text and "per GPU 38.67 GiB" in text
     assert "| tp=2 load=meta trim=none | 14 | 8 (own +8.51 GiB) | 9 | 10 |" in text
-    row = "| tp=2 load=sharded trim=none | 14 | 8 (own +8.53 GiB) | 9 | 10 | 8.53 GiB | 3 | 8:ok, 9:ok, 10:oom |"
+    row = "| tp=2 load=sharded trim=none | 14 | 8 (own +8.53 GiB) | 9 | 10 | 8.53 GiB | 3 | - | 8:ok, 9:ok, 10:oom |"
     assert row in text
     assert "against 768 for the full grid (12 configurations x 64 batches)" in text
 

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from dsexp.compose.budget import search as S
+from dsexp.core.bisect import next_batch
 
 GIB = 2**30
 
@@ -23,13 +24,28 @@ def simulate(state: S.State, truth, width: int = 1, max_rounds: int = 500):
         todo = S.next_round(state, width)
         if not todo:
             return jobs
-        for c, batches in todo:
-            jobs.append((c.key, list(batches)))
-            for b in batches:
-                need = truth(c, b)
-                fits = need <= state.device
-                c.points.append(S.Point(b, S.OK if fits else S.OOM, need if fits else None))
+        for c, job in todo:
+            ran = run_job(state, c, job, truth, len(jobs))
+            jobs.append((c.key, ran))
     raise AssertionError("the search did not settle")
+
+
+def run_job(state: S.State, c: S.Config, job: S.Job, truth, number: int):
+    """The job's points as its ranks would run them: every batch, or the search inside the load
+    (dsexp.core.bisect); returns the batches run."""
+    outcomes, ran = {}, []
+    batch = job.batches[0] if job.start is None else job.start
+    while batch is not None:
+        need = truth(c, batch)
+        fits = need <= state.device
+        c.points.append(S.Point(batch, S.OK if fits else S.OOM, need if fits else None, job=str(number)))
+        outcomes[batch], ran = S.OK if fits else S.OOM, [*ran, batch]
+        if job.start is None:
+            rest = [b for b in job.batches if b not in outcomes]
+            batch = rest[0] if rest else None
+        else:
+            batch = next_batch(job.batches, job.start, outcomes)
+    return ran
 
 
 def true_largest(state, c, truth):

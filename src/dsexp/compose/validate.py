@@ -493,6 +493,30 @@ def _validate_generate(spec: JobConfig) -> None:
                 raise ConfigError(f"{key}={v}: must be >= {least}")
     if g.prompt_tokens is not None and not as_list(g.prompt_tokens):
         raise ConfigError("generate.prompt_tokens=[]: give at least one length, or null for the prompt text")
+    if g.bisect_from is not None:
+        _validate_bisect(spec)
+
+
+def _validate_bisect(spec: JobConfig) -> None:
+    """A batch search inside one load: a whole number among a list of batches, one prompt length, dsexp's own
+    workload (a script's batch is its argument: one a job)."""
+    g = spec.generate
+    if isinstance(g.bisect_from, bool) or not isinstance(g.bisect_from, int):
+        raise ConfigError(f"generate.bisect_from={g.bisect_from!r}: must be a whole number (a batch of the list)")
+    if g.bisect_from not in as_list(g.batch_size):
+        raise ConfigError(
+            f"generate.bisect_from={g.bisect_from}: not among generate.batch_size={as_list(g.batch_size)} "
+            "(the batches it searches)"
+        )
+    if len(as_list(g.prompt_tokens)) != 1:
+        raise ConfigError(
+            f"generate.bisect_from with generate.prompt_tokens={g.prompt_tokens}: a batch search holds one prompt "
+            "length"
+        )
+    if spec.workload == "script":
+        raise ConfigError(
+            "generate.bisect_from: a script's batch is its argument, one a job; a budget search runs it batch by batch"
+        )
 
 
 def _validate_context(spec: JobConfig) -> None:

@@ -100,6 +100,10 @@ class GenerateConfig:
     # untimed calls first (as optimum-benchmark and vLLM do): the first call's one-time costs (kernels chosen, caches
     # built) stay out of TTFT, TPOT and tokens/s; on CPU a cold first call of the tiny model took 14x a warm one
     warmup: int = 1
+    # a batch of the batch_size list: the list is searched from it (dsexp.core.bisect) instead of run whole, until
+    # the largest batch that runs and the smallest that runs out of memory are neighbours; the model loads once. The
+    # budget search sets it to the memory model's guess; null: every point of the grid runs
+    bisect_from: Optional[int] = None
 
 
 @dataclass
@@ -188,6 +192,9 @@ class BudgetConfig:
     batch_step: int = 1
     enforce: bool = True  # GPU: cap each rank's allocator at the budget (false: compared only)
     cpu_scale: float = 1.0
+    # dsexp's own workload: a configuration's whole batch search in one job, the model loaded once
+    # (generate.bisect_from); false: a job per guess, running it and the next batch (a fresh process at every load)
+    one_load: bool = True
 
     @property
     def active(self) -> bool:

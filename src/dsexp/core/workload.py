@@ -15,6 +15,7 @@ from typing import Any, Iterable, List, Optional
 
 GENERATE = "generate"
 BATCH_KEY = "generate.batch_size"  # the override a budget search sets per job, and its answer's command
+BISECT_KEY = "generate.bisect_from"  # where a job's batch search inside its one load starts (dsexp.core.bisect)
 NOT_MEASURED = ("skipped", "not_run")
 # How dsexp's ranks call generate (greedy, exactly the new tokens: `min_new_tokens` too), and so how the memory model
 # traces it on the meta device (dsexp.predict.meta_trace)

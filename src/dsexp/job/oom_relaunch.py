@@ -16,9 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from dsexp.core.bisect import next_batch, outcomes_of
 from dsexp.core.fs import write_json_atomic
 from dsexp.core.protocol import logits_file, rank_file
-from dsexp.core.workload import Point, dominated, grid, parse_phase
+from dsexp.core.workload import Point, as_list, dominated, grid, parse_phase
 from dsexp.job import failures
 
 LAUNCHES = Path(".dsexp") / "launches"
@@ -59,11 +60,21 @@ def mark_torn_down(job_dir: Path, ranks: List[Optional[dict]], ended: Dict[str, 
 
 
 def points_left(generate: Any, launches: Sequence[Sequence[Optional[dict]]]) -> List[Point]:
-    """The grid's points no launch recorded and no point that ran out dominates, in the order they run."""
-    entries = [e for ranks in launches for rec in ranks if rec for e in rec.get("points") or []]
+    """The grid's points no launch recorded and no point that ran out dominates, in the order they run; of a batch
+    search (generate.bisect_from), the next point it runs (none: settled)."""
+    entries = recorded_points(launches)
+    if getattr(generate, "bisect_from", None) is not None:
+        batches, (length,) = sorted({int(b) for b in as_list(generate.batch_size)}), as_list(generate.prompt_tokens)
+        batch = next_batch(batches, generate.bisect_from, outcomes_of(entries))
+        return [] if batch is None else [Point(batch, length)]
     done = {(e["batch"], e["prompt_tokens"]) for e in entries}
     ran_out = [Point(e["batch"], e["prompt_tokens"]) for e in entries if e["status"] == "oom"]
     return [p for p in grid(generate) if (p.batch, p.prompt_tokens) not in done and not dominated(p, ran_out)]
+
+
+def recorded_points(launches: Sequence[Sequence[Optional[dict]]]) -> List[Dict[str, Any]]:
+    """Every point entry the launches' rank records hold (what a relaunched batch search goes on from)."""
+    return [e for ranks in launches for rec in ranks if rec for e in rec.get("points") or []]
 
 
 def archive_launch(job_dir: Path, ranks: Sequence[Optional[dict]], launch: Dict[str, Any], left: List[Point]) -> dict:
@@ -115,6 +126,12 @@ def merge_launches(
     return ranks
 
 
+def not_run_why(generate: Any) -> str:
+    if getattr(generate, "bisect_from", None) is not None:
+        return "the batch search settled without it"
+    return "no launch of the job reached it"
+
+
 def complete_points(points: List[Dict[str, Any]], generate: Any) -> List[Dict[str, Any]]:
     """A rank's point entries in the grid's order, one per grid point: those recorded, then `skipped` (larger than
     one that ran out) or `not_run` for the rest."""
@@ -130,7 +147,7 @@ def complete_points(points: List[Dict[str, Any]], generate: Any) -> List[Dict[st
             entry = (
                 {**p.to_dict(), "phase": key, "status": "skipped", "larger_than": larger.to_dict()}
                 if larger
-                else {**p.to_dict(), "phase": key, "status": "not_run", "why": "no launch of the job reached it"}
+                else {**p.to_dict(), "phase": key, "status": "not_run", "why": not_run_why(generate)}
             )
         out.append(entry)
     return out

@@ -425,7 +425,8 @@ def launch_for_points(
             break
         launches.append(oom_relaunch.archive_launch(job_dir, ranks, outcome.to_dict(), left))
         earlier.append(ranks)
-        write_job_file(job_dir, spec, {**runtime, "points": [p.to_dict() for p in left]})
+        outcomes = oom_relaunch.recorded_points([*earlier])  # a batch search goes on from them
+        write_job_file(job_dir, spec, {**runtime, "points": [p.to_dict() for p in left], "outcomes": outcomes})
     if earlier or ended:
         ranks = oom_relaunch.merge_launches(earlier, ranks, spec.generate)
     return outcome, ranks, launches

@@ -163,12 +163,20 @@ def _nothing_fits(s: Dict[str, Any]) -> List[str]:
 
 
 def _runs_line(s: Dict[str, Any]) -> str:
-    jobs = len(s.get("jobs") or [])
+    jobs = s.get("jobs") or []
+    walls = [j["wall_s"] for j in jobs if isinstance(j, dict) and j.get("wall_s") is not None]
+    one_load = any(c.get("one_load") for c in s["configs"])
     return (
-        f"Runs: {s['runs']} points in {jobs} jobs, against {s['full_grid_runs']} for the full grid "
+        f"Runs: {s['runs']} points in {len(jobs)} jobs, against {s['full_grid_runs']} for the full grid "
         f"({s.get('grid_configs') or len(s['configs'])} configurations x {len(s['batches'])} batches); "
-        f"at most {s['run_bound']} per configuration"
-        + (f" ({B.ONE_BATCH_PER_JOB})." if s.get("one_batch_per_job") else ".")
+        + (
+            "each configuration's batch searched inside one load (a second only where a job ended before its search "
+            "settled)"
+            if one_load
+            else f"at most {s['run_bound']} per configuration"
+        )
+        + (f" ({B.ONE_BATCH_PER_JOB})" if s.get("one_batch_per_job") else "")
+        + (f". Jobs' wall time: {sum(walls):.0f} s." if walls else ".")
     )
 
 
@@ -201,12 +209,13 @@ def _runs_table(s: Dict[str, Any]) -> str:
                 c.get("smallest_oom") or "-",
                 size(c.get("gap")) if c.get("gap") else "0",
                 len(c.get("points") or []),
+                c.get("loads", "-"),
                 points or "-",
             ]
         )
     header = ["configuration", "predicted largest", "with the measured gap", "largest ran", "smallest past", "gap",
-              "runs", "batch:status"]  # fmt: skip
-    return md_table(header, body, [False, True, True, True, True, True, True, False])
+              "runs", "loads", "batch:status"]  # fmt: skip
+    return md_table(header, body, [False, True, True, True, True, True, True, True, False])
 
 
 def _shifted(c: Dict[str, Any]) -> str:

@@ -24,7 +24,7 @@ from dsexp.compose.budget.search import FAILED, OK, OOM, Point
 from dsexp.core.fs import read_json
 from dsexp.core.result import JobRecord
 
-__all__ = ["host_need", "points_of", "identity", "job_batches", "sweep_results", "read_json"]
+__all__ = ["host_need", "points_of", "identity", "job_batches", "sweep_results", "read_json", "wall_s"]
 
 GIB = 2**30
 RESULT = "result.json"
@@ -44,7 +44,7 @@ def identity(config: Dict[str, Any]) -> str:
     d = json.loads(json.dumps(config, default=str))
     for k in ("tracking", "rerun", "timeout_s", "cache_dir"):  # cache_dir: where the machine keeps checkpoints
         d.pop(k, None)
-    for k in ("batch_size", "warmup", "repeats"):
+    for k in ("batch_size", "warmup", "repeats", "bisect_from"):
         (d.get("generate") or {}).pop(k, None)
     (d.get("load") or {}).pop("shard_dir", None)  # where split files are kept, as cache_dir
     d = _without(d, _defaults())
@@ -78,6 +78,12 @@ def job_batches(config: Dict[str, Any]) -> List[int]:
     return sorted({int(b) for b in (value if isinstance(value, list) else [value])})
 
 
+def wall_s(result: Dict[str, Any]) -> Optional[float]:
+    """The job's wall time, seconds: preparing (a checkpoint written, the reference computed) and every launch."""
+    wall = result.get("wall_s")
+    return None if wall is None else round(float(wall), 1)
+
+
 def sweep_results(sweep_dir: Path) -> List[Tuple[Path, Dict[str, Any]]]:
     """(job folder, result) of every job folder of the sweep (earlier attempts, kept under .dsexp/, are not runs)."""
     out = []
@@ -90,18 +96,32 @@ def sweep_results(sweep_dir: Path) -> List[Tuple[Path, Dict[str, Any]]]:
 
 def points_of(job_dir: Path, result: Dict[str, Any], resumed: bool = False) -> Tuple[List[Point], Optional[str]]:
     """The job's points, and why its configuration should not be pursued (None: go on); resumed: the job is an
-    earlier search's, read back by a search that resumes it."""
+    earlier search's, read back by a search that resumes it. A batch search inside one load that ended otherwise
+    (a CUDA error the process cannot recover from, Ctrl-C, a time limit) keeps the points it measured before, and its
+    configuration goes on in a fresh job from them; only a failed job that measured nothing stops it."""
     rec = JobRecord.of(result)
     batches = job_batches(result.get("config") or {})
     if not rec.ok:
         cause = rec.cause or "failed"
+        before = measured_points(job_dir, result, rec, batches) if searched_in_load(result) else []
         if cause in NOT_MEASURED or (resumed and cause in RETRIED_ON_RESUME):
-            return [], None
-        if cause == "oom_gpu":
+            return before, None  # a search ended from outside keeps its points: the next job goes on from them
+        if cause == "oom_gpu" and not before:
             return [Point(b, OOM, job=str(job_dir)) for b in batches], None
+        if before:
+            return before, None
         return [
             Point(b, FAILED, job=str(job_dir)) for b in batches
         ], f"{cause}: {(rec.failure.get('message') or '')[:200]}"
+    return measured_points(job_dir, result, rec, batches), None
+
+
+def searched_in_load(result: Dict[str, Any]) -> bool:
+    return ((result.get("config") or {}).get("generate") or {}).get("bisect_from") is not None
+
+
+def measured_points(job_dir: Path, result: Dict[str, Any], rec: JobRecord, batches: List[int]) -> List[Point]:
+    """The batches the job's ranks ran (ok, with the busiest rank's device need) or ran out of memory at."""
     points = []
     for b in batches:
         statuses = {e.get("status") for rk in rec.ranks for e in rk.raw.get("points") or [] if e.get("batch") == b}
@@ -109,7 +129,7 @@ def points_of(job_dir: Path, result: Dict[str, Any], resumed: bool = False) -> T
             continue
         if "oom" in statuses:
             points.append(Point(b, OOM, job=str(job_dir)))
-        else:
+        else:  # ran (a script's generate calls list no point statuses)
             needs = [n for n in device_per_rank(result, b) if n is not None]
             points.append(Point(b, OK, max(needs) if needs else None, job=str(job_dir)))
-    return points, None
+    return points

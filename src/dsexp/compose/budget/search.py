@@ -4,8 +4,12 @@ State: the budget (device bytes per GPU, host bytes), the batches of the range, 
 memory model's device need at every batch of the range (busiest rank, what lives outside the allocator included) and
 the points measured so far. Nothing here runs, reads files or imports Hydra: dsexp.compose.budget.sweeper does that.
 
-Per configuration: first the model's largest batch b and the next one (one job, one load: two runs; a configuration
-whose job runs one batch, a user's script, runs b alone and b + 1 in the next job); then a bisection
+Per configuration of dsexp's own workload (budget.one_load, the default): one job whose ranks load the model once and
+search the batch themselves from the model's guess (dsexp.core.bisect: the guess, one above, one below only if the
+guess ran out of memory, then bisection); a second job only where the first ended before its search settled, over
+the batches still open. Otherwise (a user's script, whose job runs one batch, or budget.one_load=false): first the
+model's largest batch b and the next one (one job: two runs; a script runs b alone and b + 1 in the next job); then a
+bisection
 on what was measured (an out-of-memory point is the upper boundary) until the largest batch that ran and the smallest
 that did not are one step apart. A probe is the model's guess (shifted by the measured gap) where the run bound still
 holds in the worst case after it, else the midpoint; the midpoint too while only out-of-memory points are known (they
@@ -65,6 +69,7 @@ class Config:
     needs: List[int]  # the model's device need at each batch of the range (busiest rank)
     gpus: int = 1  # GPUs it takes (its tp): fewer is better at equal batch
     one_batch: bool = False  # a job runs one batch (a user's script: its {batch_size}), never a grid in one load
+    one_load: bool = False  # a job searches the batch itself, inside one load (dsexp.core.bisect)
     miss: Optional[Miss] = None  # predicted not to fit at all: never launched
     replayed: Optional[int] = None  # index of the largest batch the allocator's replay fits (None: not replayed)
     points: List[Point] = field(default_factory=list)
@@ -72,6 +77,15 @@ class Config:
 
     def point(self, batch: int) -> Optional[Point]:
         return next((p for p in self.points if p.batch == batch and p.status in (OK, *PAST)), None)
+
+
+@dataclass
+class Job:
+    """What a configuration's next job runs: its batches, and where its search inside the load starts (None: it runs
+    every batch)."""
+
+    batches: List[int]
+    start: Optional[int] = None
 
 
 @dataclass
@@ -101,6 +115,11 @@ def _bisections(unknown: int) -> int:
 
 def runs_used(c: Config) -> int:
     return len(c.points)
+
+
+def loads_used(c: Config) -> int:
+    """Jobs (model loads) that measured a point of c."""
+    return len({p.job for p in c.points}) if c.points else 0
 
 
 def bracket(c: Config, batches: List[int]) -> Tuple[int, int]:
@@ -176,10 +195,23 @@ def floor_cap(c: Config, s: State) -> int:
 def done(c: Config, s: State) -> bool:
     if c.miss is not None or c.failed is not None:
         return True
-    if runs_used(c) >= run_bound(len(s.batches)):
+    if (loads_used(c) if c.one_load else runs_used(c)) >= run_bound(len(s.batches)):
         return True
     lo, hi = bracket(c, s.batches)
     return hi - lo == 1 if c.points else False
+
+
+def next_job(c: Config, s: State) -> Optional[Job]:
+    """c's next job (None: settled): the batch search inside one load over the batches still open, from the model's
+    guess, or the batches a job per guess runs."""
+    if done(c, s):
+        return None
+    if not c.one_load:
+        return Job(next_batches(c, s))
+    lo, hi = bracket(c, s.batches)
+    top = min(hi, floor_cap(c, s) + 1)  # the floor's first miss is measured, the batches above it are not planned
+    guess = model_largest(c, s.device, gap(c, s))
+    return Job(s.batches[lo + 1 : top], s.batches[min(max(guess, lo + 1), top - 1)])
 
 
 def next_batches(c: Config, s: State) -> List[int]:
@@ -219,12 +251,12 @@ def benefit(c: Config, s: State) -> Tuple:
     return (-i, c.gpus, c.needs[i] if i >= 0 else math.inf, c.key)
 
 
-def next_round(s: State, width: int = 1) -> List[Tuple[Config, List[int]]]:
-    """The next `width` jobs: the configurations still open, in order of predicted benefit, each with its batches."""
+def next_round(s: State, width: int = 1) -> List[Tuple[Config, Job]]:
+    """The next `width` jobs: the configurations still open, in order of predicted benefit, each with its job."""
     out = []
     for c in sorted((c for c in s.configs if not done(c, s)), key=lambda c: benefit(c, s)):
-        todo = next_batches(c, s)
-        if todo:
+        todo = next_job(c, s)
+        if todo and todo.batches:
             out.append((c, todo))
         if len(out) >= width:
             break

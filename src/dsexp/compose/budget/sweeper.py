@@ -27,7 +27,7 @@ from dsexp.compose.budget import search
 from dsexp.compose.budget.model import Predicted, describe, need_at, predict_config
 from dsexp.core.fs import write_json_atomic
 from dsexp.core.schema import ConfigError, JobConfig
-from dsexp.core.workload import BATCH_KEY
+from dsexp.core.workload import BATCH_KEY, BISECT_KEY
 
 log = logging.getLogger(__name__)
 GIB = 2**30
@@ -108,9 +108,12 @@ class BudgetSearch:
             self.overrides[key], self.predicted[key], self.specs[key] = list(combo), pred, spec
             self.identity[key] = measured.identity(_config_dict(spec))
             one_batch = spec.workload == "script"  # its batch is an argument: one a job ({batch_size})
+            one_load = not one_batch and spec.budget.one_load
             replayed = None if pred.replayed is None else max((i for i, x in enumerate(batches) if x <= pred.replayed),
                                                              default=-1)  # fmt: skip
-            configs.append(search.Config(key, coords, pred.needs, spec.tp, one_batch, pred.miss, replayed=replayed))
+            configs.append(
+                search.Config(key, coords, pred.needs, spec.tp, one_batch, one_load, pred.miss, replayed=replayed)
+            )
         host = int(b.host_gib * GIB) if b.host_gib is not None else None
         return search.State(int(b.gpu_gib * GIB), batches, configs, host)
 
@@ -139,7 +142,16 @@ class BudgetSearch:
         over = self._over_host(result)
         if over and not c.failed:
             c.failed = over
-        self.jobs.append({"dir": str(job_dir), "config": key, "batches": measured.job_batches(result["config"])})
+        self.jobs.append(
+            {
+                "dir": str(job_dir),
+                "config": key,
+                "batches": [p.batch for p in points if p.status != search.FAILED]
+                or measured.job_batches(result["config"]),
+                "searched_from": ((result.get("config") or {}).get("generate") or {}).get("bisect_from"),
+                "wall_s": measured.wall_s(result),
+            }
+        )
 
     def _over_host(self, result: Dict[str, Any]) -> Optional[str]:
         host = measured.host_need(result)
@@ -167,15 +179,15 @@ class BudgetSearch:
                 todo = search.next_round(self.state, self.width)
                 if not todo:
                     break
-                batch = [self.overrides[c.key] + [batch_override(c, b)] for c, b in todo]
+                batch = [self.overrides[c.key] + batch_overrides(c, job) for c, job in todo]
                 self.sweeper.validate_batch_is_legal(batch)
                 results = self.sweeper.launcher.launch(batch, initial_job_idx=self.job_idx)
-                for i, ((c, batches), ret) in enumerate(zip(todo, results)):
+                for i, ((c, job), ret) in enumerate(zip(todo, results)):
                     job_dir = self.job_dir(ret, self.job_idx + i)
                     before = len(c.points)
                     self.absorb(job_dir, measured.read_json(job_dir / measured.RESULT))
                     if len(c.points) == before and not c.failed:  # never ask for the same thing twice
-                        c.failed = f"its job {job_dir} recorded none of the batches {batches}"
+                        c.failed = f"its job {job_dir} recorded none of the batches {job.batches}"
                 self.job_idx += len(batch)
                 returns.append(results)
                 self.save()
@@ -264,6 +276,8 @@ class BudgetSearch:
             "shift": shift,
             "shifted_largest": s.batches[shifted] if shifted >= 0 else None,
             "points": [p.__dict__ for p in sorted(c.points, key=lambda p: p.batch)],
+            "loads": search.loads_used(c),
+            "one_load": c.one_load,
             "largest_ok": s.batches[lo] if lo >= 0 else None,
             "smallest_oom": s.batches[hi] if hi < len(s.batches) else None,
             "settled": search.done(c, s),
@@ -271,13 +285,14 @@ class BudgetSearch:
         }
 
 
-def batch_override(c: search.Config, batches: List[int]) -> str:
-    """The batch a job runs: a grid inside one load (dsexp's pipeline), or the one batch a script's {batch_size}
-    takes."""
+def batch_overrides(c: search.Config, job: search.Job) -> List[str]:
+    """The batches a job runs: a search inside one load from its start, a grid inside one load (dsexp's pipeline), or
+    the one batch a script's {batch_size} takes."""
     if c.one_batch:
-        (b,) = batches
-        return f"{BATCH_KEY}={b}"
-    return f"{BATCH_KEY}=[{','.join(map(str, batches))}]"
+        (b,) = job.batches
+        return [f"{BATCH_KEY}={b}"]
+    grid = [f"{BATCH_KEY}=[{','.join(map(str, job.batches))}]"]
+    return grid if job.start is None else [*grid, f"{BISECT_KEY}={job.start}"]
 
 
 def _one_batch_note(s: search.State) -> str:

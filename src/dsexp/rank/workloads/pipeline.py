@@ -3,11 +3,12 @@ workloads reuse its steps."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from dsexp.core.bisect import next_batch, outcomes_of
 from dsexp.core.context import RankContext
 from dsexp.core.protocol import logits_file
-from dsexp.core.workload import Point, dominated, grid
+from dsexp.core.workload import Point, as_list, dominated, grid
 from dsexp.rank.budget_cap import check_simulated, simulate_point
 from dsexp.rank.faults import maybe_inject, maybe_oom, oom_in_forward
 from dsexp.rank.generation import point_ids
@@ -65,29 +66,30 @@ def load_and_init(ctx: RankContext, rec: PhaseRecorder, engine, loader: str) -> 
 
 
 def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[str, Any]) -> None:
-    """Each point of the workload grid (dsexp.core.workload) its own phase, measured (dsexp.rank.generation). A point
-    that runs out of memory is a result: the other points go on, the larger ones it makes pointless are skipped;
-    where the ranks cannot go on together (dsexp.rank.oom_agreement) they end after recording it, and the job
-    relaunches them for the points left (`runtime["points"]`). Rank 0 saves the grid's first point's first-step
-    logits (the correctness check reads them)."""
+    """Each point of the workload (dsexp.core.workload: the grid, or a batch search inside this load,
+    dsexp.core.bisect) its own phase, measured (dsexp.rank.generation). A point that runs out of memory is a result:
+    the other points go on, the larger ones it makes pointless are skipped; where the ranks cannot go on together
+    (dsexp.rank.oom_agreement) they end after recording it, and the job relaunches them for the points left
+    (`runtime["points"]`, or the search's earlier outcomes `runtime["outcomes"]`). Rank 0 saves the first-step logits
+    of the first point (of a search: the first that ran); the correctness check reads them."""
     import torch
 
     from dsexp.rank.generation import prompt_ids
 
-    full = grid(ctx.spec.generate)
-    points = [Point(p["batch"], p["prompt_tokens"]) for p in ctx.runtime["points"]] if "points" in ctx.runtime else full
     text = prompt_ids(ctx, module.config.vocab_size)
     extra = engine.generate_kwargs(ctx) if engine else {}
     outcomes: List[Dict[str, Any]] = []
     ran_out: List[Point] = []
-    for point in points:
-        key = point.phase(len(full) == 1)
+    single = len(grid(ctx.spec.generate)) == 1
+    for point in points_to_run(ctx, outcomes):
+        key = point.phase(single)
         larger_than = dominated(point, ran_out)
         if larger_than:
             skipped = {"phase": key, "status": "skipped", "larger_than": larger_than.to_dict()}
             outcomes.append({**point.to_dict(), **skipped})
             continue
-        entry, logits, tokens = run_point(ctx, rec, module, point, key, text, extra, first=point == full[0])
+        first = wants_logits(ctx, point, outcomes)
+        entry, logits, tokens = run_point(ctx, rec, module, point, key, text, extra, first=first)
         outcomes.append(entry)
         rec.note(points=outcomes)
         if entry.get("ended"):
@@ -95,7 +97,7 @@ def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[
             raise RanksEnded(entry["ended"]["message"])
         if entry["status"] == "oom":
             ran_out.append(point)
-        elif point == full[0]:
+        elif first:
             note_nonfinite(rec, module, logits)
             if ctx.rank == 0:
                 torch.save(logits, logits_file(ctx.job_dir))
@@ -104,6 +106,34 @@ def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[
     if engine:
         report = engine.finish(report)
     rec.note(engine=report, points=outcomes)
+
+
+def points_to_run(ctx: RankContext, outcomes: List[Dict[str, Any]]) -> Iterator[Point]:
+    """The points this launch runs, in order: the grid's (or those a relaunch was given), or, under
+    generate.bisect_from, the batch search's next point after each outcome (appended to `outcomes` by the caller;
+    an earlier launch's come in runtime["outcomes"])."""
+    g = ctx.spec.generate
+    if g.bisect_from is None:
+        given = ctx.runtime.get("points")
+        yield from grid(g) if given is None else [Point(p["batch"], p["prompt_tokens"]) for p in given]
+        return
+    batches, (length,) = sorted({int(b) for b in as_list(g.batch_size)}), as_list(g.prompt_tokens)
+    earlier = ctx.runtime.get("outcomes") or []
+    while True:
+        batch = next_batch(batches, g.bisect_from, outcomes_of([*earlier, *outcomes]))
+        if batch is None:
+            return
+        yield Point(batch, length)
+
+
+def wants_logits(ctx: RankContext, point: Point, outcomes: List[Dict[str, Any]]) -> bool:
+    """Whether this point also gives the first-step logits: the grid's first point, or a search's first point while
+    none has run yet (an earlier launch's included)."""
+    g = ctx.spec.generate
+    if g.bisect_from is None:
+        return point == grid(g)[0]
+    earlier = ctx.runtime.get("outcomes") or []
+    return not any(e.get("status") == "ok" for e in [*earlier, *outcomes])
 
 
 def run_point(
