@@ -3,6 +3,7 @@
 #   bash scripts/gpu/budget_one_load.sh gpu40_one_load[,gpu24_one_load,...]
 set -o pipefail
 source scripts/gpu/env.sh > /dev/null
+set +e  # env.sh sets -e: a step that fails must still send back what it wrote
 mkdir -p /tmp/res
 python -m dsexp.campaign budget --only "$1" --out /tmp/res 2>&1 | tee /tmp/res/campaign_"${1//,/_}".log | tail -60
 tar czf "$OUT/res.tgz" -C /tmp/res .
