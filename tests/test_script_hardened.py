@@ -321,8 +321,34 @@ def test_generate_records_every_sequence_of_the_batch():
     from dsexp.rank.workloads.script.facts import generate_after
 
     prompt = torch.ones(4, 7, dtype=torch.long)
-    out = generate_after(None, torch.ones(4, 27, dtype=torch.long), (), {"input_ids": prompt})
-    assert out == {"prompt_tokens": 7, "new_tokens": 20, "sequences": 4, "generated_tokens": 80}
+    seqs = torch.cat([prompt, torch.arange(80).reshape(4, 20)], dim=1)
+    out = generate_after(None, seqs, (), {"input_ids": prompt})
+    assert out == {"prompt_tokens": 7, "new_tokens": 20, "sequences": 4, "generated_tokens": 80,
+                   "tokens": list(range(20))}  # fmt: skip
+
+
+def test_a_fixed_variants_tokens_are_compared_with_the_script_as_written_and_a_difference_is_explained():
+    """Issue 46: per fixed variant, whether its tokens equal the as-written run's at the same world size; where they
+    differ, the remedies that change the arithmetic and the logits' relative error it stays within."""
+
+    def variant(fix, tokens, err, applied=None, do_sample=False):
+        call = {"kind": "generate", "api": "generate", "phase": "generate", "prompt_tokens": 4, "new_tokens": 4,
+                "tokens": tokens, "kwargs": {"do_sample": do_sample}}  # fmt: skip
+        return script_result([load_call({}), INIT, call], applied=applied, fix=fix,
+                             correctness={"passed": True, "logits_rel_err": err, "tolerance": 1e-4})  # fmt: skip
+
+    written = variant((), [5, 6, 7, 8], 2e-6)
+    same = variant(("meta_load",), [5, 6, 7, 8], 2e-6, applied={"meta_load": {}})
+    moved = variant(("all",), [5, 6, 9, 9], 3e-5, applied={"restore_buffers": {}, "trims": {}, "meta_load": {}})
+    text = report_text(written, same, moved)
+    assert "| same (4 tokens) |" in text and "| **differ** from token 3 of 4 |" in text
+    note = next(line for line in text.splitlines() if line.startswith("- all: tokens differ"))
+    assert "restore_buffers (the rotary tables recomputed in fp32" in note and "trims (the head" in note
+    assert "meta_load" not in note.split(":", 2)[2]  # it moves bytes, not numbers
+    assert "within 3.0e-05 of the world-size-1 reference (as written: 2.0e-06), tolerance 1e-04" in note
+    sampled = variant(("meta_load",), [5, 1, 1, 1], 2e-6, applied={"meta_load": {}}, do_sample=True)
+    note = next(line for line in report_text(written, sampled).splitlines() if "tokens differ" in line)
+    assert "no remedy that applied changes the arithmetic" in note and "do_sample=True" in note
 
 
 def test_a_script_with_no_engine_shows_the_weights_each_rank_held():

@@ -209,6 +209,15 @@ def test_the_seeds_script_on_its_own_stack_runs_unsharded_with_a_private_copy_pe
     assert "zero" in unread
     printed = two["ranks"][0]["phases"]["load"]["see_memory_usage"]  # the seed's own see_memory_usage, rank 0
     assert printed["message"] == "After load model" and isinstance(printed["MA_GB"], float)
+    # what the fix changes in the output: its tokens beside the as-written run's at tp=2, a difference explained
+    from dsexp.analysis.matrix import Row
+    from dsexp.analysis.sections.your_script import scripts_lines, token_difference
+
+    diff = token_difference(Row(fixed, None), Row(two, None))
+    assert diff is not None and diff[1] > 0  # both recorded their first generate's tokens
+    text = "\n".join(scripts_lines([Row(r, None) for r in results]))
+    assert "tokens vs as written" in text
+    assert (diff[0] is None) == ("tokens differ from the script as written's" not in text)
 
 
 @pytest.mark.slow

@@ -16,6 +16,13 @@ FIXES: Dict[str, str] = {
     "context": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
 }
 ORDER = tuple(FIXES)
+# the remedies whose arithmetic differs from the script as written, and how: where a fixed variant's tokens differ
+# from the as-written run's, these are the causes the report names (the others move bytes, not numbers)
+CHANGES_NUMBERS: Dict[str, str] = {
+    "autotp": "torch's matmuls over split weights instead of DeepSpeed's fused kernels",
+    "restore_buffers": "the rotary tables recomputed in fp32 by the model's constructor, not as loaded",
+    "trims": "the head and embedding sharded: each rank's partial logits gathered",
+}
 CONTEXT_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 TRIMS_DEEPSPEED = "0.19.8"  # VocabParallelEmbedding (shard_embedding); shard_head needs >= 0.15
 

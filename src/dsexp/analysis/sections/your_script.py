@@ -11,7 +11,8 @@ from dsexp.analysis.markdown import md_table
 from dsexp.analysis.matrix import Row
 from dsexp.analysis.script_lines import code_lines
 from dsexp.analysis.sections.common import ReportInputs
-from dsexp.analysis.user_script import first_call, is_script
+from dsexp.analysis.user_script import first_call, generate_calls, is_script
+from dsexp.core.remedies import CHANGES_NUMBERS
 
 NAME = "scripts"
 TIE = 0.01  # per-device figures within 1% are the same memory
@@ -182,8 +183,10 @@ def _no_recommendation(group: List[Row]) -> str:
 
 
 def _notes(group: List[Row]) -> List[str]:
-    """Under the table: why a reference failed, and each remedy that was asked for but did not apply."""
+    """Under the table: why a reference failed, each remedy that was asked for but did not apply, and why a fixed
+    variant's tokens differ from the script as written's."""
     notes = []
+    base = next((r for r in group if not _fixes(r)), None)
     for r in group:
         label = ",".join(_fixes(r)) or "as written"
         failed = ((r.result.get("runtime") or {}).get("reference") or {}).get("failed")
@@ -193,6 +196,7 @@ def _notes(group: List[Row]) -> List[str]:
         for name, why in (skipped or {}).items():
             notes.append(f"- {label}: {name} not applied: {why}")
         notes += [f"- {label}: {line}" for line in one_time_lines(r)]
+        notes += [f"- {label}: {line}" for line in token_notes(r, base)]
     return notes + [""] if notes else []
 
 
@@ -213,6 +217,7 @@ def _table(group: List[Row], base: Optional[Row]) -> str:
         "node peak",
         "remedies applied",
         "saved per rank vs as written",
+        "tokens vs as written",
     ]
     body = []
     written = _device_per_rank(base) if base is not None else []
@@ -233,6 +238,64 @@ def _table(group: List[Row], base: Optional[Row]) -> str:
                 else "-",
                 ", ".join(_applied(r)) or "-",
                 saved,
+                _tokens_cell(r, base),
             ]
         )
-    return md_table(header, body, [False, False, False, True, True, True, False, True])
+    return md_table(header, body, [False, False, False, True, True, True, False, True, False])
+
+
+def first_tokens(r: Row) -> Optional[List[int]]:
+    """The new tokens of the first sequence of rank 0's first generate call that returned (None: not recorded)."""
+    call = next(iter(generate_calls(r.result)), None)
+    return call.get("tokens") if call else None
+
+
+def token_difference(r: Row, base: Optional[Row]) -> Optional[Tuple[Optional[int], int]]:
+    """(index of the first token where a fixed variant's first generate differs from the script as written's (None:
+    the same), tokens compared); None where either has no tokens recorded or they ran at different world sizes."""
+    if base is None or r is base or r.tp != base.tp:
+        return None
+    mine, written = first_tokens(r), first_tokens(base)
+    if not mine or not written:
+        return None
+    n = min(len(mine), len(written))
+    return next((i for i in range(n) if mine[i] != written[i]), None), n
+
+
+def _tokens_cell(r: Row, base: Optional[Row]) -> str:
+    diff = token_difference(r, base)
+    if diff is None:
+        return "-"
+    first, n = diff
+    return f"same ({n} tokens)" if first is None else f"**differ** from token {first + 1} of {n}"
+
+
+def token_notes(r: Row, base: Optional[Row]) -> List[str]:
+    """Where a fixed variant's tokens differ from the script as written's: the remedies that applied which change the
+    arithmetic (or that none did), and the first-step logits' relative error against the world-size-1 reference,
+    beside the as-written run's."""
+    diff = token_difference(r, base)
+    if diff is None or diff[0] is None:
+        return []
+    causes = [f"{name} ({CHANGES_NUMBERS[name]})" for name in _applied(r) if name in CHANGES_NUMBERS]
+    why = (
+        "the remedies that change the arithmetic: " + "; ".join(causes)
+        if causes
+        else "no remedy that applied changes the arithmetic"
+    )
+    sampled = any((c.get("kwargs") or {}).get("do_sample") for c in generate_calls(r.result))
+    err, err0 = ((x.record.correctness or {}).get("logits_rel_err") for x in (r, base))
+    tol = (r.record.correctness or {}).get("tolerance")
+    within = (
+        f"; its first-step logits are within {err:.1e} of the world-size-1 reference"
+        + (f" (as written: {err0:.1e})" if err0 is not None else "")
+        + (f", tolerance {tol:.0e}" if tol is not None else "")
+        if err is not None
+        else ""
+    )
+    return [
+        f"tokens differ from the script as written's from token {diff[0] + 1} of {diff[1]}: {why}"
+        + (" (the script samples: do_sample=True turns a small change in the logits into other tokens)" if sampled
+           else "")
+        + within
+    ]  # fmt: skip

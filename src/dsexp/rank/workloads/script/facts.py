@@ -367,15 +367,21 @@ def source_expression(method: str, keyword: str) -> Optional[str]:
 
 def generate_after(model, out, args: tuple, kwargs: dict) -> Dict[str, Any]:
     """What it generated: the positions added to each sequence (new_tokens), the sequences it returned (a batch of
-    prompts, times num_return_sequences) and their product (generated_tokens, the count tokens/s is of)."""
+    prompts, times num_return_sequences), their product (generated_tokens, the count tokens/s is of), and the first
+    sequence's new token ids (its first KEPT_TOKENS)."""
     seqs = getattr(out, "sequences", out)
     prompt = kwargs.get("input_ids", args[0] if args else None)
     if hasattr(seqs, "shape") and hasattr(prompt, "shape"):
         new = int(seqs.shape[-1] - prompt.shape[-1])
         rows = int(seqs.shape[0]) if len(seqs.shape) > 1 else 1
+        first = seqs[0] if len(seqs.shape) > 1 else seqs
         return {"prompt_tokens": int(prompt.shape[-1]), "new_tokens": new, "sequences": rows,
-                "generated_tokens": new * rows}  # fmt: skip
+                "generated_tokens": new * rows,
+                "tokens": [int(t) for t in first[prompt.shape[-1]:][:KEPT_TOKENS].tolist()]}  # fmt: skip
     return {}
+
+
+KEPT_TOKENS = 64  # of the first sequence: what the report compares between a script as written and fixed
 
 
 def _keep_first_logits(session, model) -> None:
