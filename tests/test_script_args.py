@@ -67,9 +67,10 @@ def test_the_entry_keeps_what_the_launcher_added_where_it_put_it():
 
 def test_a_script_argument_hydra_cannot_pass_as_a_string_is_refused_with_the_key():
     """A list or a mapping is no command-line argument; null is refused by the schema (List[str]) while Hydra
-    composes. A value quoted passes as written (unquoted, Hydra reads 1.50 and true as a number and a boolean)."""
-    for bad, shown in (("[a,b]", "['a', 'b']"), ("{a: 1}", "{'a': 1}")):
-        with pytest.raises(ConfigError, match=re.escape(f"script.args: each argument must be a string, got {shown}")):
+        composes; a boolean too (unquoted, Hydra reads true as one, and the script would get "True"). A value quoted
+    passes as written."""
+    for bad, shown in (("[a,b]", "['a', 'b']"), ("{a: 1}", "{'a': 1}"), ("true", "True")):
+        with pytest.raises(ConfigError, match=re.escape(f"script.args[1]={shown}: each argument must be a string")):
             spec_of(f"script.path={SCRIPT}", f"script.args=[--n,{bad}]")
     with pytest.raises(ConfigCompositionException, match=r"script\.args=\[null\]"):
         compose([f"script.path={SCRIPT}", "script.args=[null]"])

@@ -168,9 +168,13 @@ def _validate_script(spec: JobConfig) -> None:
     if not path.is_file():
         raise ConfigError(f"script.path={s.path!r} does not exist or is not a file (relative to {os.getcwd()})")
     s.path = str(path.resolve())
-    bad = [a for a in s.args if not isinstance(a, (str, int, float))]
+    bad = [(i, a) for i, a in enumerate(s.args) if isinstance(a, bool) or not isinstance(a, (str, int, float))]
     if bad:
-        raise ConfigError(f"script.args: each argument must be a string, got {bad[0]!r}")
+        i, a = bad[0]
+        raise ConfigError(
+            f"script.args[{i}]={a!r}: each argument must be a string (Hydra read it as {type(a).__name__}; quote it: "
+            f"\"script.args=[...,'{a}']\")"
+        )
     s.args = [str(a) for a in s.args]
     _validate_script_args(spec)
     if s.max_new_tokens is not None and s.max_new_tokens < 1:

@@ -33,11 +33,12 @@ from dsexp.core.protocol import CAMPAIGN_ENV, COMMIT_ENV, RESULT, STACK_IMPORT_E
 from dsexp.core.schema import JobConfig, dtype_conversion
 from dsexp.core.series import read_job_series
 from dsexp.core.workload import grid
-from dsexp.job import correctness, failures, illegal_instruction, oom_relaunch, script_job, teardown
+from dsexp.job import correctness, failures, illegal_instruction, oom_relaunch, script_job, stack_cpu, teardown
 from dsexp.job.budget import budget_runtime
 from dsexp.job.cluster import slurm
 from dsexp.job.launch import LaunchOutcome, run_ranks
 from dsexp.job.overlay import StackError, prepare_stack
+from dsexp.job.overlay import rank_env as overlay_env
 from dsexp.job.roles import RoleFailed
 
 ATTEMPTS = Path(".dsexp") / "attempts"
@@ -370,6 +371,7 @@ def prepare(spec: JobConfig, job_dir: Path) -> Tuple[Dict[str, Any], Any]:
     preparation (the pipeline: its tp=1 reference and load=sharded's split; a script: its facts, its reference).
     Returns (the runtime facts the ranks read, the reference to check the output against or None)."""
     runtime: Dict[str, Any] = {"device": spec.device, "stack": prepare_stack(spec.stack, spec.cache_dir)}
+    stack_cpu.check(runtime["stack"], {**os.environ, **overlay_env(runtime["stack"])})  # its wheels run on this CPU
     if spec.uses_model:
         runtime.update(prepare_model(spec))
         problem = checkpoint_problem(Path(runtime["model_dir"]))
