@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping
 
 from dsexp.core.cpu import ASSUME_NO_AVX512_ENV, features, flags
 from dsexp.job.illegal_instruction import crashing_frames, died_of_sigill, library, where
