@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from dsexp.analysis import measured as m
 from dsexp.analysis import user_script
+from dsexp.analysis.memory import workload_floor
 from dsexp.core.result import JobRecord
 from dsexp.core.schema import EngineConfig
 from dsexp.engines import ENGINES
@@ -458,26 +459,28 @@ def scaling_with_tp(f: RunFacts) -> List[Finding]:
     return out
 
 
-def floor_terms(p: Prediction) -> str:
-    """What the per-GPU floor adds up, for a sentence: weights (+ the allocator's segments beyond them) + KV cache +
-    memory outside PyTorch's allocator."""
-    slack = f" + allocator segments {m.human(p.segment_slack)}" if p.segment_slack else ""
-    return f"weights {m.human(p.weights_max)}{slack} + KV cache {m.human(max(p.kv_cache))} + {m.human(p.overhead)}"
+def floor_terms(floor: Dict[str, Any]) -> str:
+    """What the per-GPU floor adds up (analysis.memory.workload_floor), for a sentence: the weights' reserve, each term
+    above them the capacity model predicts at the run's largest point, and what lives outside PyTorch's allocator."""
+    names = {"weights": "weights' reserve", "outside": "outside PyTorch's allocator"}
+    terms = floor["terms"]
+    return " + ".join(f"{names.get(k, k.replace('_', ' '))} {m.human(v)}" for k, v in terms.items())
 
 
 def gpu_overhead(f: RunFacts) -> List[Finding]:
     p = f.prediction
     peak = m.headline(f.result, "gpu_peak_gib")
-    if p is None or p.overhead is None or peak is None:
+    floor = workload_floor(f.result, p) if p is not None else None
+    if floor is None or peak is None:
         return []
-    floor = p.floor()
     return [
         Finding(
             "gpu_floor",
             "info",
-            f"per-GPU peak {peak:.2f} GiB vs floor {floor / m.GIB:.2f} GiB ({floor_terms(p)} outside PyTorch's "
-            f"allocator: CUDA context, communicator, workspaces): {(peak * m.GIB - floor) / m.GIB:+.2f} GiB "
-            f"({peak * m.GIB / floor - 1:+.1%}) of activations and allocator cache",
+            f"per-GPU peak {peak:.2f} GiB vs floor {floor['bytes'] / m.GIB:.2f} GiB at batch {floor['batch']} "
+            f"({floor_terms(floor)}; outside: CUDA context, communicator, workspaces): "
+            f"{(peak * m.GIB - floor['bytes']) / m.GIB:+.2f} GiB ({peak * m.GIB / floor['bytes'] - 1:+.1%}) "
+            "of allocator cache and what the model does not count",
         )
     ]
 

@@ -46,6 +46,22 @@ def facts_of(result: Dict[str, Any]) -> model.Facts:
     )
 
 
+def workload_floor(result: Dict[str, Any], p: Prediction) -> Optional[Dict[str, Any]]:
+    """The per-GPU floor a run is held to: at its largest workload point, the busiest rank's weights' reserve, every
+    term above them the capacity model predicts (KV cache, activations, logits, workspaces) and the memory outside
+    PyTorch's allocator: {bytes, terms (name -> bytes, that rank's)}. None where the run measured no outside bytes
+    (a CPU run) or has no workload point."""
+    if p.overhead is None:
+        return None
+    points = [model.at(p, w, p.overhead) for w in model.workloads_of(result.get("config") or {}, facts_of(result))]
+    if not points:
+        return None
+    q = max(points, key=lambda q: max(q.peak))
+    r = q.peak.index(max(q.peak))
+    terms = {"weights": model.held(p)[r], **{k: v[r] for k, v in q.terms.items() if v[r]}, "outside": p.overhead}
+    return {"bytes": q.peak[r], "terms": terms, "batch": q.workload.batch, "prompt_tokens": q.workload.prompt_tokens}
+
+
 def splits_weights(engine: str) -> bool:
     """Whether the engine gives each rank its own slice of the weights and of the KV heads (tensor parallelism)."""
     return engine in ENGINES and ENGINES[engine].splits_weights

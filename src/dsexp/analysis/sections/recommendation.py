@@ -10,6 +10,7 @@ from dsexp.analysis import measured as m
 from dsexp.analysis import workload_points as capa
 from dsexp.analysis.diagnosis import floor_terms
 from dsexp.analysis.matrix import Extrapolated, Pick, Row, main_model, recommend
+from dsexp.analysis.memory import workload_floor
 from dsexp.analysis.sections.common import ReportInputs, num, on_gpu
 from dsexp.analysis.sections.trim_effects import trim_lines
 from dsexp.analysis.user_script import generate_calls, is_script
@@ -164,15 +165,15 @@ def _pick_line(title: str, pick: Pick, gpu: bool, close: str) -> str:
 
 
 def _floor_check(row: Row) -> List[str]:
-    """The recommended run's per-GPU peak against the memory model's floor for its configuration."""
+    """The recommended run's per-GPU peak against the memory model's floor at its largest workload point."""
     p, peak = row.prediction, m.headline(row.record, "gpu_peak_gib")
-    if p is None or p.overhead is None or peak is None or not m.on_gpu(row.record):
+    floor = workload_floor(row.result, p) if p is not None and m.on_gpu(row.record) else None
+    if floor is None or peak is None:
         return []
-    floor = p.floor() / m.GIB
-    over = peak / floor - 1
+    over = peak * m.GIB / floor["bytes"] - 1
     return [
-        f"`{row.label}`: per-GPU peak {peak:.2f} GiB vs the memory model's floor {floor:.2f} GiB "
-        f"({floor_terms(p)} measured outside PyTorch's allocator): {over:+.1%} over the floor, "
+        f"`{row.label}`: per-GPU peak {peak:.2f} GiB vs the memory model's floor {floor['bytes'] / m.GIB:.2f} GiB "
+        f"at batch {floor['batch']} ({floor_terms(floor)}): {over:+.1%} over the floor, "
         f"{'within' if over <= FLOOR_MARGIN else 'beyond'} "
         f"{FLOOR_MARGIN:.0%}."
         + (
