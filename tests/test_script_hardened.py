@@ -327,6 +327,25 @@ def test_generate_records_every_sequence_of_the_batch():
                    "tokens": list(range(20))}  # fmt: skip
 
 
+def test_a_scripts_budget_search_is_listed_by_batch_with_no_savings_or_recommendation_across_batches():
+    """Issue 45: a budget search runs a script one batch a job; its jobs are one table by remedies and batch, not
+    several "as written" rows with savings computed between batches, and no recommendation of the smallest batch."""
+    jobs = []
+    for fix, batch, status in (((), 3, "ok"), ((), 4, "failed"), (("all",), 5, "ok"), (("all",), 6, "failed")):
+        r = script_result([load_call({}), INIT], status=status, fix=fix, correctness={"passed": True,
+                          "logits_rel_err": 1e-6} if status == "ok" else None)  # fmt: skip
+        r["config"]["generate"] = {"batch_size": batch}
+        if status == "failed":
+            r["failure"] = {"cause": "oom_gpu", "message": "CUDA out of memory"}
+        jobs.append(r)
+    text = report_text(*jobs)
+    assert "at tp=2, a budget search (one job a batch)" in text
+    assert "| as written | 3 | ok |" in text and "| as written | 4 | out of memory |" in text
+    assert "| all | 6 | out of memory |" in text
+    assert "saved per rank" not in text and "Recommended:" not in text
+    assert "Which batch fits, and with which remedies: the budget search's answer" in text
+
+
 def test_a_fixed_variants_tokens_are_compared_with_the_script_as_written_and_a_difference_is_explained():
     """Issue 46: per fixed variant, whether its tokens equal the as-written run's at the same world size; where they
     differ, the remedies that change the arithmetic and the logits' relative error it stays within."""

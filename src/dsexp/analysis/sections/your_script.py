@@ -154,6 +154,12 @@ def scripts_lines(rows: List[Row]) -> List[str]:
             + (f" on stack {stack}" if stack and stack != "current" else "")
             + (f" under launcher={launcher}" if launcher != "torchrun" else "")
         )
+        if len({_batch(r) for r in group}) > 1:  # a budget search over the script's batch: one job a batch
+            out += [head + ", a budget search (one job a batch)", "", _search_table(group), ""]
+            out += ["Which batch fits, and with which remedies: the budget search's answer. Nothing is recommended "
+                    "here across batches.", ""]  # fmt: skip
+            out += _notes(group)
+            continue
         out += [head, "", _table(group, base), ""]
         best = _best(group)
         if best is not None:
@@ -166,6 +172,33 @@ def scripts_lines(rows: List[Row]) -> List[str]:
             out += [_no_recommendation(group), ""]
         out += _notes(group)
     return out
+
+
+def _batch(r: Row) -> Any:
+    return (r.config.get("generate") or {}).get("batch_size")
+
+
+def _search_table(group: List[Row]) -> str:
+    """A budget search's jobs of one script, by remedies then batch: no savings across batches (they are not the
+    same workload)."""
+    gpu = any(r.record.on_gpu for r in group)
+    header = ["script.fix", "batch", "status", "correct (rel. err)", f"{'device peak' if gpu else 'device weights'} "
+              "per rank", "private host memory per rank (peak)", "remedies applied"]  # fmt: skip
+    body = []
+    for r in sorted(group, key=lambda r: (len(_fixes(r)), _fixes(r), str(_batch(r)))):
+        status = "out of memory" if r.record.cause == "oom_gpu" else _status(r)
+        body.append(
+            [
+                ",".join(_fixes(r)) or "as written",
+                str(_batch(r)),
+                status,
+                _correct(r),
+                _gibs(_device_per_rank(r)),
+                _gibs(_peak_per_rank(r, "host_anon_peak")),
+                ", ".join(_applied(r)) or "-",
+            ]
+        )
+    return md_table(header, body, [False, True, False, False, True, True, False])
 
 
 def _no_recommendation(group: List[Row]) -> str:
