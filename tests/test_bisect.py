@@ -142,3 +142,15 @@ def test_one_load_searches_settle_whatever_the_model_gets_wrong():
         lo, hi = S.bracket(c, BATCHES)
         assert hi - lo == 1 and (BATCHES[lo] if lo >= 0 else 0) == truth, (trial, jobs)
         assert S.loads_used(c) <= 2, (trial, jobs)  # the floor's first miss ran: the range above it, once
+
+
+def test_a_neighbours_gap_does_not_move_a_guess_the_replay_already_holds():
+    """The neighbour measured a reserved peak far above its allocated prediction (the allocator's fragmentation);
+    a configuration whose guess is the replay's starts there, not shifted under it by that gap again."""
+    state = one_load_state(lambda k: [b * 10 for b in BATCHES], device=160, configs=("a", "b"))
+    a, b = state.configs
+    a.points.append(S.Point(10, S.OK, 150, job="0"))  # predicted 100 at batch 10: a gap of 50
+    a.points.append(S.Point(11, S.OOM, job="0"))
+    assert S.gap(b, state) == 50 and S.next_job(b, state).start == 11  # allocated bytes only: 16 - 5 batches
+    b.replayed = BATCHES.index(12)
+    assert S.gap(b, state) == 0 and S.next_job(b, state).start == 12

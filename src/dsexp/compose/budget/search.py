@@ -159,10 +159,14 @@ def neighbours(c: Config, configs: List[Config]) -> List[Config]:
 
 
 def gap(c: Config, s: State) -> int:
-    """The shift added to c's predictions: its own measured gap, else the largest of its neighbours'."""
+    """The shift added to c's predictions: its own measured gap, else the largest of its neighbours' (none where
+    c's guess is held to the allocator's replay: a neighbour's gap is mostly the fragmentation the replay already
+    counts, and adding it again put the guess batches under the boundary)."""
     mine = own_gap(c, s.batches, s.device)
     if mine is not None:
         return mine
+    if c.replayed is not None:
+        return 0
     theirs = [own_gap(o, s.batches, s.device) for o in neighbours(c, s.configs)]
     return max((g for g in theirs if g is not None), default=0)
 
