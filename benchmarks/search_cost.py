@@ -1,0 +1,196 @@
+"""What a budget search costs with one load per configuration, against the committed H200 searches that loaded the
+model at every guess: loads, points and wall time per configuration.
+
+    make benchmark NAME=search_cost   (or: .venv/bin/python benchmarks/search_cost.py)
+
+Reads every committed H200 budget search (results/h200/budget/*/budget.json and its jobs' result.json: InternLM2 at
+20B shapes, AutoTP, tp=2 and 4 with the ranks sharing one H200, each capped at 24 or 40 GiB, 2048-token prompts).
+For each configuration that bracketed its batch:
+
+- committed: the jobs (each a load) and points it ran, and their wall time (each job's result.json `wall_s`);
+- one load: the search as dsexp now runs it (dsexp.compose.budget.search with one_load, its first guess the memory
+  model's allocated answer held to the allocator's replay, dsexp.predict.job.replayed) against the bracket the H200
+  measured (a batch runs where it is at most the largest that ran): the loads and points it takes (dsexp.core.bisect);
+  its wall time ESTIMATED from the committed jobs' own measured times: one job's fixed cost (its wall time less its
+  points' phases, the mean over the configuration's jobs) plus, per point, the measured phase time at that batch
+  where a job ran it, else the mean over the configuration's points.
+
+Nothing here runs on a GPU: the one-load figures are what the committed measurements imply, not a new measurement
+(the campaign `budget`'s steps gpu40_one_load and gpu24_one_load measure them). Writes results/cpu/search_cost.{json,md}.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).parent))
+
+from common import table  # noqa: E402
+
+BUDGET = ROOT / "results" / "h200" / "budget"
+OUT = ROOT / "results" / "cpu" / "search_cost"
+GIB = 2**30
+SEARCHES = ("gpu24", "gpu24_loads_tp2", "gpu24_loads_tp4", "gpu40", "gpu40_expandable")
+
+
+def local(job_dir: str, search: str) -> Optional[Path]:
+    """A job folder the search recorded (a path on the H200) as committed under results/h200/budget/<search>/."""
+    path = BUDGET / search / Path(job_dir).name / "result.json"
+    return path if path.is_file() else None
+
+
+def point_seconds(result: Dict[str, Any]) -> Dict[int, float]:
+    """batch -> the seconds its point's phase took on rank 0 (the points that ran or ran out of memory)."""
+    from dsexp.core.workload import parse_phase
+
+    rank0 = (result.get("ranks") or [None])[0] or {}
+    out = {}
+    for e in rank0.get("timeline") or []:
+        point = parse_phase(e.get("phase") or "")
+        if point is not None and e.get("t1") is not None:
+            out[point.batch] = e["t1"] - e["t0"]
+    return out
+
+
+def replay_guess(config: Dict[str, Any], prompt: int, new: int) -> Dict[str, int]:
+    """The memory model's largest batch on the budget's GPU: by allocated bytes, and held to the replay."""
+    from dsexp.engines.placement import RULES
+    from dsexp.predict.job import Facts, largest_batch, outside, predict, replayed
+
+    pred = predict(config, RULES, Facts(device="cuda"))
+    gpu = int(config["budget"]["gpu_gib"] * GIB)
+    held = sum(outside(config, pred.strategy, pred.tp, RULES).values())
+    allocated = largest_batch(pred, prompt, new, gpu, held).largest_batch
+    answer = replayed(pred, config, RULES, prompt, new, gpu - held, {"largest_batch": allocated})
+    which = "expandable_segments" if pred.strategy.expandable_segments else "default"
+    return {"allocated": allocated, "replay": answer[which]["batch"]}
+
+
+def one_load_search(entry: Dict[str, Any], batches: List[int], device: int, guess: int, largest_ok: int):
+    """The search as dsexp runs it now, against the measured bracket: (loads, the batches each load ran)."""
+    from dsexp.compose.budget import search as S
+    from dsexp.core.bisect import OK, OOM, next_batch
+
+    index = max((i for i, b in enumerate(batches) if b <= guess), default=-1)
+    c = S.Config(entry["key"], dict(entry.get("dims") or {}), entry["needs"], entry.get("tp", 1), one_load=True,
+                 replayed=index)  # fmt: skip
+    state = S.State(device, batches, [c])
+    loads = []
+    while True:
+        todo = S.next_round(state)
+        if not todo:
+            return loads
+        (_, job), outcomes, ran = todo[0], {}, []
+        batch = job.start
+        while batch is not None:
+            outcomes[batch] = OK if batch <= largest_ok else OOM
+            c.points.append(S.Point(batch, outcomes[batch], 0 if batch <= largest_ok else None, job=str(len(loads))))
+            ran.append(batch)
+            batch = next_batch(job.batches, job.start, outcomes)
+        loads.append(ran)
+
+
+def configuration_rows(search: str) -> List[Dict[str, Any]]:
+    state = json.loads((BUDGET / search / "budget.json").read_text())
+    rows = []
+    for entry in state["configs"]:
+        if entry.get("largest_ok") is None or entry.get("smallest_oom") is None:
+            continue
+        jobs = sorted({p["job"] for p in entry["points"]})
+        results = [json.loads(p.read_text()) for p in (local(j, search) for j in jobs) if p]
+        if not results:
+            continue
+        timed = [point_seconds(r) for r in results]
+        fixed = [r["wall_s"] - sum(t.values()) for r, t in zip(results, timed)]
+        by_batch = {b: s for t in timed for b, s in t.items()}
+        mean_point = statistics.mean(by_batch.values())
+        guess = replay_guess(results[0]["config"], state["prompt_tokens"], state["new_tokens"])
+        loads = one_load_search(entry, state["batches"], state["budget"]["device"], guess["replay"],
+                                entry["largest_ok"])  # fmt: skip
+        points = [b for ran in loads for b in ran]
+        rows.append(
+            {
+                "search": search,
+                "config": entry["key"],
+                "tp": entry.get("tp"),
+                "gpu_gib": state["budget"]["gpu_gib"],
+                "bracket": [entry["largest_ok"], entry["smallest_oom"]],
+                "allocated_says": guess["allocated"],
+                "replay_says": guess["replay"],
+                "committed": {
+                    "loads": len(jobs),
+                    "points": len(entry["points"]),
+                    "wall_s": round(sum(r["wall_s"] for r in results), 1),
+                    "jobs_read": len(results),
+                },
+                "one_load": {
+                    "loads": len(loads),
+                    "points": len(points),
+                    "batches": loads,
+                    "wall_s_estimated": round(
+                        len(loads) * statistics.mean(fixed) + sum(by_batch.get(b, mean_point) for b in points), 1
+                    ),
+                },
+            }
+        )
+    return rows
+
+
+def render(rows: List[Dict[str, Any]], seconds: float) -> str:
+    body = [
+        [
+            f"{r['search']}: `{r['config']}`",
+            f"{r['bracket'][0]} / {r['bracket'][1]}",
+            r["allocated_says"],
+            r["replay_says"],
+            f"{r['committed']['loads']} / {r['committed']['points']} / {r['committed']['wall_s']:.0f}",
+            f"{r['one_load']['loads']} / {r['one_load']['points']} / {r['one_load']['wall_s_estimated']:.0f}",
+            " then ".join(",".join(map(str, ran)) for ran in r["one_load"]["batches"]),
+        ]
+        for r in rows
+    ]
+    total = {k: sum(r["committed"][k] for r in rows) for k in ("loads", "points", "wall_s")}
+    new = {k: sum(r["one_load"][k] for r in rows) for k in ("loads", "points", "wall_s_estimated")}
+    held = sum(1 for r in rows if r["one_load"]["points"] <= 3 and r["one_load"]["loads"] == 1)
+    return "\n".join(
+        [
+            "# The budget search's cost: one load per configuration against a load per guess",
+            "",
+            f"Generated by `benchmarks/search_cost.py` in {seconds:.0f} s on this machine (no GPU): the committed H200 "
+            "searches' brackets and measured times; the one-load column is ESTIMATED from them (module docstring).",
+            "",
+            *table(
+                ["configuration", "measured last ok / first OOM", "allocated bytes say", "replay says",
+                 "committed: loads / points / wall s", "one load: loads / points / est. wall s",
+                 "one load: batches run"],
+                body,
+            ),  # fmt: skip
+            f"Over {len(rows)} configurations: committed {total['loads']} loads, {total['points']} points, "
+            f"{total['wall_s']:.0f} s of jobs; one load {new['loads']} loads, {new['points']} points, "
+            f"{new['wall_s_estimated']:.0f} s estimated. {held} of {len(rows)} settle in one load of at most 3 "
+            "points (the guess, one above, one below only if the guess ran out of memory).",
+            "",
+        ]
+    )
+
+
+def main() -> int:
+    t0 = time.perf_counter()
+    rows = [row for search in SEARCHES for row in configuration_rows(search)]
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    text = render(rows, time.perf_counter() - t0)
+    OUT.with_suffix(".md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
