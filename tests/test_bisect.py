@@ -155,3 +155,57 @@ def test_a_neighbours_gap_does_not_move_a_guess_the_replay_already_holds():
     assert S.gap(b, state) == 51 and S.next_job(b, state).start == 10
     b.replayed = BATCHES.index(12)
     assert S.gap(b, state) == 0 and S.next_job(b, state).start == 12
+
+
+# --- where the caching allocator decided: the same configuration with expandable segments -------------------------
+
+
+def test_a_bracket_whose_first_miss_fit_in_bytes_was_decided_by_the_allocator():
+    state = one_load_state(lambda k: [b * 10 for b in BATCHES], device=160)
+    (c,) = state.configs
+    c.points += [S.Point(11, S.OK, 150, job="0"), S.Point(12, S.OOM, job="0")]  # 120 <= 160: the bytes fit
+    assert S.done(c, state) and S.allocator_decided(c, state)
+    c.points[1:] = [S.Point(17, S.OOM, job="0")]  # 170 > 160: the bytes did not fit
+    c.points.append(S.Point(16, S.OK, 160, job="0"))
+    assert S.done(c, state) and not S.allocator_decided(c, state)
+
+
+def test_the_twin_is_dsexps_own_gpu_configuration_with_expandable_segments_and_only_that(tmp_path):
+    from dataclasses import asdict
+
+    from dsexp.compose.budget.sweeper import EXPANDABLE_OVERRIDE, allocator_twin
+    from dsexp.engines.placement import strategy_of
+    from dsexp.predict.job import Facts
+
+    from helpers.run import spec_of
+
+    gpu = spec_of("tp=2")
+    gpu.device = "cuda"  # as a GPU machine composes it (validation refuses cuda where no GPU is visible)
+    c = S.Config("tp=2", {"tp": "2"}, [1], one_load=True)
+    assert allocator_twin(gpu, ["tp=2"], c) == ["tp=2", EXPANDABLE_OVERRIDE]
+    twin = spec_of("tp=2", EXPANDABLE_OVERRIDE)
+    assert twin.trim.env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert strategy_of(
+        asdict(twin), Facts()
+    ).expandable_segments  # the memory model replays it with expandable segments
+    twin.device = "cuda"
+    assert allocator_twin(twin, ["tp=2", EXPANDABLE_OVERRIDE], c) is None  # already
+    assert allocator_twin(spec_of("tp=2"), ["tp=2"], c) is None  # device=cpu: no caching allocator
+    assert allocator_twin(gpu, ["tp=2"], S.Config("k", {}, [1], twin_of="tp=2")) is None
+
+
+def test_the_answer_gives_both_batches_and_the_environment_line():
+    from dsexp.analysis.sections.budget_answer import allocator_lines
+
+    state = {
+        "configs": [
+            {"key": "tp=2", "largest_ok": 10, "smallest_oom": 11, "allocator_decided": True},
+            {"key": "tp=2 allocator=expandable_segments", "twin_of": "tp=2", "largest_ok": 15, "settled": True},
+            {"key": "tp=4 script", "largest_ok": 3, "smallest_oom": 4, "allocator_decided": True},
+        ]
+    }
+    first, second = allocator_lines(state)
+    assert first.startswith("- The allocator decided `tp=2`: batch 10 ran with the default caching allocator and 11")
+    assert "with expandable segments its largest batch is 15" in first
+    assert "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`" in first
+    assert second.startswith("- The allocator decided `tp=4 script`") and "script.fix=context" in second

@@ -40,6 +40,7 @@ def render(inputs: ReportInputs) -> str:
         lines.append("- **No answer yet**: no configuration has run within the budget so far.")
     else:
         lines += _nothing_fits(s)
+    lines += allocator_lines(s)
     if open_:
         lines.append(
             f"- The search was stopped before it settled {', '.join(f'`{k}`' for k in open_)} (no bracket yet): the "
@@ -56,6 +57,33 @@ def render(inputs: ReportInputs) -> str:
     if any(not c.get("miss") for c in s["configs"]):
         lines += [_runs_table(s), ""]
     return "\n".join(lines)
+
+
+def allocator_lines(s: Dict[str, Any]) -> List[str]:
+    """Where the caching allocator's fragmentation decided a configuration's bracket: its largest batch with the
+    default allocator and with expandable segments (its twin, searched too), and the environment line to use."""
+    by_key = {c["key"]: c for c in s.get("configs") or []}
+    out = []
+    for twin in (c for c in by_key.values() if c.get("twin_of")):
+        base = by_key.get(twin["twin_of"]) or {}
+        got = twin.get("largest_ok")
+        if got is None and not twin.get("settled"):
+            continue
+        out.append(
+            f"- The allocator decided `{base.get('key')}`: batch {base.get('largest_ok')} ran with the default "
+            f"caching allocator and {base.get('smallest_oom')} ran out of memory though its bytes fit the budget; with "
+            f"expandable segments its largest batch is {got if got is not None else 'none'}. Set "
+            "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the ranks' environment (dsexp: "
+            "`++trim.env.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`)."
+        )
+    undecided = [c["key"] for c in by_key.values() if c.get("allocator_decided") and not any(
+        t.get("twin_of") == c["key"] for t in by_key.values())]  # fmt: skip
+    out += [
+        f"- The allocator decided `{k}` (its first batch past the budget ran out of memory though its bytes fit): "
+        "searched with the default allocator only (a user's script sets expandable segments with script.fix=context)."
+        for k in undecided
+    ]
+    return out
 
 
 def _budget_line(s: Dict[str, Any], how: Optional[str]) -> str:

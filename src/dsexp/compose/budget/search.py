@@ -74,6 +74,7 @@ class Config:
     replayed: Optional[int] = None  # index of the largest batch the allocator's replay fits (None: not replayed)
     points: List[Point] = field(default_factory=list)
     failed: Optional[str] = None  # a run failed for another cause than memory: not pursued
+    twin_of: Optional[str] = None  # the configuration it repeats with expandable segments (allocator_decided)
 
     def point(self, batch: int) -> Optional[Point]:
         return next((p for p in self.points if p.batch == batch and p.status in (OK, *PAST)), None)
@@ -265,6 +266,20 @@ def next_round(s: State, width: int = 1) -> List[Tuple[Config, Job]]:
         if len(out) >= width:
             break
     return out
+
+
+def allocator_decided(c: Config, s: State) -> bool:
+    """Whether the caching allocator, not the bytes, set c's settled bracket: its first batch past the budget ran out
+    of memory although the model's allocated bytes (with what lives outside the allocator) fit the budget there, so
+    its cached blocks were too small for a request (fragmentation), which expandable segments avoid."""
+    if not done(c, s) or c.miss is not None or c.failed is not None:
+        return False
+    _, hi = bracket(c, s.batches)
+    return (
+        hi < len(s.batches)
+        and c.needs[hi] <= s.device
+        and any(p.status == OOM and p.batch == s.batches[hi] for p in c.points)
+    )
 
 
 def largest_ok(c: Config, batches: List[int]) -> Optional[int]:

@@ -101,21 +101,40 @@ class BudgetSearch:
         batches = search.batch_range(b.batch_min, b.batch_max, b.batch_step)
         configs = []
         for combo in self.space.combos:
-            spec = self._spec(combo)
             coords = self.space.coordinates(combo)
             key = " ".join(f"{k}={v}" for k, v in coords.items()) or "as given"
-            pred = predict_config(spec, batches)
-            self.overrides[key], self.predicted[key], self.specs[key] = list(combo), pred, spec
-            self.identity[key] = measured.identity(_config_dict(spec))
-            one_batch = spec.workload == "script"  # its batch is an argument: one a job ({batch_size})
-            one_load = not one_batch and spec.budget.one_load
-            replayed = None if pred.replayed is None else max((i for i, x in enumerate(batches) if x <= pred.replayed),
-                                                             default=-1)  # fmt: skip
-            configs.append(
-                search.Config(key, coords, pred.needs, spec.tp, one_batch, one_load, pred.miss, replayed=replayed)
-            )
+            configs.append(self._config(key, list(combo), coords, batches))
         host = int(b.host_gib * GIB) if b.host_gib is not None else None
         return search.State(int(b.gpu_gib * GIB), batches, configs, host)
+
+    def _config(self, key: str, combo: List[str], coords: Dict[str, str], batches: List[int]) -> search.Config:
+        """A configuration of the search: composed, validated and predicted (the allocator's replay included)."""
+        spec = self._spec(combo)
+        pred = predict_config(spec, batches)
+        self.overrides[key], self.predicted[key], self.specs[key] = combo, pred, spec
+        self.identity[key] = measured.identity(_config_dict(spec))
+        one_batch = spec.workload == "script"  # its batch is an argument: one a job ({batch_size})
+        one_load = not one_batch and spec.budget.one_load
+        replayed = None if pred.replayed is None else max((i for i, x in enumerate(batches) if x <= pred.replayed),
+                                                         default=-1)  # fmt: skip
+        return search.Config(key, coords, pred.needs, spec.tp, one_batch, one_load, pred.miss, replayed=replayed)
+
+    def add_allocator_twins(self) -> int:
+        """Where the caching allocator's fragmentation decided a settled bracket (search.allocator_decided), the same
+        configuration with expandable segments joins the search (the setting PyTorch's own out-of-memory message
+        recommends), so that the answer gives both batches. Returns how many joined."""
+        added = 0
+        for c in list(self.state.configs):
+            combo = allocator_twin(self.specs[c.key], self.overrides[c.key], c)
+            key = f"{c.key} {ALLOCATOR_DIM}=expandable_segments"
+            if combo is None or key in self.overrides or not search.allocator_decided(c, self.state):
+                continue
+            twin = self._config(key, combo, {**c.dims, ALLOCATOR_DIM: "expandable_segments"}, self.state.batches)
+            twin.twin_of = c.key
+            self.state.configs.append(twin)
+            print(f"dsexp budget: the allocator's fragmentation decided {c.key}: searching it with expandable segments")
+            added += 1
+        return added
 
     # --- measured points ----------------------------------------------------------------------------------------
 
@@ -170,6 +189,8 @@ class BudgetSearch:
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
         found = self.resume()
+        if self.add_allocator_twins():
+            found = self.resume()  # an earlier run's twin jobs, found now that their configurations are known
         if found:
             print(f"dsexp budget: resumed from {found} jobs already in {self.sweep_dir}")
         self._announce()
@@ -188,6 +209,7 @@ class BudgetSearch:
                     self.absorb(job_dir, measured.read_json(job_dir / measured.RESULT))
                     if len(c.points) == before and not c.failed:  # never ask for the same thing twice
                         c.failed = f"its job {job_dir} recorded none of the batches {job.batches}"
+                self.add_allocator_twins()
                 self.job_idx += len(batch)
                 returns.append(results)
                 self.save()
@@ -277,12 +299,29 @@ class BudgetSearch:
             "shifted_largest": s.batches[shifted] if shifted >= 0 else None,
             "points": [p.__dict__ for p in sorted(c.points, key=lambda p: p.batch)],
             "loads": search.loads_used(c),
+            "twin_of": c.twin_of,
+            "allocator_decided": self.specs[c.key].device != "cpu" and search.allocator_decided(c, s),
             "one_load": c.one_load,
             "largest_ok": s.batches[lo] if lo >= 0 else None,
             "smallest_oom": s.batches[hi] if hi < len(s.batches) else None,
             "settled": search.done(c, s),
             "what_if": self.what_if(c) if final else {},
         }
+
+
+ALLOCATOR_DIM = "allocator"
+EXPANDABLE_OVERRIDE = "++trim.env.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+
+
+def allocator_twin(spec: JobConfig, overrides: List[str], c: search.Config) -> Optional[List[str]]:
+    """The overrides of c with expandable segments, where a twin can answer: dsexp's own workload on a GPU (a CPU run
+    has no caching allocator; a script sets it with its own remedy, script.fix=context), not already expandable
+    and not itself a twin."""
+    if c.twin_of or c.one_batch or spec.device == "cpu":
+        return None
+    if "expandable_segments" in str((spec.trim.env or {}).get("PYTORCH_CUDA_ALLOC_CONF") or ""):
+        return None
+    return [*overrides, EXPANDABLE_OVERRIDE]
 
 
 def batch_overrides(c: search.Config, job: search.Job) -> List[str]:
