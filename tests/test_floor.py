@@ -1,5 +1,6 @@
 """A floor is a floor: the memory model's per-GPU floor (weights' reserve + KV cache + the memory the run measured
-outside PyTorch's allocator) never sits above the per-GPU peak it claims to bound, for every committed H200 run that
+outside PyTorch's allocator), and the floor a run is held to (the same with every term the capacity model predicts at
+its largest point: activations, logits, workspaces) never sit above the per-GPU peak they claim to bound, for every committed H200 run that
 finished (results/h200/). Runs whose ranks shared one GPU are held to each rank's own peak, as the report shows it."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import json
 
 import pytest
 
-from dsexp.analysis.memory import predict
+from dsexp.analysis.memory import predict, workload_floor
 
 from helpers.run import ROOT
 
@@ -37,4 +38,9 @@ def test_the_floor_never_sits_above_the_measured_peak(path):
     assert prediction.floor() <= peak, (
         f"floor {prediction.floor() / 2**30:.3f} GiB above the measured {peak / 2**30:.3f} GiB "
         f"(outside the allocator: {prediction.overhead / 2**30:.3f} GiB)"
+    )
+    floor = workload_floor(result, prediction)
+    rounding = 2**30 // 2000  # the headline's peak is rounded to 0.001 GiB
+    assert floor is None or floor["bytes"] <= peak + rounding, (
+        f"the floor at batch {floor['batch']} ({floor['terms']}) above the measured {peak / 2**30:.3f} GiB"
     )

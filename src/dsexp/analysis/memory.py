@@ -10,7 +10,7 @@ costs each rank, by loading strategy (dsexp.predict.weights_per_rank.host).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from dsexp.analysis.user_script import as_configured, as_pipeline_result, is_script
 from dsexp.core.result import JobRecord, Phase
@@ -46,20 +46,40 @@ def facts_of(result: Dict[str, Any]) -> model.Facts:
     )
 
 
+# Above the weights, what a measured run already holds in its bytes outside PyTorch's allocator: kernel injection's
+# workspace (DeepSpeed's GenWorkSpace takes it with cudaMalloc, not through the caching allocator)
+MEASURED_OUTSIDE = ("workspace",)
+
+
 def workload_floor(result: Dict[str, Any], p: Prediction) -> Optional[Dict[str, Any]]:
     """The per-GPU floor a run is held to: at its largest workload point, the busiest rank's weights' reserve, every
-    term above them the capacity model predicts (KV cache, activations, logits, workspaces) and the memory outside
-    PyTorch's allocator: {bytes, terms (name -> bytes, that rank's)}. None where the run measured no outside bytes
+    term above them the capacity model predicts (KV cache, activations, logits, cuBLAS's workspace) and the memory
+    outside PyTorch's allocator as measured (which holds kernel injection's workspace: MEASURED_OUTSIDE):
+    {bytes, terms (name -> bytes, that rank's), batch, prompt_tokens}. None where the run measured no outside bytes
     (a CPU run) or has no workload point."""
     if p.overhead is None:
         return None
-    points = [model.at(p, w, p.overhead) for w in model.workloads_of(result.get("config") or {}, facts_of(result))]
-    if not points:
-        return None
-    q = max(points, key=lambda q: max(q.peak))
-    r = q.peak.index(max(q.peak))
-    terms = {"weights": model.held(p)[r], **{k: v[r] for k, v in q.terms.items() if v[r]}, "outside": p.overhead}
-    return {"bytes": q.peak[r], "terms": terms, "batch": q.workload.batch, "prompt_tokens": q.workload.prompt_tokens}
+    floors = []
+    for w in ran(result, model.workloads_of(result.get("config") or {}, facts_of(result))):
+        q = model.at(p, w, p.overhead)
+        for r, reserve in enumerate(model.held(p)):
+            above = {k: v[r] for k, v in q.terms.items() if v[r] and k not in MEASURED_OUTSIDE}
+            terms = {"weights": reserve, **above, "outside": p.overhead}
+            floors.append({"bytes": sum(terms.values()), "terms": terms, "batch": w.batch,
+                           "prompt_tokens": w.prompt_tokens})  # fmt: skip
+    return max(floors, key=lambda f: f["bytes"]) if floors else None
+
+
+def ran(result: Dict[str, Any], workloads: List[Any]) -> List[Any]:
+    """The workload points that ran on every rank (a grid's points out of memory or skipped hold no peak to bound);
+    all of them where the ranks list no points (a script, a record before grids)."""
+    listed = [rk.raw.get("points") for rk in JobRecord.of(result).ranks]
+    if not listed or not all(listed):
+        return workloads
+    ok = set.intersection(
+        *({(e["batch"], e.get("prompt_tokens")) for e in points if e.get("status") == "ok"} for points in listed)
+    )
+    return [w for w in workloads if (w.batch, w.prompt_tokens) in ok or (w.batch, None) in ok]
 
 
 def splits_weights(engine: str) -> bool:
