@@ -1,7 +1,8 @@
 """A floor is a floor: the memory model's per-GPU floor (weights' reserve + KV cache + the memory the run measured
 outside PyTorch's allocator), and the floor a run is held to (the same with every term the capacity model predicts at
-its largest point: activations, logits, workspaces) never sit above the per-GPU peak they claim to bound, for every committed H200 run that
-finished (results/h200/). Runs whose ranks shared one GPU are held to each rank's own peak, as the report shows it."""
+its largest point that ran: activations, logits, workspaces) never sit above the per-GPU peak they claim to bound,
+for every committed H200 run that finished (results/h200/). Runs whose ranks shared one GPU are held to each rank's
+own peak, as the report shows it."""
 
 from __future__ import annotations
 
