@@ -16,7 +16,8 @@ For each configuration that bracketed its batch:
   where a job ran it, else the mean over the configuration's points.
 
 Nothing here runs on a GPU: the one-load figures are what the committed measurements imply, not a new measurement
-(the campaign `budget`'s steps gpu40_one_load and gpu24_one_load measure them). Writes results/cpu/search_cost.{json,md}.
+(the campaign `budget`'s steps gpu40_one_load and gpu24_one_load measure them).
+Writes results/cpu/search_cost.{json,md}.
 """
 
 from __future__ import annotations
@@ -167,9 +168,15 @@ def render(rows: List[Dict[str, Any]], seconds: float) -> str:
             "searches' brackets and measured times; the one-load column is ESTIMATED from them (module docstring).",
             "",
             *table(
-                ["configuration", "measured last ok / first OOM", "allocated bytes say", "replay says",
-                 "committed: loads / points / wall s", "one load: loads / points / est. wall s",
-                 "one load: batches run"],
+                [
+                    "configuration",
+                    "measured last ok / first OOM",
+                    "allocated bytes say",
+                    "replay says",
+                    "committed: loads / points / wall s",
+                    "one load: loads / points / est. wall s",
+                    "one load: batches run",
+                ],
                 body,
             ),  # fmt: skip
             f"Over {len(rows)} configurations: committed {total['loads']} loads, {total['points']} points, "

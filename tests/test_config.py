@@ -214,6 +214,7 @@ KEYS_ADDED_SINCE = {
     ("generate", "prompt_tokens"): None,
     ("generate", "repeats"): 1,
     ("generate", "warmup"): 1,
+    ("generate", "bisect_from"): None,
     ("trim", "last_logits"): False,
 }
 

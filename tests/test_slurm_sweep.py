@@ -242,3 +242,19 @@ def test_two_node_job_on_two_slurmd(slurm_cluster_2nodes, tmp_path, cache_dir):
     assert sorted(rk["slurm_node"] for rk in res["ranks"]) == ["n1", "n2"]  # one rank on each node
     assert res["launch"]["cmd"][:3] == ["srun", "--overlap", "--nodes=2"] and "--nnodes=2" in res["launch"]["cmd"]
     assert res["correctness"]["passed"]
+
+
+def test_a_scripts_options_that_the_launcher_has_too_reach_it_under_slurm(slurm_cluster, tmp_path, cache_dir):
+    """Issue 46 under SLURM: `--n`, `--max`, `--node`, `--master` reach the script on both ranks as given (the job
+    runs dsexp's entry through its launcher inside the allocation: the launcher never parses them)."""
+    script = Path(__file__).parent / "data" / "user_scripts" / "launcher_prefixes.py"
+    given = ["--n", "3", "--max", "7", "--node", "two words", "--master=x=y", str(tmp_path / "parsed")]
+    args = ",".join(f"'{a}'" for a in given)
+    dsexp(slurm_cluster, [*SLURM, f"script.path={script}", f"script.args=[{args}]", "tp=2", "check.correctness=false",
+                          "hydra.sweep.dir=sw"], tmp_path, cache_dir)  # fmt: skip
+    (res,) = sweep_results(tmp_path / "sw")
+    assert res["status"] == "ok", res.get("failure")
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"parsed.rank{rank}.json").read_text())
+        assert seen["argv"] == [str(script), *given]
+        assert seen["args"]["n"] == 3 and seen["args"]["max"] == 7 and seen["args"]["master"] == "x=y"

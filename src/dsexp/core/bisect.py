@@ -14,7 +14,9 @@ the job runs 2 or 3 points: the guess, one above, and one below only if the gues
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from dsexp.core.workload import Point, as_list
 
 OK, OOM = "ok", "oom"
 
@@ -48,3 +50,12 @@ def next_batch(batches: List[int], start: int, outcomes: Dict[int, str]) -> Opti
 def outcomes_of(entries: Iterable[dict]) -> Dict[int, str]:
     """batch -> ok | oom from rank records' point entries (the points not run are left out)."""
     return {int(e["batch"]): e["status"] for e in entries if e.get("status") in (OK, OOM)}
+
+
+def next_point(generate: Any, entries: Iterable[dict]) -> Optional[Point]:
+    """The next point of a GenerateConfig's batch search (generate.bisect_from) after the point entries recorded so
+    far, this launch's and earlier ones' (None: settled)."""
+    batches = sorted({int(b) for b in as_list(generate.batch_size)})
+    (length,) = as_list(generate.prompt_tokens)
+    batch = next_batch(batches, generate.bisect_from, outcomes_of(entries))
+    return None if batch is None else Point(batch, length)

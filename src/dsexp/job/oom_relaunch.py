@@ -16,10 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from dsexp.core.bisect import next_batch, outcomes_of
+from dsexp.core.bisect import next_point
 from dsexp.core.fs import write_json_atomic
 from dsexp.core.protocol import logits_file, rank_file
-from dsexp.core.workload import Point, as_list, dominated, grid, parse_phase
+from dsexp.core.workload import Point, dominated, grid, parse_phase
 from dsexp.job import failures
 
 LAUNCHES = Path(".dsexp") / "launches"
@@ -64,9 +64,8 @@ def points_left(generate: Any, launches: Sequence[Sequence[Optional[dict]]]) -> 
     search (generate.bisect_from), the next point it runs (none: settled)."""
     entries = recorded_points(launches)
     if getattr(generate, "bisect_from", None) is not None:
-        batches, (length,) = sorted({int(b) for b in as_list(generate.batch_size)}), as_list(generate.prompt_tokens)
-        batch = next_batch(batches, generate.bisect_from, outcomes_of(entries))
-        return [] if batch is None else [Point(batch, length)]
+        point = next_point(generate, entries)
+        return [] if point is None else [point]
     done = {(e["batch"], e["prompt_tokens"]) for e in entries}
     ran_out = [Point(e["batch"], e["prompt_tokens"]) for e in entries if e["status"] == "oom"]
     return [p for p in grid(generate) if (p.batch, p.prompt_tokens) not in done and not dominated(p, ran_out)]

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from dsexp.core.bisect import next_batch, outcomes_of
+from dsexp.core.bisect import next_point
 from dsexp.core.context import RankContext
 from dsexp.core.protocol import logits_file
-from dsexp.core.workload import Point, as_list, dominated, grid
+from dsexp.core.workload import Point, dominated, grid
 from dsexp.rank.budget_cap import check_simulated, simulate_point
 from dsexp.rank.faults import maybe_inject, maybe_oom, oom_in_forward
 from dsexp.rank.generation import point_ids
@@ -117,13 +117,11 @@ def points_to_run(ctx: RankContext, outcomes: List[Dict[str, Any]]) -> Iterator[
         given = ctx.runtime.get("points")
         yield from grid(g) if given is None else [Point(p["batch"], p["prompt_tokens"]) for p in given]
         return
-    batches, (length,) = sorted({int(b) for b in as_list(g.batch_size)}), as_list(g.prompt_tokens)
     earlier = ctx.runtime.get("outcomes") or []
-    while True:
-        batch = next_batch(batches, g.bisect_from, outcomes_of([*earlier, *outcomes]))
-        if batch is None:
-            return
-        yield Point(batch, length)
+    point = next_point(g, earlier)
+    while point is not None:
+        yield point
+        point = next_point(g, [*earlier, *outcomes])
 
 
 def wants_logits(ctx: RankContext, point: Point, outcomes: List[Dict[str, Any]]) -> bool:
