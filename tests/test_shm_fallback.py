@@ -75,3 +75,26 @@ def test_the_seed_stack_runs_its_all_reduce_on_gloo_on_a_cpu_without_avx512(tmp_
         assert res["teardown"]["shm_removed"] == []  # no deepspeed_allreduce_buffer_* segment
     report = (tmp_path / "s" / "summary.md").read_text()
     assert report.count("- all-reduce on gloo, not DeepSpeed 0.14.4's shared memory: the CPU lacks avx512bw") == 2
+
+
+@pytest.mark.slow  # two seed-stack jobs of two ranks: about 2 min here once the stack and its op are built
+@pytest.mark.skipif("avx512bw" not in (open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""),
+                    reason="the comparison needs a CPU whose shared-memory all-reduce runs")  # fmt: skip
+def test_the_fallback_leaves_the_measured_memory_as_the_shared_memory_path_has_it(tmp_path, cache_dir):
+    """On a CPU that has avx512bw, stack=seed at tp=2 with DeepSpeed's shared-memory all-reduce and with the gloo
+    fallback (DSEXP_ASSUME_NO_AVX512=1): the same weights on every rank, the same output within bf16's tolerance, and
+    host peaks per rank within the shared-memory op's own buffers of each other."""
+    runs = {}
+    for name, env in (("shm", {}), ("gloo", {"DSEXP_ASSUME_NO_AVX512": "1"})):
+        run_dsexp(["stack=seed", "model=tiny", "tp=2", "tracking.uri=none", f"hydra.run.dir={name}"], tmp_path,
+                  cache_dir, timeout=1800, extra_env=env)  # fmt: skip
+        runs[name] = json.loads((tmp_path / name / "result.json").read_text())
+    shm, gloo = runs["shm"], runs["gloo"]
+    assert shm["status"] == gloo["status"] == "ok", (shm.get("failure"), gloo.get("failure"))
+    assert gloo["all_reduce"]["all_reduce"] == "gloo" and shm.get("all_reduce", {}).get("all_reduce") != "gloo"
+    for a, b in zip(shm["ranks"], gloo["ranks"]):
+        assert a["phases"]["init"]["weights_device"] == b["phases"]["init"]["weights_device"]
+        peaks = [max(ph.get("peaks", {}).get("host_anon_peak") or 0 for ph in r["phases"].values()) for r in (a, b)]
+        # the op's workspace per rank (csrc/cpu/comm/shm.cpp, 0.14.4): 2 x 32 MiB + 2 x 1 MiB, and its shared segments
+        assert abs(peaks[0] - peaks[1]) < 96 * 2**20, peaks
+    assert shm["correctness"]["passed"] and gloo["correctness"]["passed"]
