@@ -371,6 +371,35 @@ def test_a_search_in_one_load_that_failed_otherwise_keeps_what_it_measured_and_i
     assert {p.status for p in pts} == {"failed"} and stop.startswith("rank_error")
 
 
+def test_a_job_killed_before_its_result_is_read_back_from_its_ranks_and_keeps_its_points(tmp_path):
+    """The search's process killed outright (SIGKILL: its in-process job with it) after a batch search measured two
+    points: a resumed search reads the job's config and its ranks' records, as an interrupted job, and keeps both."""
+    from dataclasses import asdict
+
+    from dsexp.compose.budget import points as P
+    from dsexp.core.protocol import write_job_file
+
+    from helpers.run import spec_of
+
+    spec = spec_of("tp=2", "generate.batch_size=[1,2,3,4]", "generate.bisect_from=3", "generate.prompt_tokens=8")
+    job = tmp_path / "sw" / "0"
+    write_job_file(job, spec, {"device": "cpu"})
+    sim = {"budget": {"simulated_need": 900, "fits": True}}
+    ran = [{"batch": 3, "prompt_tokens": 8, "phase": "generate[b=3,l=8]", "status": "ok"},
+           {"batch": 4, "prompt_tokens": 8, "phase": "generate[b=4,l=8]", "status": "oom"}]  # fmt: skip
+    (job / "ranks").mkdir()
+    for r in (0, 1):
+        rec = {"rank": r, "status": "running", "points": ran, "phases": {"generate[b=3,l=8]": sim}}
+        (job / "ranks" / f"rank{r}.json").write_text(json.dumps(rec))
+    (found,) = P.sweep_results(tmp_path / "sw")
+    assert found[0] == job and found[1]["failure"]["cause"] == "interrupted" and found[1]["cut_short"]
+    assert found[1]["config"] == json.loads(json.dumps(asdict(spec), default=str))
+    pts, stop = P.points_of(found[0], found[1], resumed=True)
+    assert [(p.batch, p.status, p.peak) for p in pts] == [(3, "ok", 900), (4, "oom", None)] and stop is None
+    (tmp_path / "sw" / "1").mkdir()  # a job folder with nothing recorded yet: not a job that ran
+    assert len(P.sweep_results(tmp_path / "sw")) == 1
+
+
 def answer_text(shared: bool = False) -> str:
     """The budget section for two configurations: tp=1 at batch 8 (90 tokens/s), tp=2 at batch 24 (210 tokens/s),
     or, with shared, tp=2 faster but at a smaller batch, its ranks sharing one GPU."""

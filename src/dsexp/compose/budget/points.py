@@ -85,13 +85,40 @@ def wall_s(result: Dict[str, Any]) -> Optional[float]:
 
 
 def sweep_results(sweep_dir: Path) -> List[Tuple[Path, Dict[str, Any]]]:
-    """(job folder, result) of every job folder of the sweep (earlier attempts, kept under .dsexp/, are not runs)."""
+    """(job folder, result) of every job folder of the sweep (earlier attempts, kept under .dsexp/, are not runs);
+    a job killed before it wrote its result is read from what its ranks recorded (cut_short)."""
     out = []
-    for path in sorted(Path(sweep_dir).glob(f"*/{RESULT}")):
-        res = read_json(path)
+    for job_dir in sorted(p for p in Path(sweep_dir).glob("*") if p.is_dir() and not p.name.startswith(".")):
+        res = read_json(job_dir / RESULT) or cut_short(job_dir)
         if res:
-            out.append((path.parent, res))
+            out.append((job_dir, res))
     return out
+
+
+def cut_short(job_dir: Path) -> Optional[Dict[str, Any]]:
+    """A job whose process was killed before it wrote result.json (the search's process killed outright, its
+    in-process job with it): its config (job.json) and what its ranks recorded, read as an interrupted job, so that a
+    resumed batch search keeps the points it measured (points_of). None where no rank recorded anything."""
+    from dsexp.core.protocol import JOB_FILE, rank_file
+
+    job = read_json(Path(job_dir) / JOB_FILE)
+    if not job:
+        return None
+    ranks = [read_json(rank_file(job_dir, r)) for r in range(int(job["config"].get("tp") or 1))]
+    if not any(ranks):
+        return None
+    return {
+        "status": "failed",
+        "failure": {
+            "cause": "interrupted",
+            "message": "the job's process was killed before it wrote result.json; read back from its ranks' records",
+        },  # fmt: skip
+        "config": job["config"],
+        "runtime": job.get("runtime") or {},
+        "ranks": ranks,
+        "job_dir": str(job_dir),
+        "cut_short": True,
+    }
 
 
 def points_of(job_dir: Path, result: Dict[str, Any], resumed: bool = False) -> Tuple[List[Point], Optional[str]]:

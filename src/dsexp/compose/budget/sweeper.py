@@ -180,6 +180,8 @@ class BudgetSearch:
 
     def resume(self) -> int:
         for job_dir, result in measured.sweep_results(self.sweep_dir):
+            if result.get("cut_short") and not (job_dir / measured.RESULT).exists():
+                write_json_atomic(job_dir / measured.RESULT, result)  # the report reads it too
             self.absorb(job_dir, result, resumed=True)
         return len(self.jobs)
 
