@@ -60,6 +60,9 @@ def test_every_rank_out_of_memory_goes_on_in_the_same_load_to_a_one_step_bracket
         assert len(loads) == 1
     # the points not tried are listed as not run, with why
     assert {p["batch"] for p in res["ranks"][0]["points"]} <= set(range(1, 9))
+    from dsexp.analysis.labels import config_label
+
+    assert config_label(res["config"]).endswith("/b1..8?xL8")  # a search over its range, not a grid of 8 points
 
 
 @pytest.mark.slow  # three launches of two ranks (each out-of-memory point of rank 1 alone ends one): ~2 min here

@@ -38,8 +38,9 @@ def config_label(config: Dict[str, Any], workload: bool = True) -> str:
 
 
 def workload_label(config: Dict[str, Any]) -> Optional[str]:
-    """The workload's shape where it is not the default prompt at batch 1: `b8xL2048`, a grid `b[1,8]xL[512,2048]`
-    (two shapes are two configurations of the matrix; the capacity report groups them with workload=False)."""
+    """The workload's shape where it is not the default prompt at batch 1: `b8xL2048`, a grid `b[1,8]xL[512,2048]`,
+    a batch search over 1 to 7 `b1..7?xL2048` (two shapes are two configurations of the matrix; the capacity report
+    groups them with workload=False)."""
     g = config.get("generate") or {}
     batch, length = g.get("batch_size", 1), g.get("prompt_tokens")
     if batch in (None, 1) and length is None:
@@ -48,6 +49,9 @@ def workload_label(config: Dict[str, Any]) -> Optional[str]:
     def show(v: Any) -> str:
         return "[" + ",".join(map(str, v)) + "]" if isinstance(v, (list, tuple)) else str(v)
 
+    if g.get("bisect_from") is not None:  # a batch search inside one load: its range, `b1..7?`
+        batches = sorted(batch) if isinstance(batch, (list, tuple)) else [batch]
+        return f"b{batches[0]}..{batches[-1]}?" + ("" if length is None else f"xL{show(length)}")
     return f"b{show(batch or 1)}" + ("" if length is None else f"xL{show(length)}")
 
 

@@ -75,6 +75,9 @@ def workload_line(row: Row) -> str:
     else:
         prompt = f"a prompt of {', '.join(map(str, prompts))} tokens"
     grid = " (a grid: the figures are its largest point that ran)" if len(batches) * len(prompts) > 1 else ""
+    if g.get("bisect_from") is not None:  # a batch search: the batches it ran, not its range
+        tried = sorted({q.batch for q in capa.point_rows([row]) if q.status in ("ok", "oom")})
+        batches, grid = tried or batches, " (a batch search: the figures are its largest batch that ran)"
     return (
         f"It holds for the workload it was measured at: batch {', '.join(map(str, batches))}, {prompt}, "
         f"{g.get('new_tokens')} new tokens{grid}; a larger batch or context needs what the capacity section shows."
