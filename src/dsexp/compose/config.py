@@ -46,12 +46,13 @@ def config_error(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def compose_app(overrides: Sequence[str] = ()) -> DictConfig:
-    """The config `python -m dsexp <overrides>` would run, composed without running anything."""
+def compose_app(overrides: Sequence[str] = (), hydra: bool = False) -> DictConfig:
+    """The config `python -m dsexp <overrides>` would run, composed without running anything (hydra: with Hydra's own
+    node, where its sweeper's params are)."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+        return compose("config", overrides=list(overrides), return_hydra_config=hydra)
 
 
 def without_hydra(cfg: DictConfig) -> DictConfig:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from dsexp.compose.config import conf_dir, config_error, to_schema
+from dsexp.compose.config import compose_app, config_error, to_schema
 from dsexp.core.schema import ConfigError, JobConfig
 
 GIB = 2**30
@@ -46,7 +46,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--replay",
         action="store_true",
         help="with a GPU size: also replay each point's generate calls through the caching allocator "
-        "(fragmentation; tp=1, or AutoTP, without trims; seconds per batch at 20B shapes)",
+        "(fragmentation; tp=1, or AutoTP without kernel injection; seconds per batch at 20B shapes)",
     )
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m dsexp")
     return p.parse_args(list(argv))
@@ -79,14 +79,6 @@ def combinations(overrides: Sequence[str], multirun: bool) -> Tuple[List[List[st
     ], swept
 
 
-def compose(overrides: Sequence[str], hydra: bool = False):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides), return_hydra_config=hydra)
-
-
 def checked(combo: List[str]) -> JobConfig:
     """One combination composed and checked for sense, or PlanError naming the key."""
     from dsexp.compose.validate import validate_plan
@@ -102,7 +94,7 @@ def composed(overrides: Sequence[str], hydra: bool = False):
     from hydra.errors import HydraException, MissingConfigException
 
     try:
-        return compose(overrides, hydra)
+        return compose_app(overrides, hydra)
     except MissingConfigException as e:
         msg = config_error(e) + (f"; choose one of: {', '.join(sorted(e.options))}" if e.options else "")
         raise PlanError(msg) from None
