@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from dsexp.analysis.labels import config_label
+from dsexp.analysis.markdown import md_table
 from dsexp.analysis.measured import human
 from dsexp.analysis.sections.common import ReportInputs
 
@@ -44,13 +45,12 @@ def cell(rank: Dict[str, Any], column: str) -> str:
 
 
 def table(header: List[str], rows: List[List[str]], markdown: bool) -> List[str]:
+    """The first column (a name) left, the figures right: a markdown table, or aligned text for a terminal."""
     if markdown:
-        return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
-            "| " + " | ".join(r) + " |" for r in rows
-        ]
+        return md_table(header, rows, [False] + [True] * (len(header) - 1)).split("\n")
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
 
-    def line(r: List[str]) -> str:  # the first column (a name) left, the figures right
+    def line(r: List[str]) -> str:
         return "  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in enumerate(zip(r, widths)))
 
     return [line(header)] + [line(r) for r in rows]
