@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+from dsexp.core.bisect import OK, OOM, bracket, next_batch
 from dsexp.predict.allocator import Allocator, Replay
 from dsexp.predict.meta_trace import CUBLAS_WORKSPACE, generate_events
 
@@ -100,27 +101,15 @@ def largest_batch(
     expandable: bool = False,
     top: int = 4096,
 ) -> Tuple[int, List[Probe]]:
-    """The largest batch whose replay fits `cap`, searched from `start` (the allocated bytes' answer: fragmentation
-    only lowers it, mostly by a batch or two): `start`, then the two batches below it one by one, then a bisection
-    below those (batch, the probes made)."""
+    """The largest batch whose replay fits `cap` (0: none), searched from `start` (the allocated bytes' answer:
+    fragmentation only lowers it, mostly by a batch or two) as a job searches its batches (dsexp.core.bisect): `start`,
+    the batch above, the batches below one by one, then bisection; (batch, the probes made)."""
+    batches, outcomes = list(range(1, top + 1)), {}
     probes: List[Probe] = []
-
-    def fits(b: int) -> bool:
+    b = next_batch(batches, max(1, min(start, top)), outcomes)
+    while b is not None:
         probes.append(probe(model, weights, b, prompt, calls, cap, expandable))
-        return probes[-1].fits
-
-    b = max(1, min(start, top))
-    if fits(b):
-        while b < top and fits(b + 1):
-            b += 1
-        return b, probes
-    for below in (b - 1, b - 2):
-        if below < 1:
-            return 0, probes
-        if fits(below):
-            return below, probes
-    lo, hi = 0, b - 3  # lo fits (0: nothing needs to), hi the largest left to try
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-    return lo, probes
+        outcomes[b] = OK if probes[-1].fits else OOM
+        b = next_batch(batches, start, outcomes)
+    lo, _ = bracket(batches, outcomes)
+    return (batches[lo] if lo >= 0 else 0), probes
