@@ -108,13 +108,13 @@ def _generic_fix(lib: Optional[str], missing: List[str]) -> str:
             f"this CPU has every vector set dsexp checks: {lib or 'the code'} was built for other instructions "
             "(a wheel or a cached op built on another machine): rebuild it here"
         )
-    sets = _few(missing)
+    sets = few(missing)
     if lib == "the script":
         return f"the script's own code (or what it calls through ctypes) needs {sets}: run it on a CPU with them"
     return f"run it on a CPU with {sets}, or install a build of {lib or 'the library'} made for this CPU"
 
 
-def _few(sets: List[str], most: int = 4) -> str:
+def few(sets: List[str], most: int = 4) -> str:
     return ", ".join(sets) if len(sets) <= most else f"{', '.join(sets[:most])} and {len(sets) - most} more"
 
 
@@ -125,7 +125,7 @@ def sentence(info: Dict[str, Any]) -> str:
     need = [s for s in info["needs"] if s in info["cpu_lacks"]]
     lacks = (
         f"; it needs {', '.join(need)}, which this CPU lacks" if need
-        else f"; this CPU lacks {_few(info['cpu_lacks'])}" if info["cpu_lacks"]
+        else f"; this CPU lacks {few(info['cpu_lacks'])}" if info["cpu_lacks"]
         else "; this CPU has every vector set dsexp checks"
     )  # fmt: skip
     assumed = " (as DSEXP_ASSUME_NO_AVX512=1 says)" if info["cpu_assumed_no_avx512"] else ""

@@ -427,7 +427,7 @@ def launch_for_points(
             break
         launches.append(oom_relaunch.archive_launch(job_dir, ranks, outcome.to_dict(), left))
         earlier.append(ranks)
-        outcomes = oom_relaunch.recorded_points([*earlier])  # a batch search goes on from them
+        outcomes = oom_relaunch.recorded_points(earlier)  # a batch search goes on from them
         write_job_file(job_dir, spec, {**runtime, "points": [p.to_dict() for p in left], "outcomes": outcomes})
     if earlier or ended:
         ranks = oom_relaunch.merge_launches(earlier, ranks, spec.generate)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
 from dsexp.core.cpu import ASSUME_NO_AVX512_ENV, features, flags
-from dsexp.job.illegal_instruction import crashing_frames, died_of_sigill, library, where
+from dsexp.job.illegal_instruction import died_of_sigill, explain, few
 from dsexp.job.overlay import StackError
 
 # what a rank imports first, and one op of each (a kernel of the wheel's baseline runs at the first op, not at import)
@@ -87,16 +87,15 @@ def probe(modules: List[str], env: Mapping[str, str], cpuinfo: str = "/proc/cpui
             "-Dcpu-baseline=min)",
         }
     if died_of_sigill(out.returncode, log):
-        frames = crashing_frames(log)
-        lib = library(frames[0], None) if frames else "a compiled extension"
-        at = f" at {where(frames[0])}" if frames else ""
-        lacks = list(cpu.get("lacks") or [])
+        info = explain(0, log, cpu)
+        lib = info["library"] or "a compiled extension"
+        at = f" at {info['frame']}" if info["frame"] else ""
+        lacks = few(info["cpu_lacks"]) or "none of the x86 vector sets dsexp reads"
         return {
             "runs": False,
-            "missing": lacks,
+            "missing": info["cpu_lacks"],
             "library": lib,
             "message": f"importing it dies of SIGILL (an illegal instruction){at} ({lib}): a wheel built for an "
-            f"instruction set this CPU lacks ({', '.join(lacks[:6]) or 'none of the x86 vector sets dsexp reads'}"
-            f"{' and more' if len(lacks) > 6 else ''}); use that package's build for this CPU, or another machine",
+            f"instruction set this CPU lacks ({lacks}); use that package's build for this CPU, or another machine",
         }
     return {"runs": True, "message": "imported and ran", "returncode": out.returncode}

@@ -89,3 +89,11 @@ def avoid_shm_allreduce(cpu: Optional[Dict[str, Any]] = None) -> Optional[Dict[s
     if how == "guarded":
         return {**out, "all_reduce": "DeepSpeed's own check of the CPU (shared memory where it has avx512bw)"}
     return {**out, "all_reduce": "shared memory (this DeepSpeed has no switch: expect SIGILL at the first all-reduce)"}
+
+
+def note_fallback(rec) -> None:
+    """Before deepspeed.init_distributed (dsexp's worker, or a user's script's): switch the shared-memory all-reduce
+    off where this CPU cannot run it, and record it in the rank's record (`all_reduce`), read from its `cpu`."""
+    fallback = avoid_shm_allreduce(rec.record["cpu"])
+    if fallback:
+        rec.note(all_reduce=fallback)

@@ -26,7 +26,7 @@ from dsexp.rank.probes.phases import PhaseRecorder  # noqa: E402
 from dsexp.rank.probes.snapshots import snapshot_options  # noqa: E402
 from dsexp.rank.probes.software import software  # noqa: E402
 from dsexp.rank.shared_gpu import setup_rank  # noqa: E402
-from dsexp.rank.shm_fallback import avoid_shm_allreduce  # noqa: E402
+from dsexp.rank.shm_fallback import note_fallback  # noqa: E402
 from dsexp.rank.workloads import get_workload  # noqa: E402
 
 
@@ -110,9 +110,7 @@ def main(argv=None) -> int:
     workload = get_workload(runtime.get("workload", "pipeline"))
     if shared:
         rec.note(shared_gpu=shared)
-    fallback = avoid_shm_allreduce(rec.record["cpu"])  # before deepspeed.init_distributed: a CPU without avx512bw
-    if fallback:
-        rec.note(all_reduce=fallback)
+    note_fallback(rec)  # before deepspeed.init_distributed: a CPU without avx512bw
     try:
         with rec.phase("start", t0=T_PROCESS):
             maybe_inject(spec.fault, rank, "start", job_dir)

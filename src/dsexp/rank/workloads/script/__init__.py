@@ -26,7 +26,7 @@ def start() -> None:
     from dsexp.rank.probes.phases import PhaseRecorder
     from dsexp.rank.probes.snapshots import snapshot_options
     from dsexp.rank.shared_gpu import setup_rank
-    from dsexp.rank.shm_fallback import avoid_shm_allreduce
+    from dsexp.rank.shm_fallback import note_fallback
     from dsexp.rank.workloads.script.session import ScriptSession
 
     t_process = _process_start()
@@ -41,9 +41,7 @@ def start() -> None:
         nvidia_smi=spec.probe.nvidia_smi, memory_snapshot=snapshot_options(spec.probe),
     )  # fmt: skip
     rec.note(workload="script", argv=list(sys.argv), **({"shared_gpu": shared} if shared else {}))
-    fallback = avoid_shm_allreduce(rec.record["cpu"])  # before the script's init_distributed: a CPU without avx512bw
-    if fallback:
-        rec.note(all_reduce=fallback)
+    note_fallback(rec)  # before the script's init_distributed: a CPU without avx512bw
     session = ScriptSession(rec, spec, runtime, rank, local_rank)
     if spec.script.fix:
         from dsexp.rank.workloads.script.fixes import Fixes
