@@ -51,6 +51,8 @@ from typing import Any, Dict, List, Optional, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from dsexp.analysis.markdown import md_table  # noqa: E402
+
 LLM_ANALYSIS_DIR = ROOT / ".cache" / "llm-analysis"
 LLM_ANALYSIS_VERSION = "0.2.2"
 H200 = ROOT / "results" / "h200"
@@ -476,18 +478,14 @@ def render(data: Dict[str, Any]) -> str:
 
 
 def weights_table(rows: List[Dict[str, Any]]) -> List[str]:
-    out = [
-        "| configuration | tp | measured (GiB) | dsexp.plan (GiB) | llm-analysis (GiB) | dsexp / measured "
-        "| llm-analysis / measured |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        where = f"{r['model']} {r['configuration'] or 'capacity grid'}"
-        out.append(
-            f"| {where} | {r['tp']} | {gib(r['measured_bytes'])} | {gib(r['dsexp_bytes'])} | "
-            f"{gib(r['llm_analysis_bytes'])} | {num(r['dsexp_ratio'])} | {num(r['llm_analysis_ratio'])} |"
-        )
-    return out
+    header = ["configuration", "tp", "measured (GiB)", "dsexp.plan (GiB)", "llm-analysis (GiB)", "dsexp / measured",
+              "llm-analysis / measured"]  # fmt: skip
+    body = [
+        [f"{r['model']} {r['configuration'] or 'capacity grid'}", r["tp"], gib(r["measured_bytes"]),
+         gib(r["dsexp_bytes"]), gib(r["llm_analysis_bytes"]), num(r["dsexp_ratio"]), num(r["llm_analysis_ratio"])]
+        for r in rows
+    ]  # fmt: skip
+    return md_table(header, body, [False] + [True] * 6).split("\n")
 
 
 def above_summary(points: List[Dict[str, Any]]) -> List[str]:
@@ -495,22 +493,17 @@ def above_summary(points: List[Dict[str, Any]]) -> List[str]:
     groups: Dict[Tuple, List[Dict[str, Any]]] = {}
     for p in points:
         groups.setdefault((p["model"], p["sweep"].split("/")[0], p["configuration"], p["tp"]), []).append(p)
-    out = [
-        "| configuration | tp | points that ran | measured above the weights (GiB) | dsexp / measured "
-        "| llm-analysis / measured |",
-        "|---|---:|---:|---|---|---|",
-    ]
+    header = ["configuration", "tp", "points that ran", "measured above the weights (GiB)", "dsexp / measured",
+              "llm-analysis / measured"]  # fmt: skip
+    body = []
     for (model, sweep, config, tp), ps in groups.items():
         ran = [p for p in ps if p["measured_bytes"]]
         if not ran:
             continue
         meas = [p["measured_bytes"] for p in ran]
-        out.append(
-            f"| {model} {sweep} {config}".rstrip()
-            + f" | {tp} | {len(ran)} | {gib(min(meas))} - {gib(max(meas))} | {span(ran, 'dsexp_ratio')} | "
-            f"{span(ran, 'llm_analysis_ratio')} |"
-        )
-    return out
+        body.append([f"{model} {sweep} {config}".rstrip(), tp, len(ran), f"{gib(min(meas))} - {gib(max(meas))}",
+                     span(ran, "dsexp_ratio"), span(ran, "llm_analysis_ratio")])  # fmt: skip
+    return md_table(header, body, [False, True, True, False, False, False]).split("\n")
 
 
 def span(rows: List[Dict[str, Any]], key: str) -> str:
@@ -520,11 +513,9 @@ def span(rows: List[Dict[str, Any]], key: str) -> str:
 
 
 def largest_table(rows: List[Dict[str, Any]]) -> List[str]:
-    out = [
-        "| configuration | GPU (GiB) | prompt | ran / out of memory | dsexp.plan (next batch breaks on) | "
-        "llm-analysis (its limit) | dsexp / ran | llm-analysis / ran |",
-        "|---|---:|---:|---|---|---|---:|---:|",
-    ]
+    header = ["configuration", "GPU (GiB)", "prompt", "ran / out of memory", "dsexp.plan (next batch breaks on)",
+              "llm-analysis (its limit)", "dsexp / ran", "llm-analysis / ran"]  # fmt: skip
+    body = []
     skipped: Dict[Tuple, List[str]] = {}
     for b in rows:
         if b["largest_ok"] is None and b["smallest_oom"] is None:  # not launched: predicted not to fit
@@ -538,11 +529,11 @@ def largest_table(rows: List[Dict[str, Any]]) -> List[str]:
             skipped.setdefault(said, []).append(b["configuration"].replace(f"tp={b['tp']} ", ""))
             continue
         where = f"{b['model']} {b['sweep']} " + (b["configuration"] or f"tp={b['tp']}")
-        out.append(
-            f"| {where} | {b['gpu_gib']:g} | {b['prompt_tokens']} | {num(b['largest_ok'])} / "
-            f"{num(b['smallest_oom'])} | {b['dsexp']} ({b['dsexp_breaks']}) | {b['llm_analysis']} "
-            f"({b['llm_analysis_limit']}) | {num(b['dsexp_ratio'])} | {num(b['llm_analysis_ratio'])} |"
-        )
+        ran = f"{num(b['largest_ok'])} / {num(b['smallest_oom'])}"
+        tools = [f"{b['dsexp']} ({b['dsexp_breaks']})", f"{b['llm_analysis']} ({b['llm_analysis_limit']})"]
+        body.append([where, f"{b['gpu_gib']:g}", b["prompt_tokens"], ran, *tools, num(b["dsexp_ratio"]),
+                     num(b["llm_analysis_ratio"])])  # fmt: skip
+    out = md_table(header, body, [False, True, True, False, False, False, True, True]).split("\n")
     out.append("")
     out += [
         f"Not launched by the search {sweep} ({gpu:g} GiB), predicted not to fit: tp={tp} "
@@ -560,21 +551,19 @@ def notes(data: Dict[str, Any]) -> List[str]:
 
 
 def points_table(points: List[Dict[str, Any]]) -> List[str]:
-    out = [
-        "| run | configuration | tp | batch x prompt | status | measured | dsexp.plan (dominant) | "
-        "llm-analysis: KV + decode / prefill | dsexp / measured | llm-analysis / measured |",
-        "|---|---|---:|---|---|---:|---|---|---:|---:|",
-    ]
+    header = ["run", "configuration", "tp", "batch x prompt", "status", "measured", "dsexp.plan (dominant)",
+              "llm-analysis: KV + decode / prefill", "dsexp / measured", "llm-analysis / measured"]  # fmt: skip
+    body = []
     for p in points:
-        llm, where = p["llm_analysis"], f"{p['model']} {p['configuration']}".strip()
-        out.append(
-            f"| {p['sweep']} | {where} | {p['tp']} | {p['batch']} x {p['prompt_tokens']} | "
-            f"{p['status']} | {size(p['measured_bytes'])} | {size(p['dsexp_bytes'])} ({p['dsexp_dominant']}) | "
-            f"{size(llm['kv_cache_memory_per_gpu'] + llm['decode_activation_memory_per_gpu'])} / "
-            f"{size(llm['prefill_activation_memory_per_gpu'])} | {num(p['dsexp_ratio'])} | "
-            f"{num(p['llm_analysis_ratio'])} |"
-        )
-    return out
+        llm = p["llm_analysis"]
+        kv_decode = llm["kv_cache_memory_per_gpu"] + llm["decode_activation_memory_per_gpu"]
+        body.append([p["sweep"], f"{p['model']} {p['configuration']}".strip(), p["tp"],
+                     f"{p['batch']} x {p['prompt_tokens']}", p["status"], size(p["measured_bytes"]),
+                     f"{size(p['dsexp_bytes'])} ({p['dsexp_dominant']})",
+                     f"{size(kv_decode)} / {size(llm['prefill_activation_memory_per_gpu'])}", num(p["dsexp_ratio"]),
+                     num(p["llm_analysis_ratio"])])  # fmt: skip
+    right = [False, False, True, False, False, True, False, False, True, True]
+    return md_table(header, body, right).split("\n")
 
 
 def compact_json(data: Dict[str, Any]) -> str:
