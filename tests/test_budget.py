@@ -739,6 +739,11 @@ def test_the_h200_at_40_gib_answers_over_every_load_once_settled(tmp_path, capsy
     # at batch 10 eager and meta both peaked at 38.67 GiB per GPU over all the point ran (eager's windows had said
     # 34.93 GiB reserved, its 35.59 GiB figure: its extra prefill call reserved 38.01); a tie, meta listed first
     assert "Runner-up: `tp=2 load=meta trim=all` at batch **10**" in text and "per GPU 38.67 GiB" in text
+    # beside the allocator's figure, the job's own NVML process peak at that point (job 14, both ranks)
+    assert (
+        "per GPU 39.71 GiB / 39.71 GiB (margin 292.00 MiB to the budget's 40.00 GiB); NVML's process figure "
+        "39.78 GiB / 39.78 GiB" in text
+    )
     assert "| tp=2 load=meta trim=none | 14 | 8 (own +8.51 GiB) | 9 | 10 |" in text
     row = "| tp=2 load=sharded trim=none | 14 | 8 (own +8.53 GiB) | 9 | 10 | 8.53 GiB | 3 | - | 8:ok, 9:ok, 10:oom |"
     assert row in text

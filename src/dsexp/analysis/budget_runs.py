@@ -102,11 +102,22 @@ def rank_need(rk: RankRecord, phase_key: str) -> Optional[int]:
 
 def device_per_rank(result: Dict[str, Any], batch: int) -> List[Optional[int]]:
     """Each rank's device need at this batch (a script's: the most over its generate calls)."""
+    return per_rank_at(result, batch, rank_need)
+
+
+def nvml_per_rank(result: Dict[str, Any], batch: int) -> List[Optional[int]]:
+    """Each rank's process memory at this batch as NVML saw it (its sampled peak over the point's phase), beside the
+    allocator's figure the answer states; None where NVML gave no per-process figure (a CPU run)."""
+    return per_rank_at(result, batch, lambda rk, key: rk.phase(key).peaks.get("nvml_process_used_peak"))
+
+
+def per_rank_at(result: Dict[str, Any], batch: int, figure) -> List[Optional[int]]:
+    """figure(rank, phase key) at its largest over the phases that ran this batch, per rank."""
     keys = point_phases(result, batch)
     out = []
     for rk in JobRecord.of(result).ranks:
-        needs = [n for n in (rank_need(rk, k) for k in keys if k in rk.phase_keys) if n is not None]
-        out.append(max(needs) if needs else None)
+        vals = [v for v in (figure(rk, k) for k in keys if k in rk.phase_keys) if v is not None]
+        out.append(max(vals) if vals else None)
     return out
 
 
@@ -163,6 +174,7 @@ class Candidate:
     job: str
     entry: Dict[str, Any] = field(default_factory=dict)
     shared_gpu: bool = False  # its ranks shared one GPU over gloo: its times are gloo's
+    nvml: List[Optional[int]] = field(default_factory=list)  # NVML's process figure per rank, beside `device`
 
 
 def candidates(search: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> List[Candidate]:
@@ -190,6 +202,7 @@ def candidates(search: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> Li
                 point_key(c, point),
                 c,
                 bool((res.get("runtime") or {}).get("shared_gpu")),
+                nvml_per_rank(res, b),
             )
         )
     out.sort(key=by_speed if not any(x.shared_gpu for x in out) else by_batch)

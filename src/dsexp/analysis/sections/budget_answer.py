@@ -113,11 +113,12 @@ def _candidate_line(title: str, c: B.Candidate, s: Dict[str, Any]) -> str:
         host = f"; host {size(c.host)} over its ranks"
         if s["budget"].get("host") is not None:
             host += f" (margin {size(s['budget']['host'] - c.host)})"
+    nvml = f"; NVML's process figure {' / '.join(size(v) for v in c.nvml)}" if any(c.nvml) else ""
     tps = "-" if c.tokens_per_s is None else f"{c.tokens_per_s:.1f}"
     ttft = "" if c.ttft_s is None else f", TTFT {c.ttft_s * 1000:.1f} ms"  # none for a script's calls
     return (
         f"{title}: `{c.key}` at batch **{c.batch}**: {tps} tokens/s{ttft}; per GPU {per_gpu} "
-        f"(margin {margin} to the budget's {size(budget)}){host}. Job `{c.job}` (its folder here)."
+        f"(margin {margin} to the budget's {size(budget)}){nvml}{host}. Job `{c.job}` (its folder here)."
     )
 
 

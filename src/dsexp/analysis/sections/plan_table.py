@@ -125,7 +125,8 @@ def entry_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
     rows = [[str(r["rank"])] + [cell(r, c) for c in cols] for r in entry["per_rank"]]
     desc = f"{entry['engine']} on {entry['device']}, {entry['dtype']}, load={entry['load']}"
     wl = workload_line(entry)
-    out = head + ["", f"{desc}; per rank{', ' + wl if wl else ''} (predicted):", ""]
+    held = "; the terms above the weights as held at the peak (one not held then reads 0 B)" if wl else ""
+    out = head + ["", f"{desc}; per rank{', ' + wl if wl else ''} (predicted{held}):", ""]
     out += table(["rank"] + [SHORT.get(c, c) for c in cols], rows, markdown) + [""]
     pts = points_lines(entry, markdown)
     out += pts + ([""] if pts else [])
@@ -161,7 +162,7 @@ def summary_rows(entries: List[Dict[str, Any]]) -> List[List[str]]:
 
 def summary_header(entries: List[Dict[str, Any]]) -> List[str]:
     lengths = sorted({n for e in entries for n in (e.get("largest_batch") or {})}, key=int)
-    return ["configuration", "tp", "weights/rank", "above weights", "peak/rank", "host/node"] + [
+    return ["configuration", "tp", "weights/rank", "above weights", "peak/rank", "host private/node"] + [
         f"largest batch L={n}" for n in lengths
     ]
 
