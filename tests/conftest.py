@@ -4,25 +4,43 @@ there, never from this file."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from helpers.run import run_dsexp
 from helpers.slurm import slurm_cluster, slurm_cluster_2nodes  # noqa: F401  (fixtures: a real SLURM cluster)
 
 
+def session_dir(tmp_path_factory) -> Path:
+    """The session's temporary folder, one for all of pytest-xdist's workers (each has its own below it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    """One model/reference cache for the whole session (CI sets DSEXP_CACHE to keep it across runs)."""
+    """One model/reference cache for the whole session, its workers included (CI sets DSEXP_CACHE to keep it across
+    runs); dsexp's cache takes concurrent writers."""
     env = os.environ.get("DSEXP_CACHE")
-    return Path(env) if env else tmp_path_factory.mktemp("dsexp-cache")
+    path = Path(env) if env else session_dir(tmp_path_factory) / "dsexp-cache"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="session")
 def tiny_sweep(tmp_path_factory, cache_dir):
-    """`python -m dsexp -m tp=1,2 load=eager model=tiny`, run once per session: (cwd, sweep dir, process)."""
-    cwd = tmp_path_factory.mktemp("sweep")
-    proc = run_dsexp(["-m", "tp=1,2", "load=eager", "model=tiny", "hydra.sweep.dir=multirun/s"], cwd, cache_dir)
-    return cwd, cwd / "multirun" / "s", proc
+    """`python -m dsexp -m tp=1,2 load=eager model=tiny`, run once per session, whichever worker asks first (the others
+    wait for it and read it; tests only read it): (cwd, sweep dir, process)."""
+    shared = session_dir(tmp_path_factory)
+    cwd, done = shared / "tiny-sweep", shared / "tiny-sweep.json"
+    with FileLock(str(shared / "tiny-sweep.lock")):
+        if not done.exists():
+            cwd.mkdir()
+            proc = run_dsexp(["-m", "tp=1,2", "load=eager", "model=tiny", "hydra.sweep.dir=multirun/s"], cwd, cache_dir)
+            done.write_text(json.dumps({k: getattr(proc, k) for k in ("args", "returncode", "stdout", "stderr")}))
+    return cwd, cwd / "multirun" / "s", subprocess.CompletedProcess(**json.loads(done.read_text()))
