@@ -3,6 +3,7 @@ that dumps one snapshot per rank and phase and lists each in its rank record."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import pickle
@@ -95,6 +96,34 @@ def test_summary_names_sites_outside_torch_and_the_historys_peak(tmp_path):
     assert h["allocated_by_site"][0] == {"site": f"{MODEL}:180 mlp", "bytes": 10 << 20}
     # 8 + 6 MiB live at once before the temporary was freed: the phase went 2 MiB above where it ended
     assert h["allocated_peak_bytes"] == 14 << 20
+
+
+def test_the_events_written_are_the_historys_in_order_and_replay_to_its_peak(tmp_path):
+    """--events: each file's allocator events as [action, bytes, address], what the allocator model replays (the
+    replay of a load and a generate held to the GPU's own events)."""
+    from dsexp.predict.allocator import Allocator
+
+    (tmp_path / "rank0_load.pickle").write_bytes(pickle.dumps(snapshot()))
+    (tmp_path / "rank1_load.pickle").write_bytes(pickle.dumps({**snapshot(), "device_traces": [[]]}))
+    events_file = tmp_path / "events.json.gz"
+    assert main([str(tmp_path), "--out", str(tmp_path / "s.json"), "--events", str(events_file)]) == 0
+    first, second = json.loads(gzip.open(events_file, "rt").read())["snapshots"]
+    assert (first["rank"], first["phase"], second["rank"], second["events"]) == (0, "load", 1, [])
+    assert main([str(tmp_path), "--rank", "1", "--out", str(tmp_path / "s.json"), "--events", str(events_file)]) == 0
+    assert [s["rank"] for s in json.loads(gzip.open(events_file, "rt").read())["snapshots"]] == [1]
+    assert first["events"] == [
+        ["alloc", 8 << 20, 0],
+        ["alloc", 6 << 20, 12 << 20],
+        ["free_requested", 6 << 20, 12 << 20],
+        ["free_completed", 6 << 20, 12 << 20],
+        ["alloc", 4 << 20, 8 << 20],
+    ]
+    replay = [
+        ("alloc", a, n) if act == "alloc" else ("free", a, 0)
+        for act, n, a in first["events"]
+        if act != "free_completed"
+    ]
+    assert Allocator().run(replay).peak_allocated == 14 << 20  # as the summary's history peak
 
 
 def test_a_pickle_naming_a_class_is_refused(tmp_path):

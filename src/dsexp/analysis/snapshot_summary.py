@@ -1,4 +1,5 @@
-"""`python -m dsexp.analysis.snapshot_summary PICKLE... [--top N] [--out FILE]`: PyTorch memory snapshots, summarised.
+"""`python -m dsexp.analysis.snapshot_summary PICKLE... [--top N] [--out FILE] [--events FILE]`: PyTorch memory
+snapshots, summarised.
 
 A snapshot (`probe.memory_snapshot=true`: ranks/snapshots/rank{N}_{phase}.pickle) can be hundreds of MB; its
 summary is a few KB of JSON, small enough to commit: per file, the allocator's segments (reserved, allocated,
@@ -7,11 +8,16 @@ phase's allocator events: counts by action, bytes allocated by site, and the hig
 reaches (the state at the end, minus what the history allocated and freed, plus its highest running total; frees
 count when completed). Snapshots hold only plain containers, so they are read with an unpickler that refuses any
 class: a pickle that names one is not a memory snapshot and is not trusted.
+
+`--events FILE` also writes each file's allocator events in order, as `[action, bytes, address]` (gzipped JSON, MBs
+where the pickles are hundreds): what dsexp.predict.allocator.Allocator replays, to hold the replay of a load and a
+generate to what the GPU's own allocator did (as tests/test_fragmentation.py does for results/h200/fragmentation).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import pickle
 import re
@@ -92,11 +98,21 @@ def summarise(snap: Dict[str, Any], n: int = 15) -> Dict[str, Any]:
     return out
 
 
-def summarise_file(path: Path, n: int = 15) -> Dict[str, Any]:
+def events(snap: Dict[str, Any]) -> List[List[Any]]:
+    """The snapshot's allocator events in order, [action, bytes, address] (alloc, free_requested, free_completed,
+    segment_alloc, segment_free, oom: its bytes are the request that found no room)."""
+    return [
+        [e.get("action"), e.get("size", 0), e.get("addr", 0)] for trace in snap.get("device_traces", ()) for e in trace
+    ]
+
+
+def label(path: Path) -> Dict[str, Any]:
     m = NAME.search(Path(path).name)
-    head: Dict[str, Any] = {"file": Path(path).name, "bytes": Path(path).stat().st_size}
-    if m:
-        head.update(rank=int(m["rank"]), phase=m["phase"])
+    return {"rank": int(m["rank"]), "phase": m["phase"]} if m else {}
+
+
+def summarise_file(path: Path, n: int = 15) -> Dict[str, Any]:
+    head: Dict[str, Any] = {"file": Path(path).name, "bytes": Path(path).stat().st_size, **label(path)}
     return {**head, **summarise(load(path), n)}
 
 
@@ -105,15 +121,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("pickles", nargs="+", type=Path, help="snapshot files (or folders holding *.pickle)")
     ap.add_argument("--top", type=int, default=15, help="allocation sites listed per file")
     ap.add_argument("--out", type=Path, help="write the JSON here (default: stdout)")
+    ap.add_argument("--events", type=Path, help="also write every file's allocator events here (gzipped JSON)")
+    ap.add_argument("--rank", type=int, help="only this rank's files (rank{N}_*.pickle) of the folders given")
     args = ap.parse_args(argv)
     files = [f for p in args.pickles for f in (sorted(p.glob("**/*.pickle")) if p.is_dir() else [p])]
-    summaries, failed = [], 0
+    files = [f for f in files if args.rank is None or label(f).get("rank") == args.rank]
+    summaries, traces, failed = [], [], 0
     for f in files:
         try:
             summaries.append(summarise_file(f, args.top))
+            if args.events:  # read again: one snapshot of hundreds of MB in memory at a time
+                traces.append({"file": str(f), **label(f), "events": events(load(f))})
         except (OSError, ValueError, pickle.UnpicklingError, EOFError) as e:
             print(f"dsexp snapshots: {f}: {e}", file=sys.stderr)
             failed += 1
+    if args.events:
+        with gzip.open(args.events, "wt") as out:
+            json.dump({"snapshots": traces}, out)
     text = json.dumps({"snapshots": summaries}, indent=1)
     if args.out:
         args.out.write_text(text + "\n")
