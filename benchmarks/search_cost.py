@@ -15,8 +15,12 @@ For each configuration that bracketed its batch:
   points' phases, the mean over the configuration's jobs) plus, per point, the measured phase time at that batch
   where a job ran it, else the mean over the configuration's points.
 
-Nothing here runs on a GPU: the one-load figures are what the committed measurements imply, not a new measurement
-(the campaign `budget`'s steps gpu40_one_load and gpu24_one_load measure them).
+Nothing here runs on a GPU: the one-load figures are what the committed measurements imply, not a new measurement.
+The campaign `budget`'s steps gpu40_one_load and gpu24_one_load measure them; once their folders are committed
+under results/h200/budget, each configuration they searched is also set beside the committed searches of the same
+budget, measured against measured (issue 45): the bracket each found (the same, or both shown), the loads, points and
+wall time each spent, and every point a one-load job ran right after one of its own ran out of memory (its cache
+released) against a fresh process that ran the same batch first, by reserved peak.
 Writes results/cpu/search_cost.{json,md}.
 """
 
@@ -27,7 +31,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -39,6 +43,8 @@ BUDGET = ROOT / "results" / "h200" / "budget"
 OUT = ROOT / "results" / "cpu" / "search_cost"
 GIB = 2**30
 SEARCHES = ("gpu24", "gpu24_loads_tp2", "gpu24_loads_tp4", "gpu40", "gpu40_expandable")
+# each one-load search (campaign budget) -> the committed searches, a load per guess, of the same budget
+ONE_LOAD = {"gpu40_one_load": ("gpu40",), "gpu24_one_load": ("gpu24", "gpu24_loads_tp2", "gpu24_loads_tp4")}
 
 
 def local(job_dir: str, search: str) -> Optional[Path]:
@@ -58,6 +64,104 @@ def point_seconds(result: Dict[str, Any]) -> Dict[int, float]:
         if point is not None and e.get("t1") is not None:
             out[point.batch] = e["t1"] - e["t0"]
     return out
+
+
+def reserved_by_batch(result: Dict[str, Any]) -> Dict[int, int]:
+    """batch -> the highest reserved peak over the job's ranks during that point's phase (a job of one point may name
+    its phase plain `generate`)."""
+    from dsexp.core.workload import parse_phase
+
+    out: Dict[int, int] = {}
+    for rank in result.get("ranks") or []:
+        points = rank.get("points") or []
+        for name, phase in (rank.get("phases") or {}).items():
+            point = parse_phase(name)
+            batch = point.batch if point else points[0]["batch"] if name == "generate" and len(points) == 1 else None
+            peak = ((phase or {}).get("gpu") or {}).get("gpu_reserved_peak")
+            if batch is not None and peak is not None:
+                out[batch] = max(out.get(batch, 0), peak)
+    return out
+
+
+def ran_in_order(result: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Rank 0's points in the order the job ran them (none skipped)."""
+    rank0 = (result.get("ranks") or [None])[0] or {}
+    return [p for p in rank0.get("points") or [] if p.get("status") in ("ok", "oom")]
+
+
+def search_jobs(search: str, entry: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The result.json of every job a configuration's search ran, as committed."""
+    jobs = sorted({p["job"] for p in entry["points"]})
+    return [json.loads(p.read_text()) for p in (local(j, search) for j in jobs) if p]
+
+
+def fresh_peaks(searches) -> Dict[str, Dict[int, int]]:
+    """config key -> batch -> the reserved peak of a job that ran that batch first (a fresh process)."""
+    out: Dict[str, Dict[int, int]] = {}
+    for search in searches:
+        for entry in json.loads((BUDGET / search / "budget.json").read_text())["configs"]:
+            for result in search_jobs(search, entry):
+                first = ran_in_order(result)[:1]
+                peak = reserved_by_batch(result).get(first[0]["batch"]) if first else None
+                if peak is not None:
+                    out.setdefault(entry["key"], {})[first[0]["batch"]] = peak
+    return out
+
+
+def after_out_of_memory(result: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The points a job ran right after one of its own ran out of memory."""
+    points = ran_in_order(result)
+    return [p for before, p in zip(points, points[1:]) if before["status"] == "oom"]
+
+
+def committed_by_config(searches) -> Dict[str, Dict[str, Any]]:
+    """config key -> the committed search's bracket, loads, points and wall time (the searches of one budget)."""
+    out = {}
+    for search in searches:
+        for entry in json.loads((BUDGET / search / "budget.json").read_text())["configs"]:
+            if entry.get("largest_ok") is None and entry.get("smallest_oom") is None:
+                continue
+            results = search_jobs(search, entry)
+            out[entry["key"]] = {
+                "search": search,
+                "bracket": [entry.get("largest_ok"), entry.get("smallest_oom")],
+                "loads": len({p["job"] for p in entry["points"]}),
+                "points": len(entry["points"]),
+                "wall_s": round(sum(r["wall_s"] for r in results), 1),
+            }
+    return out
+
+
+def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, Any]]:
+    """Each configuration the one-load search settled, beside the committed searches of its budget (empty until the
+    one-load search is committed)."""
+    if not (BUDGET / one_load / "budget.json").is_file():
+        return []
+    before, fresh = committed_by_config(committed), fresh_peaks(committed)
+    rows = []
+    for entry in json.loads((BUDGET / one_load / "budget.json").read_text())["configs"]:
+        if not entry["points"]:
+            continue
+        results = search_jobs(one_load, entry)
+        row = {
+            "search": one_load,
+            "config": entry["key"],
+            "bracket": [entry.get("largest_ok"), entry.get("smallest_oom")],
+            "loads": len({p["job"] for p in entry["points"]}),
+            "points": len(entry["points"]),
+            "wall_s": round(sum(r["wall_s"] for r in results), 1),
+            "committed": before.get(entry["key"]),
+            "after_oom": [],
+        }
+        row["same_answer"] = row["committed"] is not None and row["committed"]["bracket"] == row["bracket"]
+        for result in results:
+            in_process = reserved_by_batch(result)
+            for p in after_out_of_memory(result):
+                other = fresh.get(entry["key"], {}).get(p["batch"])
+                row["after_oom"].append({"batch": p["batch"], "status": p["status"],
+                                         "reserved_in_process": in_process.get(p["batch"]), "reserved_fresh": other})  # fmt: skip
+        rows.append(row)
+    return rows
 
 
 def replay_guess(config: Dict[str, Any], prompt: int, new: int) -> Dict[str, int]:
