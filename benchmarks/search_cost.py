@@ -158,8 +158,10 @@ def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, A
             in_process = reserved_by_batch(result)
             for p in after_out_of_memory(result):
                 other = fresh.get(entry["key"], {}).get(p["batch"])
-                row["after_oom"].append({"batch": p["batch"], "status": p["status"],
-                                         "reserved_in_process": in_process.get(p["batch"]), "reserved_fresh": other})  # fmt: skip
+                mine = in_process.get(p["batch"])
+                row["after_oom"].append(
+                    {"batch": p["batch"], "status": p["status"], "reserved_in_process": mine, "reserved_fresh": other}
+                )
         rows.append(row)
     return rows
 
@@ -292,12 +294,59 @@ def render(rows: List[Dict[str, Any]], seconds: float) -> str:
     )
 
 
+def gib(n: Optional[int]) -> str:
+    return "-" if n is None else f"{n / GIB:.2f}"
+
+
+def bracket_text(b: List[Optional[int]]) -> str:
+    return " / ".join("-" if x is None else str(x) for x in b)
+
+
+def render_measured(rows: List[Dict[str, Any]]) -> str:
+    """The one-load searches the H200 ran, beside the committed ones (measured against measured)."""
+    head = ["## Measured: the one-load searches on the H200", ""]
+    if not rows:
+        why = f"Not measured yet: no {' or '.join(ONE_LOAD)} folder under results/h200/budget (campaign `budget`)."
+        return "\n".join(head + [why, ""])
+    body, pairs = [], []
+    for r in rows:
+        c = r["committed"] or {}
+        body.append([
+            f"{r['search']}: `{r['config']}`",
+            bracket_text(c.get("bracket") or [None, None]),
+            bracket_text(r["bracket"]),
+            "yes" if r["same_answer"] else "no" if c else "(no committed search)",
+            f"{c['loads']} / {c['points']} / {c['wall_s']:.0f}" if c else "-",
+            f"{r['loads']} / {r['points']} / {r['wall_s']:.0f}",
+        ])  # fmt: skip
+        for a in r["after_oom"]:
+            mine, fresh = a["reserved_in_process"], a["reserved_fresh"]
+            diff = "-" if None in (mine, fresh) else f"{(mine - fresh) / 2**20:+.0f}"
+            pairs.append([f"`{r['config']}`", a["batch"], a["status"], gib(mine), gib(fresh), diff])
+    same = sum(r["same_answer"] for r in rows)
+    out = head + table(["configuration", "committed: last ok / first OOM", "one load: last ok / first OOM",
+                        "same answer", "committed: loads / points / wall s", "one load: loads / points / wall s"],
+                       body)  # fmt: skip
+    out += [f"{same} of {len(rows)} configurations found the committed answer.", ""]
+    out += [
+        "A point run right after an out-of-memory point of the same job (its cache released), against a fresh "
+        "process that ran the same batch first (GiB reserved at the point's peak, the highest rank):",
+        "",
+    ]
+    if pairs:
+        out += table(["configuration", "batch", "status", "in the same load", "fresh process", "difference MiB"], pairs)
+    else:
+        out += ["None: no job ran a point after one of its own ran out of memory.", ""]
+    return "\n".join(out + [""])
+
+
 def main() -> int:
     t0 = time.perf_counter()
     rows = [row for search in SEARCHES for row in configuration_rows(search)]
+    measured = [row for one_load, committed in ONE_LOAD.items() for row in measured_rows(one_load, committed)]
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.with_suffix(".json").write_text(json.dumps(rows, indent=1))
-    text = render(rows, time.perf_counter() - t0)
+    OUT.with_suffix(".json").write_text(json.dumps({"estimated": rows, "measured": measured}, indent=1))
+    text = render(rows, time.perf_counter() - t0) + "\n" + render_measured(measured)
     OUT.with_suffix(".md").write_text(text)
     print(text)
     return 0

@@ -1,0 +1,111 @@
+"""benchmarks/search_cost.py's measured part (issue 45): a one-load search set beside the committed search of the same
+budget, from their budget.json and jobs' result.json as dsexp writes them. Built here as folders of the same shape
+(a committed search with a job per guess, a one-load search bisecting in one job) so that the comparison is checked
+before the H200 runs it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 2**30
+KEY = "tp=2 load=meta trim=all"
+
+
+@pytest.fixture
+def search_cost(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("search_cost", ROOT / "benchmarks" / "search_cost.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "BUDGET", tmp_path)
+    return module
+
+
+def job(folder: Path, name: str, points, reserved_gib, wall_s: float, plain_phase: bool = False) -> str:
+    """A job's result.json: its points in the order run and each point's phase's reserved peak, on two ranks (rank 1
+    1 MiB above rank 0); a job of one point may name its phase plain `generate`."""
+
+    def rank(extra: int) -> dict:
+        phases = {
+            "generate" if plain_phase else f"generate[b={b},l=2048]": {
+                "gpu": {"gpu_reserved_peak": int(r * GIB) + extra}
+            }
+            for (b, _), r in zip(points, reserved_gib)
+        }
+        return {"points": [{"batch": b, "status": s} for b, s in points], "phases": phases}
+
+    (folder / name).mkdir(parents=True)
+    (folder / name / "result.json").write_text(json.dumps({"ranks": [rank(0), rank(2**20)], "wall_s": wall_s}))
+    return f"/on/the/h200/{folder.name}/{name}"
+
+
+def search(folder: Path, jobs, ok, oom) -> None:
+    points = [{"batch": b, "status": s, "job": path} for path, pts in jobs for b, s in pts]
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"key": KEY, "points": points, "largest_ok": ok, "smallest_oom": oom}
+    (folder / "budget.json").write_text(json.dumps({"configs": [config]}))
+
+
+def test_a_one_load_search_is_set_beside_the_committed_one_of_its_budget(search_cost, tmp_path):
+    committed = tmp_path / "gpu40"
+    search(
+        committed,
+        [
+            (job(committed, "0", [(12, "oom")], [37.9], 60.0, plain_phase=True), [(12, "oom")]),
+            (job(committed, "1", [(10, "ok"), (11, "oom")], [38.0, 38.4], 90.0), [(10, "ok"), (11, "oom")]),
+            (job(committed, "2", [(11, "oom")], [38.5], 61.0, plain_phase=True), [(11, "oom")]),
+        ],
+        10,
+        11,
+    )
+    one = tmp_path / "gpu40_one_load"
+    ran = [(12, "oom"), (11, "oom"), (10, "ok")]  # the guess, then one below and one more: one load
+    search(one, [(job(one, "0", ran, [37.9, 38.6, 38.0], 120.0), ran)], 10, 11)
+
+    (row,) = search_cost.measured_rows("gpu40_one_load", ("gpu40",))
+    assert (row["bracket"], row["same_answer"], row["loads"], row["points"], row["wall_s"]) == (
+        [10, 11],
+        True,
+        1,
+        3,
+        120.0,
+    )
+    assert row["committed"] == {"search": "gpu40", "bracket": [10, 11], "loads": 3, "points": 4, "wall_s": 211.0}
+    # 11 and 10 ran after an out-of-memory point of the same job; the fresh process that ran 11 first is job 2 (job
+    # 1 ran 11 after 10, its cache kept: not fresh), and 10 was run first by job 1. Peaks: the highest rank (rank 1)
+    peak = lambda gib: int(gib * GIB) + 2**20  # noqa: E731
+    assert row["after_oom"] == [
+        {"batch": 11, "status": "oom", "reserved_in_process": peak(38.6), "reserved_fresh": peak(38.5)},
+        {"batch": 10, "status": "ok", "reserved_in_process": peak(38.0), "reserved_fresh": peak(38.0)},
+    ]
+    text = search_cost.render_measured([row])
+    assert "| gpu40_one_load: `tp=2 load=meta trim=all` | 10 / 11 | 10 / 11 | yes | 3 / 4 / 211 | 1 / 3 / 120 |" in text
+    assert "| `tp=2 load=meta trim=all` | 11 | oom | 38.60 | 38.50 | +102 |" in text
+    assert "| `tp=2 load=meta trim=all` | 10 | ok | 38.00 | 38.00 | +0 |" in text
+
+
+def test_a_different_answer_is_shown_with_both_brackets(search_cost, tmp_path):
+    committed = tmp_path / "gpu40"
+    search(
+        committed,
+        [(job(committed, "0", [(9, "ok"), (10, "oom")], [37.0, 38.0], 80.0), [(9, "ok"), (10, "oom")])],
+        9,
+        10,
+    )
+    one = tmp_path / "gpu40_one_load"
+    search(one, [(job(one, "0", [(10, "ok"), (11, "oom")], [38.0, 38.9], 70.0), [(10, "ok"), (11, "oom")])], 10, 11)
+    (row,) = search_cost.measured_rows("gpu40_one_load", ("gpu40",))
+    assert (row["same_answer"], row["after_oom"]) == (False, [])
+    text = search_cost.render_measured([row])
+    assert "| 9 / 10 | 10 / 11 | no |" in text and "None: no job ran a point after one" in text
+    assert "0 of 1 configurations found the committed answer." in text
+
+
+def test_before_the_h200_ran_it_the_report_says_it_was_not_measured(search_cost):
+    assert search_cost.measured_rows("gpu40_one_load", ("gpu40",)) == []
+    assert "Not measured yet: no gpu40_one_load or gpu24_one_load folder" in search_cost.render_measured([])
