@@ -108,4 +108,14 @@ def test_a_different_answer_is_shown_with_both_brackets(search_cost, tmp_path):
 
 def test_before_the_h200_ran_it_the_report_says_it_was_not_measured(search_cost):
     assert search_cost.measured_rows("gpu40_one_load", ("gpu40",)) == []
-    assert "Not measured yet: no gpu40_one_load or gpu24_one_load folder" in search_cost.render_measured([])
+    assert "Not measured yet: no gpu40_one_load or gpu24_one_load or llama48_tp1" in search_cost.render_measured([])
+
+
+def test_a_one_load_search_with_no_committed_one_is_listed_alone(search_cost, tmp_path):
+    one = tmp_path / "llama48_tp1"
+    search(one, [(job(one, "0", [(14, "ok"), (15, "oom")], [47.0, 47.5], 50.0), [(14, "ok"), (15, "oom")])], 14, 15)
+    (row,) = search_cost.measured_rows("llama48_tp1", ())
+    assert (row["committed"], row["same_answer"], row["bracket"]) == (None, False, [14, 15])
+    assert "| llama48_tp1: `tp=2 load=meta trim=all` | - / - | 14 / 15 | (no committed search) | - | 1 / 2 / 50 |" in (
+        search_cost.render_measured([row])
+    )
