@@ -71,6 +71,38 @@ def test_the_weights_replayed_in_to_empty_order_reserve_what_the_h200_reserved(l
     )
 
 
+def large_pool(events):
+    """The allocations above 1 MiB and their frees, in order, as (kind, bytes): what the large pool is made of."""
+    sizes, out = {}, []
+    for kind, key, n in events:
+        if kind == "alloc":
+            sizes[key] = n
+        n = sizes.get(key, 0)
+        if n > MIB:
+            out.append((kind, n))
+    return out
+
+
+@pytest.mark.parametrize("batch", [4, pytest.param(12, marks=pytest.mark.slow)])
+def test_the_meta_trace_makes_the_large_requests_the_h200_made_in_its_order(llama_20b, batch):
+    """transformers' generate on the meta device, read as the GPU reads its data (the all-ones mask dropped, SDPA
+    causal with grouped-query heads, its output laid out as the query is), requests every block above 1 MiB that the
+    H200's allocator was asked for, of the same size and in the same order with the same frees (4,716 events at batch
+    4); replayed after the weights, it reserves what the H200 reserved within one small-pool segment (the requests
+    of 1 MiB and less are not all traced: a random seed's, cuDNN's)."""
+    from dsexp.predict.meta_trace import generate_events
+
+    model, weights = llama_20b
+    traced = generate_events(model, batch, 2048, 8, 0)
+    assert large_pool(traced) == large_pool(cuda_events(batch)[len(weights) :])
+    replay = Allocator().run(
+        [("alloc", "cublas", 32 * MIB)] + [("alloc", i, n) for i, n in enumerate(weights)] + traced
+    )
+    point = measured("probe_1-24.json")[batch]
+    assert abs(replay.peak_reserved - point["reserved_peak"]) <= 2 * MIB
+    assert abs(replay.peak_allocated - point["allocated_peak"]) <= MIB
+
+
 @pytest.mark.parametrize("expandable, last_ok, measured_file", [(False, 14, "probe_1-24.json"),
                                                                  (True, 16, "probe_1-30_exp.json")])  # fmt: skip
 def test_the_meta_trace_replayed_under_the_cap_finds_the_bracket_the_h200_measured(

@@ -4,11 +4,16 @@ The model is built on the meta device (predict.architecture) and transformers' o
 ranks call it (greedy, min_new_tokens = new tokens; dsexp.rank.generation.call_generate) under a dispatch mode that
 records every new storage an op makes (its bytes) and, through a finaliser on that storage, the moment it is freed:
 the order the caching allocator sees on a GPU. What the meta device cannot say is supplied where a GPU differs:
-- data-dependent scalars (`.item()`, `.any()` of a stop check) read as 0 / False, and the loop runs exactly the new
+- data-dependent scalars read as dsexp's prompts make them on a GPU (`scalar`): unpadded and unpacked, so a check
+  that every position is a token (`.all()`, transformers' `fast_all`: a bool tensor's sum equal to its size) is true
+  and generate drops the all-ones mask and SDPA attends causally, grouped-query heads unrepeated, as on the H200;
+  any other check (`.any()` of a pad or stop token, `.item()`) reads False / 0, and the loop runs exactly the new
   tokens (its stop check counted, as min_new_tokens makes it on a GPU);
-- `scaled_dot_product_attention` has no fused kernel on meta (it decomposes into the scores): on a GPU the flash or
-  memory-efficient kernel allocates its output and the log-sum-exp (B x heads x L, fp32) only, so that is recorded;
-- cuBLAS's workspace is allocated through the caching allocator at the first matrix product and kept.
+- `scaled_dot_product_attention` has no fused kernel on meta (it decomposes into the scores): on a GPU the fused
+  kernel allocates its output and, for inference, no log-sum-exp (the H200's own events of a Llama generate show a
+  256-byte one and the output: results/h200/fragmentation), so the output is recorded;
+- cuBLAS's workspace, through the caching allocator, is recorded at the first matrix product where asked
+  (`workspace`); the fragmentation replay holds it from before the generate instead, as the H200 did.
 The events replay through dsexp.predict.allocator.Allocator after the weights' own allocations.
 """
 
@@ -37,14 +42,19 @@ def recorder():
             self.events: List[Event] = []
             self.live: dict = {}
             self.workspace = workspace
+            self.values: dict = {}  # a 0-dim result's storage -> the value dsexp's inputs give it on a GPU
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.aten._local_scalar_dense.default:  # a stop check or .item(): no data on meta
-                return False if args[0].dtype == torch.bool else 0
+            if func is torch.ops.aten._local_scalar_dense.default:  # no data on meta: the value a GPU would read
+                default = False if args[0].dtype == torch.bool else 0
+                return self.values.get(args[0].untyped_storage()._cdata, default)
             if self.workspace and str(func) in GEMMS:  # cuBLAS's workspace, once, before the first product
                 self.events.append(("alloc", -1, self.workspace))
                 self.workspace = 0
             out = func(*args, **(kwargs or {}))
+            value = scalar(func, args, self.values)
+            if value is not None and isinstance(out, torch.Tensor) and out.dim() == 0:
+                self.values[out.untyped_storage()._cdata] = value
             given = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
@@ -60,25 +70,42 @@ def recorder():
             weakref.finalize(storage, self.freed, key)
 
         def freed(self, key: int) -> None:
+            self.values.pop(key, None)
             if self.live.pop(key, None) is not None:
                 self.events.append(("free", key, 0))
 
     return Recorder
 
 
+def scalar(func, args, values: dict) -> Any:
+    """The value a 0-dim result has for unpadded, unpacked prompts (None: not known; read as False / 0): `.all()` of
+    a mask or a positions check true, a bool tensor's sum its size (transformers' `fast_all`), equality of a known
+    value with a number."""
+    import torch
+
+    name = str(func)
+    if name.startswith("aten.all."):
+        return True
+    if name == "aten.sum.default" and args[0].dtype == torch.bool:
+        return args[0].numel()
+    if name == "aten.eq.Scalar" and isinstance(args[0], torch.Tensor):
+        known = values.get(args[0].untyped_storage()._cdata)
+        return None if known is None else known == args[1]
+    return None
+
+
 @contextlib.contextmanager
 def fused_attention() -> Iterator[None]:
-    """scaled_dot_product_attention as a GPU's fused kernels allocate it: the output and the log-sum-exp."""
+    """scaled_dot_product_attention as a GPU's fused kernels allocate it without gradients: the output."""
     import torch
     import torch.nn.functional as F
 
     original = F.scaled_dot_product_attention
 
     def fused(q, k, v, *args, **kwargs):
-        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-        out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
-        del lse
-        return out
+        if v.shape[-1] == q.shape[-1]:  # laid out as the query is (a kernel writes its heads where q has them)
+            return torch.empty_like(q)
+        return torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
 
     F.scaled_dot_product_attention = fused
     try:
