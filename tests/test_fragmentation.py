@@ -93,7 +93,7 @@ def test_the_meta_trace_makes_the_large_requests_the_h200_made_in_its_order(llam
     from dsexp.predict.meta_trace import generate_events
 
     model, weights = llama_20b
-    traced = generate_events(model, batch, 2048, 8, 0)
+    traced = generate_events(model, batch, 2048, 8)
     assert large_pool(traced) == large_pool(cuda_events(batch)[len(weights) :])
     replay = Allocator().run(
         [("alloc", "cublas", 32 * MIB)] + [("alloc", i, n) for i, n in enumerate(weights)] + traced

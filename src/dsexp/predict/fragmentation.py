@@ -22,7 +22,8 @@ from typing import List, Optional, Sequence, Tuple
 
 from dsexp.core.bisect import OK, OOM, bracket, next_batch
 from dsexp.predict.allocator import Allocator, Replay
-from dsexp.predict.meta_trace import CUBLAS_WORKSPACE, generate_events
+from dsexp.predict.capacity import CUBLAS_WORKSPACE
+from dsexp.predict.meta_trace import generate_events
 
 
 @dataclass
@@ -70,7 +71,7 @@ def probe(
     first product instead, it splits a freed activation's block and the replay reserves 1.1 GiB less."""
     events = [("alloc", ("w", i), n) for i, n in enumerate(weights)] + [("alloc", "cublas", CUBLAS_WORKSPACE)]
     for i, (new, logits) in enumerate(calls):
-        events += [(kind, (i, key), n) for kind, key, n in traced(model, batch, prompt, new, logits, 0)]
+        events += [(kind, (i, key), n) for kind, key, n in traced(model, batch, prompt, new, logits)]
     capped: Replay = Allocator(cap, expandable).run(events)
     if capped.oom is None:
         return Probe(batch, True, capped.peak_reserved, capped.peak_allocated)
@@ -78,16 +79,16 @@ def probe(
     return Probe(batch, False, free.peak_reserved, free.peak_allocated, capped.oom[1])
 
 
-_TRACES: dict = {}  # (model, batch, prompt, new, workspace) -> events: both allocators replay the same generate
+_TRACES: dict = {}  # (model, batch, prompt, new, logits) -> events: both allocators replay the same generate
 
 
-def traced(model, batch: int, prompt: int, new: int, logits: bool, workspace: int) -> list:
-    key = (id(model), batch, prompt, new, logits, workspace)
+def traced(model, batch: int, prompt: int, new: int, logits: bool) -> list:
+    key = (id(model), batch, prompt, new, logits)
     if key not in _TRACES:
         if len(_TRACES) > 64:
             _TRACES.clear()
         extra = {"output_logits": True} if logits else {}
-        events = generate_events(model, batch, prompt, new, workspace, **extra)
+        events = generate_events(model, batch, prompt, new, **extra)
         _TRACES[key] = (model, events)  # the model kept with its events: its id stays its own
     return _TRACES[key][1]
 

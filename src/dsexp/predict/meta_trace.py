@@ -12,8 +12,8 @@ the order the caching allocator sees on a GPU. What the meta device cannot say i
 - `scaled_dot_product_attention` has no fused kernel on meta (it decomposes into the scores): on a GPU the fused
   kernel allocates its output and, for inference, no log-sum-exp (the H200's own events of a Llama generate show a
   256-byte one and the output: results/h200/fragmentation), so the output is recorded;
-- cuBLAS's workspace, through the caching allocator, is recorded at the first matrix product where asked
-  (`workspace`); the fragmentation replay holds it from before the generate instead, as the H200 did.
+- cuBLAS's workspace is not a generate's: the fragmentation replay holds it from before the generate, as the H200
+  did.
 The events replay through dsexp.predict.allocator.Allocator after the weights' own allocations.
 """
 
@@ -24,10 +24,8 @@ import weakref
 from typing import Any, Iterator, List, Tuple
 
 from dsexp.core.workload import GREEDY
-from dsexp.predict.capacity import CUBLAS_WORKSPACE
 
 Event = Tuple[str, int, int]  # ("alloc", key, bytes) | ("free", key, 0)
-GEMMS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default")
 
 
 def recorder():
@@ -37,20 +35,16 @@ def recorder():
     from torch.utils._pytree import tree_flatten
 
     class Recorder(TorchDispatchMode):
-        def __init__(self, workspace: int):
+        def __init__(self):
             super().__init__()
             self.events: List[Event] = []
             self.live: dict = {}
-            self.workspace = workspace
             self.values: dict = {}  # a 0-dim result's storage -> the value dsexp's inputs give it on a GPU
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func is torch.ops.aten._local_scalar_dense.default:  # no data on meta: the value a GPU would read
                 default = False if args[0].dtype == torch.bool else 0
                 return self.values.get(args[0].untyped_storage()._cdata, default)
-            if self.workspace and str(func) in GEMMS:  # cuBLAS's workspace, once, before the first product
-                self.events.append(("alloc", -1, self.workspace))
-                self.workspace = 0
             out = func(*args, **(kwargs or {}))
             value = scalar(func, args, self.values)
             if value is not None and isinstance(out, torch.Tensor) and out.dim() == 0:
@@ -132,15 +126,13 @@ def exactly(model, steps: int) -> Iterator[None]:
         cls._has_unfinished_sequences = original
 
 
-def generate_events(
-    model, batch: int, prompt_tokens: int, new_tokens: int, workspace: int = CUBLAS_WORKSPACE, **extra: Any
-):
+def generate_events(model, batch: int, prompt_tokens: int, new_tokens: int, **extra: Any):
     """The allocation events of one greedy generate of `batch` x `prompt_tokens` + `new_tokens` on a meta model
     (`extra`: generate's other arguments, output_logits=True for one)."""
     import torch
 
     ids = torch.zeros((batch, prompt_tokens), dtype=torch.long, device="meta")
-    rec = recorder()(workspace)
+    rec = recorder()()
     with fused_attention(), exactly(model, new_tokens), rec, torch.no_grad():
         out = model.generate(
             ids,
