@@ -97,16 +97,24 @@ def search_jobs(search: str, entry: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [json.loads(p.read_text()) for p in (local(j, search) for j in jobs) if p]
 
 
-def fresh_peaks(searches) -> Dict[str, Dict[int, int]]:
+def read_searches(searches) -> List[Tuple[str, Dict[str, Any], List[Dict[str, Any]]]]:
+    """(search, configuration entry, its jobs' results) of every configuration of these searches, read once."""
+    return [
+        (search, entry, search_jobs(search, entry))
+        for search in searches
+        for entry in json.loads((BUDGET / search / "budget.json").read_text())["configs"]
+    ]
+
+
+def fresh_peaks(read) -> Dict[str, Dict[int, int]]:
     """config key -> batch -> the reserved peak of a job that ran that batch first (a fresh process)."""
     out: Dict[str, Dict[int, int]] = {}
-    for search in searches:
-        for entry in json.loads((BUDGET / search / "budget.json").read_text())["configs"]:
-            for result in search_jobs(search, entry):
-                first = ran_in_order(result)[:1]
-                peak = reserved_by_batch(result).get(first[0]["batch"]) if first else None
-                if peak is not None:
-                    out.setdefault(entry["key"], {})[first[0]["batch"]] = peak
+    for _, entry, results in read:
+        for result in results:
+            first = ran_in_order(result)[:1]
+            peak = reserved_by_batch(result).get(first[0]["batch"]) if first else None
+            if peak is not None:
+                out.setdefault(entry["key"], {})[first[0]["batch"]] = peak
     return out
 
 
@@ -116,22 +124,19 @@ def after_out_of_memory(result: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [p for before, p in zip(points, points[1:]) if before["status"] == "oom"]
 
 
-def committed_by_config(searches) -> Dict[str, Dict[str, Any]]:
+def committed_by_config(read) -> Dict[str, Dict[str, Any]]:
     """config key -> the committed search's bracket, loads, points and wall time (the searches of one budget)."""
-    out = {}
-    for search in searches:
-        for entry in json.loads((BUDGET / search / "budget.json").read_text())["configs"]:
-            if entry.get("largest_ok") is None and entry.get("smallest_oom") is None:
-                continue
-            results = search_jobs(search, entry)
-            out[entry["key"]] = {
-                "search": search,
-                "bracket": [entry.get("largest_ok"), entry.get("smallest_oom")],
-                "loads": len({p["job"] for p in entry["points"]}),
-                "points": len(entry["points"]),
-                "wall_s": round(sum(r["wall_s"] for r in results), 1),
-            }
-    return out
+    return {
+        entry["key"]: {
+            "search": search,
+            "bracket": [entry.get("largest_ok"), entry.get("smallest_oom")],
+            "loads": len({p["job"] for p in entry["points"]}),
+            "points": len(entry["points"]),
+            "wall_s": round(sum(r["wall_s"] for r in results), 1),
+        }
+        for search, entry, results in read
+        if entry.get("largest_ok") is not None or entry.get("smallest_oom") is not None
+    }
 
 
 def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, Any]]:
@@ -139,7 +144,8 @@ def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, A
     one-load search is committed)."""
     if not (BUDGET / one_load / "budget.json").is_file():
         return []
-    before, fresh = committed_by_config(committed), fresh_peaks(committed)
+    read = read_searches(committed)
+    before, fresh = committed_by_config(read), fresh_peaks(read)
     rows = []
     for entry in json.loads((BUDGET / one_load / "budget.json").read_text())["configs"]:
         if not entry["points"]:
@@ -212,8 +218,8 @@ def configuration_rows(search: str) -> List[Dict[str, Any]]:
     for entry in state["configs"]:
         if entry.get("largest_ok") is None or entry.get("smallest_oom") is None:
             continue
-        jobs = sorted({p["job"] for p in entry["points"]})
-        results = [json.loads(p.read_text()) for p in (local(j, search) for j in jobs) if p]
+        jobs = {p["job"] for p in entry["points"]}
+        results = search_jobs(search, entry)
         if not results:
             continue
         timed = [point_seconds(r) for r in results]
