@@ -47,6 +47,8 @@ SEARCHES = ("gpu24", "gpu24_loads_tp2", "gpu24_loads_tp4", "gpu40", "gpu40_expan
 ONE_LOAD = {"gpu40_one_load": ("gpu40",), "gpu24_one_load": ("gpu24", "gpu24_loads_tp2", "gpu24_loads_tp4"),
             # llama_20b_shapes: no budget search before (tp=1 at 48 GiB was probed by hand, results/h200/fragmentation)
             "llama48_tp1": (), "llama24_tp2": ()}  # fmt: skip
+# a step run only as the fresh-process reference for a one-load search's point after an out-of-memory one
+FRESH = {"llama24_tp2": ("llama24_tp2_fresh",)}
 
 
 def local(job_dir: str, search: str) -> Optional[Path]:
@@ -106,15 +108,23 @@ def read_searches(searches) -> List[Tuple[str, Dict[str, Any], List[Dict[str, An
     ]
 
 
-def fresh_peaks(read) -> Dict[str, Dict[int, int]]:
-    """config key -> batch -> the reserved peak of a job that ran that batch first (a fresh process)."""
-    out: Dict[str, Dict[int, int]] = {}
+def identity(entry: Dict[str, Any]) -> Tuple[str, str, str, bool]:
+    """What a configuration is, whichever dimensions its search varied (a key names only those): tp, load, trim and
+    whether its ranks ran with expandable segments."""
+    given = dict(o.split("=", 1) for o in entry.get("overrides") or [] if "=" in o)
+    expandable = any("expandable_segments" in o for o in entry.get("overrides") or [])
+    return given.get("tp", str(entry.get("tp", 1))), given.get("load", "-"), given.get("trim", "none"), expandable
+
+
+def fresh_peaks(read) -> Dict[Tuple, Dict[int, int]]:
+    """configuration -> batch -> the reserved peak of a job that ran that batch first (a fresh process)."""
+    out: Dict[Tuple, Dict[int, int]] = {}
     for _, entry, results in read:
         for result in results:
             first = ran_in_order(result)[:1]
             peak = reserved_by_batch(result).get(first[0]["batch"]) if first else None
             if peak is not None:
-                out.setdefault(entry["key"], {})[first[0]["batch"]] = peak
+                out.setdefault(identity(entry), {})[first[0]["batch"]] = peak
     return out
 
 
@@ -124,11 +134,12 @@ def after_out_of_memory(result: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [p for before, p in zip(points, points[1:]) if before["status"] == "oom"]
 
 
-def committed_by_config(read) -> Dict[str, Dict[str, Any]]:
-    """config key -> the committed search's bracket, loads, points and wall time (the searches of one budget)."""
+def committed_by_config(read) -> Dict[Tuple, Dict[str, Any]]:
+    """configuration -> the committed search's bracket, loads, points and wall time (the searches of one budget)."""
     return {
-        entry["key"]: {
+        identity(entry): {
             "search": search,
+            "config": entry["key"],
             "bracket": [entry.get("largest_ok"), entry.get("smallest_oom")],
             "loads": len({p["job"] for p in entry["points"]}),
             "points": len(entry["points"]),
@@ -139,13 +150,32 @@ def committed_by_config(read) -> Dict[str, Dict[str, Any]]:
     }
 
 
+def gpu_of(step: str) -> str:
+    """The GPU the campaign's latest run of this step had (campaign.json), '-' where none is recorded."""
+    path = BUDGET / "campaign.json"
+    runs = json.loads(path.read_text())["runs"] if path.is_file() else []
+    gpus = [r["machine"]["gpus"] for r in runs if step in [s["name"] for s in r["steps"]] and r["machine"].get("gpus")]
+    return gpus[-1][0].split(",")[0] if gpus else "-"
+
+
+def first_guess(results: List[Dict[str, Any]]) -> Optional[int]:
+    """The batch a one-load job started from (generate.bisect_from of its configuration's first job)."""
+    for result in results:
+        guess = ((result.get("config") or {}).get("generate") or {}).get("bisect_from")
+        if guess is not None:
+            return guess
+    return None
+
+
 def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, Any]]:
     """Each configuration the one-load search settled, beside the committed searches of its budget (empty until the
-    one-load search is committed)."""
+    one-load search is committed). A point run after an out-of-memory one is held to a fresh process that ran the same
+    batch first: a job of the committed searches or of a step run for that reference alone (FRESH)."""
     if not (BUDGET / one_load / "budget.json").is_file():
         return []
     read = read_searches(committed)
-    before, fresh = committed_by_config(read), fresh_peaks(read)
+    references = [s for s in FRESH.get(one_load, ()) if (BUDGET / s / "budget.json").is_file()]
+    before, fresh = committed_by_config(read), fresh_peaks(read + read_searches(references))
     rows = []
     for entry in json.loads((BUDGET / one_load / "budget.json").read_text())["configs"]:
         if not entry["points"]:
@@ -154,18 +184,20 @@ def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, A
         row = {
             "search": one_load,
             "config": entry["key"],
+            "gpu": gpu_of(one_load),
+            "guess": first_guess(results),
             "bracket": [entry.get("largest_ok"), entry.get("smallest_oom")],
             "loads": len({p["job"] for p in entry["points"]}),
             "points": len(entry["points"]),
             "wall_s": round(sum(r["wall_s"] for r in results), 1),
-            "committed": before.get(entry["key"]),
+            "committed": before.get(identity(entry)),
             "after_oom": [],
         }
         row["same_answer"] = row["committed"] is not None and row["committed"]["bracket"] == row["bracket"]
         for result in results:
             in_process = reserved_by_batch(result)
             for p in after_out_of_memory(result):
-                other = fresh.get(entry["key"], {}).get(p["batch"])
+                other = fresh.get(identity(entry), {}).get(p["batch"])
                 mine = in_process.get(p["batch"])
                 row["after_oom"].append(
                     {"batch": p["batch"], "status": p["status"], "reserved_in_process": mine, "reserved_fresh": other}
@@ -311,8 +343,8 @@ def bracket_text(b: List[Optional[int]]) -> str:
 
 
 def render_measured(rows: List[Dict[str, Any]]) -> str:
-    """The one-load searches the H200 ran, beside the committed ones (measured against measured)."""
-    head = ["## Measured: the one-load searches on the H200", ""]
+    """The one-load searches the GPU ran, beside the committed ones (measured against measured)."""
+    head = ["## Measured: the one-load searches", "", "<!-- section: measured -->", ""]
     if not rows:
         why = f"Not measured yet: no {' or '.join(ONE_LOAD)} folder under results/h200/budget (campaign `budget`)."
         return "\n".join(head + [why, ""])
@@ -321,22 +353,27 @@ def render_measured(rows: List[Dict[str, Any]]) -> str:
         c = r["committed"] or {}
         body.append([
             f"{r['search']}: `{r['config']}`",
-            bracket_text(c.get("bracket") or [None, None]),
+            r["gpu"],
+            "-" if r["guess"] is None else r["guess"],
             bracket_text(r["bracket"]),
+            f"{r['loads']} / {r['points']} / {r['wall_s']:.0f}",
+            bracket_text(c.get("bracket") or [None, None]),
             "yes" if r["same_answer"] else "no" if c else "(no committed search)",
             f"{c['loads']} / {c['points']} / {c['wall_s']:.0f}" if c else "-",
-            f"{r['loads']} / {r['points']} / {r['wall_s']:.0f}",
         ])  # fmt: skip
         for a in r["after_oom"]:
             mine, fresh = a["reserved_in_process"], a["reserved_fresh"]
             diff = "-" if None in (mine, fresh) else f"{(mine - fresh) / 2**20:+.0f}"
-            pairs.append([f"`{r['config']}`", a["batch"], a["status"], gib(mine), gib(fresh), diff])
-    same = sum(r["same_answer"] for r in rows)
-    out = head + table(["configuration", "committed: last ok / first OOM", "one load: last ok / first OOM",
-                        "same answer", "committed: loads / points / wall s", "one load: loads / points / wall s"],
-                       body)  # fmt: skip
-    out += [f"{same} of {len(rows)} configurations found the committed answer.", ""]
+            pairs.append([f"{r['search']}: `{r['config']}`", a["batch"], a["status"], gib(mine), gib(fresh), diff])
+    held = [r for r in rows if r["committed"]]
+    within = sum(r["points"] <= 3 for r in rows)
+    out = head + table(["configuration", "GPU", "first guess", "one load: last ok / first OOM",
+                        "one load: loads / points / wall s", "committed: last ok / first OOM", "same answer",
+                        "committed: loads / points / wall s"], body)  # fmt: skip
     out += [
+        f"{sum(r['same_answer'] for r in held)} of the {len(held)} configurations with a committed search found its "
+        f"answer; {within} of {len(rows)} settled in at most 3 points.",
+        "",
         "A point run right after an out-of-memory point of the same job (its cache released), against a fresh "
         "process that ran the same batch first (GiB reserved at the point's peak, the highest rank):",
         "",

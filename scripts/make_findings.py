@@ -25,6 +25,8 @@ Placeholders in the template:
   {{seed_two_commands}}   the seed's 2- and 4-GPU commands as its main.py runs them (24 layers), beside its report
   {{llm_analysis:SECTION}} a section of results/cpu/plan_vs_llm_analysis.md (dsexp.plan beside llm-analysis and the
                           H200; benchmarks/plan_vs_llm_analysis.py writes it): weights, above, largest, notes
+  {{search_cost:measured}} the one-load budget searches measured beside the committed ones (results/cpu/search_cost.md,
+                          written by benchmarks/search_cost.py)
 
 Usage: `make findings` (rewrites docs/FINDINGS.md); `scripts/make_findings.py --check` fails if it is stale;
 `scripts/make_findings.py --table gpu_stacks|stack_bisect FOLDER` prints one table (the campaigns' last steps).
@@ -54,6 +56,7 @@ SHARED = ROOT / "results" / "h200" / "shared"
 SCRIPTS = ROOT / "results" / "h200" / "scripts"
 CAPACITY = ROOT / "results" / "h200" / "capacity"
 LLM_ANALYSIS = ROOT / "results" / "cpu" / "plan_vs_llm_analysis.md"
+SEARCH_COST = ROOT / "results" / "cpu" / "search_cost.md"
 GIB = 2**30
 PRIVATE = 0.5  # a rank "copies" when loading adds private memory of more than half the model
 
@@ -437,6 +440,8 @@ def render(template: str) -> str:
             return committed_table(ROOT / "results" / "cpu" / "arch_matrix.md")
         if kind == "llm_analysis":
             return committed_section(LLM_ANALYSIS, arg)
+        if kind == "search_cost":
+            return committed_section(SEARCH_COST, arg)
         raise KeyError(m.group(0))
 
     return re.sub(r"\{\{([a-z_]+(?::[a-z_./]+)?)\}\}", sub, template)

@@ -299,6 +299,36 @@ def test_a_stopped_campaign_bundles_its_steps_records_and_campaign_json_for_a_ma
     assert not any(n.startswith(("budget/other", "budget/b")) for n in names)
 
 
+def test_within_stops_the_running_step_at_its_end_and_starts_none_after(tmp_path):
+    """A machine held for a call of limited length (the device tool's 10 minutes): --within ends the campaign that
+    many seconds after it starts. The first step (its own limit 60 s) is stopped at the end as at its own limit and
+    recorded as stopped, not failed; the next is not started; 130 says --resume goes on."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    steps = [Step("a", "command", ["sleep", "30"], 60), Step("b", "command", ["touch", str(tmp_path / "b")], 60)]
+    t0 = time.monotonic()
+    assert crun.run_campaign(Campaign("t", "a", "m", str(out), [], steps), out, work, within_s=2, min_step_s=1) == 130
+    assert time.monotonic() - t0 < 40 and not (tmp_path / "b").exists()
+    (step,) = json.loads((out / "campaign.json").read_text())["runs"][0]["steps"]
+    assert step["name"] == "a" and step["interrupted"] and step["within"] and not step["timed_out"]
+
+
+def test_within_does_not_start_a_step_with_less_than_min_step_left(tmp_path, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(crun, "run_step", lambda argv, *a: ran.append(argv) or {"rc": 0, "timed_out": False})
+    out, work = tmp_path / "out", tmp_path / "work"
+    steps = [Step("short", "command", ["true"], 30), Step("long", "command", ["true"], 600)]
+    campaign = Campaign("t", "a", "m", str(out), [], steps)
+    # 100 s left: the 30 s step runs (its whole limit fits), the 600 s one would get less than min_step's 120 s
+    assert crun.run_campaign(campaign, out, work, within_s=100, min_step_s=120) == 130
+    assert ran == [["true"]] and "# step long: not started, 100 s left of --within" in capsys.readouterr().out
+    assert crun.run_campaign(campaign, out, work, within_s=1000, min_step_s=120) == 0 and len(ran) == 3
+
+
+def test_within_must_be_positive():
+    with pytest.raises(SystemExit):
+        main(["budget", "--within", "0"])
+
+
 def test_ctrl_c_during_a_step_stops_it_and_returns(tmp_path):
     import _thread
     import threading

@@ -44,10 +44,11 @@ def job(folder: Path, name: str, points, reserved_gib, wall_s: float, plain_phas
     return f"/on/the/h200/{folder.name}/{name}"
 
 
-def search(folder: Path, jobs, ok, oom) -> None:
+def search(folder: Path, jobs, ok, oom, key: str = KEY, overrides=("tp=2", "load=meta", "trim=all")) -> None:
+    """A budget.json of one configuration: its key names the dimensions its search varied, its overrides all of it."""
     points = [{"batch": b, "status": s, "job": path} for path, pts in jobs for b, s in pts]
     folder.mkdir(parents=True, exist_ok=True)
-    config = {"key": KEY, "points": points, "largest_ok": ok, "smallest_oom": oom}
+    config = {"key": key, "overrides": list(overrides), "points": points, "largest_ok": ok, "smallest_oom": oom}
     (folder / "budget.json").write_text(json.dumps({"configs": [config]}))
 
 
@@ -75,7 +76,14 @@ def test_a_one_load_search_is_set_beside_the_committed_one_of_its_budget(search_
         3,
         120.0,
     )
-    assert row["committed"] == {"search": "gpu40", "bracket": [10, 11], "loads": 3, "points": 4, "wall_s": 211.0}
+    assert row["committed"] == {
+        "search": "gpu40",
+        "config": KEY,
+        "bracket": [10, 11],
+        "loads": 3,
+        "points": 4,
+        "wall_s": 211.0,
+    }
     # 11 and 10 ran after an out-of-memory point of the same job; the fresh process that ran 11 first is job 2 (job
     # 1 ran 11 after 10, its cache kept: not fresh), and 10 was run first by job 1. Peaks: the highest rank (rank 1)
     peak = lambda gib: int(gib * GIB) + 2**20  # noqa: E731
@@ -84,9 +92,13 @@ def test_a_one_load_search_is_set_beside_the_committed_one_of_its_budget(search_
         {"batch": 10, "status": "ok", "reserved_in_process": peak(38.0), "reserved_fresh": peak(38.0)},
     ]
     text = search_cost.render_measured([row])
-    assert "| gpu40_one_load: `tp=2 load=meta trim=all` | 10 / 11 | 10 / 11 | yes | 3 / 4 / 211 | 1 / 3 / 120 |" in text
-    assert "| `tp=2 load=meta trim=all` | 11 | oom | 38.60 | 38.50 | +102 |" in text
-    assert "| `tp=2 load=meta trim=all` | 10 | ok | 38.00 | 38.00 | +0 |" in text
+    assert (
+        "| gpu40_one_load: `tp=2 load=meta trim=all` | - | - | 10 / 11 | 1 / 3 / 120 | 10 / 11 | yes | 3 / 4 / 211 |"
+        in (text)
+    )
+    assert "| gpu40_one_load: `tp=2 load=meta trim=all` | 11 | oom | 38.60 | 38.50 | +102 |" in text
+    assert "| gpu40_one_load: `tp=2 load=meta trim=all` | 10 | ok | 38.00 | 38.00 | +0 |" in text
+    assert "1 of the 1 configurations with a committed search found its answer; 1 of 1 settled in at most 3" in text
 
 
 def test_a_different_answer_is_shown_with_both_brackets(search_cost, tmp_path):
@@ -102,13 +114,15 @@ def test_a_different_answer_is_shown_with_both_brackets(search_cost, tmp_path):
     (row,) = search_cost.measured_rows("gpu40_one_load", ("gpu40",))
     assert (row["same_answer"], row["after_oom"]) == (False, [])
     text = search_cost.render_measured([row])
-    assert "| 9 / 10 | 10 / 11 | no |" in text and "None: no job ran a point after one" in text
-    assert "0 of 1 configurations found the committed answer." in text
+    assert "| 10 / 11 | 1 / 2 / 70 | 9 / 10 | no |" in text and "None: no job ran a point after one" in text
+    assert "0 of the 1 configurations with a committed search found its answer" in text
 
 
 def test_before_the_h200_ran_it_the_report_says_it_was_not_measured(search_cost):
     assert search_cost.measured_rows("gpu40_one_load", ("gpu40",)) == []
-    assert "Not measured yet: no gpu40_one_load or gpu24_one_load or llama48_tp1" in search_cost.render_measured([])
+    text = search_cost.render_measured([])
+    assert "Not measured yet: no gpu40_one_load or gpu24_one_load or llama48_tp1" in text
+    assert "<!-- section: measured -->" in text
 
 
 def test_a_one_load_search_with_no_committed_one_is_listed_alone(search_cost, tmp_path):
@@ -116,6 +130,44 @@ def test_a_one_load_search_with_no_committed_one_is_listed_alone(search_cost, tm
     search(one, [(job(one, "0", [(14, "ok"), (15, "oom")], [47.0, 47.5], 50.0), [(14, "ok"), (15, "oom")])], 14, 15)
     (row,) = search_cost.measured_rows("llama48_tp1", ())
     assert (row["committed"], row["same_answer"], row["bracket"]) == (None, False, [14, 15])
-    assert "| llama48_tp1: `tp=2 load=meta trim=all` | - / - | 14 / 15 | (no committed search) | - | 1 / 2 / 50 |" in (
-        search_cost.render_measured([row])
+    assert (
+        "| llama48_tp1: `tp=2 load=meta trim=all` | - | - | 14 / 15 | 1 / 2 / 50 | - / - | (no committed search) | - |"
+        in (search_cost.render_measured([row]))
     )
+
+
+def test_a_configuration_is_matched_by_what_it_is_not_by_its_sweeps_key(search_cost, tmp_path):
+    """The committed search varied tp (key `tp=2 trim=all`), the one-load one fixed it (key `trim=all`): the same
+    configuration. Its expandable-segments twin is another one, and has no committed search to match."""
+    committed = tmp_path / "gpu24"
+    ran = [(2, "ok"), (3, "oom")]
+    search(committed, [(job(committed, "0", ran, [23.0, 23.9], 80.0), ran)], 2, 3, key="tp=2 trim=all")
+    one = tmp_path / "gpu24_one_load"
+    search(one, [(job(one, "0", ran, [23.0, 23.9], 60.0), ran)], 2, 3, key="trim=all",
+           overrides=("load=meta", "trim=all", "tp=2"))  # fmt: skip
+    (row,) = search_cost.measured_rows("gpu24_one_load", ("gpu24",))
+    assert (row["same_answer"], row["committed"]["config"]) == (True, "tp=2 trim=all")
+    twin = tmp_path / "twin"
+    expandable = ("load=meta", "trim=all", "tp=2", "++trim.env.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    search(twin, [(job(twin, "0", ran, [23.0, 23.9], 60.0), ran)], 2, 3, key="trim=all", overrides=expandable)
+    (row,) = search_cost.measured_rows("twin", ("gpu24",))
+    assert row["committed"] is None
+
+
+def test_the_fresh_reference_is_a_step_of_its_own_and_the_gpu_and_guess_are_the_runs(search_cost, tmp_path):
+    one = tmp_path / "llama24_tp2"
+    ran = [(8, "oom"), (7, "ok")]  # the guess ran out of memory, one below ran in the same load
+    search(one, [(job(one, "0", ran, [23.3, 22.94], 55.0), ran)], 7, 8)
+    result = json.loads((one / "0" / "result.json").read_text())
+    (one / "0" / "result.json").write_text(json.dumps({**result, "config": {"generate": {"bisect_from": 8}}}))
+    fresh = tmp_path / "llama24_tp2_fresh"
+    search(fresh, [(job(fresh, "0", [(7, "ok")], [22.95], 40.0, plain_phase=True), [(7, "ok")])], 7, None)
+    machine = {"gpus": ["NVIDIA H100 80GB HBM3, 81559 MiB"]}
+    runs = [{"machine": machine, "steps": [{"name": "llama24_tp2"}, {"name": "llama24_tp2_fresh"}]}]
+    (tmp_path / "campaign.json").write_text(json.dumps({"runs": runs}))
+    (row,) = search_cost.measured_rows("llama24_tp2", ())
+    assert (row["gpu"], row["guess"], row["committed"]) == ("NVIDIA H100 80GB HBM3", 8, None)
+    peak = lambda gib: int(gib * GIB) + 2**20  # noqa: E731
+    assert row["after_oom"] == [
+        {"batch": 7, "status": "ok", "reserved_in_process": peak(22.94), "reserved_fresh": peak(22.95)}
+    ]

@@ -1,12 +1,15 @@
 """`python -m dsexp.campaign NAME [--dry-run] [--only STEPS] [--add OVERRIDE]... [--out DIR] [--work DIR] [--resume]
-[--bundle TAR_GZ]`.
+[--within SECONDS [--min-step SECONDS]] [--bundle TAR_GZ]`.
 
 Runs the campaign's steps in order and fills its results folder (--out: elsewhere); --dry-run prints the commands;
 --add appends an override to every sweep (`--add hydra/launcher=dsexp_slurm`); --list names every campaign;
 --resume starts each sweep from the results folder's records (a budget search cut short on another machine goes on),
 or from an earlier work folder of the campaign where that holds more.
+--within ends the campaign that many seconds after it starts, for a machine held for a call of limited length: a step
+is not started with less than --min-step seconds left, a running one is stopped as at its own limit.
 Exit status 1 if a step failed or ran out of time (the steps after it still run); 130 if the campaign was stopped
-(Ctrl-C, SIGTERM): the running step is stopped, what it measured copied and recorded, the steps after it not run."""
+(Ctrl-C, SIGTERM, --within): the running step is stopped, what it measured copied and recorded, the steps after it
+not run."""
 
 from __future__ import annotations
 
@@ -48,7 +51,13 @@ def main(argv=None) -> int:
         "for a machine whose checkout is gone after the command"
     )
     ap.add_argument("--bundle", type=Path, metavar="TAR_GZ", help=bundle_help)
+    within_help = "end the campaign this many seconds after it starts (keep an outer limit ~60 s longer)"
+    ap.add_argument("--within", type=float, metavar="SECONDS", help=within_help)
+    min_help = "with --within: do not start a step with less than this left (default 120)"
+    ap.add_argument("--min-step", type=float, default=120.0, metavar="SECONDS", help=min_help)
     args = ap.parse_args(argv)
+    if args.within is not None and args.within <= 0:
+        ap.error(f"--within must be a positive number of seconds, got {args.within:g}")
     # SIGTERM (a SLURM time limit, `timeout`) stops the running step as Ctrl-C does: its results are copied first
     signal.signal(signal.SIGTERM, _interrupt)
     if args.list or not args.name:
@@ -64,7 +73,10 @@ def main(argv=None) -> int:
         only = args.only.split(",") if args.only else None
         steps = [s.name for s in selected(campaign, only)]
         try:
-            return run_campaign(campaign, out, work, dry_run=args.dry_run, only=only, add=args.add, resume=args.resume)
+            return run_campaign(
+                campaign, out, work, dry_run=args.dry_run, only=only, add=args.add, resume=args.resume,
+                within_s=args.within, min_step_s=args.min_step,
+            )  # fmt: skip
         finally:
             if args.bundle and not args.dry_run:
                 print(f"# bundle {args.bundle}: {', '.join(bundle(out, steps, args.bundle)) or 'nothing'}", flush=True)

@@ -217,9 +217,15 @@ def run_campaign(
     only: Optional[List[str]] = None,
     add: Sequence[str] = (),
     resume: bool = False,
+    within_s: Optional[float] = None,
+    min_step_s: float = 120.0,
 ) -> int:
-    """Run (or with dry_run, print) the campaign. Returns 0 if every step exited 0 in time, else 1. `resume`: each
-    sweep starts from the results folder's records of it (seed)."""
+    """Run (or with dry_run, print) the campaign. Returns 0 if every step exited 0 in time, else 1; 130 if it was
+    stopped. `resume`: each sweep starts from the results folder's records of it (seed). `within_s`: the campaign
+    ends that many seconds after it starts (a machine held for a call of limited length): a step is not started with
+    less than `min_step_s` left, and a running one is stopped at the end as at its own limit, its results copied;
+    --resume goes on from there."""
+    end = None if within_s is None else time.monotonic() + within_s
     steps = selected(campaign, only)
     if campaign.frozen and not dry_run:
         raise ConfigError(f"campaign {campaign.name} cannot be remade: {campaign.frozen}")
@@ -252,11 +258,19 @@ def run_campaign(
             continue
         if stdout:
             stdout.parent.mkdir(parents=True, exist_ok=True)
+        limit = step.timeout_s if end is None else min(step.timeout_s, end - time.monotonic())
+        if limit < min(min_step_s, step.timeout_s):
+            print(
+                f"# step {step.name}: not started, {max(limit, 0):.0f} s left of --within; --resume goes on", flush=True
+            )
+            return 130
         if resume and step.kind == "overrides":
             source = resume_source(out / step.name, work / step.name, campaign.name)
             seeded = seed(source, work / step.name)
             print(f"# step {step.name}: resumed from {seeded} results in {source}", flush=True)
-        outcome = run_step(argv, {**env, **step.env}, step.timeout_s, work / f"{step.name}.log", stdout)
+        outcome = run_step(argv, {**env, **step.env}, limit, work / f"{step.name}.log", stdout)
+        if outcome["timed_out"] and limit < step.timeout_s:
+            outcome = {**outcome, "timed_out": False, "interrupted": True, "within": True}
         if step.kind == "overrides":
             outcome["results"] = collect(work / step.name, out / step.name)
         failed |= outcome["rc"] != 0 or outcome["timed_out"]
@@ -266,6 +280,7 @@ def run_campaign(
         save_record(out, record)
         if outcome.get("interrupted"):
             # what the step measured is copied and recorded above: nothing is lost, and a budget search resumes
-            print(f"# campaign interrupted in step {step.name}; run it again with --work {work} to resume", flush=True)
+            why = "--within's end" if outcome.get("within") else "interrupted"
+            print(f"# campaign stopped in step {step.name} ({why}); run it again with --resume to go on", flush=True)
             return 130
     return int(failed)
