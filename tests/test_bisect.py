@@ -209,3 +209,18 @@ def test_the_answer_gives_both_batches_and_the_environment_line():
     assert "with expandable segments its largest batch is 15" in first
     assert "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`" in first
     assert second.startswith("- The allocator decided `tp=4 script`") and "script.fix=context" in second
+
+
+def test_a_twin_that_ran_out_with_room_left_too_is_said_so_not_sent_back_to_the_default_allocator():
+    """llama_20b_shapes at tp=2 under 24 GiB (H100, 2026-12-06): with expandable segments batch 11 also ran out of
+    memory though its bytes fit; the answer said that twin was 'searched with the default allocator only'."""
+    from dsexp.analysis.sections.budget_answer import allocator_lines
+
+    twin = {"key": "as given allocator=expandable_segments", "twin_of": "as given", "largest_ok": 10,
+            "smallest_oom": 11, "settled": True, "allocator_decided": True}  # fmt: skip
+    own = {"key": "mine", "overrides": ["++trim.env.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"],
+           "largest_ok": 4, "smallest_oom": 5, "allocator_decided": True}  # fmt: skip
+    base = {"key": "as given", "largest_ok": 7, "smallest_oom": 8, "allocator_decided": True}
+    (line,) = allocator_lines({"configs": [base, twin, own]})
+    assert "with expandable segments its largest batch is 10" in line
+    assert line.endswith("With them too, batch 11 ran out of memory though its bytes fit.")

@@ -59,6 +59,11 @@ def render(inputs: ReportInputs) -> str:
     return "\n".join(lines)
 
 
+def expandable(config: Dict[str, Any]) -> bool:
+    """A configuration that ran with expandable segments: the search's twin, or one whose overrides set them."""
+    return bool(config.get("twin_of")) or any("expandable_segments" in o for o in config.get("overrides") or [])
+
+
 def allocator_lines(s: Dict[str, Any]) -> List[str]:
     """Where the caching allocator's fragmentation decided a configuration's bracket: its largest batch with the
     default allocator and with expandable segments (its twin, searched too), and the environment line to use."""
@@ -69,14 +74,19 @@ def allocator_lines(s: Dict[str, Any]) -> List[str]:
         got = twin.get("largest_ok")
         if got is None and not twin.get("settled"):
             continue
+        still = (
+            f" With them too, batch {twin.get('smallest_oom')} ran out of memory though its bytes fit."
+            if twin.get("allocator_decided")
+            else ""
+        )
         out.append(
             f"- The allocator decided `{base.get('key')}`: batch {base.get('largest_ok')} ran with the default "
             f"caching allocator and {base.get('smallest_oom')} ran out of memory though its bytes fit the budget; with "
             f"expandable segments its largest batch is {got if got is not None else 'none'}. Set "
             "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the ranks' environment (dsexp: "
-            "`++trim.env.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`)."
+            f"`++trim.env.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`).{still}"
         )
-    undecided = [c["key"] for c in by_key.values() if c.get("allocator_decided") and not any(
+    undecided = [c["key"] for c in by_key.values() if c.get("allocator_decided") and not expandable(c) and not any(
         t.get("twin_of") == c["key"] for t in by_key.values())]  # fmt: skip
     out += [
         f"- The allocator decided `{k}` (its first batch past the budget ran out of memory though its bytes fit): "
