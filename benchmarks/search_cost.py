@@ -111,9 +111,15 @@ def read_searches(searches) -> List[Tuple[str, Dict[str, Any], List[Dict[str, An
 def identity(entry: Dict[str, Any]) -> Tuple[str, str, str, bool]:
     """What a configuration is, whichever dimensions its search varied (a key names only those): tp, load, trim and
     whether its ranks ran with expandable segments."""
+    from dsexp.analysis.sections.budget_answer import expandable
+
     given = dict(o.split("=", 1) for o in entry.get("overrides") or [] if "=" in o)
-    expandable = any("expandable_segments" in o for o in entry.get("overrides") or [])
-    return given.get("tp", str(entry.get("tp", 1))), given.get("load", "-"), given.get("trim", "none"), expandable
+    return (
+        given.get("tp", str(entry.get("tp", 1))),
+        given.get("load", "-"),
+        given.get("trim", "none"),
+        expandable(entry),
+    )
 
 
 def fresh_peaks(read) -> Dict[Tuple, Dict[int, int]]:
@@ -176,6 +182,7 @@ def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, A
     read = read_searches(committed)
     references = [s for s in FRESH.get(one_load, ()) if (BUDGET / s / "budget.json").is_file()]
     before, fresh = committed_by_config(read), fresh_peaks(read + read_searches(references))
+    gpu = gpu_of(one_load)
     rows = []
     for entry in json.loads((BUDGET / one_load / "budget.json").read_text())["configs"]:
         if not entry["points"]:
@@ -184,7 +191,7 @@ def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, A
         row = {
             "search": one_load,
             "config": entry["key"],
-            "gpu": gpu_of(one_load),
+            "gpu": gpu,
             "guess": first_guess(results),
             "bracket": [entry.get("largest_ok"), entry.get("smallest_oom")],
             "loads": len({p["job"] for p in entry["points"]}),
