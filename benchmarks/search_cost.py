@@ -19,8 +19,10 @@ Nothing here runs on a GPU: the one-load figures are what the committed measurem
 The campaign `budget`'s steps gpu40_one_load and gpu24_one_load measure them; once their folders are committed
 under results/h200/budget, each configuration they searched is also set beside the committed searches of the same
 budget, measured against measured (issue 45): the bracket each found (the same, or both shown), the loads, points and
-wall time each spent, and every point a one-load job ran right after one of its own ran out of memory (its cache
-released) against a fresh process that ran the same batch first, by reserved peak.
+wall time each spent, and every point a job ran after another of its own (after one that ran out of memory its
+cache was always released; after one that ran, only from the commit that empties it before every point, which the
+point's record says with its `start`) against a fresh process that ran the same batch first: status and reserved
+peak.
 Writes results/cpu/search_cost.{json,md}.
 """
 
@@ -122,22 +124,30 @@ def identity(entry: Dict[str, Any]) -> Tuple[str, str, str, bool]:
     )
 
 
-def fresh_peaks(read) -> Dict[Tuple, Dict[int, int]]:
-    """configuration -> batch -> the reserved peak of a job that ran that batch first (a fresh process)."""
-    out: Dict[Tuple, Dict[int, int]] = {}
+def fresh_points(read) -> Dict[Tuple, Dict[int, Dict[str, Any]]]:
+    """configuration -> batch -> the status and reserved peak of a job that ran that batch first (a fresh
+    process)."""
+    out: Dict[Tuple, Dict[int, Dict[str, Any]]] = {}
     for _, entry, results in read:
         for result in results:
             first = ran_in_order(result)[:1]
-            peak = reserved_by_batch(result).get(first[0]["batch"]) if first else None
-            if peak is not None:
-                out.setdefault(identity(entry), {})[first[0]["batch"]] = peak
+            if first:
+                b = first[0]["batch"]
+                fresh = {"status": first[0]["status"], "reserved": reserved_by_batch(result).get(b)}
+                out.setdefault(identity(entry), {})[b] = fresh
     return out
 
 
-def after_out_of_memory(result: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """The points a job ran right after one of its own ran out of memory."""
+def after_another(result: Dict[str, Any]) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
+    """(the point before, the point) for each point a job ran after another of its own."""
     points = ran_in_order(result)
-    return [p for before, p in zip(points, points[1:]) if before["status"] == "oom"]
+    return list(zip(points, points[1:]))
+
+
+def cache_emptied(before: Dict[str, Any], point: Dict[str, Any]) -> bool:
+    """Whether the point started from an emptied cache: always after an out-of-memory point; after one that ran,
+    where its record has a `start` (dsexp.rank.workloads.pipeline empties the cache before every point since)."""
+    return before["status"] == "oom" or "start" in point
 
 
 def committed_by_config(read) -> Dict[Tuple, Dict[str, Any]]:
@@ -175,13 +185,13 @@ def first_guess(results: List[Dict[str, Any]]) -> Optional[int]:
 
 def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, Any]]:
     """Each configuration the one-load search settled, beside the committed searches of its budget (empty until the
-    one-load search is committed). A point run after an out-of-memory one is held to a fresh process that ran the same
-    batch first: a job of the committed searches or of a step run for that reference alone (FRESH)."""
+    one-load search is committed). A point run after another of the same load is held to a fresh process that ran
+    the same batch first: a job of the committed searches or of a step run for that reference alone (FRESH)."""
     if not (BUDGET / one_load / "budget.json").is_file():
         return []
     read = read_searches(committed)
     references = [s for s in FRESH.get(one_load, ()) if (BUDGET / s / "budget.json").is_file()]
-    before, fresh = committed_by_config(read), fresh_peaks(read + read_searches(references))
+    before, fresh = committed_by_config(read), fresh_points(read + read_searches(references))
     gpu = gpu_of(one_load)
     rows = []
     for entry in json.loads((BUDGET / one_load / "budget.json").read_text())["configs"]:
@@ -198,17 +208,22 @@ def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, A
             "points": len(entry["points"]),
             "wall_s": round(sum(r["wall_s"] for r in results), 1),
             "committed": before.get(identity(entry)),
-            "after_oom": [],
+            "in_load": [],
         }
         row["same_answer"] = row["committed"] is not None and row["committed"]["bracket"] == row["bracket"]
         for result in results:
             in_process = reserved_by_batch(result)
-            for p in after_out_of_memory(result):
-                other = fresh.get(identity(entry), {}).get(p["batch"])
-                mine = in_process.get(p["batch"])
-                row["after_oom"].append(
-                    {"batch": p["batch"], "status": p["status"], "reserved_in_process": mine, "reserved_fresh": other}
-                )
+            for prior, p in after_another(result):
+                other = fresh.get(identity(entry), {}).get(p["batch"]) or {}
+                row["in_load"].append({
+                    "batch": p["batch"],
+                    "after": f"{prior['batch']} {prior['status']}",
+                    "cache_emptied": cache_emptied(prior, p),
+                    "status": p["status"],
+                    "reserved_in_process": in_process.get(p["batch"]),
+                    "status_fresh": other.get("status"),
+                    "reserved_fresh": other.get("reserved"),
+                })  # fmt: skip
         rows.append(row)
     return rows
 
@@ -368,10 +383,13 @@ def render_measured(rows: List[Dict[str, Any]]) -> str:
             "yes" if r["same_answer"] else "no" if c else "(no committed search)",
             f"{c['loads']} / {c['points']} / {c['wall_s']:.0f}" if c else "-",
         ])  # fmt: skip
-        for a in r["after_oom"]:
+        for a in r["in_load"]:
             mine, fresh = a["reserved_in_process"], a["reserved_fresh"]
             diff = "-" if None in (mine, fresh) else f"{(mine - fresh) / 2**20:+.0f}"
-            pairs.append([f"{r['search']}: `{r['config']}`", a["batch"], a["status"], gib(mine), gib(fresh), diff])
+            pairs.append([
+                f"{r['search']}: `{r['config']}`", a["batch"], a["after"], "yes" if a["cache_emptied"] else "no",
+                a["status"], a["status_fresh"] or "-", gib(mine), gib(fresh), diff,
+            ])  # fmt: skip
     held = [r for r in rows if r["committed"]]
     within = sum(r["points"] <= 3 for r in rows)
     out = head + table(["configuration", "GPU", "first guess", "one load: last ok / first OOM",
@@ -381,14 +399,15 @@ def render_measured(rows: List[Dict[str, Any]]) -> str:
         f"{sum(r['same_answer'] for r in held)} of the {len(held)} configurations with a committed search found its "
         f"answer; {within} of {len(rows)} settled in at most 3 points.",
         "",
-        "A point run right after an out-of-memory point of the same job (its cache released), against a fresh "
-        "process that ran the same batch first (GiB reserved at the point's peak, the highest rank):",
+        "A point run after another of the same job, against a fresh process that ran the same batch first (status; "
+        "GiB reserved at the point's peak, the highest rank):",
         "",
     ]
     if pairs:
-        out += table(["configuration", "batch", "status", "in the same load", "fresh process", "difference MiB"], pairs)
+        out += table(["configuration", "batch", "after", "cache emptied", "status", "fresh: status",
+                      "reserved in the same load", "fresh: reserved", "difference MiB"], pairs)  # fmt: skip
     else:
-        out += ["None: no job ran a point after one of its own ran out of memory.", ""]
+        out += ["None: no job ran a point after another of its own.", ""]
     return "\n".join(out + [""])
 
 

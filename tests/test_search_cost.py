@@ -87,17 +87,22 @@ def test_a_one_load_search_is_set_beside_the_committed_one_of_its_budget(search_
     # 11 and 10 ran after an out-of-memory point of the same job; the fresh process that ran 11 first is job 2 (job
     # 1 ran 11 after 10, its cache kept: not fresh), and 10 was run first by job 1. Peaks: the highest rank (rank 1)
     peak = lambda gib: int(gib * GIB) + 2**20  # noqa: E731
-    assert row["after_oom"] == [
-        {"batch": 11, "status": "oom", "reserved_in_process": peak(38.6), "reserved_fresh": peak(38.5)},
-        {"batch": 10, "status": "ok", "reserved_in_process": peak(38.0), "reserved_fresh": peak(38.0)},
-    ]
+    common = {"cache_emptied": True, "status_fresh": None}
+    assert row["in_load"] == [
+        {**common, "batch": 11, "after": "12 oom", "status": "oom", "reserved_in_process": peak(38.6),
+         "status_fresh": "oom", "reserved_fresh": peak(38.5)},
+        {**common, "batch": 10, "after": "11 oom", "status": "ok", "reserved_in_process": peak(38.0),
+         "status_fresh": "ok", "reserved_fresh": peak(38.0)},
+    ]  # fmt: skip
     text = search_cost.render_measured([row])
     assert (
         "| gpu40_one_load: `tp=2 load=meta trim=all` | - | - | 10 / 11 | 1 / 3 / 120 | 10 / 11 | yes | 3 / 4 / 211 |"
         in (text)
     )
-    assert "| gpu40_one_load: `tp=2 load=meta trim=all` | 11 | oom | 38.60 | 38.50 | +102 |" in text
-    assert "| gpu40_one_load: `tp=2 load=meta trim=all` | 10 | ok | 38.00 | 38.00 | +0 |" in text
+    assert (
+        "| gpu40_one_load: `tp=2 load=meta trim=all` | 11 | 12 oom | yes | oom | oom | 38.60 | 38.50 | +102 |" in text
+    )
+    assert "| gpu40_one_load: `tp=2 load=meta trim=all` | 10 | 11 oom | yes | ok | ok | 38.00 | 38.00 | +0 |" in text
     assert "1 of the 1 configurations with a committed search found its answer; 1 of 1 settled in at most 3" in text
 
 
@@ -112,9 +117,12 @@ def test_a_different_answer_is_shown_with_both_brackets(search_cost, tmp_path):
     one = tmp_path / "gpu40_one_load"
     search(one, [(job(one, "0", [(10, "ok"), (11, "oom")], [38.0, 38.9], 70.0), [(10, "ok"), (11, "oom")])], 10, 11)
     (row,) = search_cost.measured_rows("gpu40_one_load", ("gpu40",))
-    assert (row["same_answer"], row["after_oom"]) == (False, [])
+    assert row["same_answer"] is False
+    # 11 ran after 10 in the one load, its cache kept (a record without `start`); fresh, job 0 ran 10 out of memory
+    (later,) = row["in_load"]
+    assert (later["batch"], later["after"], later["cache_emptied"], later["status_fresh"]) == (11, "10 ok", False, None)
     text = search_cost.render_measured([row])
-    assert "| 10 / 11 | 1 / 2 / 70 | 9 / 10 | no |" in text and "None: no job ran a point after one" in text
+    assert "| 10 / 11 | 1 / 2 / 70 | 9 / 10 | no |" in text
     assert "0 of the 1 configurations with a committed search found its answer" in text
 
 
@@ -168,6 +176,7 @@ def test_the_fresh_reference_is_a_step_of_its_own_and_the_gpu_and_guess_are_the_
     (row,) = search_cost.measured_rows("llama24_tp2", ())
     assert (row["gpu"], row["guess"], row["committed"]) == ("NVIDIA H100 80GB HBM3", 8, None)
     peak = lambda gib: int(gib * GIB) + 2**20  # noqa: E731
-    assert row["after_oom"] == [
-        {"batch": 7, "status": "ok", "reserved_in_process": peak(22.94), "reserved_fresh": peak(22.95)}
-    ]
+    assert row["in_load"] == [
+        {"batch": 7, "after": "8 oom", "cache_emptied": True, "status": "ok", "reserved_in_process": peak(22.94),
+         "status_fresh": "ok", "reserved_fresh": peak(22.95)}
+    ]  # fmt: skip

@@ -125,7 +125,9 @@ def points_of(job_dir: Path, result: Dict[str, Any], resumed: bool = False) -> T
     """The job's points, and why its configuration should not be pursued (None: go on); resumed: the job is an
     earlier search's, read back by a search that resumes it. A batch search inside one load that ended otherwise
     (a CUDA error the process cannot recover from, Ctrl-C, a time limit) keeps the points it measured before, and its
-    configuration goes on in a fresh job from them; only a failed job that measured nothing stops it."""
+    configuration goes on in a fresh job from them; only a failed job that measured nothing stops it. A point of a
+    one-load search that did not start with the allocator's state the load left is not the search's: the batch stays
+    open, for a fresh load."""
     rec = JobRecord.of(result)
     batches = job_batches(result.get("config") or {})
     if not rec.ok:
@@ -151,9 +153,12 @@ def measured_points(job_dir: Path, result: Dict[str, Any], rec: JobRecord, batch
     """The batches the job's ranks ran (ok, with the busiest rank's device need) or ran out of memory at."""
     points = []
     for b in batches:
-        statuses = {e.get("status") for rk in rec.ranks for e in rk.raw.get("points") or [] if e.get("batch") == b}
+        entries = [e for rk in rec.ranks for e in rk.raw.get("points") or [] if e.get("batch") == b]
+        statuses = {e.get("status") for e in entries}
         if point_phase(result, b) is None:  # not run, or skipped: a smaller batch ran out of memory
             continue
+        if any((e.get("start") or {}).get("as_load") is False for e in entries):
+            continue  # it did not start as a fresh process would (dsexp.rank.workloads.pipeline.as_load): run again
         if "oom" in statuses:
             points.append(Point(b, OOM, job=str(job_dir)))
         else:  # ran (a script's generate calls list no point statuses)

@@ -1,0 +1,95 @@
+"""Each point of a load starts from the allocator's state the load left (dsexp.rank.workloads.pipeline): the cache an
+earlier point left is emptied first, the state it starts with recorded, and a point that could not start as a fresh
+process would is not the budget search's (dsexp.compose.budget.points): its batch stays open for a fresh load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from dsexp.compose.budget import points as P
+from dsexp.core.schema import JobConfig
+from dsexp.rank.workloads import pipeline
+
+MIB = 2**20
+WEIGHTS = 19_878 * MIB
+
+
+def state(allocated: int, reserved: int, segments: int) -> dict:
+    return {"allocated": allocated, "reserved": reserved, "segments": segments}
+
+
+def test_a_point_starts_as_the_load_left_it_unless_a_block_pins_a_segments_free_bytes():
+    first = state(WEIGHTS, WEIGHTS + 8 * MIB, 40)
+    # cuBLAS's 32 MiB workspace, made in the first point, in a segment of its own: as many bytes reserved as held
+    own_segment = state(WEIGHTS + 32 * MIB, WEIGHTS + 40 * MIB, 41)
+    # the same workspace carved from a 2 GiB block of the first point's: that segment stays, its free bytes cached
+    pinned = state(WEIGHTS + 32 * MIB, WEIGHTS + 8 * MIB + 2048 * MIB, 41)
+    # a few small blocks left in a small-pool segment: within one such segment of the load's state
+    small = state(WEIGHTS + 1024, WEIGHTS + 8 * MIB + 2 * MIB, 41)
+    assert pipeline.as_load(first, first)
+    assert pipeline.as_load(own_segment, first)
+    assert not pipeline.as_load(pinned, first)
+    assert pipeline.as_load(small, first)
+    assert not pipeline.as_load(state(WEIGHTS, WEIGHTS + 11 * MIB, 40), first)  # 3 MiB more cached: not the same
+
+
+def run_generate(monkeypatch, tmp_path, starts):
+    """generate() over a grid of three batches on a stand-in GPU: the allocator's start states given, each point
+    'ran'; (the order of releases and points, the points' entries)."""
+    events, states = [], iter(starts)
+    spec = JobConfig()
+    spec.generate.batch_size, spec.generate.prompt_tokens = [2, 3, 4], 64
+    ctx = SimpleNamespace(spec=spec, rank=1, world_size=2, on_gpu=True, runtime={}, job_dir=tmp_path)
+    noted = {}
+    rec = SimpleNamespace(note=lambda **kw: noted.update(kw))
+    module = SimpleNamespace(config=SimpleNamespace(vocab_size=100))
+
+    def fake_point(ctx, rec, module, point, key, text, extra, first=True):
+        events.append(("point", point.batch))
+        return {**point.to_dict(), "phase": key, "status": "ok"}, None, []
+
+    monkeypatch.setattr("dsexp.rank.generation.prompt_ids", lambda ctx, vocab: [1, 2, 3])
+    monkeypatch.setattr(pipeline, "run_point", fake_point)
+    monkeypatch.setattr(pipeline, "note_nonfinite", lambda *a, **k: None)
+    monkeypatch.setattr(pipeline, "release_memory", lambda on_gpu: events.append(("release", on_gpu)))
+    monkeypatch.setattr(pipeline, "allocator_start", lambda on_gpu: next(states))
+    pipeline.generate(ctx, rec, module, None, {})
+    return events, noted["points"]
+
+
+def test_every_point_after_the_first_starts_from_an_emptied_cache_and_says_whether_it_started_as_the_load_left_it(
+    monkeypatch, tmp_path
+):
+    first = state(WEIGHTS, WEIGHTS + 8 * MIB, 40)
+    starts = [
+        first,
+        state(WEIGHTS + 32 * MIB, WEIGHTS + 40 * MIB, 41),
+        state(WEIGHTS + 32 * MIB, WEIGHTS + 2 * 2**30, 41),
+    ]
+    events, outcomes = run_generate(monkeypatch, tmp_path, starts)
+    assert events == [("point", 2), ("release", True), ("point", 3), ("release", True), ("point", 4)]
+    assert [o["start"]["as_load"] for o in outcomes] == [True, True, False]
+    assert outcomes[1]["start"]["reserved"] == WEIGHTS + 40 * MIB
+
+
+def test_a_point_that_did_not_start_as_the_load_left_it_leaves_its_batch_open_for_a_fresh_load():
+    def entry(batch, status, as_load):
+        return {"batch": batch, "phase": f"generate[b={batch},l=64]", "status": status, "start": {"as_load": as_load}}
+
+    sim = {"budget": {"simulated_need": 700, "fits": True}}
+    res = {
+        "status": "ok",
+        "config": {"generate": {"batch_size": [9, 10, 11, 12], "bisect_from": 9}},
+        "ranks": [
+            {
+                "rank": r,
+                "points": [entry(9, "ok", True), entry(10, "ok", r == 0), entry(11, "oom", True)],
+                "phases": {f"generate[b={b},l=64]": sim for b in (9, 10)},
+            }
+            for r in (0, 1)
+        ],
+    }
+    pts, stop = P.points_of(Path("j"), res)
+    # batch 10 started on rank 1 with a segment the first point left: not counted, so 9 / 11 stays open at 10
+    assert [(p.batch, p.status) for p in pts] == [(9, "ok"), (11, "oom")] and stop is None
