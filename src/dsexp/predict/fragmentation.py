@@ -13,17 +13,27 @@ A point of dsexp's own job makes several generate calls (`point_calls`: warm-up,
 job's first point one more of one token with its logits for the correctness check), replayed in turn. Not traced:
 what the load itself allocated and freed before the weights settled (the replay places the weights in the engine's
 order), the one batch or two the loading strategies differ by under a cap (docs/FINDINGS.md 6d).
+
+A generate is traced at two batches (2 and 3) and scaled to the others: from batch 2 on it makes the same requests
+in the same order, each of a size affine in the batch (batch 1's differ: generate checks several prompts for right
+padding, so batch 1 is traced). The scaling is checked once, to the byte, against a trace at the first batch asked
+for above both; where the two batches' events differ in kind or order, or the check fails, every batch is traced.
+Traces are kept by the model's structure (`fingerprint`), not its identity: the copies of one rank model that two
+configurations trace (load=meta and eager of one tp and trim) share them; on 2 x 40 GiB at 20B shapes the 8
+configurations' replay traces 12 generates, where it traced one per batch probed in each configuration.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 from dsexp.core.bisect import OK, OOM, bracket, next_batch
 from dsexp.predict.allocator import Allocator, Replay
 from dsexp.predict.capacity import CUBLAS_WORKSPACE
-from dsexp.predict.meta_trace import generate_events
+from dsexp.predict.meta_trace import Event, generate_events
 
 
 @dataclass
@@ -79,18 +89,127 @@ def probe(
     return Probe(batch, False, free.peak_reserved, free.peak_allocated, capped.oom[1])
 
 
-_TRACES: dict = {}  # (model, batch, prompt, new, logits) -> events: both allocators replay the same generate
+BASE = 2  # the first of the two batches traced and scaled (batch 1's generate skips a check of several prompts)
+_SCALED: dict = {}  # (model's fingerprint, prompt, new, logits) -> Scaled, or None: trace every batch
+_TRACES: dict = {}  # (model's fingerprint, prompt, new, logits), batch -> events
+MEMO = 64
 
 
-def traced(model, batch: int, prompt: int, new: int, logits: bool) -> list:
-    key = (id(model), batch, prompt, new, logits)
-    if key not in _TRACES:
-        if len(_TRACES) > 64:
-            _TRACES.clear()
+@dataclass(frozen=True)
+class Scaled:
+    """A generate's events at batch `BASE`, sizes growing by `steps` per batch above it."""
+
+    events: Tuple[Event, ...]
+    steps: Tuple[int, ...]
+
+    def at(self, batch: int) -> List[Event]:
+        return [(kind, key, n + (batch - BASE) * d) for (kind, key, n), d in zip(self.events, self.steps)]
+
+
+def scaled(base: List[Event], above: List[Event]) -> Optional[Scaled]:
+    """The events of batches `BASE` and `BASE + 1` as one sequence with sizes that grow with the batch (None: their
+    kinds or keys differ, or a size shrinks)."""
+    if [e[:2] for e in base] != [e[:2] for e in above]:
+        return None
+    steps = tuple(b[2] - a[2] for a, b in zip(base, above))
+    return Scaled(tuple(base), steps) if min(steps, default=0) >= 0 else None
+
+
+def traced(model, batch: int, prompt: int, new: int, logits: bool) -> List[Event]:
+    """One generate's events at `batch` on `model`: scaled where its traces scale, else traced at that batch. Both
+    allocators and every model of the same structure (load=meta and eager of one tp and trim) replay them."""
+    key = (fingerprint(model), prompt, new, logits)
+    if batch > BASE + 1 and key not in _SCALED:
+        remember(_SCALED, key, checked_scaling(model, key, batch))
+    scaling = _SCALED.get(key) if batch >= BASE else None
+    return scaling.at(batch) if scaling is not None else trace(model, key, batch)
+
+
+def checked_scaling(model, key: tuple, batch: int) -> Optional[Scaled]:
+    """The scaling of traces at `BASE` and `BASE + 1` where it gives exactly the events traced at `batch` (the first
+    asked for above both: the batches below it are traced as asked); else None."""
+    scaling = scaled(trace(model, key, BASE), trace(model, key, BASE + 1))
+    return scaling if scaling is not None and scaling.at(batch) == trace(model, key, batch) else None
+
+
+def trace(model, key: tuple, batch: int) -> List[Event]:
+    if (key, batch) not in _TRACES:
+        _, prompt, new, logits = key
         extra = {"output_logits": True} if logits else {}
-        events = generate_events(model, batch, prompt, new, **extra)
-        _TRACES[key] = (model, events)  # the model kept with its events: its id stays its own
-    return _TRACES[key][1]
+        remember(_TRACES, (key, batch), generate_events(model, batch, prompt, new, **extra))
+    return _TRACES[(key, batch)]
+
+
+def remember(memo: dict, key, value) -> None:
+    if len(memo) >= MEMO:
+        memo.clear()
+    memo[key] = value
+
+
+def fingerprint(model) -> str:
+    """What a generate's events depend on in `model`, as a digest: its class and configs and, per module, its class,
+    tensors (shapes, strides, dtypes), plain attributes (the heads AutoTP tells it it has), hooks and a replaced
+    forward. Copies of one structure share it; an id would not outlive its model."""
+    parts = [described(type(model)), config_text(model, "config"), config_text(model, "generation_config")]
+    for name, module in model.named_modules():
+        parts.append((name, described(type(module)), tensors(module), attributes(module), hooks(module)))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def config_text(model, name: str) -> str:
+    config = getattr(model, name, None)
+    try:
+        return config.to_json_string() if config is not None else ""
+    except (TypeError, ValueError):
+        return repr(sorted(vars(config).items()))
+
+
+def tensors(module) -> list:
+    own = [*module._parameters.items(), *module._buffers.items()]
+    return [(n, tuple(t.shape), t.stride(), str(t.dtype), str(t.device)) for n, t in own if t is not None]
+
+
+def attributes(module) -> list:
+    return sorted((k, described(v)) for k, v in vars(module).items() if not k.startswith("_"))
+
+
+def hooks(module) -> list:
+    out = []
+    for kind in ("_forward_pre_hooks", "_forward_hooks"):
+        with_kwargs = getattr(module, kind + "_with_kwargs", {})
+        out.append([(described(fn), i in with_kwargs) for i, fn in getattr(module, kind, {}).items()])
+    return out
+
+
+PLAIN = (int, float, bool, str, bytes, type(None))
+
+
+def described(obj, depth: int = 0):
+    """`obj` as a fingerprint holds it: plain values and their tuples and lists as they are, a class or function by
+    its name (a closure with its cells), a bound method by its function and its object's class; anything else, or
+    nested deeper than a few levels, by its class alone (a hook's report, a module's config: state the generate does
+    not size anything by)."""
+    if isinstance(obj, PLAIN):
+        return obj
+    if isinstance(obj, type):
+        return f"{obj.__module__}.{obj.__qualname__}"
+    if depth > 4:
+        return described(type(obj))
+    if isinstance(obj, (tuple, list)):
+        return tuple(described(v, depth + 1) for v in obj)
+    if inspect.ismethod(obj):
+        return ("method", described(obj.__func__, depth + 1), described(type(obj.__self__)))
+    if inspect.isfunction(obj):
+        cells = tuple(described(cell_contents(c), depth + 1) for c in obj.__closure__ or ())
+        return ("function", obj.__module__, obj.__qualname__, cells)
+    return described(type(obj))
+
+
+def cell_contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
 
 
 def largest_batch(

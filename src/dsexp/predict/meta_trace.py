@@ -128,7 +128,8 @@ def exactly(model, steps: int) -> Iterator[None]:
 
 def generate_events(model, batch: int, prompt_tokens: int, new_tokens: int, **extra: Any):
     """The allocation events of one greedy generate of `batch` x `prompt_tokens` + `new_tokens` on a meta model
-    (`extra`: generate's other arguments, output_logits=True for one)."""
+    (`extra`: generate's other arguments, output_logits=True for one), numbered: the same generate gives the same
+    events."""
     import torch
 
     ids = torch.zeros((batch, prompt_tokens), dtype=torch.long, device="meta")
@@ -143,7 +144,18 @@ def generate_events(model, batch: int, prompt_tokens: int, new_tokens: int, **ex
             **extra,
         )
         del out
-    return rec.events
+    return numbered(rec.events)
+
+
+def numbered(events: List[Event]) -> List[Event]:
+    """The events keyed by their allocation's position among them: a storage's address is no key two traces share."""
+    at: dict = {}
+    out: List[Event] = []
+    for i, (kind, key, n) in enumerate(events):
+        if kind == "alloc":
+            at[key] = i
+        out.append((kind, i if kind == "alloc" else at.pop(key), n))
+    return out
 
 
 def live_peak(events: List[Event]) -> int:

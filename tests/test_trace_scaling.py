@@ -1,0 +1,112 @@
+"""The fragmentation replay's generate traces: traced at two batches and scaled to the others, checked against a
+third; traced at every batch where the check fails; shared by models of one structure (dsexp.predict.fragmentation)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from dsexp.predict import fragmentation
+from dsexp.predict.meta_trace import generate_events
+
+from helpers.run import ROOT
+
+TINY = yaml.safe_load((ROOT / "conf" / "model" / "tiny_llama.yaml").read_text())["dims"]
+PROMPT, NEW = 16, 4
+
+
+@pytest.fixture
+def model():
+    from dsexp.predict import architecture as arch
+
+    return copy.deepcopy(arch.meta_model({"arch": "llama", "dims": TINY}, "bf16"))
+
+
+@pytest.fixture
+def traces(monkeypatch):
+    """Empty memos, and the batches the generate is traced at, in order."""
+    monkeypatch.setattr(fragmentation, "_SCALED", {})
+    monkeypatch.setattr(fragmentation, "_TRACES", {})
+    batches = []
+
+    def tracer(model, batch, *args, **kwargs):
+        batches.append(batch)
+        return generate_events(model, batch, *args, **kwargs)
+
+    monkeypatch.setattr(fragmentation, "generate_events", tracer)
+    return batches
+
+
+def test_the_events_scaled_from_two_batches_are_the_events_traced_at_others(model, traces):
+    assert fragmentation.traced(model, 5, PROMPT, NEW, False) == generate_events(model, 5, PROMPT, NEW)
+    assert traces == [2, 3, 5]  # the two scaled, and the batch asked for checked
+    for batch in (4, 9):
+        assert fragmentation.traced(model, batch, PROMPT, NEW, False) == generate_events(model, batch, PROMPT, NEW)
+    logits = generate_events(model, 7, PROMPT, NEW, output_logits=True)
+    assert fragmentation.traced(model, 7, PROMPT, NEW, True) == logits
+    assert traces == [2, 3, 5, 2, 3, 7]  # no batch traced again; the logits call scaled on its own
+
+
+def test_batch_one_is_traced_its_generate_skips_the_padding_check_of_several_prompts(model, traces):
+    one, two = generate_events(model, 1, PROMPT, NEW), generate_events(model, 2, PROMPT, NEW)
+    assert len(one) < len(two)  # no scaling reaches it
+    assert fragmentation.traced(model, 1, PROMPT, NEW, False) == one and traces == [1]
+
+
+def test_where_the_batches_differ_in_their_events_every_batch_is_traced(model, traces, monkeypatch):
+    tracer = fragmentation.generate_events
+
+    def one_more_at_batch_2(model, batch, *args, **kwargs):
+        events = tracer(model, batch, *args, **kwargs)
+        return events + [("alloc", len(events), 512)] if batch == 2 else events
+
+    monkeypatch.setattr(fragmentation, "generate_events", one_more_at_batch_2)
+    assert fragmentation.traced(model, 6, PROMPT, NEW, False) == generate_events(model, 6, PROMPT, NEW)
+    assert fragmentation.traced(model, 8, PROMPT, NEW, False) == generate_events(model, 8, PROMPT, NEW)
+    assert traces == [2, 3, 6, 8]
+
+
+def test_where_a_size_is_not_affine_in_the_batch_the_third_batch_finds_it_and_every_batch_is_traced(
+    model, traces, monkeypatch
+):
+    tracer = fragmentation.generate_events
+
+    def squared(model, batch, *args, **kwargs):
+        (kind, key, n), *rest = tracer(model, batch, *args, **kwargs)
+        return [(kind, key, n + batch * batch), *rest]
+
+    monkeypatch.setattr(fragmentation, "generate_events", squared)
+    events = fragmentation.traced(model, 4, PROMPT, NEW, False)
+    assert events[0][2] == generate_events(model, 4, PROMPT, NEW)[0][2] + 16  # traced, not scaled (scaled: 14)
+    fragmentation.traced(model, 9, PROMPT, NEW, False)
+    assert traces == [2, 3, 4, 9]
+
+
+def test_models_of_one_structure_share_a_trace_and_a_changed_one_does_not(model, traces):
+    twin = copy.deepcopy(model)
+    assert fragmentation.traced(model, 4, PROMPT, NEW, False) == fragmentation.traced(twin, 4, PROMPT, NEW, False)
+    assert traces == [2, 3, 4]
+    twin.model.layers[0].self_attn.num_key_value_groups = 1  # as AutoTP tells a module its heads: a new trace
+    fragmentation.traced(twin, 4, PROMPT, NEW, False)
+    hooked = copy.deepcopy(model)
+    hooked.lm_head.register_forward_pre_hook(lambda head, args: None)
+    fragmentation.traced(hooked, 4, PROMPT, NEW, False)
+    assert traces == [2, 3, 4] * 3
+
+
+@pytest.mark.parametrize("expandable", [False, True])
+def test_the_largest_batch_and_its_probes_are_those_of_a_trace_per_batch(traces, monkeypatch, expandable):
+    """Logits of 1 MiB a row and prompt: large blocks, so that the cap (60 MiB, 34 of them the weights and cuBLAS's
+    workspace) finds a batch past several probes."""
+    from dsexp.predict import architecture as arch
+
+    model = arch.meta_model({"arch": "llama", "dims": {**TINY, "vocab_size": 8192}}, "bf16")
+    weights, calls = fragmentation.apply_order(model), fragmentation.point_calls(NEW, logits=True)
+    search = (model, weights, 64, calls, 60 * 2**20, 12, expandable)
+    scaled = fragmentation.largest_batch(*search)
+    assert len(scaled[1]) > 5 and traces == [2, 3, 12] * 2  # per call: the two scaled, the first asked checked
+    monkeypatch.setattr(fragmentation, "checked_scaling", lambda *args: None)
+    monkeypatch.setattr(fragmentation, "_SCALED", {})
+    assert fragmentation.largest_batch(*search) == scaled
