@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -177,6 +178,8 @@ def test_a_search_the_model_gets_wrong_bisects_to_a_one_step_bracket_and_resumes
                 proc.kill()
     first = (sweep / "0" / "result.json").read_text()
     before = read_state(sweep)
+    # the job Ctrl-C ended in its launch is the search's too: budget.json lists every job folder with a result
+    assert {Path(j["dir"]).name for j in before["jobs"]} == {p.parent.name for p in sweep.glob("*/result.json")}
     proc = run_dsexp(args, tmp_path, cache_dir)
     out = proc.stdout
     assert "dsexp budget: resumed from" in out and before["runs"] >= 1

@@ -216,8 +216,15 @@ class BudgetSearch:
                 returns.append(results)
                 self.save()
         finally:
+            self.absorb_unrecorded()
             self.save(final=True)
         return returns
+
+    def absorb_unrecorded(self) -> None:
+        """The jobs of this sweep whose results are not yet the search's: the one a stop (Ctrl-C, a time limit)
+        interrupted in its launch wrote its result as it ended, so that budget.json lists every job folder."""
+        for job_dir, result in measured.sweep_results(self.sweep_dir):
+            self.absorb(job_dir, result)  # a job already the search's is left as it is
 
     def job_dir(self, ret: Any, num: int) -> Path:
         """Where a launched job wrote its result: its Hydra output folder (the basic and submitit launchers give the
