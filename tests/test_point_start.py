@@ -73,13 +73,22 @@ def test_every_point_after_the_first_starts_from_an_emptied_cache_and_says_wheth
     assert outcomes[1]["start"]["reserved"] == WEIGHTS + 40 * MIB
 
 
-def test_a_point_that_did_not_start_as_the_load_left_it_leaves_its_batch_open_for_a_fresh_load():
-    def entry(batch, status, as_load):
-        return {"batch": batch, "phase": f"generate[b={batch},l=64]", "status": status, "start": {"as_load": as_load}}
+def entry(batch, status, as_load):
+    start = state(WEIGHTS, WEIGHTS + (8 if as_load else 2056) * MIB, 40)
+    return {
+        "batch": batch,
+        "phase": f"generate[b={batch},l=64]",
+        "status": status,
+        "start": {**start, "as_load": as_load},
+    }
 
+
+def searched_result():
+    """A one-load job of two ranks: 9 ran, 10 ran (rank 1 started it with a segment batch 9 left), 11 ran out."""
     sim = {"budget": {"simulated_need": 700, "fits": True}}
-    res = {
+    return {
         "status": "ok",
+        "job_dir": "j",
         "config": {"generate": {"batch_size": [9, 10, 11, 12], "bisect_from": 9}},
         "ranks": [
             {
@@ -90,6 +99,24 @@ def test_a_point_that_did_not_start_as_the_load_left_it_leaves_its_batch_open_fo
             for r in (0, 1)
         ],
     }
-    pts, stop = P.points_of(Path("j"), res)
+
+
+def test_a_point_that_did_not_start_as_the_load_left_it_leaves_its_batch_open_for_a_fresh_load():
+    pts, stop = P.points_of(Path("j"), searched_result())
     # batch 10 started on rank 1 with a segment the first point left: not counted, so 9 / 11 stays open at 10
     assert [(p.batch, p.status) for p in pts] == [(9, "ok"), (11, "oom")] and stop is None
+    assert P.not_as_load(searched_result()) == {10: 2056 * MIB}
+
+
+def test_the_search_says_which_batch_it_did_not_count_and_lists_it_with_its_job(capsys):
+    from dsexp.compose.budget import search as S
+    from dsexp.compose.budget.sweeper import BudgetSearch
+
+    result = searched_result()
+    bs = object.__new__(BudgetSearch)  # the search's state alone: no sweeper, no launcher
+    bs.identity, bs.jobs = {"tp=2": P.identity(result["config"])}, []
+    bs.state = S.State(40 * 2**30, [9, 10, 11, 12], [S.Config("tp=2", {}, [0] * 4, 2, one_load=True)])
+    bs.absorb(Path("j"), result)
+    (c,) = bs.state.configs
+    assert [p.batch for p in c.points] == [9, 11] and bs.jobs[0]["not_counted"] == [10]
+    assert "tp=2: batch 10 of job j started with 2056 MiB in cached blocks" in capsys.readouterr().out

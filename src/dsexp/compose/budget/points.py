@@ -24,7 +24,7 @@ from dsexp.compose.budget.search import FAILED, OK, OOM, Point
 from dsexp.core.fs import read_json
 from dsexp.core.result import JobRecord
 
-__all__ = ["host_need", "points_of", "identity", "job_batches", "sweep_results", "read_json", "wall_s"]
+__all__ = ["host_need", "points_of", "not_as_load", "identity", "job_batches", "sweep_results", "read_json", "wall_s"]
 
 GIB = 2**30
 RESULT = "result.json"
@@ -157,7 +157,7 @@ def measured_points(job_dir: Path, result: Dict[str, Any], rec: JobRecord, batch
         statuses = {e.get("status") for e in entries}
         if point_phase(result, b) is None:  # not run, or skipped: a smaller batch ran out of memory
             continue
-        if any((e.get("start") or {}).get("as_load") is False for e in entries):
+        if b in not_as_load(result):
             continue  # it did not start as a fresh process would (dsexp.rank.workloads.pipeline.as_load): run again
         if "oom" in statuses:
             points.append(Point(b, OOM, job=str(job_dir)))
@@ -165,3 +165,17 @@ def measured_points(job_dir: Path, result: Dict[str, Any], rec: JobRecord, batch
             needs = [n for n in device_per_rank(result, b) if n is not None]
             points.append(Point(b, OK, max(needs) if needs else None, job=str(job_dir)))
     return points
+
+
+def not_as_load(result: Dict[str, Any]) -> Dict[int, int]:
+    """batch -> the cached bytes (reserved, unallocated) it started with, on the rank with most, for each point of
+    the job that some rank did not start with the allocator's state the load left: points the search does not
+    count."""
+    out: Dict[int, int] = {}
+    for rank in result.get("ranks") or []:
+        for e in rank.get("points") or []:
+            start = e.get("start") or {}
+            if start.get("as_load") is False:
+                cached = int(start.get("reserved", 0)) - int(start.get("allocated", 0))
+                out[int(e["batch"])] = max(out.get(int(e["batch"]), 0), cached)
+    return out

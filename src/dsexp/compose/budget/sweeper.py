@@ -161,16 +161,22 @@ class BudgetSearch:
         over = self._over_host(result)
         if over and not c.failed:
             c.failed = over
-        self.jobs.append(
-            {
-                "dir": str(job_dir),
-                "config": key,
-                "batches": [p.batch for p in points if p.status != search.FAILED]
-                or measured.job_batches(result["config"]),
-                "searched_from": ((result.get("config") or {}).get("generate") or {}).get("bisect_from"),
-                "wall_s": measured.wall_s(result),
-            }
-        )
+        entry = {
+            "dir": str(job_dir),
+            "config": key,
+            "batches": [p.batch for p in points if p.status != search.FAILED] or measured.job_batches(result["config"]),
+            "searched_from": ((result.get("config") or {}).get("generate") or {}).get("bisect_from"),
+            "wall_s": measured.wall_s(result),
+        }
+        uncounted = measured.not_as_load(result)
+        if uncounted:
+            entry["not_counted"] = sorted(uncounted)
+            for batch, cached in sorted(uncounted.items()):
+                print(
+                    f"dsexp budget: {key}: batch {batch} of job {job_dir.name} started with {cached / 2**20:.0f} MiB "
+                    "in cached blocks, more than the load left: not counted, searched again in a fresh load"
+                )
+        self.jobs.append(entry)
 
     def _over_host(self, result: Dict[str, Any]) -> Optional[str]:
         host = measured.host_need(result)
