@@ -730,6 +730,18 @@ def test_the_h200_answers_a_settled_search_plainly(tmp_path, capsys):
     assert "not by speed: the ranks shared one GPU over gloo" in text
 
 
+def test_an_answer_found_after_another_point_of_its_load_says_what_a_fresh_first_call_may_add(tmp_path, capsys):
+    """2 x 40 GiB on the H200 (gpu40_one_load): the answer, eager trimmed with expandable segments at 15, ran after 16
+    ran out of memory in the same load; llama_20b_shapes at tp=1 under 48 GiB (H100): its answer, 15 with expandable
+    segments, was its load's first point."""
+    from helpers.run import ROOT
+
+    text = budget_section(capsys, ROOT / "results/h200/budget/gpu40_one_load", "--out", tmp_path / "a")
+    assert "- Batch 15 ran after batch 16 in the same load, its allocator state at the start not recorded" in text
+    text = budget_section(capsys, ROOT / "results/h200/budget/llama48_tp1", "--out", tmp_path / "b")
+    assert "at batch **15**" in text and "in the same load" not in text
+
+
 def test_the_h200_at_40_gib_answers_over_every_load_once_settled(tmp_path, capsys):
     """The H200 at 40 GiB (results/h200/budget/gpu40): searched with load=meta, then resumed twice with the other load
     strategies until every configuration was bracketed. The new configurations began at the meta ones' measured gaps

@@ -120,3 +120,18 @@ def test_the_search_says_which_batch_it_did_not_count_and_lists_it_with_its_job(
     (c,) = bs.state.configs
     assert [p.batch for p in c.points] == [9, 11] and bs.jobs[0]["not_counted"] == [10]
     assert "tp=2: batch 10 of job j started with 2056 MiB in cached blocks" in capsys.readouterr().out
+
+
+def test_an_answer_run_after_another_point_says_how_it_started_and_what_a_fresh_first_call_may_add():
+    from dsexp.analysis import budget_runs as B
+    from dsexp.analysis.sections.budget_answer import _in_load
+
+    result = searched_result()
+    assert (B.ran_before(result, 9), B.ran_before(result, 10)) == (None, 9)
+    assert (B.started_as_load(result, 9), B.started_as_load(result, 10)) == (True, False)  # rank 1 did not
+    del result["ranks"][1]["points"][0]["start"]
+    assert B.started_as_load(result, 9) is None  # not recorded on every rank
+    answer = B.Candidate("tp=2", 2, 10, None, None, [1], None, "0", after=9, as_load=True)
+    (line,) = _in_load(answer)
+    assert line.startswith("Batch 10 ran after batch 9 in the same load, from the allocator's state the load left")
+    assert _in_load(B.Candidate("tp=2", 2, 9, None, None, [1], None, "0")) == []

@@ -175,6 +175,8 @@ class Candidate:
     entry: Dict[str, Any] = field(default_factory=dict)
     shared_gpu: bool = False  # its ranks shared one GPU over gloo: its times are gloo's
     nvml: List[Optional[int]] = field(default_factory=list)  # NVML's process figure per rank, beside `device`
+    after: Optional[int] = None  # the batch its job ran just before it in the same load (None: the load's first)
+    as_load: Optional[bool] = None  # whether it started with the load's allocator state (None: not recorded)
 
 
 def candidates(search: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> List[Candidate]:
@@ -203,10 +205,34 @@ def candidates(search: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> Li
                 c,
                 bool((res.get("runtime") or {}).get("shared_gpu")),
                 nvml_per_rank(res, b),
+                ran_before(res, b),
+                started_as_load(res, b),
             )
         )
     out.sort(key=by_speed if not any(x.shared_gpu for x in out) else by_batch)
     return out
+
+
+def ran_before(result: Dict[str, Any], batch: int) -> Optional[int]:
+    """The batch the job's first rank ran (or ran out of memory at) just before `batch` in its load; None where
+    `batch` was its first."""
+    ran = [
+        e["batch"] for e in ((result.get("ranks") or [{}])[0].get("points") or []) if e.get("status") in ("ok", "oom")
+    ]
+    i = ran.index(batch) if batch in ran else 0
+    return ran[i - 1] if i > 0 else None
+
+
+def started_as_load(result: Dict[str, Any], batch: int) -> Optional[bool]:
+    """Whether every rank started `batch` with the allocator's state the load left (its point's `start`); None where
+    a rank did not record it (a CPU run, or a job from before the records had it)."""
+    starts = [
+        (e.get("start") or {}).get("as_load")
+        for rank in result.get("ranks") or []
+        for e in rank.get("points") or []
+        if e.get("batch") == batch and e.get("status") == "ok"
+    ]
+    return None if not starts or None in starts else all(starts)
 
 
 def by_speed(c: Candidate):
