@@ -46,7 +46,8 @@ OUT = ROOT / "results" / "cpu" / "search_cost"
 GIB = 2**30
 SEARCHES = ("gpu24", "gpu24_loads_tp2", "gpu24_loads_tp4", "gpu40", "gpu40_expandable")
 # each one-load search (campaign budget) -> the committed searches, a load per guess, of the same budget
-ONE_LOAD = {"gpu40_one_load": ("gpu40",), "gpu24_one_load": ("gpu24", "gpu24_loads_tp2", "gpu24_loads_tp4"),
+ONE_LOAD = {"gpu40_one_load": ("gpu40",), "gpu40_from_load": ("gpu40",),
+            "gpu24_one_load": ("gpu24", "gpu24_loads_tp2", "gpu24_loads_tp4"),
             # llama_20b_shapes: no budget search before (tp=1 at 48 GiB was probed by hand, results/h200/fragmentation)
             "llama48_tp1": (), "llama24_tp2": ()}  # fmt: skip
 # a step run only as the fresh-process reference for a one-load search's point after an out-of-memory one

@@ -129,7 +129,7 @@ def test_a_different_answer_is_shown_with_both_brackets(search_cost, tmp_path):
 def test_before_the_h200_ran_it_the_report_says_it_was_not_measured(search_cost):
     assert search_cost.measured_rows("gpu40_one_load", ("gpu40",)) == []
     text = search_cost.render_measured([])
-    assert "Not measured yet: no gpu40_one_load or gpu24_one_load or llama48_tp1" in text
+    assert "Not measured yet: no gpu40_one_load or gpu40_from_load or gpu24_one_load" in text
     assert "<!-- section: measured -->" in text
 
 
