@@ -85,12 +85,12 @@ class LauncherConfig:
 
 @dataclass
 class GenerateConfig:
-    """The workload's shape. batch_size and prompt_tokens are each an int or a list: a list is a grid run inside one
-    job (the model loads once; each point its own phase, dsexp.core.workload). prompt_tokens null: the prompt text
-    as the model's tokenizer cuts it; N: a prompt of exactly N tokens (the text's ids repeated), the same on every
-    rank and in the tp=1 reference. Each point: `warmup` untimed generate calls, then `repeats` timed ones of
-    `new_tokens` tokens (each stamped at its first token), and at the grid's first point one prefill (generate with
-    one new token) for the logits."""
+    """The workload's shape. batch_size and prompt_tokens are each an int or a list: a list is a grid run inside one job
+    (the model loads once; each point its own phase, dsexp.core.workload, started from an emptied cache). prompt_tokens
+    null: the prompt text as the model's tokenizer cuts it; N: a prompt of exactly N tokens (the text's ids repeated),
+    the same on every rank and in the tp=1 reference. Each point: `warmup` untimed generate calls, then `repeats` timed
+    ones of `new_tokens` tokens (each stamped at its first token), and at the grid's first point one prefill (generate
+    with one new token) for the logits."""
 
     prompt: str = "what is deepspeed?"
     new_tokens: int = 16
