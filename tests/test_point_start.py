@@ -135,3 +135,16 @@ def test_an_answer_run_after_another_point_says_how_it_started_and_what_a_fresh_
     (line,) = _in_load(answer)
     assert line.startswith("Batch 10 ran after batch 9 in the same load, from the allocator's state the load left")
     assert _in_load(B.Candidate("tp=2", 2, 9, None, None, [1], None, "0")) == []
+
+
+def test_the_batch_left_open_is_the_next_loads_first_point_a_fresh_process():
+    """After 9 ran and 11 ran out of memory (10 not counted), the configuration's next job searches batch 10 alone,
+    from 10: its load's first point, as a fresh process runs it."""
+    from dsexp.compose.budget import search as S
+
+    result = searched_result()
+    needs = [30 * 2**30] * 4  # the model says every batch fits: the open batch decides
+    c = S.Config("tp=2", {}, needs, 2, one_load=True)
+    c.points, _ = P.points_of(Path("j"), result)
+    job = S.next_job(c, S.State(40 * 2**30, [9, 10, 11, 12], [c]))
+    assert (job.batches, job.start) == ([10], 10)
