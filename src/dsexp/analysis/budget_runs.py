@@ -216,9 +216,9 @@ def candidates(search: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> Li
 def ran_before(result: Dict[str, Any], batch: int) -> Optional[int]:
     """The batch the job's first rank ran (or ran out of memory at) just before `batch` in its load; None where
     `batch` was its first."""
-    ran = [
-        e["batch"] for e in ((result.get("ranks") or [{}])[0].get("points") or []) if e.get("status") in ("ok", "oom")
-    ]
+    ranks = JobRecord.of(result).ranks
+    entries = (ranks[0].raw.get("points") or []) if ranks else []
+    ran = [e["batch"] for e in entries if e.get("status") in ("ok", "oom")]
     i = ran.index(batch) if batch in ran else 0
     return ran[i - 1] if i > 0 else None
 
@@ -228,8 +228,8 @@ def started_as_load(result: Dict[str, Any], batch: int) -> Optional[bool]:
     a rank did not record it (a CPU run, or a job from before the records had it)."""
     starts = [
         (e.get("start") or {}).get("as_load")
-        for rank in result.get("ranks") or []
-        for e in rank.get("points") or []
+        for rank in JobRecord.of(result).ranks
+        for e in rank.raw.get("points") or []
         if e.get("batch") == batch and e.get("status") == "ok"
     ]
     return None if not starts or None in starts else all(starts)
