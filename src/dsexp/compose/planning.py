@@ -46,7 +46,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--replay",
         action="store_true",
         help="with a GPU size: also replay each point's generate calls through the caching allocator "
-        "(fragmentation; tp=1, or AutoTP without kernel injection; seconds per batch at 20B shapes)",
+        "(fragmentation; tp=1, or AutoTP without kernel injection; at 20B shapes a few generates traced on the meta "
+        "device, seconds each, shared by the configurations of one rank model)",
     )
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m dsexp")
     return p.parse_args(list(argv))
