@@ -223,16 +223,33 @@ def ran_before(result: Dict[str, Any], batch: int) -> Optional[int]:
     return ran[i - 1] if i > 0 else None
 
 
+def point_starts(result: Dict[str, Any]) -> Dict[int, List[Dict[str, Any]]]:
+    """batch -> each rank's `start` of its point there (the allocator's state the point started with,
+    dsexp.rank.workloads.pipeline; {} where a rank recorded none), for the points that ran or ran out of memory."""
+    out: Dict[int, List[Dict[str, Any]]] = {}
+    for rank in JobRecord.of(result).ranks:
+        for e in rank.raw.get("points") or []:
+            if e.get("status") in ("ok", "oom"):
+                out.setdefault(int(e["batch"]), []).append(e.get("start") or {})
+    return out
+
+
 def started_as_load(result: Dict[str, Any], batch: int) -> Optional[bool]:
-    """Whether every rank started `batch` with the allocator's state the load left (its point's `start`); None where
-    a rank did not record it (a CPU run, or a job from before the records had it)."""
-    starts = [
-        (e.get("start") or {}).get("as_load")
-        for rank in JobRecord.of(result).ranks
-        for e in rank.raw.get("points") or []
-        if e.get("batch") == batch and e.get("status") == "ok"
-    ]
-    return None if not starts or None in starts else all(starts)
+    """Whether every rank started `batch` with the allocator's state the load left; None where a rank did not record
+    it (a CPU run, or a job from before the records had it)."""
+    flags = [s.get("as_load") for s in point_starts(result).get(batch, [])]
+    return None if not flags or None in flags else all(flags)
+
+
+def not_as_load(result: Dict[str, Any]) -> Dict[int, int]:
+    """batch -> the cached bytes (reserved, unallocated) it started with, on the rank with most, for each point of
+    the job that some rank did not start with the allocator's state the load left: points the search does not
+    count."""
+    return {
+        b: max(s["reserved"] - s["allocated"] for s in starts if s.get("as_load") is False)
+        for b, starts in point_starts(result).items()
+        if any(s.get("as_load") is False for s in starts)
+    }
 
 
 def by_speed(c: Candidate):

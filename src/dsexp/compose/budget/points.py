@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from dsexp.analysis.budget_runs import device_per_rank, host_need, point_phase
+from dsexp.analysis.budget_runs import device_per_rank, host_need, not_as_load, point_phase
 from dsexp.compose.budget.search import FAILED, OK, OOM, Point
 from dsexp.core.fs import read_json
 from dsexp.core.result import JobRecord
@@ -151,13 +151,12 @@ def searched_in_load(result: Dict[str, Any]) -> bool:
 
 def measured_points(job_dir: Path, result: Dict[str, Any], rec: JobRecord, batches: List[int]) -> List[Point]:
     """The batches the job's ranks ran (ok, with the busiest rank's device need) or ran out of memory at."""
-    points = []
+    points, uncounted = [], not_as_load(result)
     for b in batches:
-        entries = [e for rk in rec.ranks for e in rk.raw.get("points") or [] if e.get("batch") == b]
-        statuses = {e.get("status") for e in entries}
+        statuses = {e.get("status") for rk in rec.ranks for e in rk.raw.get("points") or [] if e.get("batch") == b}
         if point_phase(result, b) is None:  # not run, or skipped: a smaller batch ran out of memory
             continue
-        if b in not_as_load(result):
+        if b in uncounted:
             continue  # it did not start as a fresh process would (dsexp.rank.workloads.pipeline.as_load): run again
         if "oom" in statuses:
             points.append(Point(b, OOM, job=str(job_dir)))
@@ -165,17 +164,3 @@ def measured_points(job_dir: Path, result: Dict[str, Any], rec: JobRecord, batch
             needs = [n for n in device_per_rank(result, b) if n is not None]
             points.append(Point(b, OK, max(needs) if needs else None, job=str(job_dir)))
     return points
-
-
-def not_as_load(result: Dict[str, Any]) -> Dict[int, int]:
-    """batch -> the cached bytes (reserved, unallocated) it started with, on the rank with most, for each point of
-    the job that some rank did not start with the allocator's state the load left: points the search does not
-    count."""
-    out: Dict[int, int] = {}
-    for rank in result.get("ranks") or []:
-        for e in rank.get("points") or []:
-            start = e.get("start") or {}
-            if start.get("as_load") is False:
-                cached = int(start.get("reserved", 0)) - int(start.get("allocated", 0))
-                out[int(e["batch"])] = max(out.get(int(e["batch"]), 0), cached)
-    return out
