@@ -73,15 +73,24 @@ def point_calls(new: int, warmup: int = 0, repeats: int = 1, logits: bool = Fals
 
 
 def probe(
-    model, weights: List[int], batch: int, prompt: int, calls: Sequence[Call], cap: int, expandable: bool = False
+    model,
+    weights: List[int],
+    batch: int,
+    prompt: int,
+    calls: Sequence[Call],
+    cap: int,
+    expandable: bool = False,
+    structure: Optional[str] = None,
 ) -> Probe:
     """Replay the weights, cuBLAS's workspace, then one point's generate calls at `batch` x `prompt`, under `cap`.
     The workspace is held before the generate's first request: so the H200 reserved, to the byte, at batches 13 and
     14 in a process that had run smaller batches and at 14 in a fresh one (results/h200/fragmentation); taken at the
-    first product instead, it splits a freed activation's block and the replay reserves 1.1 GiB less."""
+    first product instead, it splits a freed activation's block and the replay reserves 1.1 GiB less. `structure`:
+    the model's fingerprint where the caller has it (a search probes one model many times)."""
+    structure = structure or fingerprint(model)
     events = [("alloc", ("w", i), n) for i, n in enumerate(weights)] + [("alloc", "cublas", CUBLAS_WORKSPACE)]
     for i, (new, logits) in enumerate(calls):
-        events += [(kind, (i, key), n) for kind, key, n in traced(model, batch, prompt, new, logits)]
+        events += [(kind, (i, key), n) for kind, key, n in traced(model, batch, prompt, new, logits, structure)]
     capped: Replay = Allocator(cap, expandable).run(events)
     if capped.oom is None:
         return Probe(batch, True, capped.peak_reserved, capped.peak_allocated)
@@ -115,10 +124,10 @@ def scaled(base: List[Event], above: List[Event]) -> Optional[Scaled]:
     return Scaled(tuple(base), steps) if min(steps, default=0) >= 0 else None
 
 
-def traced(model, batch: int, prompt: int, new: int, logits: bool) -> List[Event]:
+def traced(model, batch: int, prompt: int, new: int, logits: bool, structure: Optional[str] = None) -> List[Event]:
     """One generate's events at `batch` on `model`: scaled where its traces scale, else traced at that batch. Both
     allocators and every model of the same structure (load=meta and eager of one tp and trim) replay them."""
-    key = (fingerprint(model), prompt, new, logits)
+    key = (structure or fingerprint(model), prompt, new, logits)
     if batch > BASE + 1 and key not in _SCALED:
         remember(_SCALED, key, checked_scaling(model, key, batch))
     scaling = _SCALED.get(key) if batch >= BASE else None
@@ -225,11 +234,11 @@ def largest_batch(
     """The largest batch whose replay fits `cap` (0: none), searched from `start` (the allocated bytes' answer:
     fragmentation only lowers it, mostly by a batch or two) as a job searches its batches (dsexp.core.bisect): `start`,
     the batch above, the batches below one by one, then bisection; (batch, the probes made)."""
-    batches, outcomes = list(range(1, top + 1)), {}
+    batches, outcomes, structure = list(range(1, top + 1)), {}, fingerprint(model)
     probes: List[Probe] = []
     b = next_batch(batches, max(1, min(start, top)), outcomes)
     while b is not None:
-        probes.append(probe(model, weights, b, prompt, calls, cap, expandable))
+        probes.append(probe(model, weights, b, prompt, calls, cap, expandable, structure))
         outcomes[b] = OK if probes[-1].fits else OOM
         b = next_batch(batches, start, outcomes)
     lo, _ = bracket(batches, outcomes)
