@@ -175,3 +175,7 @@ def test_replay_gives_the_allocators_answer_beside_the_allocated_bytes_one_where
     assert one["expandable_segments"]["batch"] > 0  # (20 MiB pages: at a 72 MiB cap not always more)
     assert "kernel injection" in by_kernels["engine.kernel_inject=true"]["replayed"]["not_replayed"]
     assert "replayed through the caching allocator" in text
+    import transformers
+
+    assert one["traced_with"] == f"transformers {transformers.__version__}"  # the trace depends on it
+    assert f"(generate traced with transformers {transformers.__version__})" in text

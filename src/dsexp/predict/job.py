@@ -311,7 +311,11 @@ def replayed(pred: Prediction, config: Mapping[str, Any], rules: Rules, prompt: 
     weights = (order(pred.placements, 0, pred.strategy) if order else None) or fragmentation.apply_order(model)
     gen = config.get("generate") or {}
     calls = fragmentation.point_calls(new, int(gen.get("warmup") or 0), int(gen.get("repeats") or 1), logits=True)
-    out: Dict[str, Any] = {}
+    import transformers
+
+    # the trace is transformers' own generate: its tensors' lifetimes, so the frees the replay sees, change between
+    # versions (docs/FINDINGS.md 6e: 5.17 and 5.24 one batch apart at 4 x 19 GiB)
+    out: Dict[str, Any] = {"traced_with": f"transformers {transformers.__version__}"}
     for name, expandable in (("default", False), ("expandable_segments", True)):
         batch, probes = fragmentation.largest_batch(
             ranked, weights, prompt, calls, cap_bytes, fit["largest_batch"], expandable
