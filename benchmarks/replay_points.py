@@ -43,17 +43,13 @@ def measured_points(result: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 def replay_job(config: Dict[str, Any], points: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     from dsexp.engines.placement import RULES
-    from dsexp.predict import architecture as arch
     from dsexp.predict import fragmentation
-    from dsexp.predict.job import Facts, outside, predict
+    from dsexp.predict.job import Facts, outside, predict, replay_model
 
     pred = predict(config, RULES, Facts(device="cuda"))
-    model = arch.meta_model(arch.model_source(dict(config), None), pred.strategy.dtype)
-    ranked, why = RULES.rank_model(model, pred.strategy, pred.placements, 0, pred.tp)
+    ranked, weights, why = replay_model(pred, config, RULES)
     if ranked is None:
         raise SystemExit(f"not replayed: {why}")
-    order = RULES.allocation_order(pred.strategy.engine)
-    weights = (order(pred.placements, 0, pred.strategy) if order else None) or fragmentation.apply_order(model)
     held = sum(outside(config, pred.strategy, pred.tp, RULES).values())
     cap = int(config["budget"]["gpu_gib"] * GIB) - held
     g = config["generate"]

@@ -294,6 +294,20 @@ def plan_entry(
     return result
 
 
+def replay_model(pred: Prediction, config: Mapping[str, Any], rules: Rules):
+    """What the replay runs on: rank 0's model as that rank holds it (built on the meta device) and its weights'
+    allocations in the order they are made; (None, None, why) where the rank model cannot be traced."""
+    from dsexp.predict import fragmentation
+
+    model = arch.meta_model(arch.model_source(dict(config), None), pred.strategy.dtype)
+    ranked, why = rules.rank_model(model, pred.strategy, pred.placements, 0, pred.tp)
+    if ranked is None:
+        return None, None, why
+    order = rules.allocation_order(pred.strategy.engine)
+    weights = (order(pred.placements, 0, pred.strategy) if order else None) or fragmentation.apply_order(model)
+    return ranked, weights, why
+
+
 def replayed(pred: Prediction, config: Mapping[str, Any], rules: Rules, prompt: int, new: int, cap_bytes: int,
              fit: Dict[str, Any]) -> Dict[str, Any]:  # fmt: skip
     """The largest batch whose point (its generate calls, traced on the meta device as the busiest rank holds the
@@ -303,12 +317,9 @@ def replayed(pred: Prediction, config: Mapping[str, Any], rules: Rules, prompt: 
 
     if not str(pred.strategy.device).startswith("cuda"):
         return {"not_replayed": "a CPU run has no caching allocator"}
-    model = arch.meta_model(arch.model_source(dict(config), None), pred.strategy.dtype)
-    ranked, why = rules.rank_model(model, pred.strategy, pred.placements, 0, pred.tp)
+    ranked, weights, why = replay_model(pred, config, rules)
     if ranked is None or not fit["largest_batch"]:
         return {"not_replayed": why or "not even batch 1 fits the allocated bytes"}
-    order = rules.allocation_order(pred.strategy.engine)
-    weights = (order(pred.placements, 0, pred.strategy) if order else None) or fragmentation.apply_order(model)
     gen = config.get("generate") or {}
     calls = fragmentation.point_calls(new, int(gen.get("warmup") or 0), int(gen.get("repeats") or 1), logits=True)
     import transformers
