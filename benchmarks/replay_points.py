@@ -3,15 +3,16 @@
     make benchmark NAME=replay_points ARGS="results/h200/budget/gpu19_tp4_one_load"
 
 A load's first point also makes the correctness check's logits call (dsexp.rank.workloads.pipeline.wants_logits: the
-points before the first that ran); the points after it make the generate calls alone. The search's guess replays the
-first point's calls; this replays every measured point with its own (the busiest rank's model as dsexp.predict.job
-traces it, under the cap the job ran with, with the allocator setting it ran) and sets its reserved peak beside the
-rank's own (rank 0's `gpu_reserved_peak` in the point's phase). The trace is transformers' generate on the meta
-device, so it depends on the transformers installed here: the table names it. Writes
+points before the first that ran), at the point's batch in the jobs committed before that call ran the first sequence
+alone (their records say nothing of it), at the batch the point records (`logits_call`) since; the points after it make
+the generate calls alone. This replays every measured point with its own calls (the busiest rank's model as
+dsexp.predict.job traces it, under the cap the job ran with, with the allocator setting it ran) and sets its reserved
+peak beside the rank's own (rank 0's `gpu_reserved_peak` in the point's phase). The trace is transformers' generate on
+the meta device, so it depends on the transformers installed here: the table names it. Writes
 results/cpu/replay_points_<folder>_tf<version>.{json,md}. Another transformers without another environment: install it
 into a folder put first on the path, e.g. `pip install --no-deps --target /tmp/tf517 transformers==5.17.0
-"huggingface-hub>=1.5,<2"` and `pip install --target /tmp/tf517 httpx`, then `PYTHONPATH=/tmp/tf517` (how the
-5.17.0 tables were made: the version on the GPU machines' image).
+"huggingface-hub>=1.5,<2"` and `pip install --target /tmp/tf517 httpx`, then `PYTHONPATH=/tmp/tf517` (how the 5.17.0
+tables were made: the version on the GPU machines' image).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def measured_points(result: Dict[str, Any]) -> List[Dict[str, Any]]:
         if e.get("status") not in ("ok", "oom"):
             continue
         gpu = (phases.get(e["phase"]) or {}).get("gpu") or {}
-        out.append({"batch": e["batch"], "status": e["status"], "logits": not ran, "oom_ranks": e.get("oom_ranks"),
-                    "reserved_peak": gpu.get("gpu_reserved_peak")})  # fmt: skip
+        call = ((phases.get(e["phase"]) or {}).get("point") or {}).get("logits_call") or {}
+        out.append({"batch": e["batch"], "status": e["status"], "logits": not ran, "logits_batch": call.get("batch"),
+                    "oom_ranks": e.get("oom_ranks"), "reserved_peak": gpu.get("gpu_reserved_peak")})  # fmt: skip
         ran = ran or e["status"] == "ok"
     return out
 
@@ -56,11 +58,18 @@ def replay_job(config: Dict[str, Any], points: List[Dict[str, Any]]) -> List[Dic
     prompt, new = int(g["prompt_tokens"]), int(g["new_tokens"])
     rows = []
     for p in points:
-        calls = fragmentation.point_calls(new, int(g.get("warmup") or 0), int(g.get("repeats") or 1), p["logits"])
+        calls = fragmentation.point_calls(new, int(g.get("warmup") or 0), int(g.get("repeats") or 1), p["logits"],
+                                          p["logits_batch"])  # fmt: skip
         probe = fragmentation.probe(ranked, weights, p["batch"], prompt, calls, cap, pred.strategy.expandable_segments)
         rows.append({**p, "replay_fits": probe.fits, "replay_reserved_peak": probe.peak_reserved,
                      "replay_allocated_peak": probe.peak_allocated})  # fmt: skip
     return rows
+
+
+def logits_cell(point: Dict[str, Any]) -> str:
+    if not point["logits"]:
+        return "no"
+    return "yes" if point["logits_batch"] is None else f"yes, batch {point['logits_batch']}"
 
 
 def gib(n) -> str:
@@ -85,7 +94,7 @@ def markdown(folder: Path, version: str, jobs: List[Dict[str, Any]]) -> str:
             ranks = ", ".join(map(str, r["oom_ranks"] or [])) or "-"
             replay = "fits" if r["replay_fits"] else "oom"
             lines.append(
-                f"| {job['job']} | {job['label']} | {r['batch']} | {'yes' if r['logits'] else 'no'} | {r['status']} "
+                f"| {job['job']} | {job['label']} | {r['batch']} | {logits_cell(r)} | {r['status']} "
                 f"| {ranks} | {gib(r['reserved_peak'])} | {replay} | {gib(r['replay_reserved_peak'])} |"
             )
     agree = sum((r["status"] == "ok") == r["replay_fits"] for j in jobs for r in j["points"])

@@ -41,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import table  # noqa: E402
 
+from dsexp.core.result import JobRecord  # noqa: E402
+
 BUDGET = ROOT / "results" / "h200" / "budget"
 OUT = ROOT / "results" / "cpu" / "search_cost"
 GIB = 2**30
@@ -229,8 +231,9 @@ def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, A
     return rows
 
 
-def replay_guess(config: Dict[str, Any], prompt: int, new: int) -> Dict[str, int]:
-    """The memory model's largest batch on the budget's GPU: by allocated bytes, and held to the replay."""
+def replay_guess(config: Dict[str, Any], prompt: int, new: int, logits_batch: Optional[int]) -> Dict[str, int]:
+    """The memory model's largest batch on the budget's GPU: by allocated bytes, and held to the replay of the
+    calls the measured jobs made (`logits_batch`: their logits call's sequences, None: the point's batch)."""
     from dsexp.engines.placement import RULES
     from dsexp.predict.job import Facts, largest_batch, outside, predict, replayed
 
@@ -238,7 +241,7 @@ def replay_guess(config: Dict[str, Any], prompt: int, new: int) -> Dict[str, int
     gpu = int(config["budget"]["gpu_gib"] * GIB)
     held = sum(outside(config, pred.strategy, pred.tp, RULES).values())
     allocated = largest_batch(pred, prompt, new, gpu, held).largest_batch
-    answer = replayed(pred, config, RULES, prompt, new, gpu - held, {"largest_batch": allocated})
+    answer = replayed(pred, config, RULES, prompt, new, gpu - held, {"largest_batch": allocated}, logits_batch)
     which = "expandable_segments" if pred.strategy.expandable_segments else "default"
     return {"allocated": allocated, "replay": answer[which]["batch"]}
 
@@ -281,7 +284,8 @@ def configuration_rows(search: str) -> List[Dict[str, Any]]:
         fixed = [r["wall_s"] - sum(t.values()) for r, t in zip(results, timed)]
         by_batch = {b: s for t in timed for b, s in t.items()}
         mean_point = statistics.mean(by_batch.values())
-        guess = replay_guess(results[0]["config"], state["prompt_tokens"], state["new_tokens"])
+        guess = replay_guess(results[0]["config"], state["prompt_tokens"], state["new_tokens"],
+                             JobRecord(results[0]).logits_batch)  # fmt: skip
         loads = one_load_search(entry, state["batches"], state["budget"]["device"], guess["replay"],
                                 entry["largest_ok"])  # fmt: skip
         points = [b for ran in loads for b in ran]

@@ -128,10 +128,12 @@ def fresh(points, i: int) -> bool:
 
 def committed_budget_configs():
     """(search, configuration label, tp) -> (config, largest batch that ran, smallest out of memory, whether both
-    ran as fresh processes would) of every committed H200 budget configuration that bracketed its batch. A one-load
+    ran as fresh processes would, the sequences of its jobs' logits call (None: the point's batch)) of every committed
+    H200 budget configuration that bracketed its batch. A one-load
     search run before each point started from the load's state (no `start` in its points) is left out: its points
     after the first ran on the cache the earlier ones left (benchmarks/search_cost.py sets them beside fresh ones)."""
     from dsexp.analysis.labels import config_label
+    from dsexp.core.result import JobRecord
 
     found = {}
     for path in sorted((ROOT / "results/h200/budget").glob("gpu*/*/result.json")):
@@ -141,16 +143,16 @@ def committed_budget_configs():
         if not points or (c["generate"].get("bisect_from") is not None and not any("start" in e for e in points)):
             continue
         key = (path.parts[-3], config_label(c, workload=False), c["tp"])
-        _, ran = found.get(key, (c, {}))
+        _, ran, logits_batch = found.get(key, (c, {}, None))
         for i, e in enumerate(points):
             ran[e["batch"]] = (e["status"], fresh(points, i))
-        found[key] = (c, ran)
+        found[key] = (c, ran, logits_batch or JobRecord(r).logits_batch)
     out = {}
-    for k, (c, ran) in found.items():
+    for k, (c, ran, logits_batch) in found.items():
         ok = max((b for b, (status, _) in ran.items() if status == "ok"), default=None)
         oom = min((b for b, (status, _) in ran.items() if status == "oom"), default=None)
         if ok is not None and oom is not None:
-            out[k] = (c, ok, oom, ran[ok][1] and ran[oom][1])
+            out[k] = (c, ok, oom, ran[ok][1] and ran[oom][1], logits_batch)
     return out
 
 
@@ -182,12 +184,12 @@ def test_every_budget_bracket_the_h200_measured_is_replayed_nearer_than_the_allo
     from dsexp.engines.placement import RULES
     from dsexp.predict.job import Facts, largest_batch, outside, predict, replayed
 
-    config, ran, failed, both_fresh = COMMITTED[key]
+    config, ran, failed, both_fresh, logits_batch = COMMITTED[key]
     pred = predict(config, RULES, Facts(device="cuda"))
     gpu = int(config["budget"]["gpu_gib"] * GIB)
     held = sum(outside(config, pred.strategy, pred.tp, RULES).values())
     allocated = largest_batch(pred, 2048, 8, gpu, held).largest_batch
-    answer = replayed(pred, config, RULES, 2048, 8, gpu - held, {"largest_batch": allocated})
+    answer = replayed(pred, config, RULES, 2048, 8, gpu - held, {"largest_batch": allocated}, logits_batch)
     found = answer["expandable_segments" if pred.strategy.expandable_segments else "default"]["batch"]
     within = 1 if both_fresh or not pred.strategy.trims else 2
     assert abs(found - ran) <= within and abs(found - ran) <= max(abs(allocated - ran), 1), (

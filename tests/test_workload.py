@@ -136,7 +136,7 @@ def test_a_tpot_is_never_shown_negative():
     from dsexp.analysis.sections.latency import TPOT_UNKNOWN, percentiles, tpot_cell
     from dsexp.rank.generation import latency
 
-    lat = latency([0.5, 0.6], [1.0, 1.2], [0.55], batch=2, new_tokens=3, prompt_len=8)
+    lat = latency([0.5, 0.6], [1.0, 1.2], batch=2, new_tokens=3, prompt_len=8)
     assert lat["tpot"]["min"] == pytest.approx(0.25) and lat["tpot"]["max"] == pytest.approx(0.3)
     assert tpot_cell(lat) == percentiles(lat["tpot"])
     older = {"ttft": summary([69.26]), "e2e": summary([67.78]), "tpot": summary([(67.78 - 69.26) / 7])}
@@ -148,8 +148,31 @@ def test_a_call_without_a_first_token_stamp_has_no_ttft_rather_than_a_made_up_on
     and no TPOT (not TTFT = e2e and TPOT = 0); its e2e and tokens/s still count."""
     from dsexp.rank.generation import latency
 
-    lat = latency([None, 0.4], [1.0, 1.0], [], batch=1, new_tokens=3, prompt_len=8)
+    lat = latency([None, 0.4], [1.0, 1.0], batch=1, new_tokens=3, prompt_len=8)
     assert lat["ttft"]["n"] == lat["tpot"]["n"] == 1 and lat["e2e"]["n"] == 2 and lat["ttft_s"] == [None, 0.4]
     assert lat["tpot"]["p50"] == pytest.approx(0.3) and lat["tokens_per_s"] == pytest.approx(3.0)
-    none = latency([None], [1.0], [], batch=1, new_tokens=3, prompt_len=8)
+    none = latency([None], [1.0], batch=1, new_tokens=3, prompt_len=8)
     assert none["ttft"] == none["tpot"] == {"n": 0} and none["prefill_tokens_per_s"] is None
+
+
+def test_the_first_sequence_alone_gives_the_logits_the_whole_batch_gives_it():
+    """The correctness check's logits call runs the first sequence of a point alone (core.workload.CHECK_BATCH): the
+    point's sequences are one prompt repeated, so its first-step logits are the batch's first row's, to float
+    rounding; at the point's batch that call raised a search's first point's reserved peak above its others'."""
+    import torch
+    import yaml
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dsexp.core.workload import CHECK_BATCH
+    from dsexp.rank.generation import call_generate, first_logits
+
+    from helpers.run import ROOT
+
+    dims = yaml.safe_load((ROOT / "conf" / "model" / "tiny_llama.yaml").read_text())["dims"]
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**dims)).eval()
+    inp = torch.tensor([[5, 9, 2, 7, 3, 11, 4, 8]] * 4)
+    alone = first_logits(call_generate(model, inp[:CHECK_BATCH], 1, {}, output_logits=True))
+    batch = first_logits(call_generate(model, inp, 1, {}, output_logits=True))
+    assert CHECK_BATCH == 1 and alone.shape == batch.shape == (dims["vocab_size"],)
+    assert torch.allclose(alone, batch, rtol=1e-5, atol=1e-5) and alone.abs().max() > 0

@@ -263,6 +263,16 @@ class JobRecord:
     def ranks(self) -> Tuple[RankRecord, ...]:
         return tuple(RankRecord(rk) for rk in self.raw.get("ranks") or [] if rk)
 
+    @property
+    def logits_batch(self) -> Optional[int]:
+        """The sequences the correctness check's logits call ran (rank 0's point that made it); None where the
+        record does not say: jobs before that call ran the first sequence alone made it at the point's batch."""
+        for phase in self.ranks[0].phases() if self.ranks else ():
+            call = _mapping(phase.point.get("logits_call"))
+            if call:
+                return call.get("batch")
+        return None
+
     def headline(self, name: str) -> Optional[float]:
         """A headline figure as recorded (`analysis.measured.headline` leaves out the ones not to compare)."""
         return _mapping(self.raw.get("headline")).get(name)

@@ -16,6 +16,10 @@ from typing import Any, Iterable, List, Optional
 GENERATE = "generate"
 BATCH_KEY = "generate.batch_size"  # the override a budget search sets per job, and its answer's command
 BISECT_KEY = "generate.bisect_from"  # where a job's batch search inside its one load starts (dsexp.core.bisect)
+# The correctness check's logits call (a job's first point) runs the first sequence alone: every sequence of a point
+# is the same prompt, and at the point's batch that call raised the point's reserved peak above the others' (an
+# H100 at 4 x 19 GiB ran batch 7 without it where the replay with it said 4: docs/FINDINGS.md 6e)
+CHECK_BATCH = 1
 NOT_MEASURED = ("skipped", "not_run")
 # How dsexp's ranks call generate (greedy, exactly the new tokens: `min_new_tokens` too), and so how the memory model
 # traces it on the meta device (dsexp.predict.meta_trace)

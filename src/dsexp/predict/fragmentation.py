@@ -10,9 +10,10 @@ and 16 with expandable segments, as measured; the allocated bytes alone said 16 
 A rank of a tensor-parallel engine is traced on the meta model as that rank holds it (its family's `rank_model`: for
 AutoTP the split linears and the heads each module is told it has); an all-reduce allocates nothing on the device.
 A point of dsexp's own job makes several generate calls (`point_calls`: warm-up, the measured one, repeats, and at a
-job's first point one more of one token with its logits for the correctness check), replayed in turn. Not traced:
-what the load itself allocated and freed before the weights settled (the replay places the weights in the engine's
-order), the one batch or two the loading strategies differ by under a cap (docs/FINDINGS.md 6d).
+job's first point one more of one token with its logits for the correctness check, of the first sequence alone),
+replayed in turn. Not traced: what the load itself allocated and freed before the weights settled (the replay places
+the weights in the engine's order), the one batch or two the loading strategies differ by under a cap
+(docs/FINDINGS.md 6d).
 
 A generate is traced at two batches (2 and 3) and scaled to the others: from batch 2 on it makes the same requests
 in the same order, each of a size affine in the batch (batch 1's differ: generate checks several prompts for right
@@ -28,9 +29,10 @@ from __future__ import annotations
 import hashlib
 import inspect
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from dsexp.core.bisect import OK, OOM, bracket, next_batch
+from dsexp.core.workload import CHECK_BATCH
 from dsexp.predict.allocator import Allocator, Replay
 from dsexp.predict.capacity import CUBLAS_WORKSPACE
 from dsexp.predict.meta_trace import Event, generate_events
@@ -64,12 +66,21 @@ def apply_order(model) -> List[int]:
     return out
 
 
-Call = Tuple[int, bool]  # one generate call: (new tokens, output_logits)
+class Call(NamedTuple):
+    """One generate call of a point: `new` tokens, with its logits or not, at `batch` sequences (None: the point's)."""
+
+    new: int
+    logits: bool = False
+    batch: Optional[int] = None
 
 
-def point_calls(new: int, warmup: int = 0, repeats: int = 1, logits: bool = False) -> List[Call]:
-    """The generate calls one point of dsexp's pipeline makes, in order (dsexp.rank.generation.measure_point)."""
-    return [(new, False)] * (warmup + max(1, repeats)) + ([(1, True)] if logits else [])
+def point_calls(
+    new: int, warmup: int = 0, repeats: int = 1, logits: bool = False, logits_batch: Optional[int] = CHECK_BATCH
+) -> List[Call]:
+    """The generate calls one point of dsexp's pipeline makes, in order (dsexp.rank.generation.measure_point): the
+    logits call at `logits_batch` sequences (None: the point's batch, as jobs made it before the call ran the first
+    sequence alone; the committed H200 and H100 budget searches did)."""
+    return [Call(new)] * (warmup + max(1, repeats)) + ([Call(1, True, logits_batch)] if logits else [])
 
 
 def probe(
@@ -89,8 +100,9 @@ def probe(
     the model's fingerprint where the caller has it (a search probes one model many times)."""
     structure = structure or fingerprint(model)
     events = [("alloc", ("w", i), n) for i, n in enumerate(weights)] + [("alloc", "cublas", CUBLAS_WORKSPACE)]
-    for i, (new, logits) in enumerate(calls):
-        events += [(kind, (i, key), n) for kind, key, n in traced(model, batch, prompt, new, logits, structure)]
+    for i, (new, logits, at) in enumerate(calls):
+        made = traced(model, at or batch, prompt, new, logits, structure)
+        events += [(kind, (i, key), n) for kind, key, n in made]
     capped: Replay = Allocator(cap, expandable).run(events)
     if capped.oom is None:
         return Probe(batch, True, capped.peak_reserved, capped.peak_allocated)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from typing import Any, Dict, List, Mapping, Optional, Protocol
 
+from dsexp.core.workload import CHECK_BATCH
 from dsexp.predict import architecture as arch
 from dsexp.predict import capacity as cap
 from dsexp.predict.fit import CUDA_CONTEXT_BYTES
@@ -309,10 +310,12 @@ def replay_model(pred: Prediction, config: Mapping[str, Any], rules: Rules):
 
 
 def replayed(pred: Prediction, config: Mapping[str, Any], rules: Rules, prompt: int, new: int, cap_bytes: int,
-             fit: Dict[str, Any]) -> Dict[str, Any]:  # fmt: skip
+             fit: Dict[str, Any], logits_batch: Optional[int] = CHECK_BATCH) -> Dict[str, Any]:  # fmt: skip
     """The largest batch whose point (its generate calls, traced on the meta device as the busiest rank holds the
     model) replayed through the caching allocator after the weights fits the allocator's cap (the GPU less what lives
-    outside it), default and with expandable segments; or why it is not replayed."""
+    outside it), default and with expandable segments; or why it is not replayed. `logits_batch`: the sequences of
+    the first point's logits call (None: the point's batch, as the jobs measured before the call ran the first
+    sequence alone made it)."""
     from dsexp.predict import fragmentation
 
     if not str(pred.strategy.device).startswith("cuda"):
@@ -321,7 +324,8 @@ def replayed(pred: Prediction, config: Mapping[str, Any], rules: Rules, prompt: 
     if ranked is None or not fit["largest_batch"]:
         return {"not_replayed": why or "not even batch 1 fits the allocated bytes"}
     gen = config.get("generate") or {}
-    calls = fragmentation.point_calls(new, int(gen.get("warmup") or 0), int(gen.get("repeats") or 1), logits=True)
+    warmup, repeats = int(gen.get("warmup") or 0), int(gen.get("repeats") or 1)
+    calls = fragmentation.point_calls(new, warmup, repeats, True, logits_batch)
     import transformers
 
     # the trace is transformers' own generate: its tensors' lifetimes, so the frees the replay sees, change between

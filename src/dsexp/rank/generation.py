@@ -5,9 +5,11 @@ A point (batch B, prompt of L tokens; dsexp.core.workload) runs, after `generate
   processor's first call: the prompt's forward is done), giving the peaks during the prefill and during the decode
   (torch's allocator on a GPU, the sampler's host figures everywhere) and the KV cache's bytes at the end;
 - `repeats - 1` more timed generates of `new_tokens` tokens (e2e);
-- at the grid's first point only, one prefill (a generate of one new token, as optimum-benchmark times its prefill)
-  that gives the first-step logits the correctness check and the NaN scan read (the other points' would be unread:
-  a prefill saved per point, the costliest call at long prompts).
+- at the grid's first point only, one prefill of the first sequence alone (a generate of one new token,
+  `CHECK_BATCH` sequences) that gives the first-step logits the correctness check and the NaN scan read (the other
+  points' would be unread). The sequences of a point are one prompt repeated, so the first alone gives its logits;
+  at the point's batch this call set the first point's reserved peak above what the same batch reached without it,
+  and a search's first point measured another thing than its later ones (docs/FINDINGS.md 6e).
 Each timed generate is also stamped at its first token (the logits processor's first call), so TTFT and TPOT come from
 the same call as vLLM's benchmarks take them: TTFT = start to first token, TPOT = (e2e - TTFT) / (new_tokens - 1),
 never negative. Two calls' times are never subtracted: over gloo on a shared GPU one call's prefill took longer than
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from dsexp.core.context import RankContext
-from dsexp.core.workload import Point, summary
+from dsexp.core.workload import CHECK_BATCH, Point, summary
 
 
 def prompt_ids(ctx: RankContext, vocab_size: int) -> List[int]:
@@ -216,10 +218,10 @@ def measure_point(
         e2e.append(secs)
         ttft.append(first)
         del res
-    prefill, first = [], None
+    check, first = {}, None
     if logits:
-        res, secs = clock.time(lambda: call_generate(module, inp, 1, extra, output_logits=True))
-        prefill, first = [secs], first_logits(res)
+        res, secs = clock.time(lambda: call_generate(module, inp[:CHECK_BATCH], 1, extra, output_logits=True))
+        check, first = {"logits_call": {"batch": CHECK_BATCH, "seconds": secs}}, first_logits(res)
         del res
     record = {
         **point.to_dict(),
@@ -229,17 +231,15 @@ def measure_point(
         "kv_cache_bytes": kv,
         "prefill": windows.get("prefill", {}),
         "decode": windows.get("decode", {}),
-        "latency": latency(ttft, e2e, prefill, point.batch, n, len(ids)),
+        "latency": latency(ttft, e2e, point.batch, n, len(ids)),
+        **check,
     }
     return record, first, tokens
 
 
-def latency(
-    ttft: List[float], e2e: List[float], prefill: List[float], batch: int, new_tokens: int, prompt_len: int
-) -> Dict[str, Any]:
+def latency(ttft: List[float], e2e: List[float], batch: int, new_tokens: int, prompt_len: int) -> Dict[str, Any]:
     """TTFT, TPOT and e2e (mean, p50, p90, p99) of the timed calls (ttft[i] and e2e[i] from the same call), tokens/s
-    (generated) and the prompt tokens/s of the prefill (its mean TTFT); `prefill`: the prefill-only call's seconds,
-    where one ran."""
+    (generated) and the prompt tokens/s of the prefill (its mean TTFT)."""
     pairs = [(f, t) for f, t in zip(ttft, e2e) if f is not None]  # None: a call without a first-token stamp
     stamped = [f for f, _ in pairs]
     tpot = [(t - f) / (new_tokens - 1) for f, t in pairs] if new_tokens > 1 else []
@@ -247,7 +247,6 @@ def latency(
     return {
         "ttft_s": ttft,
         "e2e_s": e2e,
-        "prefill_s": prefill,
         "ttft": summary(stamped),
         "tpot": summary(tpot),
         "e2e": summary(e2e),
