@@ -1,5 +1,6 @@
 """The fragmentation replay's generate traces: traced at two batches and scaled to the others, checked against a
-third; traced at every batch where the check fails; shared by models of one structure (dsexp.predict.fragmentation)."""
+third; traced at every batch where the check fails; shared by models of one structure (dsexp.predict.fragmentation);
+a long generate built from its repeating decode steps (dsexp.predict.decode_steps)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def traces(monkeypatch):
     """Empty memos, and the batches the generate is traced at, in order."""
     monkeypatch.setattr(fragmentation, "_SCALED", {})
     monkeypatch.setattr(fragmentation, "_TRACES", {})
+    monkeypatch.setattr(fragmentation, "_STEPS", {})
     batches = []
 
     def tracer(model, batch, *args, **kwargs):
@@ -111,3 +113,56 @@ def test_the_largest_batch_and_its_probes_are_those_of_a_trace_per_batch(traces,
     monkeypatch.setattr(fragmentation, "checked_scaling", lambda *args: None)
     monkeypatch.setattr(fragmentation, "_SCALED", {})
     assert fragmentation.largest_batch(*search) == scaled
+
+
+@pytest.fixture
+def lengths(monkeypatch):
+    """Empty memos, and the (batch, new tokens) the generate is traced at, in order."""
+    for memo in ("_SCALED", "_TRACES", "_STEPS"):
+        monkeypatch.setattr(fragmentation, memo, {})
+    made = []
+
+    def tracer(model, batch, prompt, new, **kwargs):
+        made.append((batch, new))
+        return generate_events(model, batch, prompt, new, **kwargs)
+
+    monkeypatch.setattr(fragmentation, "generate_events", tracer)
+    return made
+
+
+@pytest.mark.parametrize("new", [12, 30])
+def test_a_long_generate_built_from_its_decode_steps_is_the_generate_traced(model, lengths, new):
+    """Built from traces of 4, 5 and 6 new tokens, checked once at 8: the events, keys and sizes, of the trace."""
+    from dsexp.predict.decode_steps import CHECK, FIRST
+
+    assert fragmentation.traced(model, 1, PROMPT, new, False) == generate_events(model, 1, PROMPT, new)
+    assert lengths == [(1, FIRST), (1, FIRST + 1), (1, FIRST + 2), (1, CHECK)]
+    assert fragmentation.traced(model, 1, PROMPT, new + 7, False) == generate_events(model, 1, PROMPT, new + 7)
+    assert len(lengths) == 4  # the steps are kept per model, prompt and batch
+
+
+def test_scaled_in_the_batch_and_built_from_steps_at_once(model, lengths):
+    """A long generate at a batch above 3: its batches 2 and 3 each built from their steps, then scaled."""
+    assert fragmentation.traced(model, 5, PROMPT, 20, False) == generate_events(model, 5, PROMPT, 20)
+    assert {new for _, new in lengths} == {4, 5, 6, 8} and {b for b, _ in lengths} == {2, 3, 5}
+
+
+def test_steps_that_do_not_repeat_are_not_built_every_length_is_traced(model, lengths, monkeypatch):
+    """Where the trace at 8 new tokens is not what the steps build (here: a size changed), the generate is traced."""
+    from dsexp.predict import decode_steps
+
+    real = decode_steps.Steps.at
+    monkeypatch.setattr(decode_steps.Steps, "at", lambda self, new: [(k, key, n + 1) for k, key, n in real(self, new)])
+    assert fragmentation.traced(model, 1, PROMPT, 14, False) == generate_events(model, 1, PROMPT, 14)
+    assert lengths[-1] == (1, 14) and fragmentation._STEPS[next(iter(fragmentation._STEPS))] is None
+
+
+def test_three_traces_without_one_repeating_step_give_none():
+    from dsexp.predict.decode_steps import steps_of
+
+    a = [("alloc", 0, 8), ("free", 0, 0)]
+    b = a + [("alloc", 2, 8), ("free", 2, 0)]
+    assert steps_of(a, b, b + [("alloc", 4, 8), ("free", 4, 0)]) is not None
+    assert steps_of(a, b, b + [("alloc", 4, 8)]) is None  # steps of different lengths
+    assert steps_of(a, b, b + [("alloc", 4, 8), ("free", 3, 0)]) is None  # a free of what no step made
+    assert steps_of(a, b, b + [("free", 4, 0), ("alloc", 5, 8)]) is None  # another order

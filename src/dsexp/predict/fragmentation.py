@@ -21,7 +21,9 @@ padding, so batch 1 is traced). The scaling is checked once, to the byte, agains
 for above both; where the two batches' events differ in kind or order, or the check fails, every batch is traced.
 Traces are kept by the model's structure (`fingerprint`), not its identity: the copies of one rank model that two
 configurations trace (load=meta and eager of one tp and trim) share them; on 2 x 40 GiB at 20B shapes the 8
-configurations' replay traces 12 generates, where it traced one per batch probed in each configuration.
+configurations' replay traces 12 generates, where it traced one per batch probed in each configuration. A generate
+of more than 8 new tokens is likewise built from its repeating decode steps (dsexp.predict.decode_steps), checked
+once against a trace of 8.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dsexp.core.bisect import OK, OOM, bracket, next_batch
 from dsexp.core.workload import CHECK_BATCH
 from dsexp.predict.allocator import Allocator, Replay
 from dsexp.predict.capacity import CUBLAS_WORKSPACE
+from dsexp.predict.decode_steps import CHECK, FIRST, Steps, steps_of
 from dsexp.predict.meta_trace import Event, generate_events
 
 
@@ -113,6 +116,7 @@ def probe(
 BASE = 2  # the first of the two batches traced and scaled (batch 1's generate skips a check of several prompts)
 _SCALED: dict = {}  # (model's fingerprint, prompt, new, logits) -> Scaled, or None: trace every batch
 _TRACES: dict = {}  # (model's fingerprint, prompt, new, logits), batch -> events
+_STEPS: dict = {}  # (model's fingerprint, prompt, logits, batch) -> Steps, or None: trace every length
 MEMO = 64
 
 
@@ -154,11 +158,29 @@ def checked_scaling(model, key: tuple, batch: int) -> Optional[Scaled]:
 
 
 def trace(model, key: tuple, batch: int) -> List[Event]:
+    """One generate's events at `batch`: traced, or, longer than decode_steps.CHECK new tokens, built from its
+    decode steps where they repeat (dsexp.predict.decode_steps)."""
     if (key, batch) not in _TRACES:
         _, prompt, new, logits = key
+        steps = repeating_steps(model, key, batch) if new > CHECK else None
         extra = {"output_logits": True} if logits else {}
-        remember(_TRACES, (key, batch), generate_events(model, batch, prompt, new, **extra))
+        made = steps.at(new) if steps else generate_events(model, batch, prompt, new, **extra)
+        remember(_TRACES, (key, batch), made)
     return _TRACES[(key, batch)]
+
+
+def repeating_steps(model, key: tuple, batch: int) -> Optional[Steps]:
+    """The decode steps of traces at FIRST, FIRST + 1 and FIRST + 2 new tokens where, built to CHECK tokens, they
+    give exactly the events traced there; else None (every length traced). Once per model, prompt and batch."""
+    structure, prompt, _, logits = key
+    memo = (structure, prompt, logits, batch)
+    if memo not in _STEPS:
+        short = [trace(model, (structure, prompt, n, logits), batch) for n in (FIRST, FIRST + 1, FIRST + 2)]
+        found = steps_of(*short)
+        if found is not None and found.at(CHECK) != trace(model, (structure, prompt, CHECK, logits), batch):
+            found = None
+        remember(_STEPS, memo, found)
+    return _STEPS[memo]
 
 
 def remember(memo: dict, key, value) -> None:
