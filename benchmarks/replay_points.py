@@ -30,14 +30,16 @@ GIB = 2**30
 def measured_points(result: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Rank 0's ok and out-of-memory points in the order they ran, each with whether it made the logits call, the
     ranks that ran out of memory there, and rank 0's reserved peak (where another rank ran out, rank 0's own)."""
+    from dsexp.core.result import JobRecord
+
     rank = (result.get("ranks") or [{}])[0]
     phases, out, ran = rank.get("phases") or {}, [], False
+    logits_batch = JobRecord(result).logits_batch  # one code, one way of making the call, for every point of a job
     for e in rank.get("points") or []:
         if e.get("status") not in ("ok", "oom"):
             continue
         gpu = (phases.get(e["phase"]) or {}).get("gpu") or {}
-        call = ((phases.get(e["phase"]) or {}).get("point") or {}).get("logits_call") or {}
-        out.append({"batch": e["batch"], "status": e["status"], "logits": not ran, "logits_batch": call.get("batch"),
+        out.append({"batch": e["batch"], "status": e["status"], "logits": not ran, "logits_batch": logits_batch,
                     "oom_ranks": e.get("oom_ranks"), "reserved_peak": gpu.get("gpu_reserved_peak")})  # fmt: skip
         ran = ran or e["status"] == "ok"
     return out

@@ -56,6 +56,8 @@ def test_every_rank_out_of_memory_goes_on_in_the_same_load_to_a_one_step_bracket
     for rank in res["ranks"]:
         assert ran(rank) == ORDER
         assert [p["oom_ranks"] for p in rank["points"] if p["status"] == "oom"] == [[0, 1]] * 3
+        # the points up to the first that ran make (or were to make) the logits call, of the first sequence alone
+        assert [p.get("logits_batch") for p in rank["points"] if p["status"] in ("ok", "oom")] == [1, 1, 1, 1, None]
         loads = [e for e in rank["timeline"] if e["phase"] == "load"]
         assert len(loads) == 1
     # the points not tried are listed as not run, with why

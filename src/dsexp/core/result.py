@@ -265,9 +265,14 @@ class JobRecord:
 
     @property
     def logits_batch(self) -> Optional[int]:
-        """The sequences the correctness check's logits call ran (rank 0's point that made it); None where the
-        record does not say: jobs before that call ran the first sequence alone made it at the point's batch."""
-        for phase in self.ranks[0].phases() if self.ranks else ():
+        """The sequences of the correctness check's logits call (rank 0's point that made it, or was to make it);
+        None where the record does not say: jobs before that call ran the first sequence alone made it at the
+        point's batch."""
+        rank = self.ranks[0] if self.ranks else None
+        for entry in rank.points if rank else ():
+            if entry.get("logits_batch"):
+                return entry["logits_batch"]
+        for phase in rank.phases() if rank else ():
             call = _mapping(phase.point.get("logits_call"))
             if call:
                 return call.get("batch")

@@ -8,7 +8,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from dsexp.core.bisect import next_point
 from dsexp.core.context import RankContext
 from dsexp.core.protocol import logits_file
-from dsexp.core.workload import Point, dominated, grid
+from dsexp.core.workload import CHECK_BATCH, Point, dominated, grid
 from dsexp.rank.budget_cap import check_simulated, simulate_point
 from dsexp.rank.faults import maybe_inject, maybe_oom, oom_in_forward
 from dsexp.rank.generation import point_ids
@@ -98,6 +98,8 @@ def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[
         load_start = load_start or start
         first = wants_logits(ctx, point, outcomes)
         entry, logits, tokens = run_point(ctx, rec, module, point, key, text, extra, first=first)
+        if first:  # the sequences its logits call runs, or would have run where the point ran out before it
+            entry["logits_batch"] = CHECK_BATCH
         if start:
             entry["start"] = {**start, "as_load": as_load(start, load_start)}
         outcomes.append(entry)
