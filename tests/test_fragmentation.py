@@ -180,7 +180,7 @@ def test_every_budget_bracket_the_h200_measured_is_replayed_nearer_than_the_allo
     allocated bytes alone hit the bracket, the replay may sit one below: 4 x 19 GiB tp=4 trimmed on an H100 ran 7 after
     6 in one load, without the first point's logits call, where this replay (the logits call included, transformers
     5.24) says 6; traced with the measuring stack's transformers 5.17 and without that call it says 7 (docs/FINDINGS.md
-    6e). Searched again with the call of one sequence (gpu19_tp4_first_sequence) it ran 6 / 7, and this replay says 6."""
+    6e). Searched again with the call of one sequence (gpu19_tp4_first_sequence) it ran 6 / 7; this replay says 6."""
     from dsexp.engines.placement import RULES
     from dsexp.predict.job import Facts, largest_batch, outside, predict, replayed
 
