@@ -66,17 +66,19 @@ def test_only_outcomes_that_ran_or_ran_out_count():
 # --- the budget search over one-load configurations -----------------------------------------------------------
 
 
-def one_load_state(needs_of, device, configs=("a",)):
+def one_load_state(needs_of, device, configs=("a",), confirm_first=False):
     return S.State(
         device=device,
         batches=BATCHES,
-        configs=[S.Config(k, {"x": k}, needs_of(k), one_load=True) for k in configs],
+        configs=[S.Config(k, {"x": k}, needs_of(k), one_load=True, confirm_first=confirm_first) for k in configs],
     )
 
 
-def run_jobs(state, largest_of, fail_at=None):
+def run_jobs(state, largest_of, fail_at=None, fresh_of=None):
     """Run the search to its end: each job searches inside its load; a job reaching batch `fail_at` fails there
-    (a CUDA error other than out of memory) after what it measured. Returns [(config, batches run)] per job."""
+    (a CUDA error other than out of memory) after what it measured; a load's first point fits up to `fresh_of`
+    (a process's first generate reserves more), the others up to `largest_of`. Returns [(config, batches run)] per
+    job."""
     jobs, failed = [], False
     for _ in range(50):
         todo = S.next_round(state)
@@ -91,8 +93,10 @@ def run_jobs(state, largest_of, fail_at=None):
                     ran.append(None)
                     failed = True
                     break
-                status = OK if batch <= largest_of(c) else OOM
-                c.points.append(S.Point(batch, status, 0 if status == OK else None, job=str(len(jobs))))
+                first = not ran
+                fits = (fresh_of or largest_of)(c) if first else largest_of(c)
+                status = OK if batch <= fits else OOM
+                c.points.append(S.Point(batch, status, 0 if status == OK else None, job=str(len(jobs)), first=first))
                 outcomes[batch] = status
                 ran.append(batch)
                 batch = next_batch(job.batches, job.start, outcomes)
@@ -144,6 +148,33 @@ def test_one_load_searches_settle_whatever_the_model_gets_wrong():
         assert S.loads_used(c) <= 2, (trial, jobs)  # the floor's first miss ran: the range above it, once
 
 
+@pytest.mark.parametrize(
+    "guess, fresh, jobs",
+    [
+        (16, 16, [("a", [16, 17])]),  # the guess is the answer, as a first point: nothing to confirm
+        (17, 16, [("a", [17, 16]), ("a", [16])]),  # the answer ran after the guess: run again, first, and it fits
+        (14, 15, [("a", [14, 15, 16, 18, 17]), ("a", [16]), ("a", [15])]),  # 16 fits later, not first: down one
+    ],
+)
+def test_an_answer_found_after_other_points_of_its_load_is_confirmed_as_a_fresh_loads_first(guess, fresh, jobs):
+    """A later point can fit where a fresh process's first generate does not (at 4 x 19 GiB batch 7 ran as a load's
+    fourth point and ran out as its first): with confirm_first the answer has run first in some load. The model's
+    bytes say up to 20; the replay's guess decides where the load starts."""
+    state = one_load_state(lambda k: [b * 10 for b in BATCHES], device=200, confirm_first=True)
+    state.configs[0].replayed = BATCHES.index(guess)
+    assert run_jobs(state, lambda c: 16, fresh_of=lambda c: fresh) == jobs
+    c = state.configs[0]
+    assert S.largest_ok(c, BATCHES) == fresh and S.done(c, state) and S.fresh_answer(c, BATCHES)
+    assert any(p.first and p.batch == fresh and p.status == OK for p in c.points)
+
+
+def test_without_confirm_first_the_answer_may_be_a_later_point():
+    state = one_load_state(lambda k: [b * 10 for b in BATCHES], device=200)
+    state.configs[0].replayed = BATCHES.index(17)
+    assert run_jobs(state, lambda c: 16, fresh_of=lambda c: 15) == [("a", [17, 16])]
+    assert S.largest_ok(state.configs[0], BATCHES) == 16  # what a fresh process's first generate would not run
+
+
 def test_a_neighbours_gap_does_not_move_a_guess_the_replay_already_holds():
     """The neighbour measured a reserved peak far above its allocated prediction (the allocator's fragmentation);
     a configuration whose guess is the replay's starts there, not shifted under it by that gap again."""
@@ -192,6 +223,18 @@ def test_the_twin_is_dsexps_own_gpu_configuration_with_expandable_segments_and_o
     assert allocator_twin(twin, ["tp=2", EXPANDABLE_OVERRIDE], c) is None  # already
     assert allocator_twin(spec_of("tp=2"), ["tp=2"], c) is None  # device=cpu: no caching allocator
     assert allocator_twin(gpu, ["tp=2"], S.Config("k", {}, [1], twin_of="tp=2")) is None
+
+
+def test_only_dsexps_own_workload_on_a_gpu_confirms_its_answer_as_a_first_point():
+    from dsexp.compose.budget.sweeper import confirms_first
+
+    from helpers.run import spec_of
+
+    gpu = spec_of("tp=2")
+    gpu.device = "cuda"  # as a GPU machine composes it
+    assert confirms_first(gpu) and not confirms_first(spec_of("tp=2"))  # device=cpu: its budget is simulated
+    gpu.budget.confirm_first = False
+    assert not confirms_first(gpu)
 
 
 def test_the_answer_gives_both_batches_and_the_environment_line():

@@ -326,6 +326,20 @@ def test_a_jobs_points_are_its_batches_as_its_ranks_recorded_them():
     )
     pts, stop = P.points_of(Path("j"), res)
     assert [(p.batch, p.status, p.peak) for p in pts] == [(3, "ok", 700), (4, "oom", None)] and stop is None
+    assert pts[0].first  # its load's first point: what a fresh process meets
+
+
+def test_a_point_run_after_another_of_its_load_is_not_its_loads_first():
+    from pathlib import Path
+
+    from dsexp.compose.budget import points as P
+
+    sim = {"budget": {"simulated_need": 700, "fits": True}}
+    ran = [{"batch": b, "phase": f"generate[b={b},l=64]", "status": st} for b, st in ((5, "ok"), (7, "oom"), (6, "ok"))]
+    res = job_result(batches=range(1, 9), points=ran, phases={f"generate[b={b},l=64]": sim for b in (5, 6)})
+    res["config"]["generate"]["bisect_from"] = 5
+    pts, _ = P.points_of(Path("j"), res)
+    assert [(p.batch, p.status, p.first) for p in pts] == [(5, "ok", True), (6, "ok", False), (7, "oom", False)]
 
 
 @pytest.mark.parametrize(

@@ -152,15 +152,17 @@ def searched_in_load(result: Dict[str, Any]) -> bool:
 def measured_points(job_dir: Path, result: Dict[str, Any], rec: JobRecord, batches: List[int]) -> List[Point]:
     """The batches the job's ranks ran (ok, with the busiest rank's device need) or ran out of memory at."""
     points, uncounted = [], not_as_load(result)
+    ran = [e.get("batch") for e in (rec.ranks[0].points if rec.ranks else ()) if e.get("status") in ("ok", "oom")]
     for b in batches:
         statuses = {e.get("status") for rk in rec.ranks for e in rk.raw.get("points") or [] if e.get("batch") == b}
         if point_phase(result, b) is None:  # not run, or skipped: a smaller batch ran out of memory
             continue
         if b in uncounted:
             continue  # it did not start as a fresh process would (dsexp.rank.workloads.pipeline.as_load): run again
+        first = not ran or ran[0] == b  # a script's job lists no point statuses: one batch, first
         if "oom" in statuses:
-            points.append(Point(b, OOM, job=str(job_dir)))
+            points.append(Point(b, OOM, job=str(job_dir), first=first))
         else:  # ran (a script's generate calls list no point statuses)
             needs = [n for n in device_per_rank(result, b) if n is not None]
-            points.append(Point(b, OK, max(needs) if needs else None, job=str(job_dir)))
+            points.append(Point(b, OK, max(needs) if needs else None, job=str(job_dir), first=first))
     return points

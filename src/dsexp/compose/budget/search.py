@@ -45,6 +45,7 @@ class Point:
     status: str
     peak: Optional[int] = None  # measured device bytes, busiest rank (ok points)
     job: Optional[str] = None  # the job folder that ran it
+    first: bool = True  # its load's first point: what a fresh process meets (a later one can fit where that does not)
 
 
 @dataclass
@@ -75,6 +76,7 @@ class Config:
     points: List[Point] = field(default_factory=list)
     failed: Optional[str] = None  # a run failed for another cause than memory: not pursued
     twin_of: Optional[str] = None  # the configuration it repeats with expandable segments (allocator_decided)
+    confirm_first: bool = False  # its answer must have run as a load's first point (fresh_answer)
 
     def point(self, batch: int) -> Optional[Point]:
         return next((p for p in self.points if p.batch == batch and p.status in (OK, *PAST)), None)
@@ -203,7 +205,18 @@ def done(c: Config, s: State) -> bool:
     if (loads_used(c) if c.one_load else runs_used(c)) >= run_bound(len(s.batches)):
         return True
     lo, hi = bracket(c, s.batches)
-    return hi - lo == 1 if c.points else False
+    return hi - lo == 1 and fresh_answer(c, s.batches) if c.points else False
+
+
+def fresh_answer(c: Config, batches: List[int]) -> bool:
+    """Whether c's largest batch that ran ran as a load's first point somewhere, where c asks for it
+    (confirm_first): a process's first generate reserves more than its later ones, and at 4 x 19 GiB batch 7 ran as
+    a load's fourth point and ran out of memory as a first (results/h200/budget/gpu19_tp4_*), so an answer found
+    after other points is run again, first in a fresh load; a first point that runs out moves the bracket down."""
+    lo, _ = bracket(c, batches)
+    if not c.confirm_first or lo < 0:
+        return True
+    return any(p.first for p in c.points if p.batch == batches[lo] and p.status == OK)
 
 
 def next_job(c: Config, s: State) -> Optional[Job]:
@@ -214,6 +227,8 @@ def next_job(c: Config, s: State) -> Optional[Job]:
     if not c.one_load:
         return Job(next_batches(c, s))
     lo, hi = bracket(c, s.batches)
+    if hi - lo == 1:  # settled but for its answer, which ran after another point: that batch alone, first
+        return Job([s.batches[lo]], s.batches[lo])
     top = min(hi, floor_cap(c, s) + 1)  # the floor's first miss is measured, the batches above it are not planned
     guess = model_largest(c, s.device, gap(c, s))
     return Job(s.batches[lo + 1 : top], s.batches[min(max(guess, lo + 1), top - 1)])

@@ -117,7 +117,8 @@ class BudgetSearch:
         one_load = not one_batch and spec.budget.one_load
         replayed = None if pred.replayed is None else max((i for i, x in enumerate(batches) if x <= pred.replayed),
                                                          default=-1)  # fmt: skip
-        return search.Config(key, coords, pred.needs, spec.tp, one_batch, one_load, pred.miss, replayed=replayed)
+        return search.Config(key, coords, pred.needs, spec.tp, one_batch, one_load, pred.miss, replayed=replayed,
+                             confirm_first=one_load and confirms_first(spec))  # fmt: skip
 
     def add_allocator_twins(self) -> int:
         """Where the caching allocator's fragmentation decided a settled bracket (search.allocator_decided), the same
@@ -322,6 +323,13 @@ class BudgetSearch:
             "settled": search.done(c, s),
             "what_if": self.what_if(c) if final else {},
         }
+
+
+def confirms_first(spec: JobConfig) -> bool:
+    """Whether the search runs an answer found after other points of its load again, first in a fresh load
+    (budget.confirm_first; search.fresh_answer): dsexp's own workload on a GPU, whose caching allocator a process's
+    first generate meets; a CPU run's budget is simulated, the same at every point."""
+    return spec.budget.confirm_first and spec.device == "cuda" and spec.workload != "script"
 
 
 ALLOCATOR_DIM = "allocator"
