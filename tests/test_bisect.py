@@ -168,6 +168,21 @@ def test_an_answer_found_after_other_points_of_its_load_is_confirmed_as_a_fresh_
     assert any(p.first and p.batch == fresh and p.status == OK for p in c.points)
 
 
+def test_a_confirmation_is_recorded_beside_the_later_point_and_a_first_out_of_memory_decides():
+    """The confirming job's point has the batch of one already measured (on an H100 at 4 x 19 GiB, 0ae439c dropped it
+    as known and the search stopped with no answer): it is new as the batch's first point, and once only."""
+    state = one_load_state(lambda k: [b * 10 for b in BATCHES], device=200, confirm_first=True)
+    (c,) = state.configs
+    c.points += [S.Point(7, S.OOM, job="0"), S.Point(6, S.OK, 150, job="0", first=False)]
+    assert S.next_job(c, state) == S.Job([6], 6)
+    again = S.Point(6, S.OK, 140, job="1")
+    assert S.adds_to(c, again) and not S.adds_to(c, S.Point(6, S.OK, 150, job="2", first=False))
+    c.points.append(again)
+    assert not S.adds_to(c, S.Point(6, S.OK, 140, job="3")) and S.done(c, state) and S.largest_ok(c, BATCHES) == 6
+    c.points[-1] = S.Point(6, S.OOM, job="1")  # as a first point it ran out: 6 is past the budget
+    assert S.bracket(c, BATCHES)[1] == BATCHES.index(6) and not S.done(c, state)
+
+
 def test_without_confirm_first_the_answer_may_be_a_later_point():
     state = one_load_state(lambda k: [b * 10 for b in BATCHES], device=200)
     state.configs[0].replayed = BATCHES.index(17)

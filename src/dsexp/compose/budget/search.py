@@ -219,6 +219,13 @@ def fresh_answer(c: Config, batches: List[int]) -> bool:
     return any(p.first for p in c.points if p.batch == batches[lo] and p.status == OK)
 
 
+def adds_to(c: Config, p: Point) -> bool:
+    """Whether a measured point is new to c: a batch not measured yet, or one measured after other points of its
+    load run again first (fresh_answer's confirmation: both count, and a first that ran out of memory decides)."""
+    same = [q for q in c.points if q.batch == p.batch and q.status in (OK, *PAST)]
+    return not same or (p.first and not any(q.first for q in same))
+
+
 def next_job(c: Config, s: State) -> Optional[Job]:
     """c's next job (None: settled): the batch search inside one load over the batches still open, from the model's
     guess, or the batches a job per guess runs."""

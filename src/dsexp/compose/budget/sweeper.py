@@ -156,7 +156,7 @@ class BudgetSearch:
         for p in points:  # a point that ran past the budget (not capped, or outside the allocator) does not fit it
             if p.status == search.OK and p.peak is not None and p.peak > self.state.device:
                 p.status = search.OVER
-        c.points += [p for p in points if p.status != search.FAILED and c.point(p.batch) is None]
+        c.points += [p for p in points if p.status != search.FAILED and search.adds_to(c, p)]
         if stop:
             c.failed = stop
         over = self._over_host(result)
