@@ -53,8 +53,8 @@ ONE_LOAD = {"gpu40_one_load": ("gpu40",), "gpu40_from_load": ("gpu40",),
             # llama_20b_shapes: no budget search before (tp=1 at 48 GiB was probed by hand, results/h200/fragmentation)
             "llama48_tp1": (), "llama24_tp2": (),
             # 4 x 19 GiB at tp=4 on an H100 (no load-per-guess search of it): the logits call at the point's batch,
-            # then of the first sequence alone
-            "gpu19_tp4_one_load": (), "gpu19_tp4_first_sequence": ()}  # fmt: skip
+            # then of the first sequence alone, then with the answer confirmed as a fresh load's first point
+            "gpu19_tp4_one_load": (), "gpu19_tp4_first_sequence": (), "gpu19_tp4_confirm": ()}  # fmt: skip
 # a step run only as the fresh-process reference for a one-load search's point after an out-of-memory one
 FRESH = {"llama24_tp2": ("llama24_tp2_fresh",)}
 

@@ -335,11 +335,21 @@ def test_a_point_run_after_another_of_its_load_is_not_its_loads_first():
     from dsexp.compose.budget import points as P
 
     sim = {"budget": {"simulated_need": 700, "fits": True}}
-    ran = [{"batch": b, "phase": f"generate[b={b},l=64]", "status": st} for b, st in ((5, "ok"), (7, "oom"), (6, "ok"))]
+    ran = [{"batch": b, "phase": f"generate[b={b},l=64]", "status": st} for b, st in ((5, "ok"), (6, "ok"), (7, "oom"))]
     res = job_result(batches=range(1, 9), points=ran, phases={f"generate[b={b},l=64]": sim for b in (5, 6)})
-    res["config"]["generate"]["bisect_from"] = 5
+    res["config"]["generate"]["bisect_from"] = 6
+    # the process ran 6, then 7, then 5 (the points list is by batch; its timeline is in the order they ran)
+    timeline = [
+        {"phase": "load", "t0": 0.0},
+        *({"phase": f"generate[b={b},l=64]", "t0": t} for b, t in ((5, 3.0), (6, 1.0), (7, 2.0))),
+    ]
+    for rank in res["ranks"]:
+        rank["timeline"] = timeline
     pts, _ = P.points_of(Path("j"), res)
-    assert [(p.batch, p.status, p.first) for p in pts] == [(5, "ok", True), (6, "ok", False), (7, "oom", False)]
+    assert [(p.batch, p.status, p.first) for p in pts] == [(5, "ok", False), (6, "ok", True), (7, "oom", False)]
+    for rank in res["ranks"]:  # a relaunched job's timeline is its last process's: 5 ran first there
+        rank["timeline"] = [timeline[0], timeline[1]]
+    assert [p.first for p in P.points_of(Path("j"), res)[0]] == [True, False, False]
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from dsexp.analysis.budget_runs import device_per_rank, host_need, not_as_load, point_phase
 from dsexp.compose.budget.search import FAILED, OK, OOM, Point
 from dsexp.core.fs import read_json
+from dsexp.core.records import phase_kind
 from dsexp.core.result import JobRecord
 
 __all__ = ["host_need", "points_of", "not_as_load", "identity", "job_batches", "sweep_results", "read_json", "wall_s"]
@@ -152,17 +153,26 @@ def searched_in_load(result: Dict[str, Any]) -> bool:
 def measured_points(job_dir: Path, result: Dict[str, Any], rec: JobRecord, batches: List[int]) -> List[Point]:
     """The batches the job's ranks ran (ok, with the busiest rank's device need) or ran out of memory at."""
     points, uncounted = [], not_as_load(result)
-    ran = [e.get("batch") for e in (rec.ranks[0].points if rec.ranks else ()) if e.get("status") in ("ok", "oom")]
+    opened = first_point_phase(rec)
     for b in batches:
         statuses = {e.get("status") for rk in rec.ranks for e in rk.raw.get("points") or [] if e.get("batch") == b}
         if point_phase(result, b) is None:  # not run, or skipped: a smaller batch ran out of memory
             continue
         if b in uncounted:
             continue  # it did not start as a fresh process would (dsexp.rank.workloads.pipeline.as_load): run again
-        first = not ran or ran[0] == b  # a script's job lists no point statuses: one batch, first
+        first = opened is None or point_phase(result, b) == opened
         if "oom" in statuses:
             points.append(Point(b, OOM, job=str(job_dir), first=first))
         else:  # ran (a script's generate calls list no point statuses)
             needs = [n for n in device_per_rank(result, b) if n is not None]
             points.append(Point(b, OK, max(needs) if needs else None, job=str(job_dir), first=first))
     return points
+
+
+def first_point_phase(rec: JobRecord) -> Optional[str]:
+    """The phase of the point rank 0's process ran first, what a fresh process meets (None: the rank has no timeline
+    of points). A relaunched job's timeline is its last process's: a point of an earlier launch is not that first."""
+    rank = rec.ranks[0] if rec.ranks else None
+    timeline = (rank.raw.get("timeline") or []) if rank else []
+    ran = [e for e in timeline if phase_kind(e.get("phase") or "") == "generate"]
+    return min(ran, key=lambda e: e.get("t0") or 0)["phase"] if ran else None
