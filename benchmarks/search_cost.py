@@ -250,14 +250,18 @@ def replay_guess(config: Dict[str, Any], prompt: int, new: int, logits_batch: Op
 
 
 def one_load_search(entry: Dict[str, Any], batches: List[int], device: int, guess: int, largest_ok: int):
-    """The search as dsexp runs it now, against the measured bracket: (loads, the batches each load ran)."""
+    """The search as dsexp runs it now on a GPU (its answer confirmed as a fresh load's first point where it ran
+    after another with less than budget.confirm_margin_gib under the budget, at the peak the committed search
+    measured at that batch), against the measured bracket taken as what a load's first point meets: (loads, the
+    batches each load ran)."""
     from dsexp.compose.budget import search as S
     from dsexp.core.bisect import OK, OOM, next_batch
 
     index = max((i for i, b in enumerate(batches) if b <= guess), default=-1)
     c = S.Config(entry["key"], dict(entry.get("dims") or {}), entry["needs"], entry.get("tp", 1), one_load=True,
-                 replayed=index)  # fmt: skip
+                 replayed=index, confirm_margin=int(0.5 * GIB))  # fmt: skip
     state = S.State(device, batches, [c])
+    peaks = {p["batch"]: p.get("peak") for p in entry.get("points") or [] if p.get("status") == OK}
     loads = []
     while True:
         todo = S.next_round(state)
@@ -267,7 +271,8 @@ def one_load_search(entry: Dict[str, Any], batches: List[int], device: int, gues
         batch = job.start
         while batch is not None:
             outcomes[batch] = OK if batch <= largest_ok else OOM
-            c.points.append(S.Point(batch, outcomes[batch], 0 if batch <= largest_ok else None, job=str(len(loads))))
+            c.points.append(S.Point(batch, outcomes[batch], peaks.get(batch) if batch <= largest_ok else None,
+                                    job=str(len(loads)), first=not ran))  # fmt: skip
             ran.append(batch)
             batch = next_batch(job.batches, job.start, outcomes)
         loads.append(ran)

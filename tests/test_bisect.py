@@ -66,11 +66,11 @@ def test_only_outcomes_that_ran_or_ran_out_count():
 # --- the budget search over one-load configurations -----------------------------------------------------------
 
 
-def one_load_state(needs_of, device, configs=("a",), confirm_first=False):
+def one_load_state(needs_of, device, configs=("a",), confirm_margin=0):
     return S.State(
         device=device,
         batches=BATCHES,
-        configs=[S.Config(k, {"x": k}, needs_of(k), one_load=True, confirm_first=confirm_first) for k in configs],
+        configs=[S.Config(k, {"x": k}, needs_of(k), one_load=True, confirm_margin=confirm_margin) for k in configs],
     )
 
 
@@ -158,20 +158,21 @@ def test_one_load_searches_settle_whatever_the_model_gets_wrong():
 )
 def test_an_answer_found_after_other_points_of_its_load_is_confirmed_as_a_fresh_loads_first(guess, fresh, jobs):
     """A later point can fit where a fresh process's first generate does not (at 4 x 19 GiB batch 7 ran as a load's
-    fourth point and ran out as its first): with confirm_first the answer has run first in some load. The model's
-    bytes say up to 20; the replay's guess decides where the load starts."""
-    state = one_load_state(lambda k: [b * 10 for b in BATCHES], device=200, confirm_first=True)
+    fourth point and ran out as its first): with a confirm margin larger than the answer's headroom (its points ran at
+    a peak of 0 in this simulation) the answer has run first in some load. The model's bytes say up to 20; the
+    replay's guess decides where the load starts."""
+    state = one_load_state(lambda k: [b * 10 for b in BATCHES], device=200, confirm_margin=201)
     state.configs[0].replayed = BATCHES.index(guess)
     assert run_jobs(state, lambda c: 16, fresh_of=lambda c: fresh) == jobs
     c = state.configs[0]
-    assert S.largest_ok(c, BATCHES) == fresh and S.done(c, state) and S.fresh_answer(c, BATCHES)
+    assert S.largest_ok(c, BATCHES) == fresh and S.done(c, state) and S.fresh_answer(c, state)
     assert any(p.first and p.batch == fresh and p.status == OK for p in c.points)
 
 
 def test_a_confirmation_is_recorded_beside_the_later_point_and_a_first_out_of_memory_decides():
     """The confirming job's point has the batch of one already measured (on an H100 at 4 x 19 GiB, 0ae439c dropped it
     as known and the search stopped with no answer): it is new as the batch's first point, and once only."""
-    state = one_load_state(lambda k: [b * 10 for b in BATCHES], device=200, confirm_first=True)
+    state = one_load_state(lambda k: [b * 10 for b in BATCHES], device=200, confirm_margin=60)
     (c,) = state.configs
     c.points += [S.Point(7, S.OOM, job="0"), S.Point(6, S.OK, 150, job="0", first=False)]
     assert S.next_job(c, state) == S.Job([6], 6)
@@ -183,7 +184,20 @@ def test_a_confirmation_is_recorded_beside_the_later_point_and_a_first_out_of_me
     assert S.bracket(c, BATCHES)[1] == BATCHES.index(6) and not S.done(c, state)
 
 
-def test_without_confirm_first_the_answer_may_be_a_later_point():
+def test_a_later_answer_with_room_under_the_budget_is_not_confirmed():
+    """Headroom at least the margin: the later point stands (6 ran at 150 of 200, margin 50); less, it is run again."""
+    state = one_load_state(lambda k: [b * 10 for b in BATCHES], device=200, confirm_margin=50)
+    (c,) = state.configs
+    c.points += [S.Point(7, S.OOM, job="0"), S.Point(6, S.OK, 150, job="0", first=False)]
+    assert S.done(c, state)
+    c.confirm_margin = 51
+    assert not S.done(c, state) and S.next_job(c, state) == S.Job([6], 6)
+    c.points[-1].peak = None  # no peak measured: no headroom known, confirmed
+    c.confirm_margin = 1
+    assert not S.done(c, state)
+
+
+def test_without_a_confirm_margin_the_answer_may_be_a_later_point():
     state = one_load_state(lambda k: [b * 10 for b in BATCHES], device=200)
     state.configs[0].replayed = BATCHES.index(17)
     assert run_jobs(state, lambda c: 16, fresh_of=lambda c: 15) == [("a", [17, 16])]
@@ -241,15 +255,15 @@ def test_the_twin_is_dsexps_own_gpu_configuration_with_expandable_segments_and_o
 
 
 def test_only_dsexps_own_workload_on_a_gpu_confirms_its_answer_as_a_first_point():
-    from dsexp.compose.budget.sweeper import confirms_first
+    from dsexp.compose.budget.sweeper import GIB, confirm_margin
 
     from helpers.run import spec_of
 
     gpu = spec_of("tp=2")
     gpu.device = "cuda"  # as a GPU machine composes it
-    assert confirms_first(gpu) and not confirms_first(spec_of("tp=2"))  # device=cpu: its budget is simulated
+    assert confirm_margin(gpu) == GIB // 2 and confirm_margin(spec_of("tp=2")) == 0  # device=cpu: simulated budget
     gpu.budget.confirm_first = False
-    assert not confirms_first(gpu)
+    assert confirm_margin(gpu) == 0
 
 
 def test_the_answer_gives_both_batches_and_the_environment_line():

@@ -38,6 +38,7 @@ def test_no_budget_by_default_and_the_key_of_a_run_without_one_is_unchanged():
         (["budget.gpu_gib=24"], 0, None, "names both the GPUs and the memory"),
         (["budget.gpus=0", "budget.gpu_gib=24"], 0, None, "must be > 0"),
         ([*BUDGET, "budget.batch_min=8", "budget.batch_max=4"], 0, None, "batch_min <= batch_max"),
+        ([*BUDGET, "budget.confirm_margin_gib=-1"], 0, None, "must be >= 0 (0: never confirm)"),
         ([*BUDGET, "budget.host_gib=1000000"], 0, None, "but this machine has"),
         ([*BUDGET, "device=cuda"], 1, 141 * GIB, "budget.gpus=2 but only 1 GPUs are visible"),
         (["budget.gpus=1", "budget.gpu_gib=200", "device=cuda", "dtype=bf16"], 1, 141 * GIB, "the GPU has 141.0 GiB"),

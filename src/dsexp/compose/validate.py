@@ -288,6 +288,8 @@ def _validate_budget(spec: JobConfig, gpus: int, gpu_total: Optional[int] = None
             f"budget.batch_min={b.batch_min}, budget.batch_max={b.batch_max}, budget.batch_step={b.batch_step}: "
             "need 1 <= batch_min <= batch_max and batch_step >= 1"
         )
+    if b.confirm_margin_gib < 0:
+        raise ConfigError(f"budget.confirm_margin_gib={b.confirm_margin_gib}: must be >= 0 (0: never confirm)")
     if b.host_gib is not None:
         import psutil
 

@@ -195,9 +195,11 @@ class BudgetConfig:
     # dsexp's own workload: a configuration's whole batch search in one job, the model loaded once
     # (generate.bisect_from); false: a job per guess, running it and the next batch (a fresh process at every load)
     one_load: bool = True
-    # on a GPU, an answer that ran after other points of its load is run again as a fresh load's first point (a
-    # process's first generate reserves more than its later ones: dsexp.compose.budget.search.fresh_answer)
+    # on a GPU, an answer that ran after other points of its load, closer to the budget than confirm_margin_gib, is
+    # run again as a fresh load's first point (a process's first generate reserved more than a later one of the same
+    # batch, by more than 0.17 GiB at 4 x 19 GiB: dsexp.compose.budget.search.fresh_answer)
     confirm_first: bool = True
+    confirm_margin_gib: float = 0.5
 
     @property
     def active(self) -> bool:

@@ -76,7 +76,7 @@ class Config:
     points: List[Point] = field(default_factory=list)
     failed: Optional[str] = None  # a run failed for another cause than memory: not pursued
     twin_of: Optional[str] = None  # the configuration it repeats with expandable segments (allocator_decided)
-    confirm_first: bool = False  # its answer must have run as a load's first point (fresh_answer)
+    confirm_margin: int = 0  # bytes: an answer closer to the budget must have run as a load's first point (0: never)
 
     def point(self, batch: int) -> Optional[Point]:
         return next((p for p in self.points if p.batch == batch and p.status in (OK, *PAST)), None)
@@ -205,18 +205,21 @@ def done(c: Config, s: State) -> bool:
     if (loads_used(c) if c.one_load else runs_used(c)) >= run_bound(len(s.batches)):
         return True
     lo, hi = bracket(c, s.batches)
-    return hi - lo == 1 and fresh_answer(c, s.batches) if c.points else False
+    return hi - lo == 1 and fresh_answer(c, s) if c.points else False
 
 
-def fresh_answer(c: Config, batches: List[int]) -> bool:
-    """Whether c's largest batch that ran ran as a load's first point somewhere, where c asks for it
-    (confirm_first): a process's first generate reserves more than its later ones, and at 4 x 19 GiB batch 7 ran as
-    a load's fourth point and ran out of memory as a first (results/h200/budget/gpu19_tp4_*), so an answer found
-    after other points is run again, first in a fresh load; a first point that runs out moves the bracket down."""
-    lo, _ = bracket(c, batches)
-    if not c.confirm_first or lo < 0:
+def fresh_answer(c: Config, s: State) -> bool:
+    """Whether c's largest batch that ran stands for a fresh process: it ran as a load's first point, or with at
+    least `confirm_margin` bytes left under the budget. A process's first generate reserves more than a later one of
+    the same batch: at 4 x 19 GiB batch 7 ran as a load's fourth point, 0.17 GiB under the budget, and ran out of
+    memory as a first (results/h200/budget/gpu19_tp4_*). Otherwise the answer runs again, first in a fresh load; a
+    first point that runs out moves the bracket down."""
+    lo, _ = bracket(c, s.batches)
+    if not c.confirm_margin or lo < 0:
         return True
-    return any(p.first for p in c.points if p.batch == batches[lo] and p.status == OK)
+    ran = [p for p in c.points if p.batch == s.batches[lo] and p.status == OK]
+    peaks = [p.peak for p in ran]
+    return any(p.first for p in ran) or (None not in peaks and s.device - max(peaks) >= c.confirm_margin)
 
 
 def adds_to(c: Config, p: Point) -> bool:
