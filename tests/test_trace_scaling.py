@@ -166,3 +166,21 @@ def test_three_traces_without_one_repeating_step_give_none():
     assert steps_of(a, b, b + [("alloc", 4, 8)]) is None  # steps of different lengths
     assert steps_of(a, b, b + [("alloc", 4, 8), ("free", 3, 0)]) is None  # a free of what no step made
     assert steps_of(a, b, b + [("free", 4, 0), ("alloc", 5, 8)]) is None  # another order
+
+
+ARCHITECTURES = ["tiny_bloom", "tiny_falcon", "tiny_gemma", "tiny_gpt2", "tiny_gpt_neox", "tiny_gptj",
+                 "tiny_mixtral", "tiny_olmoe", "tiny_opt", "tiny_phi3", "tiny_qwen2_moe", "tiny_qwen2_tied",
+                 "internlm2_tiny"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_every_architecture_repeats_its_decode_steps_to_the_event(name):
+    """The steps of 4, 5 and 6 new tokens build 12 exactly as traced: caches, MoE routing, ALiBi and InternLM2's
+    remote code alike (at Qwen2.5-7B's shapes, by hand: 40 new tokens, 92,422 events, the same)."""
+    from dsexp.predict import architecture as arch
+    from dsexp.predict.decode_steps import steps_of
+
+    conf = yaml.safe_load((ROOT / "conf" / "model" / f"{name}.yaml").read_text())
+    model = arch.meta_model({"arch": conf["arch"], "dims": conf["dims"]}, "bf16")
+    steps = steps_of(*(generate_events(model, 2, PROMPT, n) for n in (4, 5, 6)))
+    assert steps is not None and steps.at(12) == generate_events(model, 2, PROMPT, 12)
