@@ -262,7 +262,9 @@ def test_only_dsexps_own_workload_on_a_gpu_confirms_its_answer_as_a_first_point(
     gpu = spec_of("tp=2")
     gpu.device = "cuda"  # as a GPU machine composes it
     assert confirm_margin(gpu) == GIB // 2 and confirm_margin(spec_of("tp=2")) == 0  # device=cpu: simulated budget
-    gpu.budget.confirm_first = False
+    gpu.budget.one_load = False  # a job per guess: every point is its job's first or the one after it
+    assert confirm_margin(gpu) == 0
+    gpu.budget.one_load, gpu.budget.confirm_first = True, False
     assert confirm_margin(gpu) == 0
 
 

@@ -77,9 +77,8 @@ def common_prefix(a: Sequence[Event], b: Sequence[Event]) -> int:
 
 
 def moves(before: Sequence[Event], after: Sequence[Event], size: int) -> Optional[Tuple[Move, ...]]:
-    """How each event moved one step on (None: the kinds differ, or a key moved other than by 0 or one step)."""
-    if len(before) != len(after):
-        return None
+    """How each event moved one step on (None: the kinds differ, or a key moved other than by 0 or one step); the
+    two are of one length (steps_of slices them so)."""
     out = []
     for (kind, key, n), (kind_after, key_after, n_after) in zip(before, after):
         shift = key_after - key

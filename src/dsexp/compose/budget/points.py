@@ -156,11 +156,12 @@ def measured_points(job_dir: Path, result: Dict[str, Any], rec: JobRecord, batch
     opened = first_point_phase(rec)
     for b in batches:
         statuses = {e.get("status") for rk in rec.ranks for e in rk.raw.get("points") or [] if e.get("batch") == b}
-        if point_phase(result, b) is None:  # not run, or skipped: a smaller batch ran out of memory
+        phase = point_phase(result, b)
+        if phase is None:  # not run, or skipped: a smaller batch ran out of memory
             continue
         if b in uncounted:
             continue  # it did not start as a fresh process would (dsexp.rank.workloads.pipeline.as_load): run again
-        first = opened is None or point_phase(result, b) == opened
+        first = opened is None or phase == opened
         if "oom" in statuses:
             points.append(Point(b, OOM, job=str(job_dir), first=first))
         else:  # ran (a script's generate calls list no point statuses)

@@ -118,7 +118,7 @@ class BudgetSearch:
         replayed = None if pred.replayed is None else max((i for i, x in enumerate(batches) if x <= pred.replayed),
                                                          default=-1)  # fmt: skip
         return search.Config(key, coords, pred.needs, spec.tp, one_batch, one_load, pred.miss, replayed=replayed,
-                             confirm_margin=confirm_margin(spec) if one_load else 0)  # fmt: skip
+                             confirm_margin=confirm_margin(spec))  # fmt: skip
 
     def add_allocator_twins(self) -> int:
         """Where the caching allocator's fragmentation decided a settled bracket (search.allocator_decided), the same
@@ -328,10 +328,10 @@ class BudgetSearch:
 def confirm_margin(spec: JobConfig) -> int:
     """The headroom under the budget below which the search runs an answer found after other points of its load
     again, first in a fresh load (budget.confirm_first, budget.confirm_margin_gib; search.fresh_answer), in bytes;
-    0 (never) but for dsexp's own workload on a GPU, whose caching allocator a process's first generate meets (a CPU
-    run's budget is simulated, the same at every point)."""
+    0 (never) but for dsexp's own workload searched in one load on a GPU, whose caching allocator a process's first
+    generate meets (a CPU run's budget is simulated, the same at every point)."""
     b = spec.budget
-    confirms = b.confirm_first and spec.device == "cuda" and spec.workload != "script"
+    confirms = b.confirm_first and b.one_load and spec.device == "cuda" and spec.workload != "script"
     return int(b.confirm_margin_gib * GIB) if confirms else 0
 
 
