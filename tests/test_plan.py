@@ -179,3 +179,16 @@ def test_replay_gives_the_allocators_answer_beside_the_allocated_bytes_one_where
 
     assert one["traced_with"] == f"transformers {transformers.__version__}"  # the trace depends on it
     assert f"(generate traced with transformers {transformers.__version__})" in text
+
+
+def test_a_replay_traced_under_another_transformers_than_the_stack_pins_says_so():
+    from dsexp.analysis.sections.plan_table import replayed_text
+    from dsexp.predict.job import installed, traced_with
+
+    here = installed("transformers")
+    assert traced_with({}) == {"traced_with": f"transformers {here}"}  # the ranks run this environment's
+    assert "version_note" not in traced_with({"stack": {"transformers": here}})
+    pinned = traced_with({"stack": {"name": "seed", "transformers": "4.42.4"}})
+    assert "the stack runs 4.42.4" in pinned["version_note"]
+    r = {**pinned, "default": {"batch": 5}, "expandable_segments": {"batch": 6}}
+    assert replayed_text(r).endswith(pinned["version_note"])

@@ -34,12 +34,12 @@ def test_a_point_starts_as_the_load_left_it_unless_a_block_pins_a_segments_free_
     assert not pipeline.as_load(state(WEIGHTS, WEIGHTS + 11 * MIB, 40), first)  # 3 MiB more cached: not the same
 
 
-def run_generate(monkeypatch, tmp_path, starts):
-    """generate() over a grid of three batches on a stand-in GPU: the allocator's start states given, each point
-    'ran'; (the order of releases and points, the points' entries)."""
-    events, states = [], iter(starts)
+def run_generate(monkeypatch, tmp_path, starts, statuses=("ok", "ok", "ok"), batches=(2, 3, 4), lengths=64):
+    """generate() over a grid (three batches by default) on a stand-in GPU: the allocator's start states given,
+    each point 'ran' with its status; (the order of releases and points, the points' entries)."""
+    events, states, status = [], iter(starts), iter(statuses)
     spec = JobConfig()
-    spec.generate.batch_size, spec.generate.prompt_tokens = [2, 3, 4], 64
+    spec.generate.batch_size, spec.generate.prompt_tokens = list(batches), lengths
     ctx = SimpleNamespace(spec=spec, rank=1, world_size=2, on_gpu=True, runtime={}, job_dir=tmp_path)
     noted = {}
     rec = SimpleNamespace(note=lambda **kw: noted.update(kw))
@@ -47,7 +47,7 @@ def run_generate(monkeypatch, tmp_path, starts):
 
     def fake_point(ctx, rec, module, point, key, text, extra, first=True):
         events.append(("point", point.batch))
-        return {**point.to_dict(), "phase": key, "status": "ok"}, None, []
+        return {**point.to_dict(), "phase": key, "status": next(status)}, None, []
 
     monkeypatch.setattr("dsexp.rank.generation.prompt_ids", lambda ctx, vocab: [1, 2, 3])
     monkeypatch.setattr(pipeline, "run_point", fake_point)
@@ -71,6 +71,17 @@ def test_every_point_after_the_first_starts_from_an_emptied_cache_and_says_wheth
     assert events == [("point", 2), ("release", True), ("point", 3), ("release", True), ("point", 4)]
     assert [o["start"]["as_load"] for o in outcomes] == [True, True, False]
     assert outcomes[1]["start"]["reserved"] == WEIGHTS + 40 * MIB
+
+
+def test_a_point_after_one_that_ran_out_of_memory_is_not_released_twice(monkeypatch, tmp_path):
+    # run_point released the memory of the point that ran out (the stand-in here does not): the next starts at once
+    starts = [state(WEIGHTS, WEIGHTS + 8 * MIB, 40)] * 3
+    statuses = ("ok", "oom", "ok")  # (2, 32), (3, 32) runs out, (2, 64); (3, 64) is skipped as larger
+    events, outcomes = run_generate(monkeypatch, tmp_path, starts, statuses, batches=(2, 3), lengths=[32, 64])
+    assert events == [("point", 2), ("release", True), ("point", 3), ("point", 2)]
+    assert [o["status"] for o in outcomes] == ["ok", "oom", "ok", "skipped"]
+    assert pipeline.last_ran([*outcomes, {"batch": 5, "status": "skipped"}]) == "ok"
+    assert pipeline.last_ran([]) is None
 
 
 def entry(batch, status, as_load):

@@ -326,17 +326,27 @@ def replayed(pred: Prediction, config: Mapping[str, Any], rules: Rules, prompt: 
     gen = config.get("generate") or {}
     warmup, repeats = int(gen.get("warmup") or 0), int(gen.get("repeats") or 1)
     calls = fragmentation.point_calls(new, warmup, repeats, True, logits_batch)
-    import transformers
-
-    # the trace is transformers' own generate: its tensors' lifetimes, so the frees the replay sees, change between
-    # versions (docs/FINDINGS.md 6e: 5.17 and 5.24 one batch apart at 4 x 19 GiB)
-    out: Dict[str, Any] = {"traced_with": f"transformers {transformers.__version__}"}
+    out: Dict[str, Any] = traced_with(config)
     for name, expandable in (("default", False), ("expandable_segments", True)):
         batch, probes = fragmentation.largest_batch(
             ranked, weights, prompt, calls, cap_bytes, fit["largest_batch"], expandable
         )
         out[name] = {"batch": batch, "replays": len(probes), "peak_reserved_bytes": next(
             (p.peak_reserved for p in probes if p.batch == batch), None)}  # fmt: skip
+    return out
+
+
+def traced_with(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """The transformers the trace ran (this environment's) and, where the config's stack pins another, a note: the
+    trace is transformers' own generate, and its tensors' lifetimes, so the frees the replay sees, change between
+    versions (docs/FINDINGS.md 6e: 5.17 and 5.24 one batch apart at 4 x 19 GiB)."""
+    here, ranks = installed("transformers"), version(config, Facts(), "transformers")
+    out: Dict[str, Any] = {"traced_with": f"transformers {here}"}
+    if ranks and ranks != here:
+        out["version_note"] = (
+            f"traced with transformers {here}; the stack runs {ranks}: its generate may free in another order "
+            f"(replay under {ranks} for its answer)"
+        )
     return out
 
 

@@ -100,6 +100,7 @@ def replayed_text(r) -> str:
         return f", not replayed ({r['not_replayed']})"
     d, e = r["default"]["batch"], r["expandable_segments"]["batch"]
     traced = f" (generate traced with {r['traced_with']})" if r.get("traced_with") else ""
+    traced += f"; {r['version_note']}" if r.get("version_note") else ""
     return (
         f", replayed through the caching allocator: {d}, or {e} with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
         + traced

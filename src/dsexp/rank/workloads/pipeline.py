@@ -89,10 +89,11 @@ def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[
             skipped = {"phase": key, "status": "skipped", "larger_than": larger_than.to_dict()}
             outcomes.append({**point.to_dict(), **skipped})
             continue
-        if any(o.get("status") in ("ok", "oom") for o in outcomes):
+        if last_ran(outcomes) == "ok":
             # the cache an earlier point left shapes this point's blocks: on the H200, batch 10 run on batch 9's
             # reserved 0.49 GiB more than in a fresh process, and batch 11 ran where a fresh process ran out of
-            # memory (results/h200/budget/gpu40_one_load against gpu40); emptied, it starts as the load left it
+            # memory (results/h200/budget/gpu40_one_load against gpu40); emptied, it starts as the load left it (a
+            # point that ran out of memory released its own in run_point)
             release_memory(ctx.on_gpu)
         start = allocator_start(ctx.on_gpu)
         load_start = load_start or start
@@ -118,6 +119,11 @@ def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[
     if engine:
         report = engine.finish(report)
     rec.note(engine=report, points=outcomes)
+
+
+def last_ran(outcomes: List[Dict[str, Any]]) -> Optional[str]:
+    """The status of the last point that ran ("ok" or "oom"; None before any: skipped points do not run)."""
+    return next((o["status"] for o in reversed(outcomes) if o.get("status") in ("ok", "oom")), None)
 
 
 def points_to_run(ctx: RankContext, outcomes: List[Dict[str, Any]]) -> Iterator[Point]:
