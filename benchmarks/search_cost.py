@@ -134,12 +134,12 @@ def fresh_points(read) -> Dict[Tuple, Dict[int, Dict[str, Any]]]:
     """configuration -> batch -> the status and reserved peak of a job that ran that batch first (a fresh
     process)."""
     out: Dict[Tuple, Dict[int, Dict[str, Any]]] = {}
-    for _, entry, results in read:
+    for search, entry, results in read:
         for result in results:
             first = ran_in_order(result)[:1]
             if first:
                 b = first[0]["batch"]
-                fresh = {"status": first[0]["status"], "reserved": reserved_by_batch(result).get(b)}
+                fresh = {"status": first[0]["status"], "reserved": reserved_by_batch(result).get(b), "from": search}
                 out.setdefault(identity(entry), {})[b] = fresh
     return out
 
@@ -192,12 +192,14 @@ def first_guess(results: List[Dict[str, Any]]) -> Optional[int]:
 def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, Any]]:
     """Each configuration the one-load search settled, beside the committed searches of its budget (empty until the
     one-load search is committed). A point run after another of the same load is held to a fresh process that ran
-    the same batch first: a job of the committed searches or of a step run for that reference alone (FRESH)."""
+    the same batch first: a later load of the same search (its answer confirmed as a load's first point: the same
+    code), else a job of the committed searches or of a step run for that reference alone (FRESH)."""
     if not (BUDGET / one_load / "budget.json").is_file():
         return []
     read = read_searches(committed)
     references = [s for s in FRESH.get(one_load, ()) if (BUDGET / s / "budget.json").is_file()]
     before, fresh = committed_by_config(read), fresh_points(read + read_searches(references))
+    own = fresh_points(read_searches((one_load,)))
     gpu = gpu_of(one_load)
     rows = []
     for entry in json.loads((BUDGET / one_load / "budget.json").read_text())["configs"]:
@@ -220,7 +222,8 @@ def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, A
         for result in results:
             in_process = reserved_by_batch(result)
             for prior, p in after_another(result):
-                other = fresh.get(identity(entry), {}).get(p["batch"]) or {}
+                other = own.get(identity(entry), {}).get(p["batch"]) or fresh.get(identity(entry), {}).get(p["batch"])
+                other = other or {}
                 row["in_load"].append({
                     "batch": p["batch"],
                     "after": f"{prior['batch']} {prior['status']}",
@@ -229,6 +232,7 @@ def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, A
                     "reserved_in_process": in_process.get(p["batch"]),
                     "status_fresh": other.get("status"),
                     "reserved_fresh": other.get("reserved"),
+                    "fresh_from": other.get("from"),
                 })  # fmt: skip
         rows.append(row)
     return rows
@@ -401,7 +405,7 @@ def render_measured(rows: List[Dict[str, Any]]) -> str:
             diff = "-" if None in (mine, fresh) else f"{(mine - fresh) / 2**20:+.0f}"
             pairs.append([
                 f"{r['search']}: `{r['config']}`", a["batch"], a["after"], "yes" if a["cache_emptied"] else "no",
-                a["status"], a["status_fresh"] or "-", gib(mine), gib(fresh), diff,
+                a["status"], a["status_fresh"] or "-", gib(mine), gib(fresh), diff, a["fresh_from"] or "-",
             ])  # fmt: skip
     held = [r for r in rows if r["committed"]]
     within = sum(r["points"] <= 3 for r in rows)
@@ -417,8 +421,9 @@ def render_measured(rows: List[Dict[str, Any]]) -> str:
         "",
     ]
     if pairs:
-        out += table(["configuration", "batch", "after", "cache emptied", "status", "fresh: status",
-                      "reserved in the same load", "fresh: reserved", "difference MiB"], pairs)  # fmt: skip
+        heads = ["configuration", "batch", "after", "cache emptied", "status", "fresh: status",
+                 "reserved in the same load", "fresh: reserved", "difference MiB", "fresh: in"]  # fmt: skip
+        out += table(heads, pairs)
     else:
         out += ["None: no job ran a point after another of its own.", ""]
     return "\n".join(out + [""])

@@ -87,7 +87,7 @@ def test_a_one_load_search_is_set_beside_the_committed_one_of_its_budget(search_
     # 11 and 10 ran after an out-of-memory point of the same job; the fresh process that ran 11 first is job 2 (job
     # 1 ran 11 after 10, its cache kept: not fresh), and 10 was run first by job 1. Peaks: the highest rank (rank 1)
     peak = lambda gib: int(gib * GIB) + 2**20  # noqa: E731
-    common = {"cache_emptied": True, "status_fresh": None}
+    common = {"cache_emptied": True, "status_fresh": None, "fresh_from": "gpu40"}
     assert row["in_load"] == [
         {**common, "batch": 11, "after": "12 oom", "status": "oom", "reserved_in_process": peak(38.6),
          "status_fresh": "oom", "reserved_fresh": peak(38.5)},
@@ -121,9 +121,28 @@ def test_a_different_answer_is_shown_with_both_brackets(search_cost, tmp_path):
     # 11 ran after 10 in the one load, its cache kept (a record without `start`); fresh, job 0 ran 10 out of memory
     (later,) = row["in_load"]
     assert (later["batch"], later["after"], later["cache_emptied"], later["status_fresh"]) == (11, "10 ok", False, None)
+    assert later["fresh_from"] is None
     text = search_cost.render_measured([row])
     assert "| 10 / 11 | 1 / 2 / 70 | 9 / 10 | no |" in text
     assert "0 of the 1 configurations with a committed search found its answer" in text
+
+
+def test_a_point_after_another_is_held_to_the_same_searchs_own_fresh_load_first(search_cost, tmp_path):
+    # committed: 6 ran first in a job of its own; the one-load search ran 7 (oom) then 6, and confirmed 6 as a fresh
+    # load's first point: that confirmation (the same code) is the reference, not the committed job
+    committed = tmp_path / "gpu40"
+    search(committed, [(job(committed, "0", [(6, "ok"), (7, "oom")], [17.0, 18.0], 80.0), [(6, "ok"), (7, "oom")])],
+           6, 7)  # fmt: skip
+    one = tmp_path / "gpu40_one_load"
+    in_load, confirmed = [(7, "oom"), (6, "ok")], [(6, "ok")]
+    search(one, [(job(one, "0", in_load, [18.3, 17.55], 120.0), in_load),
+                 (job(one, "1", confirmed, [17.27], 70.0), confirmed)], 6, 7)  # fmt: skip
+    (row,) = search_cost.measured_rows("gpu40_one_load", ("gpu40",))
+    (after,) = row["in_load"]
+    assert (after["batch"], after["after"], after["fresh_from"]) == (6, "7 oom", "gpu40_one_load")
+    assert after["reserved_fresh"] == int(17.27 * GIB) + 2**20
+    text = search_cost.render_measured([row])
+    assert "| 6 | 7 oom | yes | ok | ok | 17.55 | 17.27 | +287 | gpu40_one_load |" in text
 
 
 def test_before_the_h200_ran_it_the_report_says_it_was_not_measured(search_cost):
@@ -178,5 +197,5 @@ def test_the_fresh_reference_is_a_step_of_its_own_and_the_gpu_and_guess_are_the_
     peak = lambda gib: int(gib * GIB) + 2**20  # noqa: E731
     assert row["in_load"] == [
         {"batch": 7, "after": "8 oom", "cache_emptied": True, "status": "ok", "reserved_in_process": peak(22.94),
-         "status_fresh": "ok", "reserved_fresh": peak(22.95)}
+         "status_fresh": "ok", "reserved_fresh": peak(22.95), "fresh_from": "llama24_tp2_fresh"}
     ]  # fmt: skip
