@@ -51,7 +51,7 @@ SEARCHES = ("gpu24", "gpu24_loads_tp2", "gpu24_loads_tp4", "gpu40", "gpu40_expan
 ONE_LOAD = {"gpu40_one_load": ("gpu40",), "gpu40_from_load": ("gpu40",),
             "gpu24_one_load": ("gpu24", "gpu24_loads_tp2", "gpu24_loads_tp4"),
             # llama_20b_shapes: no budget search before (tp=1 at 48 GiB was probed by hand, results/h200/fragmentation)
-            "llama48_tp1": (), "llama24_tp2": (),
+            "llama48_tp1": (), "llama24_tp2": (), "llama24_tp2_confirm": (),
             # 4 x 19 GiB at tp=4 on an H100 (no load-per-guess search of it): the logits call at the point's batch,
             # then of the first sequence alone, then with the answer confirmed as a fresh load's first point
             "gpu19_tp4_one_load": (), "gpu19_tp4_first_sequence": (), "gpu19_tp4_confirm": ()}  # fmt: skip
