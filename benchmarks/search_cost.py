@@ -172,11 +172,13 @@ def committed_by_config(read) -> Dict[Tuple, Dict[str, Any]]:
     }
 
 
-def gpu_of(step: str) -> str:
-    """The GPU the campaign's latest run of this step had (campaign.json), '-' where none is recorded."""
+def gpu_of(step: str, started: Optional[float] = None) -> str:
+    """The GPU of the campaign's latest run of this step (campaign.json) that started before `started` (a job's
+    start: a folder resumed on another machine holds jobs of both), '-' where none is recorded."""
     path = BUDGET / "campaign.json"
     runs = json.loads(path.read_text())["runs"] if path.is_file() else []
-    gpus = [r["machine"]["gpus"] for r in runs if step in [s["name"] for s in r["steps"]] and r["machine"].get("gpus")]
+    gpus = [r["machine"]["gpus"] for r in runs if step in [s["name"] for s in r["steps"]] and r["machine"].get("gpus")
+            and (started is None or r.get("started") is None or r["started"] <= started)]  # fmt: skip
     return gpus[-1][0].split(",")[0] if gpus else "-"
 
 
@@ -200,7 +202,6 @@ def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, A
     references = [s for s in FRESH.get(one_load, ()) if (BUDGET / s / "budget.json").is_file()]
     before, fresh = committed_by_config(read), fresh_points(read + read_searches(references))
     own = fresh_points(read_searches((one_load,)))
-    gpu = gpu_of(one_load)
     rows = []
     for entry in json.loads((BUDGET / one_load / "budget.json").read_text())["configs"]:
         if not entry["points"]:
@@ -209,7 +210,7 @@ def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, A
         row = {
             "search": one_load,
             "config": entry["key"],
-            "gpu": gpu,
+            "gpu": " + ".join(dict.fromkeys(gpu_of(one_load, r.get("started")) for r in results)) or "-",
             "guess": first_guess(results),
             "bracket": [entry.get("largest_ok"), entry.get("smallest_oom")],
             "loads": len({p["job"] for p in entry["points"]}),

@@ -199,3 +199,19 @@ def test_the_fresh_reference_is_a_step_of_its_own_and_the_gpu_and_guess_are_the_
         {"batch": 7, "after": "8 oom", "cache_emptied": True, "status": "ok", "reserved_in_process": peak(22.94),
          "status_fresh": "ok", "reserved_fresh": peak(22.95), "fresh_from": "llama24_tp2_fresh"}
     ]  # fmt: skip
+
+
+def test_a_folder_resumed_on_another_machine_names_each_configurations_own_gpu(search_cost, tmp_path):
+    one = tmp_path / "gpu24_one_load"
+    ran = [(2, "ok"), (3, "oom")]
+    search(one, [(job(one, "0", ran, [23.0, 23.2], 40.0), ran)], 2, 3)
+    result = json.loads((one / "0" / "result.json").read_text())
+    (one / "0" / "result.json").write_text(json.dumps({**result, "started": 150.0}))
+    runs = [
+        {"started": 100.0, "machine": {"gpus": ["NVIDIA H100 80GB HBM3, 81559 MiB"]}, "steps": [{"name": one.name}]},
+        {"started": 200.0, "machine": {"gpus": ["NVIDIA H200, 143771 MiB"]}, "steps": [{"name": one.name}]},
+    ]
+    (tmp_path / "campaign.json").write_text(json.dumps({"runs": runs}))
+    (row,) = search_cost.measured_rows(one.name, ())
+    assert row["gpu"] == "NVIDIA H100 80GB HBM3"  # its job started before the H200's run
+    assert search_cost.gpu_of(one.name) == "NVIDIA H200"  # the step's latest run
