@@ -187,7 +187,7 @@ def candidates(search: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> Li
         b = c.get("largest_ok")
         if b is None or c.get("failed"):
             continue
-        point = next((p for p in c.get("points") or [] if p["batch"] == b and p["status"] == "ok"), None)
+        point = answer_point(c, b)
         res = results.get(point_key(c, point)) if point else None
         if res is None:
             continue
@@ -211,6 +211,14 @@ def candidates(search: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> Li
         )
     out.sort(key=by_speed if not any(x.shared_gpu for x in out) else by_batch)
     return out
+
+
+def answer_point(config: Dict[str, Any], batch: int) -> Optional[Dict[str, Any]]:
+    """The point whose job the answer at `batch` cites: where the batch ran as a load's first point too (the search
+    confirmed it in a fresh load: dsexp.compose.budget.search.fresh_answer), that one, the figures a fresh server
+    meets; else the first that ran."""
+    ran = [p for p in config.get("points") or [] if p["batch"] == batch and p["status"] == "ok"]
+    return next((p for p in ran if p.get("first")), ran[0] if ran else None)
 
 
 def ran_before(result: Dict[str, Any], batch: int) -> Optional[int]:
