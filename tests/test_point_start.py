@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from dsexp.compose.budget import points as P
 from dsexp.core.schema import JobConfig
 from dsexp.rank.workloads import pipeline
@@ -159,3 +161,25 @@ def test_the_batch_left_open_is_the_next_loads_first_point_a_fresh_process():
     c.points, _ = P.points_of(Path("j"), result)
     job = S.next_job(c, S.State(40 * 2**30, [9, 10, 11, 12], [c]))
     assert (job.batches, job.start) == ([10], 10)
+
+
+def test_a_rank_whose_peer_ran_out_before_the_forward_releases_its_cache_too(monkeypatch, tmp_path):
+    # the point ends as out of memory on every rank; this one raised nothing, yet the next point starts without a
+    # release of its own (last_ran), so run_point releases here as it does where the rank ran out itself
+    events = []
+    spec = JobConfig()
+    ctx = SimpleNamespace(spec=spec, rank=1, world_size=2, on_gpu=True, runtime={}, job_dir=tmp_path, device="cuda:0")
+    rec = SimpleNamespace(
+        record={"phases": {}},
+        begin=lambda key: key,
+        end=lambda key, error=None: events.append(("end", key)),
+        annotate_phase=lambda key, **kw: None,
+        note=lambda **kw: None,
+    )
+    monkeypatch.setattr(pipeline, "simulate_point", lambda ctx, weights, point: None)
+    monkeypatch.setattr(pipeline, "ranks_out_before_forward", lambda world, rank, mine, device: [0])
+    monkeypatch.setattr(pipeline, "release_memory", lambda on_gpu: events.append(("release", on_gpu)))
+    monkeypatch.setattr(pipeline, "forward", lambda *a, **k: pytest.fail("no forward after a peer ran out"))
+    entry, logits, tokens = pipeline.run_point(ctx, rec, None, pipeline.Point(9, 64), "generate[b=9,l=64]", [], {})
+    assert entry["status"] == "oom" and entry["oom_ranks"] == [0]
+    assert events == [("end", "generate[b=9,l=64]"), ("release", True)]

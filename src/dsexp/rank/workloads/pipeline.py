@@ -93,7 +93,7 @@ def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[
             # the cache an earlier point left shapes this point's blocks: on the H200, batch 10 run on batch 9's
             # reserved 0.49 GiB more than in a fresh process, and batch 11 ran where a fresh process ran out of
             # memory (results/h200/budget/gpu40_one_load against gpu40); emptied, it starts as the load left it (a
-            # point that ran out of memory released its own in run_point)
+            # point that ran out of memory on any rank was released in run_point, on every rank)
             release_memory(ctx.on_gpu)
         start = allocator_start(ctx.on_gpu)
         load_start = load_start or start
@@ -188,6 +188,8 @@ def run_point(
         rec.note(budget={k: simulated[k] for k in ("how", "budget_bytes", "cpu_scale")})
     if oom is not None and not ran_out:  # in the forward: the ranks that ran out agree out of band
         go_on, ran_out = agree_after_forward(ctx.rank, ctx.world_size, key, ctx.spec.launcher.grace_s / 2)
+    if ran_out and oom is None:  # another rank ran out: this one's cache still holds what its point left
+        release_memory(ctx.on_gpu)
     entry = {**point.to_dict(), "phase": key, "status": "oom" if ran_out else "ok"}
     if ran_out:
         entry.update(oom_ranks=ran_out, error=oom)
