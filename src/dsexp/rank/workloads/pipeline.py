@@ -181,15 +181,14 @@ def run_point(
     if oom is not None:
         oom["allocator"] = allocator_state(ctx.on_gpu)
     rec.end(key)  # its memory snapshot (probe.memory_snapshot) still holds the allocator's cache as the point left it
-    if oom is not None:
+    # released on every rank of a point out of memory: one whose peer ran out before the forward too
+    if oom is not None or ran_out:
         release_memory(ctx.on_gpu)
     if simulated:
         rec.annotate_phase(key, budget=simulated)
         rec.note(budget={k: simulated[k] for k in ("how", "budget_bytes", "cpu_scale")})
     if oom is not None and not ran_out:  # in the forward: the ranks that ran out agree out of band
         go_on, ran_out = agree_after_forward(ctx.rank, ctx.world_size, key, ctx.spec.launcher.grace_s / 2)
-    if ran_out and oom is None:  # another rank ran out: this one's cache still holds what its point left
-        release_memory(ctx.on_gpu)
     entry = {**point.to_dict(), "phase": key, "status": "oom" if ran_out else "ok"}
     if ran_out:
         entry.update(oom_ranks=ran_out, error=oom)
