@@ -28,6 +28,7 @@ Writes results/cpu/search_cost.{json,md}.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import sys
@@ -172,11 +173,16 @@ def committed_by_config(read) -> Dict[Tuple, Dict[str, Any]]:
     }
 
 
+@functools.lru_cache(maxsize=None)
+def campaign_runs(path: Path) -> Tuple[Dict[str, Any], ...]:
+    """The campaign's recorded runs (campaign.json), read once per benchmark run."""
+    return tuple(json.loads(path.read_text())["runs"]) if path.is_file() else ()
+
+
 def gpu_of(step: str, started: Optional[float] = None) -> str:
     """The GPU of the campaign's latest run of this step (campaign.json) that started before `started` (a job's
     start: a folder resumed on another machine holds jobs of both), '-' where none is recorded."""
-    path = BUDGET / "campaign.json"
-    runs = json.loads(path.read_text())["runs"] if path.is_file() else []
+    runs = campaign_runs(BUDGET / "campaign.json")
     gpus = [r["machine"]["gpus"] for r in runs if step in [s["name"] for s in r["steps"]] and r["machine"].get("gpus")
             and (started is None or r.get("started") is None or r["started"] <= started)]  # fmt: skip
     return gpus[-1][0].split(",")[0] if gpus else "-"
@@ -201,12 +207,12 @@ def measured_rows(one_load: str, committed: Tuple[str, ...]) -> List[Dict[str, A
     read = read_searches(committed)
     references = [s for s in FRESH.get(one_load, ()) if (BUDGET / s / "budget.json").is_file()]
     before, fresh = committed_by_config(read), fresh_points(read + read_searches(references))
-    own = fresh_points(read_searches((one_load,)))
+    mine = read_searches((one_load,))  # its jobs read once: for its rows and for its own fresh points
+    own = fresh_points(mine)
     rows = []
-    for entry in json.loads((BUDGET / one_load / "budget.json").read_text())["configs"]:
+    for _, entry, results in mine:
         if not entry["points"]:
             continue
-        results = search_jobs(one_load, entry)
         row = {
             "search": one_load,
             "config": entry["key"],
