@@ -190,5 +190,40 @@ def test_a_replay_traced_under_another_transformers_than_the_stack_pins_says_so(
     assert "version_note" not in traced_with({"stack": {"transformers": here}})
     pinned = traced_with({"stack": {"name": "seed", "transformers": "4.42.4"}})
     assert "the stack runs 4.42.4" in pinned["version_note"]
+    assert "--trace-in-stack" in pinned["version_note"]  # says how to get the stack's own answer
     r = {**pinned, "default": {"batch": 5}, "expandable_segments": {"batch": 6}}
     assert replayed_text(r).endswith(pinned["version_note"])
+
+
+def test_trace_in_stack_replays_each_configuration_under_the_transformers_its_stack_pins(capsys, tmp_path, cache_dir):
+    """A stack pinning another transformers is planned in its overlay (prepared as a sweep prepares it: the package
+    index the first time); one pinning this environment's is planned here. Each keeps its own label."""
+    from dsexp.predict.job import installed
+
+    here = installed("transformers")
+    other = "5.17.0" if here != "5.17.0" else "5.24.0"
+    common = ["model=tiny_llama", "gpu=a100_40gb", f"cache_dir={cache_dir}", "generate.prompt_tokens=64"]
+    status, entries, text, err = plan(
+        capsys, tmp_path, "--replay", "--trace-in-stack", "-m", *common, f"stack.transformers={other},{here}"
+    )
+    assert status == 0, err
+    by_version = {e["overrides"][0].split("=")[1]: e for e in entries}
+    assert set(by_version) == {other, here}
+    (away,) = by_version[other]["largest_batch"].values()
+    (home,) = by_version[here]["largest_batch"].values()
+    assert away["replayed"]["traced_with"] == f"transformers {other}" and "version_note" not in away["replayed"]
+    assert by_version[other]["in_stack"] and "in_stack" not in by_version[here]
+    assert home["replayed"]["traced_with"] == f"transformers {here}" and "version_note" not in home["replayed"]
+    assert by_version[other]["configuration"] == f"stack.transformers={other}"
+    assert f"(generate traced with transformers {other})" in text
+
+
+def test_a_stack_that_cannot_be_prepared_is_an_entry_saying_why_and_the_plan_goes_on(capsys, tmp_path, cache_dir):
+    common = ["model=tiny_llama", "gpu=a100_40gb", f"cache_dir={cache_dir}", "generate.prompt_tokens=64"]
+    status, entries, _, err = plan(
+        capsys, tmp_path, "--replay", "--trace-in-stack", *common, "stack.transformers=0.0.1"
+    )
+    assert status == 0, err
+    (entry,) = entries
+    assert entry["status"] == "not_predicted"
+    assert entry["reason"].startswith("its stack could not be prepared") and "transformers==0.0.1" in entry["reason"]

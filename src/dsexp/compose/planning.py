@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +34,7 @@ class PlanError(Exception):
 class Planned:
     overrides: List[str]  # the combination's own overrides (what the sweep varies)
     spec: JobConfig
+    combo: List[str]  # every override that composes it (for a plan of it alone, in its stack)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -48,6 +52,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="with a GPU size: also replay each point's generate calls through the caching allocator "
         "(fragmentation; tp=1, or AutoTP without kernel injection; at 20B shapes a few generates traced on the meta "
         "device, seconds each, shared by the configurations of one rank model)",
+    )
+    p.add_argument(
+        "--trace-in-stack",
+        action="store_true",
+        help="with --replay: where a configuration's stack pins another transformers than this environment's, trace "
+        "its generate under that version (the overlay a sweep prepares for the ranks, built once under cache_dir: "
+        "the package index is needed the first time); the frees the replay sees are transformers' own",
     )
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m dsexp")
     return p.parse_args(list(argv))
@@ -106,11 +117,14 @@ def composed(overrides: Sequence[str], hydra: bool = False):
 def space(overrides: Sequence[str], multirun: bool) -> List[Planned]:
     """Every configuration, each checked, before any is predicted: the first bad one stops the plan."""
     combos, swept = combinations(overrides, multirun)
-    return [Planned([o for o in c if o.split("=", 1)[0].lstrip("+~") in swept], checked(c)) for c in combos]
+    return [Planned([o for o in c if o.split("=", 1)[0].lstrip("+~") in swept], checked(c), c) for c in combos]
 
 
-def plan_one(p: Planned, replay: bool = False) -> Dict[str, Any]:
-    """One configuration's entry: its prediction (dsexp.predict.job.plan_entry), or why it has none."""
+def plan_one(p: Planned, replay: bool = False, in_stack: bool = False) -> Dict[str, Any]:
+    """One configuration's entry: its prediction (dsexp.predict.job.plan_entry), or why it has none. `in_stack`
+    (with `replay`): planned in its stack's environment where that pins another transformers (plan_in_stack)."""
+    if replay and in_stack and stack_transformers(p.spec):
+        return plan_in_stack(p)
     from dsexp.compose.budget.model import predict_spec, script_config
     from dsexp.engines.placement import RULES
     from dsexp.predict import job as model
@@ -129,6 +143,47 @@ def plan_one(p: Planned, replay: bool = False) -> Dict[str, Any]:
     except Exception as e:  # a configuration the model has no rule for: said, the others still predicted
         return {**head, "status": "not_predicted", "reason": f"{type(e).__name__}: {e}"}
     return {**head, "status": "predicted", "seconds": round(time.perf_counter() - t0, 3), **entry}
+
+
+def stack_transformers(spec: JobConfig) -> Optional[str]:
+    """The transformers the configuration's stack pins where it is not this environment's; None otherwise."""
+    from dsexp.predict.job import installed
+
+    pinned = spec.stack.transformers
+    return pinned if pinned and pinned != installed("transformers") else None
+
+
+def plan_in_stack(p: Planned) -> Dict[str, Any]:
+    """The configuration planned alone (`python -m dsexp.plan --replay`) with its stack's overlay first on the path,
+    as its ranks would run: the whole prediction, the generate's trace included, under the stack's transformers. The
+    configuration's own label is kept; a plan the overlay cannot run is an entry saying why."""
+    from dsexp.job.overlay import StackError, prepare_stack, rank_env
+
+    head = {"configuration": " ".join(p.overrides) or "(as composed)", "overrides": p.overrides,
+            "model": p.spec.model.name, "tp": p.spec.tp}  # fmt: skip
+    wanted = stack_transformers(p.spec)
+    try:
+        env = {**os.environ, **rank_env(prepare_stack(p.spec.stack, p.spec.cache_dir))}
+    except StackError as e:
+        return {**head, "status": "not_predicted", "reason": f"its stack could not be prepared: {e}"}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "plan.json"
+        argv = [sys.executable, "-m", "dsexp.plan", "--replay", "--json", str(out), *p.combo]
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+        if proc.returncode != 0 or not out.is_file():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            return {**head, "status": "not_predicted", "reason": f"its plan in the stack failed: {' | '.join(tail)}"}
+        (entry,) = json.loads(out.read_text())["configurations"]
+    traced = {r["traced_with"] for r in replays(entry) if r.get("traced_with")}
+    if traced - {f"transformers {wanted}"}:  # the overlay did not put its transformers first
+        ran = ", ".join(sorted(traced))
+        return {**head, "status": "not_predicted", "reason": f"its stack's overlay traced with {ran}, not {wanted}"}
+    return {**entry, **head, "in_stack": True}
+
+
+def replays(entry: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The allocator replays of a plan entry, one per prompt length."""
+    return [fit["replayed"] for fit in (entry.get("largest_batch") or {}).values() if fit.get("replayed")]
 
 
 def cached_folder(spec: JobConfig) -> Optional[str]:
@@ -152,7 +207,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except PlanError as e:
         print(f"dsexp.plan: bad config: {e}", file=sys.stderr)
         return 2
-    entries = [plan_one(p, args.replay) for p in planned]
+    entries = [plan_one(p, args.replay, args.trace_in_stack) for p in planned]
     print(render_terminal(entries))
     if args.json:
         args.json.write_text(json.dumps({"configurations": entries}, indent=1) + "\n")

@@ -344,8 +344,8 @@ def traced_with(config: Mapping[str, Any]) -> Dict[str, Any]:
     out: Dict[str, Any] = {"traced_with": f"transformers {here}"}
     if ranks and ranks != here:
         out["version_note"] = (
-            f"traced with transformers {here}; the stack runs {ranks}: its generate may free in another order "
-            f"(replay under {ranks} for its answer)"
+            f"the stack runs {ranks}: its generate may free in another order "
+            f"(dsexp.plan --trace-in-stack replays under {ranks})"
         )
     return out
 
