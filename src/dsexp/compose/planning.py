@@ -130,8 +130,7 @@ def plan_one(p: Planned, replay: bool = False, in_stack: bool = False) -> Dict[s
     from dsexp.predict import job as model
 
     config = script_config(p.spec)
-    label = " ".join(p.overrides) or "(as composed)"
-    head = {"configuration": label, "overrides": p.overrides, "model": p.spec.model.name, "tp": p.spec.tp}
+    head = head_of(p)
     gib = p.spec.budget.gpu_gib
     t0 = time.perf_counter()
     try:
@@ -143,6 +142,12 @@ def plan_one(p: Planned, replay: bool = False, in_stack: bool = False) -> Dict[s
     except Exception as e:  # a configuration the model has no rule for: said, the others still predicted
         return {**head, "status": "not_predicted", "reason": f"{type(e).__name__}: {e}"}
     return {**head, "status": "predicted", "seconds": round(time.perf_counter() - t0, 3), **entry}
+
+
+def head_of(p: Planned) -> Dict[str, Any]:
+    """What names a configuration's entry: its label (the overrides the sweep varies), model and tp."""
+    label = " ".join(p.overrides) or "(as composed)"
+    return {"configuration": label, "overrides": p.overrides, "model": p.spec.model.name, "tp": p.spec.tp}
 
 
 def stack_transformers(spec: JobConfig) -> Optional[str]:
@@ -159,8 +164,7 @@ def plan_in_stack(p: Planned) -> Dict[str, Any]:
     configuration's own label is kept; a plan the overlay cannot run is an entry saying why."""
     from dsexp.job.overlay import StackError, prepare_stack, rank_env
 
-    head = {"configuration": " ".join(p.overrides) or "(as composed)", "overrides": p.overrides,
-            "model": p.spec.model.name, "tp": p.spec.tp}  # fmt: skip
+    head = head_of(p)
     wanted = stack_transformers(p.spec)
     try:
         env = {**os.environ, **rank_env(prepare_stack(p.spec.stack, p.spec.cache_dir))}
