@@ -227,3 +227,10 @@ def test_a_stack_that_cannot_be_prepared_is_an_entry_saying_why_and_the_plan_goe
     (entry,) = entries
     assert entry["status"] == "not_predicted"
     assert entry["reason"].startswith("its stack could not be prepared") and "transformers==0.0.1" in entry["reason"]
+
+
+def test_trace_in_stack_without_replay_is_refused_before_anything_is_planned(capsys, tmp_path):
+    with pytest.raises(SystemExit) as stopped:
+        plan(capsys, tmp_path, "--trace-in-stack", "model=tiny_llama", "stack.transformers=5.17.0")
+    assert stopped.value.code == 2
+    assert "--trace-in-stack traces the replay's generate: add --replay" in capsys.readouterr().err

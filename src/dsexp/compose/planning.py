@@ -61,7 +61,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "the package index is needed the first time); the frees the replay sees are transformers' own",
     )
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m dsexp")
-    return p.parse_args(list(argv))
+    args = p.parse_args(list(argv))
+    if args.trace_in_stack and not args.replay:
+        p.error("--trace-in-stack traces the replay's generate: add --replay")
+    return args
 
 
 def combinations(overrides: Sequence[str], multirun: bool) -> Tuple[List[List[str]], Set[str]]:
