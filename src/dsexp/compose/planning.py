@@ -126,8 +126,9 @@ def space(overrides: Sequence[str], multirun: bool) -> List[Planned]:
 def plan_one(p: Planned, replay: bool = False, in_stack: bool = False) -> Dict[str, Any]:
     """One configuration's entry: its prediction (dsexp.predict.job.plan_entry), or why it has none. `in_stack`
     (with `replay`): planned in its stack's environment where that pins another transformers (plan_in_stack)."""
-    if replay and in_stack and stack_transformers(p.spec):
-        return plan_in_stack(p)
+    wanted = stack_transformers(p.spec) if replay and in_stack else None
+    if wanted:
+        return plan_in_stack(p, wanted)
     from dsexp.compose.budget.model import predict_spec, script_config
     from dsexp.engines.placement import RULES
     from dsexp.predict import job as model
@@ -161,14 +162,13 @@ def stack_transformers(spec: JobConfig) -> Optional[str]:
     return pinned if pinned and pinned != installed("transformers") else None
 
 
-def plan_in_stack(p: Planned) -> Dict[str, Any]:
+def plan_in_stack(p: Planned, wanted: str) -> Dict[str, Any]:
     """The configuration planned alone (`python -m dsexp.plan --replay`) with its stack's overlay first on the path,
-    as its ranks would run: the whole prediction, the generate's trace included, under the stack's transformers. The
-    configuration's own label is kept; a plan the overlay cannot run is an entry saying why."""
+    as its ranks would run: the whole prediction, the generate's trace included, under the stack's transformers
+    (`wanted`). The configuration's own label is kept; a plan the overlay cannot run is an entry saying why."""
     from dsexp.job.overlay import StackError, prepare_stack, rank_env
 
     head = head_of(p)
-    wanted = stack_transformers(p.spec)
     try:
         env = {**os.environ, **rank_env(prepare_stack(p.spec.stack, p.spec.cache_dir))}
     except StackError as e:
