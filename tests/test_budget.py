@@ -897,6 +897,24 @@ def test_the_runs_table_shows_where_the_measured_gap_moved_each_configurations_g
     assert _shifted({"gap": None}) == "-"  # a record written before the search kept its shift
 
 
+def test_the_report_says_which_guesses_were_traced_in_their_stack_and_which_were_not_replayed():
+    from dsexp.analysis.sections.budget_answer import _replay_lines
+
+    configs = [
+        {"key": "stack.transformers=5.17.0", "replay": {"traced_with": "transformers 5.17.0", "in_stack": True}},
+        {"key": "tp=2", "replay": {"traced_with": "transformers 5.24.0"}},  # here: nothing to say
+        {"key": "stack.transformers=0.0.1", "replay": {"not_replayed": "its stack could not be prepared: no 0.0.1"}},
+        {"key": "old"},  # a record written before the search kept its replay
+    ]
+    assert _replay_lines({"configs": configs}) == [
+        "- `stack.transformers=5.17.0`: its guess replayed under transformers 5.17.0, in its stack's overlay",
+        "- `stack.transformers=0.0.1`: its guess not held to the allocator's replay: its stack could not be prepared: "
+        "no 0.0.1",
+        "",
+    ]
+    assert _replay_lines({"configs": configs[1:2] + configs[3:]}) == []
+
+
 def test_a_budget_searchs_report_defers_to_its_answer_not_to_the_lowest_peak(tmp_path, capsys):
     """In a search the lowest per-GPU peak is its smallest batch (batch 6 at 40 GiB): the Recommendation section
     says the answer is the budget's, and names that run as the lowest, not as recommended."""

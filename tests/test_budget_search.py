@@ -299,3 +299,29 @@ def test_a_gpu_configuration_is_replayed_before_the_search_and_one_under_kernel_
     allocated = max(b for b, need in zip(batches, one.needs) if need <= 0.75 * 2**30)
     assert one.replayed is not None and 0 < one.replayed <= allocated
     assert predict_config(spec_of(*common, "tp=1", "engine.kernel_inject=true", gpus=2), batches).replayed is None
+
+
+def test_the_guess_of_a_stack_pinning_another_transformers_is_traced_in_that_stack(cache_dir):
+    """The search's guess is held to a replay traced under the transformers the configuration's ranks will run: in
+    the stack's overlay (prepared as a sweep prepares it: the package index the first time) where it pins another
+    than this environment's; here where it pins this one. A stack that cannot be prepared leaves the guess to the
+    allocated bytes and says why."""
+    from dsexp.compose.budget.model import predict_config
+    from dsexp.predict.job import installed
+
+    from helpers.run import spec_of
+
+    here = installed("transformers")
+    other = "5.17.0" if here != "5.17.0" else "5.24.0"
+    common = ["model=tiny_llama", "device=cuda", "budget.gpus=1", "budget.gpu_gib=0.72", f"cache_dir={cache_dir}",
+              "generate.prompt_tokens=64", "generate.new_tokens=4"]  # fmt: skip
+    batches = list(range(1, 65))
+    away = predict_config(spec_of(*common, f"stack.transformers={other}", gpus=1), batches)
+    home = predict_config(spec_of(*common, f"stack.transformers={here}", gpus=1), batches)
+    assert away.replay == {"traced_with": f"transformers {other}", "in_stack": True}, away.replay
+    assert home.replay == {"traced_with": f"transformers {here}"}, home.replay
+    allocated = max(b for b, need in zip(batches, away.needs) if need <= 0.72 * 2**30)  # 35 of the 64
+    assert away.replayed is not None and 0 < away.replayed <= allocated < batches[-1]
+    assert home.replayed is not None and 0 < home.replayed <= allocated
+    broken = predict_config(spec_of(*common, "stack.transformers=0.0.1", gpus=1), batches)
+    assert broken.replayed is None and broken.replay["not_replayed"].startswith("its stack could not be prepared")

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -126,7 +124,9 @@ def space(overrides: Sequence[str], multirun: bool) -> List[Planned]:
 def plan_one(p: Planned, replay: bool = False, in_stack: bool = False) -> Dict[str, Any]:
     """One configuration's entry: its prediction (dsexp.predict.job.plan_entry), or why it has none. `in_stack`
     (with `replay`): planned in its stack's environment where that pins another transformers (plan_in_stack)."""
-    wanted = stack_transformers(p.spec) if replay and in_stack else None
+    from dsexp.job.overlay import other_transformers
+
+    wanted = other_transformers(p.spec.stack) if replay and in_stack else None
     if wanted:
         return plan_in_stack(p, wanted)
     from dsexp.compose.budget.model import predict_spec, script_config
@@ -154,32 +154,21 @@ def head_of(p: Planned) -> Dict[str, Any]:
     return {"configuration": label, "overrides": p.overrides, "model": p.spec.model.name, "tp": p.spec.tp}
 
 
-def stack_transformers(spec: JobConfig) -> Optional[str]:
-    """The transformers the configuration's stack pins where it is not this environment's; None otherwise."""
-    from dsexp.predict.job import installed
-
-    pinned = spec.stack.transformers
-    return pinned if pinned and pinned != installed("transformers") else None
-
-
 def plan_in_stack(p: Planned, wanted: str) -> Dict[str, Any]:
     """The configuration planned alone (`python -m dsexp.plan --replay`) with its stack's overlay first on the path,
     as its ranks would run: the whole prediction, the generate's trace included, under the stack's transformers
     (`wanted`). The configuration's own label is kept; a plan the overlay cannot run is an entry saying why."""
-    from dsexp.job.overlay import StackError, prepare_stack, rank_env
+    from dsexp.job.overlay import StackError, failed_tail, run_in_stack
 
     head = head_of(p)
-    try:
-        env = {**os.environ, **rank_env(prepare_stack(p.spec.stack, p.spec.cache_dir))}
-    except StackError as e:
-        return {**head, "status": "not_predicted", "reason": f"its stack could not be prepared: {e}"}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "plan.json"
-        argv = [sys.executable, "-m", "dsexp.plan", "--replay", "--json", str(out), *p.combo]
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+        try:
+            proc = run_in_stack(p.spec.stack, p.spec.cache_dir, "dsexp.plan", "--replay", "--json", str(out), *p.combo)
+        except StackError as e:
+            return {**head, "status": "not_predicted", "reason": f"its stack could not be prepared: {e}"}
         if proc.returncode != 0 or not out.is_file():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            return {**head, "status": "not_predicted", "reason": f"its plan in the stack failed: {' | '.join(tail)}"}
+            return {**head, "status": "not_predicted", "reason": f"its plan in the stack failed: {failed_tail(proc)}"}
         (entry,) = json.loads(out.read_text())["configurations"]
     traced = {r["traced_with"] for r in replays(entry) if r.get("traced_with")}
     if traced - {f"transformers {wanted}"}:  # the overlay did not put its transformers first

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -95,6 +95,30 @@ def rank_env(stack_info: Optional[Dict[str, Any]]) -> Dict[str, str]:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (stack_info["site"], os.environ.get("PYTHONPATH")) if p)
         env["PYTHONNOUSERSITE"] = "1"
     return env
+
+
+def other_transformers(stack: StackConfig) -> Optional[str]:
+    """The transformers the stack pins where it is not this environment's; None otherwise."""
+    pinned = stack.transformers
+    try:
+        here = version("transformers")
+    except PackageNotFoundError:
+        here = None
+    return pinned if pinned and pinned != here else None
+
+
+def run_in_stack(stack: StackConfig, cache_dir: str, module: str, *args: str, stdin: Optional[str] = None):
+    """`python -m module args` with the stack's overlay first on the path, as its ranks run (the overlay prepared
+    first if it is not cached): a CompletedProcess with its output captured; StackError where the stack cannot be
+    prepared."""
+    env = {**os.environ, **rank_env(prepare_stack(stack, cache_dir))}
+    argv = [sys.executable, "-m", module, *args]
+    return subprocess.run(argv, env=env, input=stdin, capture_output=True, text=True)
+
+
+def failed_tail(proc: subprocess.CompletedProcess, lines: int = 3) -> str:
+    """The last lines a failed subprocess wrote (stderr, else stdout), joined on one line."""
+    return " | ".join((proc.stderr or proc.stdout or "").strip().splitlines()[-lines:])
 
 
 # --- building ---------------------------------------------------------------------------------------

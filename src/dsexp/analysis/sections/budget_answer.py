@@ -55,8 +55,20 @@ def render(inputs: ReportInputs) -> str:
     if failed:
         lines += ["Stopped (not an answer):", ""] + [f"- `{c['key']}`: {c['failed']}" for c in failed] + [""]
     if any(not c.get("miss") for c in s["configs"]):
-        lines += [_runs_table(s), ""]
+        lines += [_runs_table(s), ""] + _replay_lines(s)
     return "\n".join(lines)
+
+
+def _replay_lines(s: Dict[str, Any]) -> List[str]:
+    """Where a guess was traced in its stack's overlay (another transformers than the search's), or not replayed."""
+    lines = []
+    for c in s["configs"]:
+        replay = c.get("replay") or {}
+        if replay.get("in_stack"):
+            lines.append(f"- `{c['key']}`: its guess replayed under {replay['traced_with']}, in its stack's overlay")
+        elif replay.get("not_replayed"):
+            lines.append(f"- `{c['key']}`: its guess not held to the allocator's replay: {replay['not_replayed']}")
+    return lines + [""] if lines else []
 
 
 def expandable(config: Dict[str, Any]) -> bool:

@@ -10,7 +10,10 @@ loading is predicted to pass the host budget is a predicted miss, named by the t
 
 from __future__ import annotations
 
+import json
+import tempfile
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from dsexp.compose.budget.search import Miss
@@ -29,6 +32,7 @@ class Predicted:
     replayed: Optional[int] = (
         None  # the largest batch the caching allocator's replay fits (fragmentation; where traced)
     )
+    replay: Dict[str, Any] = field(default_factory=dict)  # where it was traced, or why it was not replayed
 
 
 def outside_bytes(spec: JobConfig) -> int:
@@ -126,29 +130,65 @@ def predict_config(spec: JobConfig, batches: List[int]) -> Predicted:
         miss = Miss(breaking_term(terms, device), needs[0], device)
     elif b.host_gib is not None and host is not None and host > b.host_gib * GIB:
         miss = Miss("host (loading)", host, int(b.host_gib * GIB), where="host")
-    replay = None if miss else replayed_largest(pred, spec, batches, needs, device)
-    return Predicted(needs, host, miss, terms, "; ".join(pred.notes) or None, replay)
+    replay = {} if miss else replayed_largest(pred, spec, batches, needs, device)
+    batch = replay.pop("batch", None)
+    return Predicted(needs, host, miss, terms, "; ".join(pred.notes) or None, batch, replay)
 
 
-def replayed_largest(pred, spec: JobConfig, batches: List[int], needs: List[int], device: int) -> Optional[int]:
+def replayed_largest(pred, spec: JobConfig, batches: List[int], needs: List[int], device: int) -> Dict[str, Any]:
     """Where the point can be replayed through the caching allocator (dsexp's pipeline on a GPU, its ranks traced:
     dsexp.engines.placement.rank_model), the largest batch of the range it fits under the cap each rank gets (the
-    budget less what lives outside the allocator), with the allocator setting the configuration runs (trim.env);
-    None elsewhere. It starts from the allocated bytes' answer and walks down: fragmentation only lowers it
-    (dsexp.predict.fragmentation)."""
-    from dsexp.engines.placement import RULES
-    from dsexp.predict.job import replayed
+    budget less what lives outside the allocator), with the allocator setting the configuration runs (trim.env), as
+    `batch`, with where it was traced; else why it was not replayed (nothing on a CPU run or for a user's script). It
+    starts from the allocated bytes' answer and walks down: fragmentation only lowers it
+    (dsexp.predict.fragmentation). The trace is transformers' own generate: where the configuration's stack pins
+    another transformers than this environment's, it runs in the stack's overlay (replayed_in_stack)."""
+    from dsexp.job.overlay import other_transformers
 
     fitting = [b for b, need in zip(batches, needs) if need <= device]
     if spec.device != "cuda" or spec.workload == "script" or not fitting:
-        return None
-    g = spec.generate
-    cap = device - outside_bytes(spec)
-    found = replayed(pred, script_config(spec), RULES, int(g.prompt_tokens), int(g.new_tokens), cap,
-                     {"largest_batch": max(fitting)})  # fmt: skip
+        return {}
+    cap, largest = device - outside_bytes(spec), max(fitting)
+    wanted = other_transformers(spec.stack)
+    found = replayed_in_stack(spec, cap, largest, wanted) if wanted else replay_here(pred, spec, cap, largest)
     if "not_replayed" in found:
-        return None
-    return found["expandable_segments" if pred.strategy.expandable_segments else "default"]["batch"]
+        return {"not_replayed": found["not_replayed"]}
+    setting = "expandable_segments" if pred.strategy.expandable_segments else "default"
+    where = {k: found[k] for k in ("traced_with", "version_note", "in_stack") if k in found}
+    return {"batch": found[setting]["batch"], **where}
+
+
+def replay_here(pred, spec: JobConfig, cap: int, largest: int) -> Dict[str, Any]:
+    """dsexp.predict.job.replayed for this configuration, traced in this environment."""
+    from dsexp.engines.placement import RULES
+    from dsexp.predict.job import replayed
+
+    g = spec.generate
+    return replayed(pred, script_config(spec), RULES, int(g.prompt_tokens), int(g.new_tokens), cap,
+                    {"largest_batch": largest})  # fmt: skip
+
+
+def replayed_in_stack(spec: JobConfig, cap: int, largest: int, wanted: str) -> Dict[str, Any]:
+    """replay_here's answer traced under the transformers the configuration's stack pins (`wanted`), in a process
+    with the stack's overlay first on the path, as its ranks will run (dsexp.compose.budget.in_stack), marked
+    `in_stack`; or `not_replayed` saying why (a stack that cannot be prepared, a replay that failed there, an
+    overlay that did not put its transformers first)."""
+    from dsexp.job.overlay import StackError, failed_tail, run_in_stack
+
+    request = json.dumps({"spec": asdict(spec), "cap": cap, "largest": largest})
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "replay.json"
+        try:
+            proc = run_in_stack(spec.stack, spec.cache_dir, "dsexp.compose.budget.in_stack", str(out), stdin=request)
+        except StackError as e:
+            return {"not_replayed": f"its stack could not be prepared: {e}"}
+        if proc.returncode != 0 or not out.is_file():
+            return {"not_replayed": f"its replay in the stack failed: {failed_tail(proc)}"}
+        found = json.loads(out.read_text())
+    traced = found.get("traced_with")
+    if traced and traced != f"transformers {wanted}":
+        return {"not_replayed": f"its stack's overlay traced with {traced}, not {wanted}"}
+    return {**found, "in_stack": True}
 
 
 def need_at(spec: JobConfig, batch: int, tp: Optional[int] = None) -> Optional[int]:

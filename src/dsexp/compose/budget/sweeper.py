@@ -310,6 +310,7 @@ class BudgetSearch:
             "terms_at_min": pred.terms,
             "needs": c.needs,
             "note": pred.note,
+            "replay": pred.replay,
             "gap": search.own_gap(c, s.batches, s.device),
             "shift": shift,
             "shifted_largest": s.batches[shifted] if shifted >= 0 else None,
