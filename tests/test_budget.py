@@ -905,14 +905,16 @@ def test_the_report_says_which_guesses_were_traced_in_their_stack_and_which_were
         {"key": "tp=2", "replay": {"traced_with": "transformers 5.24.0"}},  # here: nothing to say
         {"key": "stack.transformers=0.0.1", "replay": {"not_replayed": "its stack could not be prepared: no 0.0.1"}},
         {"key": "old"},  # a record written before the search kept its replay
+        {"key": "stack=seed", "replay": {"traced_with": "transformers 5.24.0", "not_in_stack": "no AutoTPMeta"}},
     ]
     assert _replay_lines({"configs": configs}) == [
         "- `stack.transformers=5.17.0`: its guess replayed under transformers 5.17.0, in its stack's overlay",
         "- `stack.transformers=0.0.1`: its guess not held to the allocator's replay: its stack could not be prepared: "
         "no 0.0.1",
+        "- `stack=seed`: its guess replayed under transformers 5.24.0, not its stack's transformers: no AutoTPMeta",
         "",
     ]
-    assert _replay_lines({"configs": configs[1:2] + configs[3:]}) == []
+    assert _replay_lines({"configs": configs[1:2] + configs[3:4]}) == []
 
 
 def test_a_budget_searchs_report_defers_to_its_answer_not_to_the_lowest_peak(tmp_path, capsys):

@@ -304,8 +304,8 @@ def test_a_gpu_configuration_is_replayed_before_the_search_and_one_under_kernel_
 def test_the_guess_of_a_stack_pinning_another_transformers_is_traced_in_that_stack(cache_dir):
     """The search's guess is held to a replay traced under the transformers the configuration's ranks will run: in
     the stack's overlay (prepared as a sweep prepares it: the package index the first time) where it pins another
-    than this environment's; here where it pins this one. A stack that cannot be prepared leaves the guess to the
-    allocated bytes and says why."""
+    than this environment's; here where it pins this one. A stack that cannot be prepared is replayed here, under
+    this environment's transformers, and says why."""
     from dsexp.compose.budget.model import predict_config
     from dsexp.predict.job import installed
 
@@ -324,4 +324,6 @@ def test_the_guess_of_a_stack_pinning_another_transformers_is_traced_in_that_sta
     assert away.replayed is not None and 0 < away.replayed <= allocated < batches[-1]
     assert home.replayed is not None and 0 < home.replayed <= allocated
     broken = predict_config(spec_of(*common, "stack.transformers=0.0.1", gpus=1), batches)
-    assert broken.replayed is None and broken.replay["not_replayed"].startswith("its stack could not be prepared")
+    assert broken.replay["not_in_stack"].startswith("its stack could not be prepared"), broken.replay
+    assert broken.replay["traced_with"] == f"transformers {here}" and "0.0.1" in broken.replay["version_note"]
+    assert broken.replayed == home.replayed  # another version's replay rather than none

@@ -66,6 +66,9 @@ def _replay_lines(s: Dict[str, Any]) -> List[str]:
         replay = c.get("replay") or {}
         if replay.get("in_stack"):
             lines.append(f"- `{c['key']}`: its guess replayed under {replay['traced_with']}, in its stack's overlay")
+        elif replay.get("not_in_stack"):
+            lines.append(f"- `{c['key']}`: its guess replayed under {replay['traced_with']}, not its stack's "
+                         f"transformers: {replay['not_in_stack']}")  # fmt: skip
         elif replay.get("not_replayed"):
             lines.append(f"- `{c['key']}`: its guess not held to the allocator's replay: {replay['not_replayed']}")
     return lines + [""] if lines else []

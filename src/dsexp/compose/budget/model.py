@@ -142,7 +142,8 @@ def replayed_largest(pred, spec: JobConfig, batches: List[int], needs: List[int]
     `batch`, with where it was traced; else why it was not replayed (nothing on a CPU run or for a user's script). It
     starts from the allocated bytes' answer and walks down: fragmentation only lowers it
     (dsexp.predict.fragmentation). The trace is transformers' own generate: where the configuration's stack pins
-    another transformers than this environment's, it runs in the stack's overlay (replayed_in_stack)."""
+    another transformers than this environment's, it runs in the stack's overlay (replayed_in_stack); where it cannot
+    run there, here, with the version note and why (`not_in_stack`)."""
     from dsexp.job.overlay import other_transformers
 
     fitting = [b for b, need in zip(batches, needs) if need <= device]
@@ -150,11 +151,13 @@ def replayed_largest(pred, spec: JobConfig, batches: List[int], needs: List[int]
         return {}
     cap, largest = device - outside_bytes(spec), max(fitting)
     wanted = other_transformers(spec.stack)
-    found = replayed_in_stack(spec, cap, largest, wanted) if wanted else replay_here(pred, spec, cap, largest)
+    found = replayed_in_stack(spec, cap, largest, wanted) if wanted else {}
+    if not found.get("in_stack"):  # here; where the stack could not trace, another version's replay beats none
+        found = {**replay_here(pred, spec, cap, largest), **({"not_in_stack": found["not_replayed"]} if found else {})}
     if "not_replayed" in found:
         return {"not_replayed": found["not_replayed"]}
     setting = "expandable_segments" if pred.strategy.expandable_segments else "default"
-    where = {k: found[k] for k in ("traced_with", "version_note", "in_stack") if k in found}
+    where = {k: found[k] for k in ("traced_with", "version_note", "in_stack", "not_in_stack") if k in found}
     return {"batch": found[setting]["batch"], **where}
 
 
