@@ -327,3 +327,17 @@ def test_the_guess_of_a_stack_pinning_another_transformers_is_traced_in_that_sta
     assert broken.replay["not_in_stack"].startswith("its stack could not be prepared"), broken.replay
     assert broken.replay["traced_with"] == f"transformers {here}" and "0.0.1" in broken.replay["version_note"]
     assert broken.replayed == home.replayed  # another version's replay rather than none
+
+
+def test_a_configuration_whose_generate_fails_as_a_rank_holds_it_is_predicted_by_its_bytes_and_says_why():
+    """Falcon's multi-query fused qkv at tp=2 (AutoTP's run fails in generate, results/cpu/arch_matrix.md): the
+    replay cannot trace it, so the guess is the allocated bytes' and the search records why, rather than stopping."""
+    from dsexp.compose.budget.model import predict_config
+
+    from helpers.run import spec_of
+
+    common = ["model=tiny_falcon", "device=cuda", "tp=2", "budget.gpus=2", "budget.gpu_gib=0.72",
+              "generate.prompt_tokens=64", "generate.new_tokens=2"]  # fmt: skip
+    pred = predict_config(spec_of(*common, gpus=2), list(range(1, 65)))
+    assert pred.miss is None and pred.replayed is None
+    assert pred.replay["not_replayed"].startswith("its generate fails as rank 0 holds the model"), pred.replay

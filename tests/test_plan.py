@@ -181,6 +181,31 @@ def test_replay_gives_the_allocators_answer_beside_the_allocated_bytes_one_where
     assert f"(generate traced with transformers {transformers.__version__})" in text
 
 
+def test_the_replay_fails_in_generate_for_the_architectures_whose_autotp_runs_failed_there_and_no_other(
+    capsys, tmp_path
+):
+    """The CPU architecture matrix's AutoTP runs at tp=2 (tests/data/arch_matrix_census.json, every one that got
+    through init): the plan's replay, traced on the meta device as rank 0 holds the model, fails in generate where
+    the run failed in generate and replays where the run was ok. The bytes' answer stands either way."""
+    census = json.loads((Path(__file__).parent / "data" / "arch_matrix_census.json").read_text())
+    runs = {r["config"]["model"]["name"]: r for r in census if r["config"]["engine"]["name"] == "init_inference"}
+    failed = {name for name, r in runs.items() if r["status"] != "ok"}
+    assert failed and len(failed) < len(runs)  # both outcomes are held to the replay
+    assert all(rk["error"]["phase"] == "generate" for name in failed for rk in runs[name]["ranks"])
+    status, entries, text, err = plan(
+        capsys, tmp_path, "--replay", "-m", f"model={','.join(sorted(runs))}", "tp=2", "gpu=a100_40gb",
+        "engine.injection_policy=infer", "generate.new_tokens=2",
+    )  # fmt: skip
+    assert status == 0, err
+    assert {e["model"] for e in entries} == set(runs) and all(e["status"] == "predicted" for e in entries)
+    for e in entries:
+        (fit,) = e["largest_batch"].values()
+        why = fit["replayed"].get("not_replayed", "")
+        assert why.startswith("its generate fails as rank 0 holds the model") == (e["model"] in failed), (e, why)
+        assert fit["largest_batch"] > 0  # the allocated bytes' answer, replayed or not
+    assert "a run is expected to fail there too" in text
+
+
 def test_a_replay_traced_under_another_transformers_than_the_stack_pins_says_so():
     from dsexp.analysis.sections.plan_table import replayed_text
     from dsexp.predict.job import installed, traced_with
