@@ -247,7 +247,9 @@ def kernel_inject(model, tensors: List[Tensor], tp: int, notes: List[str]):
 # What DeepSpeed's AutoTP divides by tp on the modules around the linears it splits (AutoTP.update_mp_params), so
 # that their forward reshapes to the rank's heads
 MP_PARAMS = ("n_heads", "inner_dim", "num_heads", "num_kv", "num_attention_heads", "num_attn_heads", "all_head_size",
-             "embed_dim", "hidden_size", "num_key_value_heads", "num_kv_heads", "kv_n_heads", "d_model")  # fmt: skip
+             "embed_dim", "hidden_size", "num_key_value_heads", "num_kv_heads", "kv_n_heads", "d_model",
+             "num_attention_heads_per_partition", "num_multi_query_groups_per_partition",
+             "hidden_size_per_partition")  # fmt: skip
 
 
 def rank_model(model, placements: List[Placement], rank: int, tp: int):
@@ -274,12 +276,24 @@ def rank_model(model, placements: List[Placement], rank: int, tp: int):
         around.add(owner.rsplit(".", 1)[0] if "." in owner else owner)
         if p.dim == 1 and p.how.startswith("LmHead"):
             _slice_input(modules[owner], shape[1], rank)
+    share = _mp_share(model, tp, rank)
     for name in around:
         for attr in MP_PARAMS:
             value = getattr(modules[name], attr, None)
             if isinstance(value, int) and not isinstance(value, bool):
-                setattr(modules[name], attr, even(value, tp)[rank])
+                setattr(modules[name], attr, share(value, name))
     return model
+
+
+def _mp_share(model, tp: int, rank: int):
+    """A module attribute's share on rank `rank`, as update_mp_params computes it: by KV heads where the model has
+    them (uneven where tp does not divide them: tp=3 of 8 KV heads gives 3, 3, 2), else near even; (value, module
+    name) -> int."""
+    from deepspeed.inference.config import DeepSpeedTPConfig
+    from deepspeed.module_inject.tp_shard import AutoTPMeta, get_shard_size
+
+    meta = AutoTPMeta.from_model_config(model.config, DeepSpeedTPConfig().tp_grain_size)
+    return lambda value, name: get_shard_size(value, tp, meta, name, rank=rank)
 
 
 def _slice_input(head, width: int, rank: int) -> None:
