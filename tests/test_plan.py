@@ -247,7 +247,9 @@ def test_a_replay_traced_under_another_transformers_than_the_stack_pins_says_so(
     assert "version_note" not in traced_with({"stack": {"transformers": here}})
     pinned = traced_with({"stack": {"name": "seed", "transformers": "4.42.4"}})
     assert "the stack runs 4.42.4" in pinned["version_note"]
-    assert "--trace-in-stack" in pinned["version_note"]  # says how to get the stack's own answer
+    assert "the trace needs transformers 5" in pinned["version_note"]  # no flag that would not work
+    newer = traced_with({"stack": {"transformers": "5.17.0"}})
+    assert "--trace-in-stack replays under 5.17.0" in newer["version_note"]  # how to get the stack's own answer
     r = {**pinned, "default": {"batch": 5}, "expandable_segments": {"batch": 6}}
     assert replayed_text(r).endswith(pinned["version_note"])
 

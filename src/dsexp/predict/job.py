@@ -355,10 +355,11 @@ def traced_with(config: Mapping[str, Any]) -> Dict[str, Any]:
     here, ranks = installed("transformers"), version(config, Facts(), "transformers")
     out: Dict[str, Any] = {"traced_with": f"transformers {here}"}
     if ranks and ranks != here:
-        out["version_note"] = (
-            f"the stack runs {ranks}: its generate may free in another order "
-            f"(dsexp.plan --trace-in-stack replays under {ranks})"
-        )
+        from dsexp.core.schema import version_tuple
+
+        how = (f"dsexp.plan --trace-in-stack replays under {ranks}" if version_tuple(ranks) >= (5,)
+               else "the trace needs transformers 5: not replayed under it")  # fmt: skip
+        out["version_note"] = f"the stack runs {ranks}: its generate may free in another order ({how})"
     return out
 
 
