@@ -323,10 +323,13 @@ def test_the_guess_of_a_stack_pinning_another_transformers_is_traced_in_that_sta
     allocated = max(b for b, need in zip(batches, away.needs) if need <= 0.72 * 2**30)  # 35 of the 64
     assert away.replayed is not None and 0 < away.replayed <= allocated < batches[-1]
     assert home.replayed is not None and 0 < home.replayed <= allocated
-    broken = predict_config(spec_of(*common, "stack.transformers=0.0.1", gpus=1), batches)
+    broken = predict_config(spec_of(*common, "stack.transformers=5.999.0", gpus=1), batches)
     assert broken.replay["not_in_stack"].startswith("its stack could not be prepared"), broken.replay
-    assert broken.replay["traced_with"] == f"transformers {here}" and "0.0.1" in broken.replay["version_note"]
+    assert broken.replay["traced_with"] == f"transformers {here}" and "5.999.0" in broken.replay["version_note"]
     assert broken.replayed == home.replayed  # another version's replay rather than none
+    older = predict_config(spec_of(*common, "stack.transformers=4.42.4", gpus=1), batches)  # not prepared for it
+    assert older.replay["not_in_stack"] == "the trace needs transformers 5, the stack runs 4.42.4"
+    assert older.replayed == home.replayed
 
 
 def test_a_configuration_whose_generate_fails_as_a_rank_holds_it_is_predicted_by_its_bytes_and_says_why():

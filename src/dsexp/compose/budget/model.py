@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from dsexp.compose.budget.search import Miss
-from dsexp.core.schema import JobConfig
+from dsexp.core.schema import JobConfig, version_tuple
 
 GIB = 2**30
 
@@ -151,7 +151,10 @@ def replayed_largest(pred, spec: JobConfig, batches: List[int], needs: List[int]
         return {}
     cap, largest = device - outside_bytes(spec), max(fitting)
     wanted = other_transformers(spec.stack)
-    found = replayed_in_stack(spec, cap, largest, wanted) if wanted else {}
+    if wanted and version_tuple(wanted) < (5,):  # dsexp's trace builds the model as transformers 5 does
+        found = {"not_replayed": f"the trace needs transformers 5, the stack runs {wanted}"}
+    else:
+        found = replayed_in_stack(spec, cap, largest, wanted) if wanted else {}
     if not found.get("in_stack"):  # here; where the stack could not trace, another version's replay beats none
         found = {**replay_here(pred, spec, cap, largest), **({"not_in_stack": found["not_replayed"]} if found else {})}
     if "not_replayed" in found:
