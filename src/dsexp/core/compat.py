@@ -6,7 +6,8 @@ differences are decided here, by the version actually imported, never by try/exc
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Dict, Tuple
+from importlib.metadata import PackageNotFoundError, version
+from typing import Dict, Optional, Tuple
 
 from dsexp.core.schema import version_tuple
 
@@ -16,6 +17,14 @@ def _version(module: str) -> Tuple[int, ...]:
     import importlib
 
     return version_tuple(importlib.import_module(module).__version__)
+
+
+def installed(package: str) -> Optional[str]:
+    """The distribution's version first on the path (a stack's overlay before the job environment); None if absent."""
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 def transformers_version() -> Tuple[int, ...]:

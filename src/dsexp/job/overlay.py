@@ -29,10 +29,11 @@ import sys
 import tempfile
 import time
 import zipfile
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from dsexp.core.compat import installed
 from dsexp.core.fs import build_once
 from dsexp.core.schema import STACK_PACKAGES, StackConfig, stack_label, stack_pins
 
@@ -100,11 +101,7 @@ def rank_env(stack_info: Optional[Dict[str, Any]]) -> Dict[str, str]:
 def other_transformers(stack: StackConfig) -> Optional[str]:
     """The transformers the stack pins where it is not this environment's; None otherwise."""
     pinned = stack.transformers
-    try:
-        here = version("transformers")
-    except PackageNotFoundError:
-        here = None
-    return pinned if pinned and pinned != here else None
+    return pinned if pinned and pinned != installed("transformers") else None
 
 
 def run_in_stack(stack: StackConfig, cache_dir: str, module: str, *args: str, stdin: Optional[str] = None):

@@ -11,9 +11,9 @@ the memory model sits under the families and imports none of them (dsexp.engines
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from typing import Any, Dict, List, Mapping, Optional, Protocol
 
+from dsexp.core.compat import installed
 from dsexp.core.workload import CHECK_BATCH
 from dsexp.predict import architecture as arch
 from dsexp.predict import capacity as cap
@@ -64,13 +64,6 @@ class Facts:
     policy_used: Any = NOT_REPORTED  # the injection policy the engine reported (None: none)
     prompt_len: Optional[int] = None  # the prompt's tokens as the ranks tokenized it
     overhead: Optional[int] = None  # device memory outside the allocator, measured
-
-
-def installed(package: str) -> Optional[str]:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def version(config: Mapping[str, Any], facts: Facts, package: str) -> Optional[str]:

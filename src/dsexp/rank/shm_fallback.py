@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from dsexp.core.compat import installed
 from dsexp.core.cpu import ASSUME_NO_AVX512_ENV, features
 
 NEEDS = "avx512bw"
@@ -54,15 +55,6 @@ def kind(source: str) -> Optional[str]:
     return "none"
 
 
-def _version() -> Optional[str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("deepspeed")  # the first on sys.path: a stack's overlay before the job environment
-    except PackageNotFoundError:
-        return None
-
-
 def avoid_shm_allreduce(cpu: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
     """On DeepSpeed's CPU accelerator, with a CPU that lacks avx512bw (or DSEXP_ASSUME_NO_AVX512=1): switch the
     shared-memory all-reduce off where DeepSpeed can (LOCAL_SIZE=1, set here) and say what was done and why; None
@@ -78,7 +70,7 @@ def avoid_shm_allreduce(cpu: Optional[Dict[str, Any]] = None) -> Optional[Dict[s
         return None
     assumed = f" ({ASSUME_NO_AVX512_ENV}=1)" if cpu.get("assumed_no_avx512") else ""
     out: Dict[str, Any] = {
-        "deepspeed": _version(),
+        "deepspeed": installed("deepspeed"),  # the first on sys.path: a stack's overlay before the job's
         "kind": how,
         "why": f"the CPU lacks {NEEDS}{assumed}, which DeepSpeed's shared-memory all-reduce kernels are built for",
     }

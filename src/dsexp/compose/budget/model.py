@@ -151,12 +151,12 @@ def replayed_largest(pred, spec: JobConfig, batches: List[int], needs: List[int]
         return {}
     cap, largest = device - outside_bytes(spec), max(fitting)
     wanted = other_transformers(spec.stack)
-    if wanted and version_tuple(wanted) < (5,):  # dsexp's trace builds the model as transformers 5 does
-        found = {"not_replayed": f"the trace needs transformers 5, the stack runs {wanted}"}
-    else:
-        found = replayed_in_stack(spec, cap, largest, wanted) if wanted else {}
+    found = replayed_in_stack(spec, cap, largest, wanted) if wanted else {}
     if not found.get("in_stack"):  # here; where the stack could not trace, another version's replay beats none
-        found = {**replay_here(pred, spec, cap, largest), **({"not_in_stack": found["not_replayed"]} if found else {})}
+        why = found.get("not_replayed")
+        found = replay_here(pred, spec, cap, largest)
+        if why:
+            found["not_in_stack"] = why
     if "not_replayed" in found:
         return {"not_replayed": found["not_replayed"]}
     setting = "expandable_segments" if pred.strategy.expandable_segments else "default"
@@ -178,9 +178,11 @@ def replayed_in_stack(spec: JobConfig, cap: int, largest: int, wanted: str) -> D
     """replay_here's answer traced under the transformers the configuration's stack pins (`wanted`), in a process
     with the stack's overlay first on the path, as its ranks will run (dsexp.compose.budget.in_stack), marked
     `in_stack`; or `not_replayed` saying why (a stack that cannot be prepared, a replay that failed there, an
-    overlay that did not put its transformers first)."""
+    overlay that did not put its transformers first, transformers 4: not prepared)."""
     from dsexp.job.overlay import StackError, failed_tail, run_in_stack
 
+    if version_tuple(wanted) < (5,):  # dsexp's trace builds the model as transformers 5 does
+        return {"not_replayed": f"the trace needs transformers 5, the stack runs {wanted}"}
     request = json.dumps({"spec": asdict(spec), "cap": cap, "largest": largest})
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "replay.json"

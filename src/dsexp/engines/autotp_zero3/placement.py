@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Dict, List, Tuple
 
-from dsexp.engines.init_inference.placement import autotp, autotp_place, autotp_rules
+from dsexp.engines.init_inference.placement import autotp, autotp_meta, autotp_place, autotp_rules
 from dsexp.engines.zero_inference.placement import place as zero3
 from dsexp.predict.placements import Strategy, Tensor
 
@@ -23,11 +23,8 @@ def place(model, tensors: List[Tensor], s: Strategy, tp: int, notes: List[str], 
         )
         _, modules = autotp(model, tensors, s, tp, [], found)
         return zero, modules
-    from deepspeed.inference.config import DeepSpeedTPConfig
-    from deepspeed.module_inject.tp_shard import AutoTPMeta
-
     rules = autotp_rules(model, s, tp, notes, found)
-    meta = AutoTPMeta.from_model_config(model.config, DeepSpeedTPConfig().tp_grain_size)
+    meta = autotp_meta(model)
     by_module = _policy_linears(model, rules)
     out = [
         autotp_place(t, *by_module[t.module], None, tp, meta) if t.module in by_module and not t.is_buffer else z

@@ -79,13 +79,10 @@ def autotp_rules(model, s: Strategy, tp: int, notes: List[str], found: Dict[str,
 
 def autotp(model, tensors: List[Tensor], s: Strategy, tp: int, notes: List[str], found: Dict[str, Any]):
     """DeepSpeed AutoTP as `replace_wo_policy` + `set_lm_head` apply it (deepspeed/module_inject)."""
-    from deepspeed.inference.config import DeepSpeedTPConfig
-    from deepspeed.module_inject.tp_shard import AutoTPMeta
-
     rules = autotp_rules(model, s, tp, notes, found)
     if rules is None:
         return [replicated(t, tp) for t in tensors], unchanged()
-    meta = AutoTPMeta.from_model_config(model.config, DeepSpeedTPConfig().tp_grain_size)
+    meta = autotp_meta(model)
     by_module = _replacements(model, rules, tp)
     head = _split_head(model, s, tp, notes)
     if head:
@@ -289,11 +286,18 @@ def _mp_share(model, tp: int, rank: int):
     """A module attribute's share on rank `rank`, as update_mp_params computes it: by KV heads where the model has
     them (uneven where tp does not divide them: tp=3 of 8 KV heads gives 3, 3, 2), else near even; (value, module
     name) -> int."""
-    from deepspeed.inference.config import DeepSpeedTPConfig
-    from deepspeed.module_inject.tp_shard import AutoTPMeta, get_shard_size
+    from deepspeed.module_inject.tp_shard import get_shard_size
 
-    meta = AutoTPMeta.from_model_config(model.config, DeepSpeedTPConfig().tp_grain_size)
+    meta = autotp_meta(model)
     return lambda value, name: get_shard_size(value, tp, meta, name, rank=rank)
+
+
+def autotp_meta(model):
+    """The KV heads and grain AutoTP splits this model by (DeepSpeed's AutoTPMeta, the default tp_grain_size)."""
+    from deepspeed.inference.config import DeepSpeedTPConfig
+    from deepspeed.module_inject.tp_shard import AutoTPMeta
+
+    return AutoTPMeta.from_model_config(model.config, DeepSpeedTPConfig().tp_grain_size)
 
 
 def _slice_input(head, width: int, rank: int) -> None:
