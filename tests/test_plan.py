@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from dsexp.analysis.memory import predict as report_prediction
-from dsexp.compose.planning import main
 from dsexp.predict import capacity as cap
 from dsexp.predict.job import workloads_of
 
+from helpers.plan import plan
 from helpers.run import sweep_results
 
 # A Llama as its config.json says it, at a size no preset has (a 3B-class model: 26 layers, GQA 4:1)
@@ -29,15 +29,6 @@ LLAMA_CONFIG = {
     "max_position_embeddings": 8192,
     "torch_dtype": "bfloat16",
 }
-
-
-def plan(capsys, tmp_path, *overrides):
-    """(exit status, the JSON's configurations, the terminal text, stderr) of `python -m dsexp.plan` in-process."""
-    out = tmp_path / "plan.json"
-    status = main(["--json", str(out), *overrides])
-    text = capsys.readouterr()
-    entries = json.loads(out.read_text())["configurations"] if out.is_file() else []
-    return status, entries, text.out, text.err
 
 
 def config_folder(tmp_path: Path, **changes) -> Path:

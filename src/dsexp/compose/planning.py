@@ -4,7 +4,9 @@ would run, predicted from the config alone, without launching anything or readin
 The config is composed by Hydra as `python -m dsexp` composes it (experiment presets, config groups, `-m` sweeps and
 lists); each configuration is checked for sense (dsexp.compose.validate.validate_plan: not against this machine) and
 predicted by dsexp.predict.job, the function the budget search and the report call. A configuration the model has
-no rule for is listed with its reason; bad input is refused before anything is predicted, exit status 2.
+no rule for is listed with its reason, and so is one whose engine's own init refuses the model (DeepSpeed's AutoTP,
+run on the meta device as each rank: dsexp.engines.init_inference.placement.init_fails); bad input is refused
+before anything is predicted, exit status 2.
 """
 
 from __future__ import annotations
@@ -141,6 +143,9 @@ def plan_one(p: Planned, replay: bool = False, in_stack: bool = False) -> Dict[s
         pred = predict_spec(p.spec, model_dir=cached_folder(p.spec))
         if pred.error:
             return {**head, "status": "not_predicted", "reason": pred.error}
+        fails = model.fails_in_init(pred, config, RULES)
+        if fails:  # the run cannot start: no memory to predict
+            return {**head, "status": "fails_in_init", "reason": fails}
         gpu = int(gib * GIB) if gib else None
         entry = model.plan_entry(pred, config, RULES, model.workloads_of(config), gpu, replay)
     except Exception as e:  # a configuration the model has no rule for: said, the others still predicted

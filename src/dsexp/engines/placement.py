@@ -152,6 +152,13 @@ def rank_model(model, s: Strategy, placements: List[Placement], rank: int, tp: i
     return ranked, None
 
 
+def init_fails(model, s: Strategy, tp: int) -> Optional[str]:
+    """Why the engine's own init refuses this model at tp (the member's `placement.init_fails`: DeepSpeed's AutoTP
+    run on the meta device as each rank); None where it gets through or the engine has no such check."""
+    rule = getattr(part(s.engine, "placement"), "init_fails", None) if s.engine in ENGINES else None
+    return rule(model, s, tp) if rule else None
+
+
 def script_as_configured(config: Mapping[str, Any]) -> Dict[str, Any]:
     """A user's script before it runs (no rank has recorded a call: a plan or a budget search predicting it): the
     configuration its config alone says: the model group (the checkpoint {model_dir} names), tp, dtype and the engine

@@ -47,6 +47,8 @@ class Rules(Protocol):
 
     def rank_model(self, model, strategy: Strategy, placements, rank: int, tp: int): ...
 
+    def init_fails(self, model, strategy: Strategy, tp: int) -> Optional[str]: ...
+
 
 NOT_REPORTED = object()  # the engine said nothing of the policy it used
 # A folder holding only config.json: its checkpoint as transformers' save_pretrained shards it (max_shard_size 5 GB)
@@ -286,6 +288,13 @@ def plan_entry(
             for n, fit in result["largest_batch"].items():
                 fit["replayed"] = replayed(pred, config, rules, int(n), new, int(gpu_bytes) - out_bytes, fit)
     return result
+
+
+def fails_in_init(pred: Prediction, config: Mapping[str, Any], rules: Rules) -> Optional[str]:
+    """Why the engine's own init refuses the model as the ranks would hold it (rules.init_fails: DeepSpeed's AutoTP
+    run on the meta device as each rank); None: it gets through, or the engine has no such check."""
+    model = arch.meta_model(arch.model_source(dict(config), None), pred.strategy.dtype)
+    return rules.init_fails(model, pred.strategy, pred.tp)
 
 
 def replay_model(pred: Prediction, config: Mapping[str, Any], rules: Rules):

@@ -14,6 +14,8 @@ from dsexp.analysis.sections.common import ReportInputs
 NAME = "plan"
 TERMS = ("kv_cache", "activations_split", "activations_whole", "logits", "workspace", "cublas_workspace")
 OUTSIDE = ("cuda_context", "communicator")
+# What an entry that has no figures says instead (dsexp.compose.planning.plan_one)
+UNPREDICTED = {"not_predicted": "not predicted", "fails_in_init": "fails in init"}
 SHORT = {"activations_split": "act split", "activations_whole": "act whole", "cublas_workspace": "cublas",
          "cuda_context": "context", "communicator": "comm"}  # fmt: skip
 
@@ -123,7 +125,7 @@ def entry_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
     title = f"{entry['configuration']}: {entry['model']}, tp={entry['tp']}"
     head = [f"### {title}" if markdown else f"== {title} =="]
     if entry["status"] != "predicted":
-        return head + [f"not predicted: {entry['reason']}", ""]
+        return head + [f"{UNPREDICTED[entry['status']]}: {entry['reason']}", ""]
     cols = rank_columns(entry)
     rows = [[str(r["rank"])] + [cell(r, c) for c in cols] for r in entry["per_rank"]]
     desc = f"{entry['engine']} on {entry['device']}, {entry['dtype']}, load={entry['load']}"
@@ -151,7 +153,8 @@ def summary_rows(entries: List[Dict[str, Any]]) -> List[List[str]]:
     rows = []
     for e in entries:
         if e["status"] != "predicted":
-            rows.append([e["configuration"], str(e["tp"]), "not predicted", "-", "-", "-"] + ["-"] * len(lengths))
+            said = UNPREDICTED[e["status"]]
+            rows.append([e["configuration"], str(e["tp"]), said, "-", "-", "-"] + ["-"] * len(lengths))
             continue
         ranks = e["per_rank"]
         peak = max((r.get("peak_bytes") for r in ranks if r.get("peak_bytes") is not None), default=None)

@@ -19,14 +19,19 @@ policy (e.g. InternLM2) nothing is sharded.
 The AutoTP rules here are also autotp_zero3's (dsexp.engines.autotp_zero3.placement).
 
 `allocation_order`: the order AutoTP puts a rank's tensors on the GPU, which the allocator's reserve depends on
-(dsexp.predict.allocator).
+(dsexp.predict.allocator). `init_fails`: where DeepSpeed's own AutoTP init refuses the model (run on the meta device
+as each rank), which these rules would otherwise place as if it ran.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
-from typing import Any, Dict, List, Optional, Tuple
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from dsexp.core.compat import installed
+from dsexp.core.schema import TORCH_DTYPE_NAMES
 from dsexp.engines.base import INFER
 from dsexp.models.kernel_policy import kernel_policy_classes
 from dsexp.predict.placements import Placement, Strategy, Tensor, even, itemsize, replicated, split, unchanged
@@ -254,7 +259,6 @@ def rank_model(model, placements: List[Placement], rank: int, tp: int):
     linear's weight (and bias) cut to the rank's rows or columns, and the module around it told its share of the
     heads, as update_mp_params does. Its generate can then be traced on the meta device (dsexp.predict.meta_trace).
     A head split on its hidden dim (LmHeadLinearAllreduce) also slices its input, as DeepSpeed's does."""
-    import copy
 
     import torch
 
@@ -303,3 +307,78 @@ def autotp_meta(model):
 def _slice_input(head, width: int, rank: int) -> None:
     forward = head.forward
     head.forward = lambda x: forward(x[..., rank * width : (rank + 1) * width])
+
+
+# --- DeepSpeed's own init on the meta device --------------------------------------------------------------------
+# Each rank's init is `replace_transformer_layer` over the model's policy layers (the engine's three modes: a user's
+# policy, the one `engine.injection_policy=infer` finds, or AutoTP's parser), in a process group of tp ranks that
+# carries no data (torch's "fake" backend), on a copy of the meta model; DeepSpeed keeps meta tensors on the meta
+# device (`TensorParallel_Layer.move`), so nothing is allocated and a 20B model takes about a second. Where DeepSpeed's
+# own split code refuses a tensor's shape (GPT-2's Conv1D c_attn under DeepSpeed 0.19), the run's init raises the
+# same error, and the plan says so instead of predicting the memory of a run that cannot start.
+
+
+def init_fails(model, s: Strategy, tp: int) -> Optional[str]:
+    """Why DeepSpeed's AutoTP init raises for this model at tp (the first rank that fails and DeepSpeed's error), or
+    None: it gets through on every rank, or the check does not apply (kernel injection, tp=1: nothing is split; a
+    stack pinning another DeepSpeed than this environment's: its own init code decides; a process group already up
+    in this process)."""
+    import torch.distributed as tdist
+
+    if s.kernel_inject or tp < 2 or (s.deepspeed and s.deepspeed != installed("deepspeed")) or tdist.is_initialized():
+        return None
+    rules = autotp_rules(model, s, tp, [], {})
+    for rank in range(tp):
+        try:
+            rank_init(model, rules, s, tp, rank)
+        except Exception as e:  # DeepSpeed's own error, as the run's init raises it
+            first = (str(e).strip().splitlines() or [""])[0]
+            return (f"DeepSpeed's AutoTP init fails on rank {rank} of {tp} (run on the meta device; a run is "
+                    f"expected to fail there too): {type(e).__name__}: {first}")  # fmt: skip
+    return None
+
+
+def rank_init(model, rules: Dict[str, Tuple[str, ...]], s: Strategy, tp: int, rank: int):
+    """A copy of the meta model after DeepSpeed's AutoTP init as rank `rank` of tp runs it (InferenceEngine's
+    policy loop: each policy layer class with its row-parallel names, then the head)."""
+    import torch
+    from deepspeed.inference.config import DeepSpeedInferenceConfig
+    from deepspeed.module_inject.replace_module import replace_transformer_layer
+
+    model = copy.deepcopy(model)
+    classes = {type(m).__name__: type(m) for m in model.modules()}
+    dtype = getattr(torch, TORCH_DTYPE_NAMES[s.dtype])
+    config = DeepSpeedInferenceConfig(
+        tensor_parallel={"tp_size": tp}, dtype=dtype, replace_with_kernel_inject=False,
+        max_out_tokens=s.max_out_tokens,
+    )  # fmt: skip
+    with fake_world(tp, rank) as group:
+        config.tensor_parallel.tp_group = group
+        for name, row_parallel in rules.items():
+            config.injection_policy_tuple = tuple(row_parallel)
+            replace_transformer_layer(classes[name], model, None, config, model.config)
+    return model
+
+
+@contextmanager
+def fake_world(tp: int, rank: int) -> Iterator[object]:
+    """This process as rank `rank` of a world of tp that moves no data (torch's fake process group), with
+    DeepSpeed's communication backend on it; the tp group DeepSpeed's layers read their rank and size from. Both
+    are taken down after, and torch's rank-prefixing excepthook with them. DeepSpeed's CPU shared-memory op is not
+    built: nothing is ever reduced here."""
+    import sys
+    from unittest import mock
+
+    import deepspeed.comm.comm as ds_comm
+    import torch.distributed as tdist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    saved, hook = ds_comm.cdb, sys.excepthook
+    tdist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=tp)
+    try:
+        with mock.patch("deepspeed.comm.torch.build_shm_op", return_value=None):
+            ds_comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+        yield ds_comm.new_group(list(range(tp)))
+    finally:
+        ds_comm.cdb, sys.excepthook = saved, hook
+        tdist.destroy_process_group()

@@ -1,0 +1,91 @@
+"""DeepSpeed's own AutoTP init run on the meta device as each rank (dsexp.engines.init_inference.placement:
+`rank_init`, `init_fails`): it holds every tensor as the real runs held it, and `dsexp.plan` says where a run's init
+would fail instead of predicting its memory."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from dsexp.compose.budget.model import predict_spec, script_config
+from dsexp.engines.init_inference import placement as autotp
+from dsexp.engines.init_inference.placement import autotp_rules
+from dsexp.predict import architecture as arch
+
+from helpers.plan import plan
+from helpers.run import ROOT, spec_of
+
+CENSUS = Path(__file__).parent / "data" / "arch_matrix_census.json"
+
+
+def meta_model_and_strategy(*overrides: str, tp: int):
+    spec = spec_of(*overrides, f"tp={tp}", gpus=tp)
+    pred = predict_spec(spec)
+    return arch.meta_model(arch.model_source(script_config(spec), None), pred.strategy.dtype), pred
+
+
+def held_bytes(model) -> dict:
+    return {n: t.numel() * t.element_size() for n, t in [*model.named_parameters(), *model.named_buffers()]}
+
+
+def test_each_ranks_meta_init_holds_every_tensor_as_the_cpu_runs_held_it():
+    """The CPU architecture matrix's AutoTP runs at tp=2 (the census of every run that got through init, 12
+    architectures): DeepSpeed's init on the meta device, as rank 0 and as rank 1, leaves each tensor the bytes that
+    rank of the run held, tensor by tensor."""
+    census = json.loads(CENSUS.read_text())
+    runs = {r["config"]["model"]["name"]: r for r in census if r["config"]["engine"]["name"] == "init_inference"}
+    assert len(runs) >= 12
+    for name, run in sorted(runs.items()):
+        model, pred = meta_model_and_strategy(f"model={name}", "engine.injection_policy=infer", tp=2)
+        rules = autotp_rules(model, pred.strategy, 2, [], {})
+        for rank in run["ranks"]:
+            measured = rank["phases"]["init"]["tensors"]
+            held = held_bytes(autotp.rank_init(model, rules, pred.strategy, 2, rank["rank"]))
+            assert {n: held.get(n) for n in measured} == measured, (name, rank["rank"])
+
+
+def test_at_a_tp_that_does_not_divide_the_kv_heads_the_meta_init_agrees_with_the_rules_on_every_rank():
+    """InternLM2 tiny at tp=3 (4 KV heads: 2, 1, 1), whose CPU run was ok: DeepSpeed's init on the meta device and
+    the placement rules give each rank the same bytes for every tensor, and the ranks differ."""
+    model, pred = meta_model_and_strategy("model=internlm2_tiny", tp=3)
+    rules = autotp_rules(model, pred.strategy, 3, [], {})
+    totals = []
+    for rank in range(3):
+        held = held_bytes(autotp.rank_init(model, rules, pred.strategy, 3, rank))
+        want = {p.name: p.local[rank] for p in pred.placements if p.name in held}
+        assert {n: held[n] for n in want} == want, rank
+        totals.append(sum(want.values()))
+    assert totals[0] > totals[1] > totals[2]
+
+
+def test_the_plan_says_gpt2_fails_in_deepspeeds_init_with_the_error_its_run_raised(capsys, tmp_path):
+    """GPT-2's AutoTP run at tp=2 failed in init (results/cpu/arch_matrix.md: DeepSpeed splits the Conv1D c_attn
+    by its input width along its output dim). The plan says so, with DeepSpeed's own message, and predicts no memory;
+    at tp=1, where its run got through init, it predicts as before."""
+    row = next(line for line in (ROOT / "results/cpu/arch_matrix.md").read_text().splitlines() if "tiny_gpt2" in line)
+    recorded = re.search(r"RuntimeError: (split_with_sizes expects split_sizes to sum exactly to \d+)", row).group(1)
+    status, entries, text, err = plan(
+        capsys, tmp_path, "-m", "model=tiny_gpt2", "tp=1,2", "engine.injection_policy=infer", "gpu=a100_40gb"
+    )
+    assert status == 0, err
+    by_tp = {e["tp"]: e for e in entries}
+    assert by_tp[2]["status"] == "fails_in_init" and "largest_batch" not in by_tp[2]
+    assert recorded in by_tp[2]["reason"] and "on rank 0 of 2" in by_tp[2]["reason"]
+    assert f"fails in init: {by_tp[2]['reason']}" in text
+    assert by_tp[1]["status"] == "predicted" and by_tp[1]["largest_batch"]
+
+
+def test_the_meta_init_leaves_this_process_as_it_found_it():
+    """No process group stays up, DeepSpeed's communication backend and the excepthook are the ones before (torch
+    installs a rank-prefixing hook with each process group), even where DeepSpeed's init raised."""
+    import deepspeed.comm.comm as ds_comm
+    import torch.distributed as tdist
+
+    hook, backend = sys.excepthook, ds_comm.cdb
+    for name in ("tiny_gpt2", "tiny_llama"):
+        model, pred = meta_model_and_strategy(f"model={name}", "engine.injection_policy=infer", tp=2)
+        why = autotp.init_fails(model, pred.strategy, 2)
+        assert (why is not None) == (name == "tiny_gpt2")
+        assert not tdist.is_initialized() and sys.excepthook is hook and ds_comm.cdb is backend
