@@ -89,3 +89,20 @@ def test_the_meta_init_leaves_this_process_as_it_found_it():
         why = autotp.init_fails(model, pred.strategy, 2)
         assert (why is not None) == (name == "tiny_gpt2")
         assert not tdist.is_initialized() and sys.excepthook is hook and ds_comm.cdb is backend
+
+
+def test_a_budget_search_launches_no_configuration_whose_init_fails_and_says_why(tmp_path, cache_dir):
+    """A search over GPT-2 at tp=2 (its AutoTP init fails): nothing is launched, and the search and its report say
+    why, with DeepSpeed's error, rather than loading the model to see it fail."""
+    from helpers.run import run_dsexp
+
+    args = ["-m", "model=tiny_gpt2", "tp=2", "engine.injection_policy=infer", "debug=fast",
+            "generate.prompt_tokens=64", "budget.gpus=2", "budget.gpu_gib=1", "hydra.sweep.dir=sw"]  # fmt: skip
+    out = run_dsexp(args, tmp_path, cache_dir).stdout
+    assert "not launched: as given: DeepSpeed's AutoTP init fails on rank 0 of 2" in out
+    state = json.loads((tmp_path / "sw" / "budget.json").read_text())
+    (gpt2,) = state["configs"]
+    assert gpt2["points"] == [] and state["jobs"] == [] and "split_with_sizes" in gpt2["failed"]
+    assert not [p for p in (tmp_path / "sw").iterdir() if p.name.isdigit()]  # no job folder
+    summary = (tmp_path / "sw" / "summary.md").read_text()
+    assert "- `as given`: not launched: DeepSpeed's AutoTP init fails on rank 0 of 2" in summary

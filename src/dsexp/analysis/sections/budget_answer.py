@@ -220,7 +220,7 @@ def _what_if(c: B.Candidate, s: Dict[str, Any]) -> List[str]:
 
 def _nothing_fits(s: Dict[str, Any]) -> List[str]:
     closest = B.closest_miss(s)
-    stopped = [c["key"] for c in s.get("configs") or [] if c.get("failed")]
+    stopped = [f"`{c['key']}`" for c in s.get("configs") or [] if c.get("failed")]
     if closest is None and stopped:
         return [f"- **No configuration was shown to fit**: the searches of {', '.join(stopped)} stopped (below)."]
     if closest is None:

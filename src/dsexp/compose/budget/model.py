@@ -33,6 +33,7 @@ class Predicted:
         None  # the largest batch the caching allocator's replay fits (fragmentation; where traced)
     )
     replay: Dict[str, Any] = field(default_factory=dict)  # where it was traced, or why it was not replayed
+    fails: Optional[str] = None  # why the engine's own init refuses it (dsexp's pipeline only): never launched
 
 
 def outside_bytes(spec: JobConfig) -> int:
@@ -130,9 +131,19 @@ def predict_config(spec: JobConfig, batches: List[int]) -> Predicted:
         miss = Miss(breaking_term(terms, device), needs[0], device)
     elif b.host_gib is not None and host is not None and host > b.host_gib * GIB:
         miss = Miss("host (loading)", host, int(b.host_gib * GIB), where="host")
-    replay = {} if miss else replayed_largest(pred, spec, batches, needs, device)
+    fails = init_fails(pred, spec)
+    replay = {} if miss or fails else replayed_largest(pred, spec, batches, needs, device)
     batch = replay.pop("batch", None)
-    return Predicted(needs, host, miss, terms, "; ".join(pred.notes) or None, batch, replay)
+    return Predicted(needs, host, miss, terms, "; ".join(pred.notes) or None, batch, replay, fails)
+
+
+def init_fails(pred, spec: JobConfig) -> Optional[str]:
+    """Why DeepSpeed's own init refuses this configuration, run on the meta device as each rank
+    (dsexp.predict.job.fails_in_init), for dsexp's pipeline; a user's script calls the engine its own way: None."""
+    from dsexp.engines.placement import RULES
+    from dsexp.predict.job import fails_in_init
+
+    return None if spec.workload == "script" else fails_in_init(pred, script_config(spec), RULES)
 
 
 def replayed_largest(pred, spec: JobConfig, batches: List[int], needs: List[int], device: int) -> Dict[str, Any]:

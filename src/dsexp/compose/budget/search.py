@@ -74,7 +74,7 @@ class Config:
     miss: Optional[Miss] = None  # predicted not to fit at all: never launched
     replayed: Optional[int] = None  # index of the largest batch the allocator's replay fits (None: not replayed)
     points: List[Point] = field(default_factory=list)
-    failed: Optional[str] = None  # a run failed for another cause than memory: not pursued
+    failed: Optional[str] = None  # a run failed for another cause than memory, or init is foreseen to: not pursued
     twin_of: Optional[str] = None  # the configuration it repeats with expandable segments (allocator_decided)
     confirm_margin: int = 0  # bytes: an answer closer to the budget must have run as a load's first point (0: never)
 

@@ -117,8 +117,9 @@ class BudgetSearch:
         one_load = not one_batch and spec.budget.one_load
         replayed = None if pred.replayed is None else max((i for i, x in enumerate(batches) if x <= pred.replayed),
                                                          default=-1)  # fmt: skip
+        failed = f"not launched: {pred.fails}" if pred.fails else None
         return search.Config(key, coords, pred.needs, spec.tp, one_batch, one_load, pred.miss, replayed=replayed,
-                             confirm_margin=confirm_margin(spec))  # fmt: skip
+                             confirm_margin=confirm_margin(spec), failed=failed)  # fmt: skip
 
     def add_allocator_twins(self) -> int:
         """Where the caching allocator's fragmentation decided a settled bracket (search.allocator_decided), the same
@@ -254,6 +255,8 @@ class BudgetSearch:
         for c in s.configs:
             if c.miss is not None:
                 print(f"  not launched: {c.key}: {describe(c.miss)}")
+            elif self.predicted[c.key].fails:
+                print(f"  not launched: {c.key}: {self.predicted[c.key].fails}")
 
     def save(self, final: bool = False) -> None:
         s = self.state
