@@ -26,6 +26,7 @@ as each rank), which these rules would otherwise place as if it ran.
 from __future__ import annotations
 
 import copy
+import json
 from collections import Counter
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -328,6 +329,16 @@ def init_fails(model, s: Strategy, tp: int) -> Optional[str]:
     if s.kernel_inject or tp < 2 or (s.deepspeed and s.deepspeed != installed("deepspeed")) or tdist.is_initialized():
         return None
     rules = autotp_rules(model, s, tp, [], {})
+    key = (type(model).__name__, model.config.to_json_string(), json.dumps(rules, sort_keys=True), s.dtype, tp)
+    if key not in _INIT_VERDICTS:  # what DeepSpeed's init reads does not change with the load or the trims
+        _INIT_VERDICTS[key] = _first_failing_rank(model, rules, s, tp)
+    return _INIT_VERDICTS[key]
+
+
+_INIT_VERDICTS: Dict[tuple, Optional[str]] = {}
+
+
+def _first_failing_rank(model, rules: Dict[str, Tuple[str, ...]], s: Strategy, tp: int) -> Optional[str]:
     for rank in range(tp):
         try:
             rank_init(model, rules, s, tp, rank)
