@@ -25,10 +25,10 @@ as each rank), which these rules would otherwise place as if it ran.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from collections import Counter
-from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from dsexp.core.compat import installed
@@ -277,7 +277,7 @@ def rank_model(model, placements: List[Placement], rank: int, tp: int):
         setattr(modules[owner], name, torch.nn.Parameter(torch.empty(shape, device="meta", dtype=t.dtype), False))
         around.add(owner.rsplit(".", 1)[0] if "." in owner else owner)
         if p.dim == 1 and p.how.startswith("LmHead"):
-            _slice_input(modules[owner], shape[1], rank)
+            _slice_input(modules[owner], sum(p.local[:rank]) // (t.element_size() * t.shape[0]), shape[1])
     share = _mp_share(model, tp, rank)
     for name in around:
         for attr in MP_PARAMS:
@@ -305,9 +305,18 @@ def autotp_meta(model):
     return AutoTPMeta.from_model_config(model.config, DeepSpeedTPConfig().tp_grain_size)
 
 
-def _slice_input(head, width: int, rank: int) -> None:
-    forward = head.forward
-    head.forward = lambda x: forward(x[..., rank * width : (rank + 1) * width])
+def _slice_input(head, start: int, width: int) -> None:
+    """LmHeadLinearAllreduce's forward on the head: the rank's columns of the input times its weight, then (after
+    the all-reduce) the bias added in place, so a biased head makes no second logits tensor."""
+    import torch
+
+    def forward(x):
+        out = torch.matmul(x[..., start : start + width], head.weight.transpose(-1, -2))
+        if head.bias is not None:
+            out += head.bias
+        return out
+
+    head.forward = forward
 
 
 # --- DeepSpeed's own init on the meta device --------------------------------------------------------------------
@@ -363,7 +372,7 @@ def rank_init(model, rules: Dict[str, Tuple[str, ...]], s: Strategy, tp: int, ra
         tensor_parallel={"tp_size": tp}, dtype=dtype, replace_with_kernel_inject=False,
         max_out_tokens=s.max_out_tokens,
     )  # fmt: skip
-    with fake_world(tp, rank) as group:
+    with fake_world(tp, rank) if tp > 1 else contextlib.nullcontext() as group:  # tp=1: the engine makes no group
         config.tensor_parallel.tp_group = group
         for name, row_parallel in rules.items():
             config.injection_policy_tuple = tuple(row_parallel)
@@ -371,7 +380,7 @@ def rank_init(model, rules: Dict[str, Tuple[str, ...]], s: Strategy, tp: int, ra
     return model
 
 
-@contextmanager
+@contextlib.contextmanager
 def fake_world(tp: int, rank: int) -> Iterator[object]:
     """This process as rank `rank` of a world of tp that moves no data (torch's fake process group), with
     DeepSpeed's communication backend on it; the tp group DeepSpeed's layers read their rank and size from. Both
