@@ -103,21 +103,27 @@ def test_the_replays_rank_model_allocates_in_generate_as_deepspeeds_own_rank_mod
     assert failing == {"tiny_bloom", "tiny_falcon", "tiny_olmoe", "tiny_phi3"}
 
 
-def test_the_plan_says_gpt2_fails_in_deepspeeds_init_with_the_error_its_run_raised(capsys, tmp_path):
+def test_the_plan_says_gpt2_fails_in_deepspeeds_init_at_tp2_and_in_generate_at_tp1(capsys, tmp_path):
     """GPT-2's AutoTP run at tp=2 failed in init (results/cpu/arch_matrix.md: DeepSpeed splits the Conv1D c_attn
-    by its input width along its output dim). The plan says so, with DeepSpeed's own message, and predicts no memory;
-    at tp=1, where its run got through init, it predicts as before."""
+    by its input width along its output dim). The plan says so, with DeepSpeed's own message, and predicts no memory.
+    At tp=1 with the same policy DeepSpeed splits nothing but wraps each Conv1D as a Linear, and a CPU run failed in
+    generate ("mat1 and mat2 shapes cannot be multiplied (18x128 and 384x128)"): the plan predicts its memory and
+    its replay, traced on the model DeepSpeed's init leaves, fails on the same 384 x 128 weight."""
     row = next(line for line in (ROOT / "results/cpu/arch_matrix.md").read_text().splitlines() if "tiny_gpt2" in line)
     recorded = re.search(r"RuntimeError: (split_with_sizes expects split_sizes to sum exactly to \d+)", row).group(1)
     status, entries, text, err = plan(
-        capsys, tmp_path, "-m", "model=tiny_gpt2", "tp=1,2", "engine.injection_policy=infer", "gpu=a100_40gb"
-    )
+        capsys, tmp_path, "--replay", "-m", "model=tiny_gpt2", "tp=1,2", "engine.injection_policy=infer",
+        "gpu=a100_40gb", "generate.new_tokens=2",
+    )  # fmt: skip
     assert status == 0, err
     by_tp = {e["tp"]: e for e in entries}
     assert by_tp[2]["status"] == "fails_in_init" and "largest_batch" not in by_tp[2]
     assert recorded in by_tp[2]["reason"] and "on rank 0 of 2" in by_tp[2]["reason"]
     assert f"fails in init: {by_tp[2]['reason']}" in text
-    assert by_tp[1]["status"] == "predicted" and by_tp[1]["largest_batch"]
+    (fit,) = by_tp[1]["largest_batch"].values()
+    assert by_tp[1]["status"] == "predicted" and fit["largest_batch"] > 0
+    why = fit["replayed"]["not_replayed"]
+    assert why.startswith("its generate fails as rank 0 holds the model") and "[384, 128]" in why, why
 
 
 def test_the_meta_init_leaves_this_process_as_it_found_it():

@@ -137,8 +137,9 @@ def second_communicator(s: Strategy) -> bool:
 
 def rank_model(model, s: Strategy, placements: List[Placement], rank: int, tp: int):
     """(a copy of the meta model as rank `rank` holds it, to trace its generate, or None; why not): at tp > 1 where
-    the engine's rank code is modelled (AutoTP: `placement.rank_model`, the trims' splits among its placements), with
-    trim.last_logits's hook on the head. Kernel injection runs DeepSpeed's own kernels: not traced."""
+    the engine's rank code is modelled (AutoTP: `placement.rank_model`, the trims' splits among its placements; at
+    tp=1 the linears DeepSpeed wraps under a policy), with trim.last_logits's hook on the head. Kernel injection runs
+    DeepSpeed's own kernels: not traced."""
     import copy
 
     from dsexp.trims import last_logits
@@ -146,7 +147,7 @@ def rank_model(model, s: Strategy, placements: List[Placement], rank: int, tp: i
     rule = getattr(part(s.engine, "placement"), "rank_model", None) if s.engine in ENGINES else None
     if s.kernel_inject or (tp > 1 and rule is None):
         return None, f"engine {s.engine}{' with kernel injection' if s.kernel_inject else ''}: its ranks are not traced"
-    ranked = rule(model, placements, rank, tp) if tp > 1 else copy.deepcopy(model)
+    ranked = rule(model, s, placements, rank, tp) if rule else copy.deepcopy(model)
     if s.trimmed(last_logits.TRAITS.key):
         last_logits.keep_last_logits(ranked)
     return ranked, None

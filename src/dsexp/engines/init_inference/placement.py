@@ -255,14 +255,21 @@ MP_PARAMS = ("n_heads", "inner_dim", "num_heads", "num_kv", "num_attention_heads
              "hidden_size_per_partition")  # fmt: skip
 
 
-def rank_model(model, placements: List[Placement], rank: int, tp: int):
+def rank_model(model, s: Strategy, placements: List[Placement], rank: int, tp: int):
     """A copy of the meta model as AutoTP leaves rank `rank` of tp (no kernel injection, no trims): each split
     linear's weight (and bias) cut to the rank's rows or columns, and the module around it told its share of the
     heads, as update_mp_params does. Its generate can then be traced on the meta device (dsexp.predict.meta_trace).
-    A head split on its hidden dim (LmHeadLinearAllreduce) also slices its input, as DeepSpeed's does."""
-
+    A head split on its hidden dim (LmHeadLinearAllreduce) also slices its input, as DeepSpeed's does. At tp=1
+    nothing is split, but with an injection policy DeepSpeed still wraps each linear of the policy layers in its
+    own (a GPT-2 block's Conv1D as a Linear, whose generate then fails): DeepSpeed's own init makes that model."""
     import torch
 
+    if tp == 1:
+        try:
+            rules = autotp_rules(model, s, 1, [], {})
+        except AssertionError:  # DeepSpeed finds no policy: the placement says so; nothing is wrapped
+            rules = None
+        return rank_init(model, rules, s, 1, 0) if rules else copy.deepcopy(model)
     model = copy.deepcopy(model)
     modules = dict(model.named_modules())
     params = dict(model.named_parameters())
