@@ -151,7 +151,10 @@ def test_a_budget_search_launches_no_configuration_whose_init_fails_and_says_why
     assert "not launched: as given: DeepSpeed's AutoTP init fails on rank 0 of 2" in out
     state = json.loads((tmp_path / "sw" / "budget.json").read_text())
     (gpt2,) = state["configs"]
-    assert gpt2["points"] == [] and state["jobs"] == [] and "split_with_sizes" in gpt2["failed"]
+    assert gpt2["points"] == [] and state["jobs"] == [] and "split_with_sizes" in gpt2["fails_in_init"]
     assert not [p for p in (tmp_path / "sw").iterdir() if p.name.isdigit()]  # no job folder
     summary = (tmp_path / "sw" / "summary.md").read_text()
-    assert "- `as given`: not launched: DeepSpeed's AutoTP init fails on rank 0 of 2" in summary
+    assert "- **No configuration can run**: the engine's init fails" in summary
+    assert "Not launched (the engine's init fails, run on the meta device as each rank):" in summary
+    assert "- `as given`: DeepSpeed's AutoTP init fails on rank 0 of 2" in summary
+    assert "| configuration | predicted largest" not in summary  # no runs table: nothing ran

@@ -51,10 +51,14 @@ def render(inputs: ReportInputs) -> str:
     if misses:
         lines += ["Not launched (predicted not to fit):", ""]
         lines += [f"- `{c['key']}`: {c['miss']['text']}" for c in misses] + [""]
-    failed = [c for c in s["configs"] if c.get("failed")]
+    foreseen = [c for c in s["configs"] if c.get("fails_in_init")]
+    if foreseen:
+        lines += ["Not launched (the engine's init fails, run on the meta device as each rank):", ""]
+        lines += [f"- `{c['key']}`: {c['fails_in_init']}" for c in foreseen] + [""]
+    failed = [c for c in s["configs"] if c.get("failed") and not c.get("fails_in_init")]
     if failed:
         lines += ["Stopped (not an answer):", ""] + [f"- `{c['key']}`: {c['failed']}" for c in failed] + [""]
-    if any(not c.get("miss") for c in s["configs"]):
+    if any(not _not_launched(c) for c in s["configs"]):
         lines += [_runs_table(s), ""] + _replay_lines(s)
     return "\n".join(lines)
 
@@ -220,9 +224,12 @@ def _what_if(c: B.Candidate, s: Dict[str, Any]) -> List[str]:
 
 def _nothing_fits(s: Dict[str, Any]) -> List[str]:
     closest = B.closest_miss(s)
-    stopped = [f"`{c['key']}`" for c in s.get("configs") or [] if c.get("failed")]
+    configs = s.get("configs") or []
+    stopped = [f"`{c['key']}`" for c in configs if c.get("failed") and not c.get("fails_in_init")]
     if closest is None and stopped:
         return [f"- **No configuration was shown to fit**: the searches of {', '.join(stopped)} stopped (below)."]
+    if closest is None and any(c.get("fails_in_init") for c in configs):
+        return ["- **No configuration can run**: the engine's init fails for each one that fits the GPUs (below)."]
     if closest is None:
         return ["- **No configuration fits the budget**, and none was measured (every one takes more GPUs)."]
     why = closest["text"] or f"{closest['term']}, {size(closest['over'])} over"
@@ -264,10 +271,15 @@ def _merged_lines(s: Dict[str, Any]) -> List[str]:
     return lines + [""]
 
 
+def _not_launched(c: Dict[str, Any]) -> bool:
+    """Predicted not to fit, or to fail in the engine's init: the search launched nothing for it."""
+    return bool(c.get("miss") or c.get("fails_in_init"))
+
+
 def _runs_table(s: Dict[str, Any]) -> str:
     body = []
     for c in s["configs"]:
-        if c.get("miss"):
+        if _not_launched(c):
             continue
         points = ", ".join(f"{p['batch']}:{p['status']}" for p in c.get("points") or [])
         body.append(

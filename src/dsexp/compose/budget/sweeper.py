@@ -117,9 +117,8 @@ class BudgetSearch:
         one_load = not one_batch and spec.budget.one_load
         replayed = None if pred.replayed is None else max((i for i, x in enumerate(batches) if x <= pred.replayed),
                                                          default=-1)  # fmt: skip
-        failed = f"not launched: {pred.fails}" if pred.fails else None
         return search.Config(key, coords, pred.needs, spec.tp, one_batch, one_load, pred.miss, replayed=replayed,
-                             confirm_margin=confirm_margin(spec), failed=failed)  # fmt: skip
+                             confirm_margin=confirm_margin(spec), failed=pred.fails)  # fmt: skip
 
     def add_allocator_twins(self) -> int:
         """Where the caching allocator's fragmentation decided a settled bracket (search.allocator_decided), the same
@@ -308,6 +307,7 @@ class BudgetSearch:
             "tp": c.gpus,
             "miss": None if c.miss is None else {**c.miss.__dict__, "text": describe(c.miss)},
             "failed": c.failed,
+            "fails_in_init": pred.fails,  # foreseen on the meta device: never launched
             "predicted_largest": s.batches[guess] if guess >= 0 else None,
             "predicted_host": pred.host,
             "terms_at_min": pred.terms,
