@@ -128,16 +128,23 @@ def test_the_plan_says_gpt2_fails_in_deepspeeds_init_at_tp2_and_in_generate_at_t
 
 def test_the_meta_init_leaves_this_process_as_it_found_it():
     """No process group stays up, DeepSpeed's communication backend and the excepthook are the ones before (torch
-    installs a rank-prefixing hook with each process group), even where DeepSpeed's init raised."""
+    installs a rank-prefixing hook with each process group), even where DeepSpeed's init raised; and no rank's
+    variables are left in the environment that the budget search launches its jobs with."""
+    import os
+
     import deepspeed.comm.comm as ds_comm
     import torch.distributed as tdist
 
+    launch = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: os.environ.get(k) for k in launch}
     hook, backend = sys.excepthook, ds_comm.cdb
+    autotp._INIT_VERDICTS.clear()  # DeepSpeed's init runs here, not a verdict kept from another test
     for name in ("tiny_gpt2", "tiny_llama"):
         model, pred = meta_model_and_strategy(f"model={name}", "engine.injection_policy=infer", tp=2)
         why = autotp.init_fails(model, pred.strategy, 2)
         assert (why is not None) == (name == "tiny_gpt2")
         assert not tdist.is_initialized() and sys.excepthook is hook and ds_comm.cdb is backend
+        assert {k: os.environ.get(k) for k in launch} == env
 
 
 def test_a_budget_search_launches_no_configuration_whose_init_fails_and_says_why(tmp_path, cache_dir):
