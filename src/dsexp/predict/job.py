@@ -293,8 +293,12 @@ def plan_entry(
 def fails_in_init(pred: Prediction, config: Mapping[str, Any], rules: Rules) -> Optional[str]:
     """Why the engine's own init refuses the model as the ranks would hold it (rules.init_fails: DeepSpeed's AutoTP
     run on the meta device as each rank); None: it gets through, or the engine has no such check."""
-    model = arch.meta_model(arch.model_source(dict(config), None), pred.strategy.dtype)
-    return rules.init_fails(model, pred.strategy, pred.tp)
+    return rules.init_fails(config_model(pred, config), pred.strategy, pred.tp)
+
+
+def config_model(pred: Prediction, config: Mapping[str, Any]):
+    """The configuration's model on the meta device, as its config names it (built once per process)."""
+    return arch.meta_model(arch.model_source(dict(config), None), pred.strategy.dtype)
 
 
 def replay_model(pred: Prediction, config: Mapping[str, Any], rules: Rules):
@@ -302,7 +306,7 @@ def replay_model(pred: Prediction, config: Mapping[str, Any], rules: Rules):
     allocations in the order they are made; (None, None, why) where the rank model cannot be traced."""
     from dsexp.predict import fragmentation
 
-    model = arch.meta_model(arch.model_source(dict(config), None), pred.strategy.dtype)
+    model = config_model(pred, config)
     ranked, why = rules.rank_model(model, pred.strategy, pred.placements, 0, pred.tp)
     if ranked is None:
         return None, None, why
@@ -350,6 +354,13 @@ def generate_fails(e: Exception) -> str:
             f"there too): {type(e).__name__}: {first}")  # fmt: skip
 
 
+def traceable_under(transformers: str) -> bool:
+    """Whether the generate's trace runs under this transformers: it builds the model as transformers 5 does."""
+    from dsexp.core.schema import version_tuple
+
+    return version_tuple(transformers) >= (5,)
+
+
 def traced_with(config: Mapping[str, Any]) -> Dict[str, Any]:
     """The transformers the trace ran (this environment's) and, where the config's stack pins another, a note: the
     trace is transformers' own generate, and its tensors' lifetimes, so the frees the replay sees, change between
@@ -357,9 +368,7 @@ def traced_with(config: Mapping[str, Any]) -> Dict[str, Any]:
     here, ranks = installed("transformers"), version(config, Facts(), "transformers")
     out: Dict[str, Any] = {"traced_with": f"transformers {here}"}
     if ranks and ranks != here:
-        from dsexp.core.schema import version_tuple
-
-        how = (f"dsexp.plan --trace-in-stack replays under {ranks}" if version_tuple(ranks) >= (5,)
+        how = (f"dsexp.plan --trace-in-stack replays under {ranks}" if traceable_under(ranks)
                else "the trace needs transformers 5: not replayed under it")  # fmt: skip
         out["version_note"] = f"the stack runs {ranks}: its generate may free in another order ({how})"
     return out

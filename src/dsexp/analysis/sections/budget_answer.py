@@ -55,7 +55,7 @@ def render(inputs: ReportInputs) -> str:
     if foreseen:
         lines += ["Not launched (the engine's init fails, run on the meta device as each rank):", ""]
         lines += [f"- `{c['key']}`: {c['fails_in_init']}" for c in foreseen] + [""]
-    failed = [c for c in s["configs"] if c.get("failed") and not c.get("fails_in_init")]
+    failed = [c for c in s["configs"] if _stopped(c)]
     if failed:
         lines += ["Stopped (not an answer):", ""] + [f"- `{c['key']}`: {c['failed']}" for c in failed] + [""]
     if any(not _not_launched(c) for c in s["configs"]):
@@ -225,7 +225,7 @@ def _what_if(c: B.Candidate, s: Dict[str, Any]) -> List[str]:
 def _nothing_fits(s: Dict[str, Any]) -> List[str]:
     closest = B.closest_miss(s)
     configs = s.get("configs") or []
-    stopped = [f"`{c['key']}`" for c in configs if c.get("failed") and not c.get("fails_in_init")]
+    stopped = [f"`{c['key']}`" for c in configs if _stopped(c)]
     if closest is None and stopped:
         return [f"- **No configuration was shown to fit**: the searches of {', '.join(stopped)} stopped (below)."]
     if closest is None and any(c.get("fails_in_init") for c in configs):
@@ -269,6 +269,11 @@ def _merged_lines(s: Dict[str, Any]) -> List[str]:
             f"{', '.join(f'`{k}`' for k in s['not_searched'])}."
         )
     return lines + [""]
+
+
+def _stopped(c: Dict[str, Any]) -> bool:
+    """A search that ended for another cause than memory, after it launched (not one foreseen to fail in init)."""
+    return bool(c.get("failed")) and not c.get("fails_in_init")
 
 
 def _not_launched(c: Dict[str, Any]) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from dsexp.compose.budget.search import Miss
-from dsexp.core.schema import JobConfig, version_tuple
+from dsexp.core.schema import JobConfig
 
 GIB = 2**30
 
@@ -131,7 +131,7 @@ def predict_config(spec: JobConfig, batches: List[int]) -> Predicted:
         miss = Miss(breaking_term(terms, device), needs[0], device)
     elif b.host_gib is not None and host is not None and host > b.host_gib * GIB:
         miss = Miss("host (loading)", host, int(b.host_gib * GIB), where="host")
-    fails = init_fails(pred, spec)
+    fails = None if miss else init_fails(pred, spec)  # a miss is never launched: no init to foresee
     replay = {} if miss or fails else replayed_largest(pred, spec, batches, needs, device)
     batch = replay.pop("batch", None)
     return Predicted(needs, host, miss, terms, "; ".join(pred.notes) or None, batch, replay, fails)
@@ -191,8 +191,9 @@ def replayed_in_stack(spec: JobConfig, cap: int, largest: int, wanted: str) -> D
     `in_stack`; or `not_replayed` saying why (a stack that cannot be prepared, a replay that failed there, an
     overlay that did not put its transformers first, transformers 4: not prepared)."""
     from dsexp.job.overlay import StackError, failed_tail, run_in_stack
+    from dsexp.predict.job import traceable_under
 
-    if version_tuple(wanted) < (5,):  # dsexp's trace builds the model as transformers 5 does
+    if not traceable_under(wanted):
         return {"not_replayed": f"the trace needs transformers 5, the stack runs {wanted}"}
     request = json.dumps({"spec": asdict(spec), "cap": cap, "largest": largest})
     with tempfile.TemporaryDirectory() as tmp:
