@@ -8,7 +8,7 @@ import hashlib
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from dsexp import trims
+from dsexp import quant, trims
 from dsexp.core.schema import fill_args, stack_label
 
 
@@ -31,6 +31,7 @@ def config_label(config: Dict[str, Any], workload: bool = True) -> str:
         None if (zero.get("name") or "none") == "none" else f"zero-{zero.get('name')}",
         f"{dtype}<-{mdtype}" if mdtype and dtype != mdtype else dtype,
         trims.label(config.get("trim")),
+        quant.label(config.get("quant")),
         shared_gpu_label(config),
         workload_label(config) if workload else None,
     ]

@@ -47,7 +47,7 @@ def weights_per_rank(result: Result) -> List[int]:
 
 def tensors_per_rank(result: Result) -> List[Dict[str, int]]:
     """Per rank, {tensor name: local bytes on its device} after init (the per-tensor census; empty if not recorded)."""
-    return [rk.phase(Phase.INIT).tensors for rk in JobRecord.of(result).ranks]
+    return [rk.placed.tensors for rk in JobRecord.of(result).ranks]
 
 
 def init_recorded(result: Result) -> bool:

@@ -135,7 +135,7 @@ def above_weights_measured(rank, key: str, on_gpu: bool) -> Optional[int]:
         return point.get("kv_cache_bytes")
     peaks = [(point.get(w) or {}).get("gpu_alloc_peak") for w in ("prefill", "decode")]
     peaks = [v for v in peaks if v is not None]
-    weights = rank.phase(Phase.INIT).gpu.get("gpu_alloc")
+    weights = rank.placed.gpu.get("gpu_alloc")
     return max(peaks) - weights if peaks and weights is not None else None
 
 

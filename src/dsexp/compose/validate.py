@@ -158,11 +158,36 @@ def _validate_pipeline(spec: JobConfig, device: str, weights: bool = True) -> No
     problem = engine.device_problem(spec, device)
     if problem:
         raise ConfigError(problem)
+    _validate_quant(spec, device)
+
+
+def _validate_quant(spec: JobConfig, device: str, capability: Any = "ask") -> None:
+    """The quant member and KV cache against the device (and its compute capability), the engine, the model."""
+    if not spec.quant.active:
+        return
+    from dsexp.engines.base import effective_policy
+    from dsexp.job.devices import gpu_capability
+    from dsexp.quant.check import problems
+
+    engine, e = traits(spec.engine.name), spec.engine
+    policy = effective_policy(e.injection_policy, e.kernel_inject, spec.model.injection_policy)
+    # AutoTP's linears replace nn.Linear at tp > 1, and at tp=1 under a policy (DeepSpeed applies it then too)
+    autotp = engine.inference_autotp and not e.kernel_inject and (spec.tp > 1 or policy is not None)
+    cap = (gpu_capability() if device == "cuda" else None) if capability == "ask" else capability
+    dims = model_dims(spec) if spec.quant.kv is not None else {}
+    found = problems(spec, device, cap, autotp, dims, [n for n, t in ENGINES.items() if t.inference_autotp])
+    if found:
+        raise ConfigError("; ".join(found))
 
 
 def _validate_script(spec: JobConfig) -> None:
     """A user's script: it exists (its path made absolute), its arguments are strings, its fixes are known; the
     model group only matters where an argument names {model_dir}."""
+    if spec.quant.active:
+        raise ConfigError(
+            f"quant={spec.quant.name} (quant.kv={spec.quant.kv}) applies to dsexp's own pipeline; a script quantizes "
+            "(or not) as it is written: leave quant unset with script.path"
+        )
     s = spec.script
     path = Path(str(s.path)).expanduser()
     if not path.is_file():

@@ -24,6 +24,7 @@ class Phase(str, Enum):
     START = "start"
     LOAD = "load"
     INIT = "init"
+    QUANTIZE = "quantize"  # a quant member that quantizes after the engine placed the model (quant=)
     GENERATE = "generate"
 
 

@@ -137,7 +137,7 @@ class RankRecord:
     def weights_held(self) -> Optional[int]:
         """The weights on the rank's device after init; for a user's script that made no engine call, after the
         last of its calls that recorded them (the model as the script left it: whole, on every rank)."""
-        w = self.phase(Phase.INIT).weights_device
+        w = self.placed.weights_device
         if w is not None or not self.script or any(phase_kind(k) == "init" for k in self.phase_keys):
             return w
         held = (self.phase(k).weights_device for k in reversed(self.timeline_phases))
@@ -161,6 +161,13 @@ class RankRecord:
     def points(self) -> Tuple[Mapping[str, Any], ...]:
         """The workload points the rank listed, in the order it ran them (empty: a record without a grid)."""
         return tuple(self.raw.get("points") or ())
+
+    @property
+    def placed(self) -> PhaseRecord:
+        """The phase that left the weights as generate found them: `quantize` where a quant member ran after the
+        engine, else `init`."""
+        quantized = self.phase(Phase.QUANTIZE)
+        return quantized if quantized.recorded else self.phase(Phase.INIT)
 
     def phase(self, key: Union[Phase, str]) -> PhaseRecord:
         key = key.value if isinstance(key, Phase) else key

@@ -153,6 +153,32 @@ class TrimConfig:
 
 
 @dataclass
+class QuantConfig:
+    """Quantized weights and KV cache (`quant=` group): one weight member per `quant=<name>` (dsexp/quant/<name>/:
+    what it is, the library call it makes, where it applies, its memory rule), and a quantized KV cache through
+    transformers' own QuantizedCache (`quant.kv=4`), with any weight member (`quant=fp8_weight quant.kv=4`).
+
+    order: auto (the member's own: as the weights reach the device where the library can), stream (each linear moved
+    to the device and quantized there, one at a time: the device never holds the model in the run dtype), after (the
+    engine places the model in the run dtype, then it is quantized in place: what a quantize-after-load leaves).
+    quality_tol: the first-step logits' relative error against the tp=1 run without quantization that a run may show
+    (null: the member's own); on random weights that is numerical agreement, not task accuracy."""
+
+    name: str = "none"
+    group_size: Optional[int] = None  # the member's group (elements sharing one scale); null: the member's default
+    order: str = "auto"
+    kv: Optional[int] = None  # the KV cache's bits (quanto: 4, 2; hqq: 8, 4, 2); null: the run dtype
+    kv_backend: str = "quanto"  # transformers' QuantizedCache backend: quanto | hqq
+    kv_group_size: int = 64  # elements of the cache sharing one scale and zero-point
+    kv_residual: int = 128  # newest tokens the cache keeps in the run dtype before it quantizes them (residual_length)
+    quality_tol: Optional[float] = None
+
+    @property
+    def active(self) -> bool:
+        return self.name != "none" or self.kv is not None
+
+
+@dataclass
 class ScriptConfig:
     """A user's own inference script, run as written on every rank instead of dsexp's pipeline (`script.path`).
 
@@ -265,6 +291,7 @@ class JobConfig:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     check: CheckConfig = field(default_factory=CheckConfig)
     trim: TrimConfig = field(default_factory=TrimConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     stack: StackConfig = field(default_factory=StackConfig)
     script: ScriptConfig = field(default_factory=ScriptConfig)

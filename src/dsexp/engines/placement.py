@@ -13,6 +13,7 @@ from dsexp.engines.base import effective_policy
 from dsexp.predict.job import NOT_REPORTED, Facts, device_of, version
 from dsexp.predict.placements import Placement, Placer, Strategy, Tensor, replicated, tensors, unchanged
 from dsexp.predict.weights_per_rank import AllocationOrder
+from dsexp.quant import placement as quant_placement
 from dsexp.trims import active as active_trims
 from dsexp.trims import last_position_logits
 from dsexp.trims.dedupe_buffers import placement as dedupe
@@ -56,6 +57,7 @@ def place(model, strategy: Strategy, tp: int, shared: Optional[Dict[str, str]] =
         error = str(e) or "AssertionError"
     if shared:
         placements = dedupe.share(placements, shared, tp, notes)
+    placements = quant_placement.quantize(model, placements, strategy, tp, notes)
     out = (placements, modules, notes, error)
     return (*out, found or None) if with_policy else out
 
@@ -108,7 +110,26 @@ def strategy_of(config: Mapping[str, Any], facts: Facts) -> Strategy:
         splits_weights=bool(traits and traits.splits_weights),
         expandable_segments="expandable_segments:true" in alloc_conf(config).replace(" ", "").lower(),
         last_position_logits=last_position_logits(trim),
+        **quant_fields(config.get("quant") or {}),
     )
+
+
+def quant_fields(q: Mapping[str, Any]) -> Dict[str, Any]:
+    """The Strategy's quant fields from a config's `quant` group (dsexp.quant)."""
+    from dsexp.quant import group_size, traits
+
+    t = traits(q.get("name") or "none")
+    dequantizes = None
+    if t is not None and t.key != "fp8":  # fp8 multiplies in fp8; the weight-only members dequantize each weight
+        dequantizes = "gathered" if t.library == "deepspeed" else "layer"
+    return {
+        "quant": t.key if t else None,
+        "quant_group": group_size(q),
+        "dequantizes": dequantizes,
+        "kv_bits": q.get("kv"),
+        "kv_group": int(q.get("kv_group_size") or 64),
+        "kv_residual": int(q.get("kv_residual") if q.get("kv_residual") is not None else 128),
+    }
 
 
 def alloc_conf(config: Mapping[str, Any]) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 from dsexp.core.fs import file_lock
 from dsexp.core.protocol import logits_file
-from dsexp.core.schema import JobConfig, TrimConfig
+from dsexp.core.schema import JobConfig, QuantConfig, TrimConfig
 from dsexp.core.workload import grid
 from dsexp.job.roles import role_spec, run_role
 
@@ -168,6 +168,7 @@ def ensure_reference(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) ->
                 launcher__nodes=1,
                 launcher__hostfile=None,
                 trim=TrimConfig(),
+                quant=QuantConfig(),  # the quality a quantized run costs is measured against the unquantized model
                 generate__batch_size=1,
                 generate__prompt_tokens=first.prompt_tokens,
                 generate__repeats=1,
@@ -203,6 +204,12 @@ def check_output(spec: JobConfig, job_dir: Path, ranks: List[Optional[dict]], re
         return None
     import torch
 
-    return compare(
-        torch.load(logits), torch.load(ref), ranks[0]["generate"]["tokens"], spec.dtype, spec.check.rel_err_tol
-    )
+    from dsexp.quant import label, tolerance
+
+    tol, why = (spec.check.rel_err_tol, "check.rel_err_tol") if spec.check.rel_err_tol is not None else (None, None)
+    if tol is None and spec.quant.active:
+        tol, why = tolerance(spec.quant, TOLERANCE[spec.dtype])
+    out = compare(torch.load(logits), torch.load(ref), ranks[0]["generate"]["tokens"], spec.dtype, tol)
+    if spec.quant.active:  # the quality cost, beside the run: against the tp=1 run without quantization
+        out.update(quant=label(spec.quant), tolerance_source=why, against="tp=1, unquantized, same dtype")
+    return out

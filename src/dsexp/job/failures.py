@@ -222,8 +222,9 @@ def _phase_at_stop(rec: Optional[dict]) -> Optional[str]:
     if rec.get("script") is not None:  # a user's script: between its observed calls, after the last one it ended
         timeline = rec.get("timeline") or []
         return f"after_{timeline[-1]['phase']}" if timeline else "start"
-    done = [p for p in PHASES if p in phases]
-    return PHASES[min(len(done), len(PHASES) - 1)]
+    # the first phase not recorded; `quantize` only runs with a quant member, which its live file would have named
+    following = [p for p in PHASES if p not in phases and p != "quantize"]
+    return following[0] if following else PHASES[-1]
 
 
 def only_a_peer_went_away(err: Dict[str, Any]) -> bool:

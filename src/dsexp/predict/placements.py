@@ -46,6 +46,15 @@ class Strategy:
     splits_weights: bool = False  # each rank keeps its slice of the weights and its own KV heads
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (trim.env, script.fix)
     last_position_logits: bool = False  # a trim has the head compute the last position's logits only
+    # quant= (dsexp.quant), filled by the rules: the weight member, its group, what its forward dequantizes ("layer":
+    # one weight of the rank at a time; "gathered": ZeRO-3 gathers a whole weight first; None: nothing), and the KV
+    # cache's bits (None: the run dtype), group and the tokens it keeps unquantized
+    quant: Optional[str] = None
+    quant_group: Optional[int] = None
+    dequantizes: Optional[str] = None
+    kv_bits: Optional[int] = None
+    kv_group: int = 64
+    kv_residual: int = 128
 
     def trimmed(self, key: str) -> bool:
         return bool(self.trims.get(key))

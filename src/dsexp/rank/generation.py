@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from dsexp.core.context import RankContext
+from dsexp.core.tensors import stored_bytes_of
 from dsexp.core.workload import CHECK_BATCH, Point, summary
 
 
@@ -97,13 +98,18 @@ def cache_bytes(cache) -> Optional[int]:
 
     if cache is None:
         return None
-    if hasattr(cache, "layers"):
-        found = [t for layer in cache.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
+    if hasattr(cache, "layers"):  # a quantized layer (quant.kv) also holds its quantized keys and values
+        found = [t for layer in cache.layers for t in (getattr(layer, k, None) for k in CACHE_TENSORS)]
     elif hasattr(cache, "key_cache"):
         found = [*cache.key_cache, *cache.value_cache]
     else:
         found = cache
-    return sum(t.numel() * t.element_size() for t in tensors(found))
+    return sum(stored_bytes_of(t) for t in tensors(found))
+
+
+# what a cache layer holds: keys and values (a quantized cache's residual, in the run dtype), and a quantized cache's
+# quantized keys and values (transformers' QuantizedLayer)
+CACHE_TENSORS = ("keys", "values", "_quantized_keys", "_quantized_values")
 
 
 def make_split(on_split: Callable[[], None]):

@@ -32,9 +32,11 @@ def ds_config(ctx: RankContext) -> Dict[str, Any]:
 
 class ZeroInference(Engine):
     name = "zero_inference"
+    # entries a quant member adds to the DeepSpeed config (its weight_quantization block: dsexp.quant.rank)
+    config_extra: Dict[str, Any] = {}
 
     def config(self, ctx: RankContext) -> Dict[str, Any]:
-        return ds_config(ctx)
+        return {**ds_config(ctx), **self.config_extra}
 
     def before_load(self, ctx: RankContext) -> None:
         from deepspeed.runtime.zero.config import DeepSpeedZeroConfig

@@ -11,6 +11,8 @@ import math
 from collections import Counter
 from typing import Any, Dict, Tuple
 
+from dsexp.core.tensors import is_wrapper, stored_bytes_of
+
 
 def _local(t):
     if hasattr(t, "ds_tensor") and t.ds_tensor is not None:  # ZeRO-3 partition
@@ -48,7 +50,7 @@ def residency(full: Dict[str, Dict[str, Tuple[int, ...]]], module, device_type: 
             loc = _local(t)
             if loc.device.type != device_type:
                 continue
-            nbytes = loc.numel() * loc.element_size()
+            nbytes = stored_bytes_of(loc)
             if kind == "params":
                 local_params += nbytes
             if full[kind].get(name) == tuple(loc.shape):
@@ -80,8 +82,9 @@ def tensor_bytes(module, device_type: str) -> Dict[str, int]:
         loc = _local(t)
         if loc.device.type != device_type:
             continue
-        nbytes = loc.numel() * loc.element_size()
-        key = (loc.untyped_storage().data_ptr(), loc.storage_offset(), tuple(loc.shape)) if nbytes else ("id", id(t))
+        nbytes = stored_bytes_of(loc)
+        plain = nbytes and not is_wrapper(loc)  # a quantized weight has no storage of its own: its inner tensors do
+        key = (loc.untyped_storage().data_ptr(), loc.storage_offset(), tuple(loc.shape)) if plain else ("id", id(t))
         if key in seen:
             continue
         seen.add(key)
@@ -97,12 +100,12 @@ def weight_census(module) -> Dict[str, Any]:
     n_params = 0
     for name, p in module.named_parameters():
         t = _local(p)
-        params[t.device.type] += t.numel() * t.element_size()
+        params[t.device.type] += stored_bytes_of(t)
         n_params += t.numel()
         if t.device.type == "meta":
             on_meta.append(name)
     for name, b in module.named_buffers():
-        buffers[b.device.type] += b.numel() * b.element_size()
+        buffers[b.device.type] += stored_bytes_of(b)
         if b.device.type == "meta":
             on_meta.append(name)
     classes = Counter(type(m).__name__ for m in module.modules())

@@ -27,10 +27,12 @@ def run(ctx: RankContext, rec: PhaseRecorder) -> None:
 def load_and_init(ctx: RankContext, rec: PhaseRecorder, engine, loader: str) -> Tuple[Any, Dict[str, Any]]:
     """The load and init phases: the loader builds the model, the engine (None: a plain move to the device) places
     it; returns (module, the engine's report). Raises if a tensor is still on the meta device."""
+    from dsexp.quant import rank as quant
     from dsexp.rank.loading import get_loader
     from dsexp.rank.probes.weights import residency, resident_bytes, tensor_bytes, tensor_layout, weight_census
 
     spec, device_type = ctx.spec, "cuda" if ctx.on_gpu else "cpu"
+    quantized: Dict[str, Any] = {"set": quant.before_load(ctx, engine)} if engine and spec.quant.active else {}
     with rec.phase("load"):
         maybe_inject(spec.fault, ctx.rank, "load", ctx.job_dir)
         if engine:
@@ -38,6 +40,8 @@ def load_and_init(ctx: RankContext, rec: PhaseRecorder, engine, loader: str) -> 
         loaded = get_loader(loader).load(ctx, engine.load_kwargs(ctx) if engine else {})
     census = weight_census(loaded.model)
     rec.annotate_phase("load", weights_device=resident_bytes(census, device_type), weights=census, loader=loaded.info)
+    if engine and quant.after_load(loaded.model, ctx):
+        quantized.update(quant.after_load(loaded.model, ctx))
 
     with rec.phase("init"):
         maybe_inject(spec.fault, ctx.rank, "init", ctx.job_dir)
@@ -54,8 +58,12 @@ def load_and_init(ctx: RankContext, rec: PhaseRecorder, engine, loader: str) -> 
     census = weight_census(module)
     tensors = tensor_bytes(module, device_type)
     rec.annotate_phase("init", weights_device=resident_bytes(census, device_type), weights=census, tensors=tensors)
+    if engine and quant.quantizes_after_engine(ctx):
+        quantized.update(quantize_phase(ctx, rec, module, device_type))
     if engine:
         report.update(residency(full, module, device_type, ctx.torch_dtype.itemsize))
+    if quantized:
+        report["quant"] = quantized
     rec.note(engine=report)  # kept if generate fails; updated after it
     if census["on_meta"]:
         raise RuntimeError(
@@ -63,6 +71,24 @@ def load_and_init(ctx: RankContext, rec: PhaseRecorder, engine, loader: str) -> 
             f"{', '.join(census['on_meta'][:8])}"
         )
     return module, report
+
+
+def quantize_phase(ctx: RankContext, rec: PhaseRecorder, module, device_type: str) -> Dict[str, Any]:
+    """The `quantize` phase (torchao's members, after the engine): its own memory and time, and the weights as
+    they are then (the phase `init`'s keys, so the analysis reads the last of the two)."""
+    from dsexp.quant import rank as quant
+    from dsexp.rank.probes.weights import resident_bytes, tensor_bytes, weight_census
+
+    with rec.phase("quantize"):
+        done = quant.quantize(module, ctx)
+    census = weight_census(module)
+    rec.annotate_phase(
+        "quantize",
+        weights_device=resident_bytes(census, device_type),
+        weights=census,
+        tensors=tensor_bytes(module, device_type),
+    )
+    return done
 
 
 def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[str, Any]) -> None:
@@ -74,10 +100,11 @@ def generate(ctx: RankContext, rec: PhaseRecorder, module, engine, report: Dict[
     of the first point (of a search: the first that ran); the correctness check reads them."""
     import torch
 
+    from dsexp.quant import rank as quant
     from dsexp.rank.generation import prompt_ids
 
     text = prompt_ids(ctx, module.config.vocab_size)
-    extra = engine.generate_kwargs(ctx) if engine else {}
+    extra = {**(engine.generate_kwargs(ctx) if engine else {}), **(quant.generate_kwargs(ctx) if engine else {})}
     outcomes: List[Dict[str, Any]] = []
     ran_out: List[Point] = []
     single = len(grid(ctx.spec.generate)) == 1

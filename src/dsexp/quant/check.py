@@ -1,0 +1,79 @@
+"""A job's quant settings held to the members' rules before anything is launched: the member and its order, the
+device and its compute capability, the engine (and kernel injection), the KV cache, the dtype. Each problem names
+the key, the reason and what would work."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from dsexp.quant import NONE, QUANTS, traits
+from dsexp.quant import kv as kv_member
+from dsexp.quant.base import AFTER, STREAM
+
+ORDERS = ("auto", STREAM, AFTER)
+DEAD_INT8 = (
+    "DeepSpeed's kernel injection runs its own fused kernels in the run dtype: its int8 path "
+    "(init_inference(dtype=torch.int8)) is gone, DeepSpeed 0.19 rejects the dtype (supported_dtypes: fp32, fp16, "
+    "bf16; issue #2956) and the injected layers' weight quantization is commented out"
+)
+
+
+def problems(
+    spec: Any,
+    device: str,
+    capability: Optional[Tuple[int, int]],
+    autotp: bool,
+    model_dims: Dict[str, Any],
+    engines_autotp: List[str],
+) -> List[str]:
+    """Every reason the job's quant settings cannot run (empty: they can). `autotp`: the engine shards the linears
+    with AutoTP's modules in this job; `engines_autotp`: the engines that do (to name the others)."""
+    q = spec.quant
+    out: List[str] = []
+    if q.name != NONE and q.name not in QUANTS:
+        return [f"quant={q.name!r} is not a member; choose one of: none, {', '.join(QUANTS)}"]
+    if q.order not in ORDERS:
+        out.append(f"quant.order={q.order!r}: choose one of {', '.join(ORDERS)}")
+    t = traits(q.name)
+    if spec.workload == "script" and q.active:
+        out.append(
+            "quant.* applies to dsexp's own pipeline; a script quantizes (or not) as it is written: leave quant "
+            "unset with script.path"
+        )
+        return out
+    if t is not None:
+        out += _member_problems(spec, t, device, capability, autotp, engines_autotp)
+    kv = kv_member.problem(q, model_dims, spec.engine.kernel_inject)
+    if kv:
+        out.append(kv)
+    return out
+
+
+def _member_problems(spec, t, device, capability, autotp, engines_autotp) -> List[str]:
+    q, out = spec.quant, []
+    if q.order not in ("auto", *t.orders):
+        out.append(f"quant.order={q.order} with quant={t.key}: it runs in {' or '.join(t.orders)} order only")
+    why = t.device_problem(device, capability)
+    if why:
+        out.append(why)
+    if spec.engine.kernel_inject:
+        out.append(f"quant={t.key} with engine.kernel_inject=true: {DEAD_INT8}; set engine.kernel_inject=false")
+    why = t.engine_problem(spec.engine.name, autotp)
+    if why:
+        out.append(f"{why}; the nearest that composes: {nearest(t, spec.engine.name, autotp, device)}")
+    if t.storage.bits == 4 and t.library == "torchao" and spec.dtype != "bf16":
+        out.append(f"quant={t.key} with dtype={spec.dtype}: torchao's int4 packing takes bf16 weights; set dtype=bf16")
+    if q.group_size is not None and q.group_size <= 0:
+        out.append(f"quant.group_size={q.group_size}: must be > 0 (null: the member's own)")
+    return out
+
+
+def nearest(t, engine: str, autotp: bool, device: str) -> str:
+    """The members that compose with this engine on this device, the member's own suggestion first."""
+    ok = [
+        k for k, m in QUANTS.items() if m.engine_problem(engine, autotp) is None and device in m.devices and k != t.key
+    ]
+    ok.sort(key=lambda k: k != t.nearest)
+    if ok:
+        return "quant=" + " or quant=".join(ok[:2]) + f" (engine={engine})"
+    return f"none under engine={engine}; see docs/configuration.md#quantization"

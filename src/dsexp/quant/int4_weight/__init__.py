@@ -1,0 +1,24 @@
+"""quant=int4_weight: torchao's int4 weight-only quantization, groups of 128 along a row, packed for the tinygemm
+kernel (Int4WeightOnlyConfig(int4_packing_format="tile_packed_to_4d")): half a byte per element plus a bf16 scale
+and zero-point per group, rows padded to 8 and columns to 1024. A GPU of compute capability 8.0 or more; bf16 only."""
+
+from __future__ import annotations
+
+from dsexp.quant.base import QuantTraits, Storage
+from dsexp.quant.torchao_rules import AUTOTP_REFUSALS, TORCHAO_GATE, ZERO3_REFUSALS
+
+TRAITS = QuantTraits(
+    "int4_weight",
+    library="torchao",
+    call='quantize_(model, Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d"))',
+    summary="int4 weights in groups of 128, tinygemm's packing (torchao)",
+    storage=Storage(bits=4, scale_bytes=4, group=128, pad_out=8, pad_in=1024),
+    quality_tol=0.5,
+    devices=("cuda",),
+    min_capability=(8, 0),
+    device_why="torchao's int4 packing for the CPU needs the mslk package (not on PyPI) and its tinygemm packing a "
+    "GPU of compute capability 8.0 or more; on the CPU use quant=int8_weight or quant=ds_int4 (engine=zero_inference)",
+    refuses={**ZERO3_REFUSALS},
+    autotp_problem=AUTOTP_REFUSALS.get("int4_weight"),
+    gate=TORCHAO_GATE,
+)

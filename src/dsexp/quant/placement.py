@@ -1,0 +1,74 @@
+"""The quant members in the memory model: after the engine's rule (and the trims') placed every tensor in the run
+dtype, each weight the member quantizes takes its stored bytes on each rank (called by dsexp.engines.placement).
+
+torchao's members quantize the model's nn.Linear weights but the output head's, after the engine: a weight AutoTP
+split keeps its cut (rows of a column-parallel layer, columns of a row-parallel one) and is stored at its width with a
+scale per row (or group). DeepSpeed's members quantize every nn.Linear and nn.Embedding weight as zero.Init builds it,
+into one flat tensor of the run dtype (the packed values, then a scale and a minimum per group), which ZeRO-3 then
+partitions like any parameter: ceil(elements / ranks) a rank."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Dict, List, Tuple
+
+from dsexp.predict.placements import Placement, Strategy
+from dsexp.quant import traits
+from dsexp.quant.base import QuantTraits
+
+
+def quantized_weights(model, t: QuantTraits) -> Dict[str, Tuple[int, int]]:
+    """{weight name: (out, in)} of the weights the member quantizes in the meta model."""
+    import torch.nn as nn
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    kinds = (nn.Linear, nn.Embedding) if t.library == "deepspeed" else (nn.Linear,)
+    out = {}
+    for name, m in model.named_modules():
+        if not isinstance(m, kinds) or (t.library == "torchao" and m is head):
+            continue
+        w = getattr(m, "weight", None)
+        if w is not None and w.dim() == 2:
+            out[f"{name}.weight" if name else "weight"] = tuple(w.shape)
+    return out
+
+
+def quantize(model, placements: List[Placement], s: Strategy, tp: int, notes: List[str]) -> List[Placement]:
+    """The placements with the member's weights at their stored bytes (unchanged without a member)."""
+    t = traits(s.quant or "none")
+    if t is None:
+        return placements
+    shapes = quantized_weights(model, t)
+    rule = _zero3_bytes if t.library == "deepspeed" else _linear_bytes
+    out = [rule(p, shapes[p.name], t, s, tp) if p.name in shapes and not p.copy else p for p in placements]
+    kept = "the output head, embeddings, norms and buffers" if t.library == "torchao" else "norms and buffers"
+    notes.append(
+        f"quant={t.key}: {len(shapes)} weights stored at {t.storage.bits} bits with their scales; {kept} "
+        f"stay in {s.dtype}"
+    )
+    return out
+
+
+def _itemsize(p: Placement, shape: Tuple[int, int]) -> int:
+    return max(1, p.full // (shape[0] * shape[1]))
+
+
+def _linear_bytes(p: Placement, shape: Tuple[int, int], t: QuantTraits, s: Strategy, tp: int) -> Placement:
+    """A linear's weight as torchao stores it on each rank: its local rows x columns (AutoTP's cut kept)."""
+    out, inp = shape
+    e = _itemsize(p, shape)
+    local = []
+    for b in p.local:
+        rows, cols = (b // (inp * e), inp) if p.dim == 0 else (out, b // (out * e)) if p.dim == 1 else (out, inp)
+        local.append(t.storage.nbytes(rows, cols, e, s.quant_group) if b else 0)
+    return replace(p, full=t.storage.nbytes(out, inp, e, s.quant_group), local=tuple(local))
+
+
+def _zero3_bytes(p: Placement, shape: Tuple[int, int], t: QuantTraits, s: Strategy, tp: int) -> Placement:
+    """A weight as DeepSpeed's quantized initialization stores it: one flat tensor of the run dtype (packed values,
+    then per group a scale and a minimum), partitioned ceil(elements / tp) a rank (or on the host, offloaded)."""
+    e = _itemsize(p, shape)
+    flat = t.storage.nbytes(shape[0], shape[1], e, s.quant_group) // e
+    part = math.ceil(flat / tp) * e
+    return replace(p, full=flat * e, local=tuple(part if b else 0 for b in p.local))

@@ -1,0 +1,62 @@
+"""The quant family on a rank, called by dsexp's pipeline (dsexp.rank.workloads.pipeline) around the engine:
+`before_load` (DeepSpeed's members: the block zero.Init reads; torchao's in stream order: the engine keeps the model
+on the host), `quantize` after the engine (torchao's members), `generate_kwargs` (the quantized KV cache). Imported on
+ranks only."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from dsexp.core.context import RankContext
+from dsexp.quant import STREAM, group_size, order_of, traits
+from dsexp.quant import kv as kv_member
+
+
+def member(ctx: RankContext):
+    return traits(ctx.spec.quant.name)
+
+
+def before_load(ctx: RankContext, engine) -> Dict[str, Any]:
+    """Settings the member needs before the model is loaded and placed; returns what was set (for the record)."""
+    t = member(ctx)
+    if t is None:
+        return {}
+    if t.library == "deepspeed":
+        from dsexp.quant.deepspeed_rank import ds_block
+
+        block = ds_block(t, group_size(ctx.spec.quant))
+        engine.config_extra = block  # merged into the ZeRO-3 config (dsexp.engines.zero_inference.rank)
+        return {"ds_config": block}
+    if order_of(ctx.spec.quant) == STREAM and ctx.on_gpu and ctx.spec.engine.name == "init_inference":
+        ctx.spec.engine.keep_module_on_host = True  # the linears reach the GPU one at a time, quantized
+        return {"engine.keep_module_on_host": True}
+    return {}
+
+
+def quantizes_after_engine(ctx: RankContext) -> bool:
+    t = member(ctx)
+    return t is not None and t.library == "torchao"
+
+
+def quantize(module, ctx: RankContext) -> Dict[str, Any]:
+    """torchao's members, after the engine placed the model (dsexp.quant.torchao_rank)."""
+    from dsexp.quant.torchao_rank import quantize as torchao_quantize
+
+    order = order_of(ctx.spec.quant)
+    if order == STREAM and not (ctx.on_gpu and ctx.spec.engine.name == "init_inference"):
+        order = "after"  # the engine already placed the model on its device: nothing left to stream
+    return torchao_quantize(module, member(ctx), group_size(ctx.spec.quant), order, ctx.device)
+
+
+def after_load(module, ctx: RankContext) -> Optional[Dict[str, Any]]:
+    """DeepSpeed's members: what zero.Init quantized while the model loaded."""
+    t = member(ctx)
+    if t is None or t.library != "deepspeed":
+        return None
+    from dsexp.quant.deepspeed_rank import quantized_weights
+
+    return {"member": t.key, "library": "deepspeed", "call": t.call, "order": STREAM, **quantized_weights(module)}
+
+
+def generate_kwargs(ctx: RankContext) -> Dict[str, Any]:
+    return kv_member.generate_kwargs(ctx.spec.quant)

@@ -1,0 +1,83 @@
+"""The torchao members on a rank: `torchao.quantization.quantize_` over the model's linear layers (the decoder's
+nn.Linear, and AutoTP's LinearLayer/LinearAllreduce where the engine sharded them), after the engine placed the
+model: torchao's tensors cannot be split by AutoTP (aten.split_with_sizes), so AutoTP shards first and its linears are
+quantized after. The output head and the embeddings stay in the run dtype (as transformers' TorchAoConfig leaves
+them). Order `stream`: the engine left the model on the host and each linear is moved to the device and quantized
+there, one at a time (quantize_'s `device`), so the device never holds the model in the run dtype; `after`: the
+model is quantized where the engine placed it. Imported on ranks only."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, Optional
+
+from dsexp.core.tensors import stored_bytes
+from dsexp.quant.base import STREAM, QuantTraits
+
+# the linears AutoTP leaves in place of nn.Linear (deepspeed.module_inject.layers)
+AUTOTP_LINEARS = ("LinearLayer", "LinearAllreduce")
+
+
+def torchao_config(t: QuantTraits, group: Optional[int]):
+    """The member's torchao config instance."""
+    from torchao.quantization import (
+        Float8DynamicActivationFloat8WeightConfig,
+        Float8WeightOnlyConfig,
+        Int4WeightOnlyConfig,
+        Int8WeightOnlyConfig,
+        PerRow,
+    )
+
+    if t.key == "fp8":
+        return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+    if t.key == "fp8_weight":
+        return Float8WeightOnlyConfig()
+    if t.key == "int8_weight":
+        return Int8WeightOnlyConfig()
+    if t.key == "int4_weight":
+        return Int4WeightOnlyConfig(group_size=group or t.storage.group, int4_packing_format="tile_packed_to_4d")
+    raise KeyError(f"quant={t.key}: no torchao config")
+
+
+def linear_filter(model) -> Callable[[Any, str], bool]:
+    """quantize_'s filter: the model's linear layers (nn.Linear, AutoTP's), not its output head."""
+    import torch.nn as nn
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+
+    def is_linear(module, fqn: str) -> bool:
+        if module is head or getattr(module, "weight", None) is None:
+            return False
+        return isinstance(module, nn.Linear) or type(module).__name__ in AUTOTP_LINEARS
+
+    return is_linear
+
+
+def quantize(module, t: QuantTraits, group: Optional[int], order: str, device: str) -> Dict[str, Any]:
+    """Quantize the module's linears in place; what was done: the call, the order, the linears quantized, the
+    weights' bytes before and after (stored: scales and zero-points included) and the seconds it took."""
+    import torch
+    from torchao.quantization import quantize_
+
+    keep = linear_filter(module)
+    names = [n for n, m in module.named_modules() if keep(m, n)]
+    before = stored_bytes(module)
+    start = time.perf_counter()
+    if order == STREAM and device != "cpu":
+        quantize_(module, torchao_config(t, group), filter_fn=keep, device=device)
+        module.to(device)  # what stays in the run dtype: embeddings, norms, the head, buffers
+    else:
+        quantize_(module, torchao_config(t, group), filter_fn=keep)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return {
+        "member": t.key,
+        "library": "torchao",
+        "call": t.call,
+        "order": order,
+        "linears": len(names),
+        "first": names[:3],
+        "bytes_before": before,
+        "bytes_after": stored_bytes(module),
+        "seconds": time.perf_counter() - start,
+    }
