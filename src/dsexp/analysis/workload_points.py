@@ -117,10 +117,14 @@ def kv_at_end(row: Row, entry: Dict[str, Any], length: int) -> List[int]:
     p, new = row.prediction, int((row.config.get("generate") or {}).get("new_tokens") or 1)
     shapes, e = cap.Shapes.of(p.dims), cap.DTYPE_BYTES[p.strategy.dtype]
     return [
-        2
-        * shapes.layers
-        * cap.kv_tensor(
-            shapes, cap.rank_heads(shapes, p.strategy, row.tp, r)["kv_heads"], entry["batch"], length + new - 1, e
+        cap.cache_at_end(
+            shapes,
+            cap.rank_heads(shapes, p.strategy, row.tp, r)["kv_heads"],
+            entry["batch"],
+            length,
+            new,
+            e,
+            p.strategy,
         )
         for r in range(row.tp)
     ]

@@ -172,6 +172,9 @@ class QuantConfig:
     kv_group_size: int = 64  # elements of the cache sharing one scale and zero-point
     kv_residual: int = 128  # newest tokens the cache keeps in the run dtype before it quantizes them (residual_length)
     quality_tol: Optional[float] = None
+    # false: run a member with an engine it is known not to compose with, to see the library's own error (the
+    # composition matrix, campaigns/quant_compose.yaml, does); the device checks still apply
+    check_composition: bool = True
 
     @property
     def active(self) -> bool:

@@ -348,6 +348,10 @@ JOB_WHEELS = (
     "gitpython==3.2.1",
     "gitdb==4.0.12",
     "smmap==5.0.3",
+    # quant= (dsexp.quant): torchao's members and transformers' quantized KV cache (quanto backend); torchao's abi3
+    # wheel runs its Python paths on the image's torch 2.11 (its compiled extras are optional)
+    "torchao==0.18.0",
+    "optimum-quanto==0.2.7",
 )
 # Published as source archives only: built here into pure-Python wheels (DeepSpeed with DS_BUILD_OPS=0: the GPU
 # machine JIT-builds any op it needs with its own nvcc).

@@ -126,6 +126,16 @@ def kv_tensor(s: Shapes, kv_heads: int, batch: int, tokens: int, e: int) -> int:
     return batch * kv_heads * tokens * s.head_dim * e
 
 
+def cache_at_end(s: Shapes, kv_heads: int, batch: int, prompt: int, new: int, e: int, strategy: Any = None) -> int:
+    """The KV cache's own bytes when generate returns (prompt + new - 1 tokens; what a CPU run counts): quantized
+    (strategy.kv_bits: dsexp.predict.kv's rule) or in the run dtype."""
+    bits = getattr(strategy, "kv_bits", None)
+    if not bits:
+        return 2 * s.layers * kv_tensor(s, kv_heads, batch, prompt + new - 1, e)
+    split = kv_model.split_tokens(prompt, new, strategy.kv_residual)
+    return kv_model.cache_bytes(s.layers, kv_heads, s.head_dim, batch, split, bits, strategy.kv_group, e)
+
+
 def prompt_cache(s: Shapes, held: Dict[str, int], w: Workload, e: int, pins_qkv: bool) -> int:
     """The prompt's KV cache after the prefill; where each cached value is a view of its layer's packed qkv
     (KEEPS, transformers 4.x), every layer holds its keys and that whole projection instead."""
@@ -219,7 +229,30 @@ def above_weights(
         held = rank_heads(s, strategy, tp, rank)
         for k, v in rank_peak(s, held, w, e, attention, score_copies(strategy), pins).items():
             terms[k].append(v)
-    return terms
+    return {**terms, **quant_terms(s, strategy, tp, w, e)}
+
+
+def quant_terms(s: Shapes, strategy: Any, tp: int, w: Workload, e: int) -> Dict[str, List[int]]:
+    """What quantization changes above the weights (quant=, dsexp.quant), per rank:
+    - kv_cache: a quantized cache (strategy.kv_bits) at its end, its tokens at their width and the newest ones in
+      the run dtype; `kv_dequantized`: a decode step dequantizes one layer's keys and values and concatenates them
+      with the new token (the dequantized and the concatenated tensors, keys and values: four at once);
+    - dequantized: a weight-only member's forward dequantizes one weight at a time to the run dtype (the rank's
+      largest: its share of the MLP's), DeepSpeed's gathers the whole weight first (the embedding's included)."""
+    out: Dict[str, List[int]] = {}
+    bits = getattr(strategy, "kv_bits", None)
+    if bits:
+        heads = [rank_heads(s, strategy, tp, r)["kv_heads"] for r in range(tp)]
+        out["kv_cache"] = [cache_at_end(s, h, w.batch, w.prompt_tokens, w.new_tokens, e, strategy) for h in heads]
+        longest = w.prompt_tokens + w.new_tokens - 1
+        out["kv_dequantized"] = [alloc(kv_tensor(s, h, w.batch, longest, e), 4) for h in heads]
+    how = getattr(strategy, "dequantizes", None)
+    if how == "gathered":
+        out["dequantized"] = [alloc(max(s.vocab, s.intermediate) * s.hidden * e)] * tp
+    elif how == "layer":
+        share = [rank_heads(s, strategy, tp, r)["intermediate"] for r in range(tp)]
+        out["dequantized"] = [alloc(i * s.hidden * e) for i in share]
+    return out
 
 
 def rank_peak(

@@ -24,12 +24,13 @@ STREAM, AFTER = "stream", "after"  # quant.order: as the weights reach the devic
 @dataclass(frozen=True)
 class Storage:
     """How one quantized linear weight of out x in elements is stored: `bits` per element, plus per scale group
-    `scale_bytes` (scale, zero-point) where a group is `group` elements of a row (0: a whole row; the run dtype's
-    bytes where scale_bytes is None, as DeepSpeed and quanto keep their scales)."""
+    `per_group` values of `scale_bytes` each (scale, zero-point) where a group is `group` elements of a row (0: a
+    whole row; the run dtype's bytes where scale_bytes is None, as DeepSpeed keeps its scales)."""
 
     bits: int
     scale_bytes: Optional[int]
     group: int = 0  # elements per scale along a row; 0: one scale per row
+    per_group: int = 1  # values kept per group of scale_bytes each (DeepSpeed: a scale and a minimum)
     pad_out: int = 1  # rows padded to a multiple of this (torchao's int4 tile packing: 8)
     pad_in: int = 1  # columns padded to a multiple of this (its kernel's k tiles: 1024)
 
@@ -38,7 +39,7 @@ class Storage:
         g = group or self.group or inp
         scales = out * -(-inp // g)
         per_scale = dtype_bytes if self.scale_bytes is None else self.scale_bytes
-        return out * inp * self.bits // 8 + scales * per_scale
+        return out * inp * self.bits // 8 + scales * per_scale * self.per_group
 
 
 def _up(n: int, multiple: int) -> int:

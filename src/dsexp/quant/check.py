@@ -58,7 +58,7 @@ def _member_problems(spec, t, device, capability, autotp, engines_autotp) -> Lis
         out.append(why)
     if spec.engine.kernel_inject:
         out.append(f"quant={t.key} with engine.kernel_inject=true: {DEAD_INT8}; set engine.kernel_inject=false")
-    why = t.engine_problem(spec.engine.name, autotp)
+    why = t.engine_problem(spec.engine.name, autotp) if q.check_composition else None
     if why:
         out.append(f"{why}; the nearest that composes: {nearest(t, spec.engine.name, autotp, device)}")
     if t.storage.bits == 4 and t.library == "torchao" and spec.dtype != "bf16":

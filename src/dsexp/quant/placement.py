@@ -36,18 +36,48 @@ def quantized_weights(model, t: QuantTraits) -> Dict[str, Tuple[int, int]]:
 
 def quantize(model, placements: List[Placement], s: Strategy, tp: int, notes: List[str]) -> List[Placement]:
     """The placements with the member's weights at their stored bytes (unchanged without a member)."""
+    if s.kv_bits:
+        notes.append(kv_rule(s))
     t = traits(s.quant or "none")
     if t is None:
         return placements
     shapes = quantized_weights(model, t)
     rule = _zero3_bytes if t.library == "deepspeed" else _linear_bytes
     out = [rule(p, shapes[p.name], t, s, tp) if p.name in shapes and not p.copy else p for p in placements]
-    kept = "the output head, embeddings, norms and buffers" if t.library == "torchao" else "norms and buffers"
-    notes.append(
-        f"quant={t.key}: {len(shapes)} weights stored at {t.storage.bits} bits with their scales; {kept} "
-        f"stay in {s.dtype}"
-    )
+    notes.append(weight_rule(t, s, len(shapes)))
     return out
+
+
+DEQUANTIZES = {
+    "layer": "each forward dequantizes one weight at a time to the run dtype",
+    "gathered": "each forward gathers a whole weight and dequantizes it",
+}
+
+
+def weight_rule(t: QuantTraits, s: Strategy, weights: int) -> str:
+    """The member's rule in words: bytes per element and per scale group, what stays in the run dtype, what its
+    forward dequantizes."""
+    st, group = t.storage, s.quant_group or t.storage.group
+    per = f"{group} elements of a row" if group else "row"
+    each = f"{st.scale_bytes} B" if st.scale_bytes else f"{s.dtype}"
+    scale = f"{st.per_group} x {each}" if st.per_group > 1 else each
+    kept = "the output head, embeddings, norms and buffers" if t.library == "torchao" else "norms and buffers"
+    deq = DEQUANTIZES.get(s.dequantizes or "", "the products run in fp8: no weight is dequantized")
+    return (
+        f"quant={t.key}: {weights} weights at {st.bits / 8:g} B per element + {scale} per {per}; {kept} stay in "
+        f"{s.dtype}; {deq} (`dequant`)"
+    )
+
+
+def kv_rule(s: Strategy) -> str:
+    """quant.kv's rule in words."""
+    e = {"fp32": 4, "bf16": 2, "fp16": 2}[s.dtype]
+    per = s.kv_bits / 8 + 2 * e / s.kv_group
+    return (
+        f"quant.kv={s.kv_bits}: the KV cache at {per:g} B per element ({s.kv_bits} bits + a scale and a shift in "
+        f"{s.dtype} per {s.kv_group} elements), fewer than {s.kv_residual} newest tokens in {s.dtype}; a decode step "
+        "dequantizes one layer's keys and values (`kv deq`)"
+    )
 
 
 def _itemsize(p: Placement, shape: Tuple[int, int]) -> int:

@@ -24,6 +24,12 @@ def before_load(ctx: RankContext, engine) -> Dict[str, Any]:
     if t.library == "deepspeed":
         from dsexp.quant.deepspeed_rank import ds_block
 
+        if not hasattr(engine, "config_extra"):  # quant.check_composition=false: say so rather than run unquantized
+            raise RuntimeError(
+                f"quant={t.key}: engine={ctx.spec.engine.name} takes no DeepSpeed config; DeepSpeed's weight "
+                "quantization is a ZeRO-3 config block (weight_quantization), read by zero.Init only"
+            )
+
         block = ds_block(t, group_size(ctx.spec.quant))
         engine.config_extra = block  # merged into the ZeRO-3 config (dsexp.engines.zero_inference.rank)
         return {"ds_config": block}

@@ -12,11 +12,21 @@ from dsexp.analysis.measured import human
 from dsexp.analysis.sections.common import ReportInputs
 
 NAME = "plan"
-TERMS = ("kv_cache", "activations_split", "activations_whole", "logits", "workspace", "cublas_workspace")
+TERMS = (
+    "kv_cache",
+    "kv_dequantized",
+    "activations_split",
+    "activations_whole",
+    "logits",
+    "dequantized",
+    "workspace",
+    "cublas_workspace",
+)
 OUTSIDE = ("cuda_context", "communicator")
 # What an entry that has no figures says instead (dsexp.compose.planning.plan_one)
 UNPREDICTED = {"not_predicted": "not predicted", "fails_in_init": "fails in init"}
 SHORT = {"activations_split": "act split", "activations_whole": "act whole", "cublas_workspace": "cublas",
+         "kv_dequantized": "kv deq", "dequantized": "dequant",
          "cuda_context": "context", "communicator": "comm"}  # fmt: skip
 
 
@@ -144,6 +154,7 @@ def entry_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
         out.append(capacity_line(entry))
     if entry.get("limit"):
         out.append(f"cannot run: {entry['limit']}")
+    out += [n for n in entry.get("notes") or [] if n.startswith("quant")]  # the quant member's rule (dsexp.quant)
     out += [""] + families_lines(entry, markdown, 99 if markdown else 6) + [""]
     return out
 

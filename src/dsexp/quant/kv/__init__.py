@@ -3,46 +3,18 @@
 
 The cache quantizes the prompt's keys and values at the prefill, keeps the newest decode tokens in the run dtype
 (fewer than `quant.kv_residual`) and, when they reach it, dequantizes the whole layer, appends them and quantizes it
-again. Its rule (`cache_bytes`): a quantized token costs bits/8 bytes per element plus a scale and a shift in the run
-dtype per group of `kv_group_size` elements (quanto's layout; hqq's is the same count at 8, 4 and 2 bits)."""
+again. Its rule (dsexp.predict.kv.cache_bytes, in the memory model): a quantized token costs bits/8 bytes per element
+plus a scale and a shift in the run dtype per group of `kv_group_size` elements (quanto's layout; hqq's is the same
+count at 8, 4 and 2 bits)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
+
+from dsexp.predict.kv import cache_bytes, quantized_bytes, split_tokens  # noqa: F401  (the rule, in the memory model)
 
 BACKENDS: Dict[str, Tuple[int, ...]] = {"quanto": (4, 2), "hqq": (8, 4, 2)}
 PACKAGES = {"quanto": "optimum-quanto", "hqq": "hqq"}
-
-
-@dataclass(frozen=True)
-class KVSplit:
-    """Tokens of one sequence's cache after a generate: quantized, and kept in the run dtype (the residual)."""
-
-    quantized: int
-    residual: int
-
-
-def split_tokens(prompt: int, new_tokens: int, residual_length: int) -> KVSplit:
-    """The prefill quantizes the prompt; each of the new_tokens - 1 decode steps appends one token to the residual,
-    which is quantized with the rest once it would reach `residual_length` (transformers' QuantizedLayer.update)."""
-    steps = max(0, new_tokens - 1)
-    kept = steps % residual_length if residual_length > 0 else 0
-    return KVSplit(prompt + steps - kept, kept)
-
-
-def quantized_bytes(elements: int, bits: int, group: int, dtype_bytes: int) -> int:
-    """One quantized key (or value) tensor: packed values and, per group, a scale and a shift in the run dtype."""
-    return elements * bits // 8 + -(-elements // group) * 2 * dtype_bytes
-
-
-def cache_bytes(
-    layers: int, kv_heads: int, head_dim: int, batch: int, split: KVSplit, bits: int, group: int, dtype_bytes: int
-) -> int:
-    """The whole cache after a generate: keys and values of every layer, quantized and residual."""
-    per_token = batch * kv_heads * head_dim
-    quantized = quantized_bytes(per_token * split.quantized, bits, group, dtype_bytes) if split.quantized else 0
-    return 2 * layers * (quantized + per_token * split.residual * dtype_bytes)
 
 
 def generate_kwargs(quant: Any) -> Dict[str, Any]:
