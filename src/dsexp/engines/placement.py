@@ -166,6 +166,11 @@ def rank_model(model, s: Strategy, placements: List[Placement], rank: int, tp: i
     from dsexp.trims import last_logits
 
     rule = getattr(part(s.engine, "placement"), "rank_model", None) if s.engine in ENGINES else None
+    if s.quant or s.kv_bits:
+        return None, (
+            "quantized (quant=): torchao's tensors and the quantized KV cache are not traced on the meta device; "
+            "the allocated bytes' answer stands, with the dequantized weight and KV layer as terms"
+        )
     if s.kernel_inject or (tp > 1 and rule is None):
         return None, f"engine {s.engine}{' with kernel injection' if s.kernel_inject else ''}: its ranks are not traced"
     ranked = rule(model, s, placements, rank, tp) if rule else copy.deepcopy(model)
