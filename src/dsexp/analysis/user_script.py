@@ -19,6 +19,7 @@ from dsexp.core.records import phase_kind
 from dsexp.core.remedies import CONTEXT_ENV
 from dsexp.core.result import JobRecord
 from dsexp.engines import hf_tp, init_inference, zero_inference
+from dsexp.quant.check import DEAD_INT8_PATH, QUANT_INSTEAD
 from dsexp.trims import MODEL_TRIMS
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16", "float": "fp32"}
@@ -337,6 +338,22 @@ def rejected_field(result: Dict[str, Any]) -> List[Finding]:
     ]
 
 
+def int8_dtype(result: Dict[str, Any]) -> List[Finding]:
+    """The seed-era int8 path: init_inference(dtype=torch.int8), which DeepSpeed 0.19 rejects before it runs."""
+    msg = str((result.get("failure") or {}).get("message"))
+    found = re.search(r"Data type (torch\.(?:u?int8|int4|float8\w*)) is not supported", msg)
+    if not found:
+        return []
+    ds = ((result.get("software") or {}).get("versions") or {}).get("deepspeed", "?")
+    return [
+        _f(
+            "int8_dtype",
+            f"DeepSpeed {ds} rejects init_inference(dtype={found.group(1)}): {DEAD_INT8_PATH}",
+            f"measure what the script wanted with dsexp's pipeline: {QUANT_INSTEAD}",
+        )
+    ]
+
+
 def buffers_left_uninitialised(result: Dict[str, Any]) -> List[Finding]:
     """The published-code trap: non-persistent buffers (rotary tables) not finite right after the load."""
     bad = sorted({b for rk in JobRecord.of(result).ranks for c in rk.script.get("calls") or []
@@ -401,6 +418,7 @@ RULES = (
     tp_plan_on_shared_gpu,
     buffers_left_uninitialised,
     rejected_field,
+    int8_dtype,
     remote_code_cache,
     no_engine,
     model_on_gpu_before_engine,

@@ -89,6 +89,14 @@ def validate(spec: JobConfig, gpus: Optional[int] = None, gpu_total: Optional[in
 def _validate_settings(spec: JobConfig) -> None:
     """What the config says of itself, whatever machine it is for."""
     _one_of("device", spec.device, DEVICES)
+    if spec.dtype in ("int8", "int4", "fp8", "float8", "uint8"):
+        from dsexp.quant.check import DEAD_INT8_PATH, QUANT_INSTEAD
+
+        raise ConfigError(
+            f"dtype={spec.dtype}: the run dtype is fp32, bf16 or fp16; DeepSpeed's init_inference(dtype=torch.int8) "
+            f"is the seed-era way to ask for it and DeepSpeed 0.19 rejects it ({DEAD_INT8_PATH}). Quantize with "
+            f"{QUANT_INSTEAD}"
+        )
     _one_of("dtype", spec.dtype, DTYPES)
     _one_of("model.dtype", spec.model.dtype, DTYPES)
     _one_of("load.name", spec.load.name, LOADERS)

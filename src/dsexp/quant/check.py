@@ -11,11 +11,17 @@ from dsexp.quant import kv as kv_member
 from dsexp.quant.base import AFTER, STREAM
 
 ORDERS = ("auto", STREAM, AFTER)
-DEAD_INT8 = (
-    "DeepSpeed's kernel injection runs its own fused kernels in the run dtype: its int8 path "
-    "(init_inference(dtype=torch.int8)) is gone, DeepSpeed 0.19 rejects the dtype (supported_dtypes: fp32, fp16, "
-    "bf16; issue #2956) and the injected layers' weight quantization is commented out"
+# what a user who asked DeepSpeed for int8 (init_inference(dtype=torch.int8), dtype=int8) gets told to use instead
+QUANT_INSTEAD = (
+    "quant=int8_weight (torchao int8 weights; tp=1, or engine=hf_tp), quant=fp8_weight (fp8 weights, AutoTP at any "
+    "tp), quant=fp8 (fp8 weights and products, GPU of compute capability >= 8.9) or quant=ds_int8 (DeepSpeed's own, "
+    "engine=zero_inference zero=stage3)"
 )
+DEAD_INT8_PATH = (
+    "its int8 path is gone: supported_dtypes() are fp32, fp16 and bf16, init_inference's int8 branch is disabled and "
+    "kernel injection's weight quantization is commented out (DeepSpeed issue #2956)"
+)
+DEAD_INT8 = f"DeepSpeed's kernel injection runs its own fused kernels in the run dtype, and {DEAD_INT8_PATH}"
 
 
 def problems(
@@ -58,6 +64,12 @@ def _member_problems(spec, t, device, capability, autotp, engines_autotp) -> Lis
         out.append(why)
     if spec.engine.kernel_inject:
         out.append(f"quant={t.key} with engine.kernel_inject=true: {DEAD_INT8}; set engine.kernel_inject=false")
+    if t.library == "torchao" and spec.engine.name == "hf_tp" and q.order == AFTER and q.check_composition:
+        out.append(
+            f"quant.order=after with quant={t.key} and engine=hf_tp: torchao's quantize_ after transformers sharded "
+            "the weights leaves plain tensors beside its DTensors (aten.mm.default got mixed torch.Tensor and DTensor, "
+            "results/cpu/quant_compose); leave quant.order=auto: transformers quantizes each weight as it loads it"
+        )
     why = t.engine_problem(spec.engine.name, autotp) if q.check_composition else None
     if why:
         out.append(f"{why}; the nearest that composes: {nearest(t, spec.engine.name, autotp, device)}")

@@ -39,9 +39,29 @@ def before_load(ctx: RankContext, engine) -> Dict[str, Any]:
     return {}
 
 
+def at_load(ctx: RankContext) -> bool:
+    """torchao's members under transformers' own tensor parallelism (engine=hf_tp): transformers quantizes each
+    weight as from_pretrained loads and shards it (its TorchAoConfig), the one order that composes there (quantize_
+    after it leaves plain tensors beside the DTensors: "aten.mm.default got mixed torch.Tensor and DTensor")."""
+    t = member(ctx)
+    return t is not None and t.library == "torchao" and ctx.spec.engine.name == "hf_tp"
+
+
+def load_kwargs(ctx: RankContext) -> Dict[str, Any]:
+    """from_pretrained's quantization_config where transformers quantizes as it loads (at_load); else {}."""
+    if not at_load(ctx):
+        return {}
+    from transformers import TorchAoConfig
+
+    from dsexp.quant.torchao_rank import torchao_config
+
+    t = member(ctx)
+    return {"quantization_config": TorchAoConfig(quant_type=torchao_config(t, group_size(ctx.spec.quant)))}
+
+
 def quantizes_after_engine(ctx: RankContext) -> bool:
     t = member(ctx)
-    return t is not None and t.library == "torchao"
+    return t is not None and t.library == "torchao" and not at_load(ctx)
 
 
 def quantize(module, ctx: RankContext) -> Dict[str, Any]:
@@ -55,8 +75,14 @@ def quantize(module, ctx: RankContext) -> Dict[str, Any]:
 
 
 def after_load(module, ctx: RankContext) -> Optional[Dict[str, Any]]:
-    """DeepSpeed's members: what zero.Init quantized while the model loaded."""
+    """What was quantized while the model loaded: DeepSpeed's members (zero.Init), torchao's under hf_tp."""
     t = member(ctx)
+    if t is not None and at_load(ctx):
+        from dsexp.core.tensors import is_wrapper
+
+        names = [n for n, p in module.named_parameters() if is_wrapper(getattr(p, "_local_tensor", p))]
+        how = "from_pretrained(quantization_config=TorchAoConfig(quant_type=...)): transformers quantizes as it loads"
+        return {"member": t.key, "library": "torchao", "call": how, "order": STREAM, "linears": len(names)}
     if t is None or t.library != "deepspeed":
         return None
     from dsexp.quant.deepspeed_rank import quantized_weights

@@ -12,6 +12,7 @@
     stacks           stack_comparison    one configuration on each software stack
     weights          weights_table       weights per rank, predicted vs measured
     trims            trim_effects        each trimmed run against the same one untrimmed
+    quant            quant_table         each quantized run: its weights, the quality it costs, its speed
     predicted        predicted_tp        the memory model at tp values not run
     plan             plan_table          each configuration per rank and point, as `python -m dsexp.plan` predicts it
     diagnosis        run_findings        every run's findings
@@ -34,6 +35,7 @@ from dsexp.analysis.sections import (
     plan_table,
     plot_links,
     predicted_tp,
+    quant_table,
     recommendation,
     run_findings,
     script_calls,
@@ -55,6 +57,7 @@ SECTIONS = (
     stack_comparison,
     weights_table,
     trim_effects,
+    quant_table,
     predicted_tp,
     plan_table,
     run_findings,

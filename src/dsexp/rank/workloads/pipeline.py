@@ -37,7 +37,7 @@ def load_and_init(ctx: RankContext, rec: PhaseRecorder, engine, loader: str) -> 
         maybe_inject(spec.fault, ctx.rank, "load", ctx.job_dir)
         if engine:
             engine.before_load(ctx)
-        loaded = get_loader(loader).load(ctx, engine.load_kwargs(ctx) if engine else {})
+        loaded = get_loader(loader).load(ctx, {**engine.load_kwargs(ctx), **quant.load_kwargs(ctx)} if engine else {})
     census = weight_census(loaded.model)
     rec.annotate_phase("load", weights_device=resident_bytes(census, device_type), weights=census, loader=loaded.info)
     if engine and quant.after_load(loaded.model, ctx):

@@ -1,0 +1,220 @@
+"""Quantization (`quant=` group, dsexp.quant): the config and the refusals before launch, each member's stored bytes
+against the library's own tensors (torchao's, DeepSpeed's, quanto's cache), and a CPU sweep whose weights per rank
+and KV cache equal the memory model's prediction to the byte, with the quality cost recorded beside each run."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsexp.analysis.labels import config_label
+from dsexp.compose.validate import _validate_quant
+from dsexp.core.schema import ConfigError
+from dsexp.core.tensors import stored_bytes_of
+from dsexp.predict.kv import cache_bytes, split_tokens
+from dsexp.quant import QUANTS, label, order_of, tolerance
+
+from helpers.run import compose, spec_of
+
+TINY_LINEAR = (512, 256)  # tiny's MLP up-projection: out x in
+
+
+# --- config and refusals -----------------------------------------------------------------------------------------
+
+
+def test_quant_group_composes_a_member_with_a_kv_cache():
+    q = spec_of("quant=fp8_weight", "quant.kv=4").quant
+    assert (q.name, q.kv, q.kv_backend, q.order) == ("fp8_weight", 4, "quanto", "auto")
+    assert not spec_of().quant.active
+    assert label({"name": "fp8_weight", "kv": 4}) == "q(fp8_weight,kv4)"
+    assert label({"name": "none", "kv": None}) is None
+
+
+def test_a_quantized_configuration_is_named_apart_in_reports():
+    plain = config_label(dict(compose(["quant=none"])))
+    quantized = config_label(dict(compose(["quant=int8_weight", "quant.kv=2"])))
+    assert plain != quantized and quantized.endswith("q(int8_weight,kv2)")
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["quant=fp8"], ["quant=fp8", "device=cpu", "quant=fp8_weight"]),
+        (["quant=int4_weight"], ["quant=int4_weight", "device=cpu", "mslk"]),
+        (["quant=int8_weight", "tp=2"], ["quant=int8_weight", "aten.transpose.int", "quant=fp8_weight"]),
+        (["quant=ds_int8"], ["quant=ds_int8", "engine=init_inference", "zero.Init", "PR #4750"]),
+        (["quant=fp8_weight", "engine=zero_inference", "zero=stage3"], ["engine=zero_inference", "partition"]),
+        (["quant=none", "quant.kv=3"], ["quant.kv=3", "4, 2"]),
+        (["quant=none", "quant.kv=4", "quant.kv_backend=bnb"], ["quant.kv_backend='bnb'", "quanto, hqq"]),
+        (["quant.name=nf4"], ["quant='nf4'", "fp8_weight"]),  # quant=nf4 itself: Hydra lists the members
+        (["quant=fp8_weight", "quant.order=sideways"], ["quant.order='sideways'"]),
+    ],
+)
+def test_what_cannot_run_is_refused_before_launch_naming_the_key_and_what_would(overrides, words):
+    with pytest.raises(ConfigError) as e:
+        spec_of(*overrides)
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def test_a_member_that_composes_is_not_refused():
+    assert spec_of("quant=int8_weight", "tp=1").quant.name == "int8_weight"  # no policy at tp=1: no AutoTP linears
+    assert spec_of("quant=fp8_weight", "tp=2").quant.name == "fp8_weight"
+    assert spec_of("quant=ds_int4", "engine=zero_inference", "zero=stage3", "tp=2").quant.name == "ds_int4"
+    assert spec_of("quant=fp8_weight", "quant.kv=4", "engine=hf_tp", "tp=2").quant.kv == 4
+
+
+def test_the_device_and_its_compute_capability_decide_for_fp8_and_int4():
+    fp8 = spec_of("quant=fp8_weight")  # composes here; switch the member to fp8 and ask for a GPU's verdict
+    fp8.quant.name = "fp8"
+    _validate_quant(fp8, "cuda", capability=(9, 0))  # Hopper: runs
+    with pytest.raises(ConfigError, match=r"compute capability >= 8\.9 \(this one: 8\.0\)"):
+        _validate_quant(fp8, "cuda", capability=(8, 0))
+    fp8.quant.name = "int4_weight"
+    _validate_quant(fp8, "cuda", capability=(8, 0))
+    fp8.dtype = "fp16"
+    with pytest.raises(ConfigError, match="dtype=fp16"):
+        _validate_quant(fp8, "cuda", capability=(9, 0))
+
+
+def test_a_script_is_measured_as_written_so_quant_is_refused_with_it(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("print('hi')\n")
+    with pytest.raises(ConfigError, match="script quantizes"):
+        spec_of(f"script.path={script}", "quant=fp8_weight")
+
+
+def test_the_kv_cache_is_refused_for_a_sliding_window_model():
+    from dsexp.quant.kv import problem
+
+    q = {"kv": 4, "kv_backend": "quanto", "kv_group_size": 64, "kv_residual": 128}
+    assert "sliding window" in problem(q, {"sliding_window": 4096}, kernel_inject=False)
+    assert "kernel_inject" in problem(q, {}, kernel_inject=True)
+    assert problem(q, {"sliding_window": None}, kernel_inject=False) is None
+
+
+def test_order_and_tolerance_come_from_the_member_unless_set():
+    assert order_of({"name": "ds_int8", "order": "auto"}) == "stream"
+    assert order_of({"name": "fp8_weight", "order": "after"}) == "after"
+    own = (QUANTS["int4_weight"].quality_tol, "quant=q(int4_weight)'s own")
+    assert tolerance({"name": "int4_weight", "kv": None}, 0.05) == own
+    assert tolerance({"name": "none", "kv": None}, 0.05) == (0.05, None)
+    assert tolerance({"name": "fp8_weight", "quality_tol": 0.9}, 0.05) == (0.9, "quant.quality_tol")
+
+
+# --- stored bytes: the member's rule against the library's own tensors --------------------------------------------
+
+
+def _bf16_linear(out: int, inp: int):
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(inp, out, bias=False)).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("member", ["fp8_weight", "int8_weight"])
+def test_torchao_stores_what_the_members_rule_says(member):
+    from dsexp.quant.torchao_rank import torchao_config
+
+    pytest.importorskip("torchao")
+    from torchao.quantization import quantize_
+
+    out, inp = TINY_LINEAR
+    model = _bf16_linear(out, inp)
+    quantize_(model, torchao_config(QUANTS[member], None))
+    weight = model[0].weight
+    assert type(weight).__name__ in ("Float8Tensor", "Int8Tensor")  # a torchao tensor subclass, not bf16
+    assert stored_bytes_of(weight) == QUANTS[member].storage.nbytes(out, inp, 2)
+    assert stored_bytes_of(weight) < out * inp * 2 * 0.6  # about half of bf16: counted from its inner tensors
+
+
+@pytest.mark.parametrize("member", ["ds_int8", "ds_int4"])
+def test_deepspeeds_quantized_weight_is_as_long_as_the_rule_says(member):
+    import torch
+    from deepspeed.inference.quantization.utils import Quantizer, concat_to_compat_param
+
+    from dsexp.quant.deepspeed_rank import ds_block
+
+    config = ds_block(QUANTS[member], None)["weight_quantization"]["quantized_initialization"]
+    out, inp = TINY_LINEAR
+    w = torch.randn(out, inp, dtype=torch.bfloat16)
+    q, scale, low = Quantizer(config).quantize(w)
+    flat = concat_to_compat_param(q.view(w.dtype), scale.view(w.dtype), low.view(w.dtype))
+    assert flat.numel() * flat.element_size() == QUANTS[member].storage.nbytes(out, inp, 2)
+
+
+def test_a_quantized_kv_cache_holds_what_the_rule_says(cache_dir):
+    import torch
+
+    pytest.importorskip("optimum.quanto")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dsexp.quant.kv import generate_kwargs
+    from dsexp.rank.generation import cache_bytes as measured_bytes
+
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256)  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    prompt, new, residual = 100, 21, 8
+    ids = torch.randint(0, 256, (3, prompt))
+    quant = {"kv": 4, "kv_backend": "quanto", "kv_group_size": 64, "kv_residual": residual}
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                             return_dict_in_generate=True, **generate_kwargs(quant))  # fmt: skip
+    split = split_tokens(prompt, new, residual)
+    assert (split.quantized, split.residual) == (100 + 16, 4)  # 20 decode steps: two flushes of 8, 4 kept
+    assert measured_bytes(out.past_key_values) == cache_bytes(2, 2, 32, 3, split, 4, 64, 2)
+
+
+# --- a CPU sweep: weights and KV cache measured against the memory model, the quality cost beside each run ------------
+
+
+@pytest.fixture(scope="module")
+def quant_sweep(tmp_path_factory, cache_dir):
+    """fp8 weights with a 4-bit KV cache at tp=1 and 2 (AutoTP's shards quantized after it), and DeepSpeed's int4 as
+    ZeRO-3 builds the model at tp=2: three CPU jobs of the tiny Llama."""
+    from helpers.run import run_dsexp, sweep_results
+
+    cwd = tmp_path_factory.mktemp("quant")
+    common = ["tracking=none", "generate.new_tokens=20", "quant.kv_residual=8"]
+    run_dsexp(["-m", "quant=fp8_weight", "quant.kv=4", "tp=1,2", *common, "hydra.sweep.dir=multirun/a"], cwd, cache_dir)
+    run_dsexp(["-m", "quant=ds_int4", "engine=zero_inference", "zero=stage3", "tp=2", *common,
+               "hydra.sweep.dir=multirun/b"], cwd, cache_dir)  # fmt: skip
+    return sweep_results(cwd / "multirun" / "a") + sweep_results(cwd / "multirun" / "b")
+
+
+@pytest.mark.slow  # a live CPU sweep (~2 min); the default suite holds the committed one: below
+def test_each_ranks_quantized_weights_equal_the_prediction_to_the_byte(quant_sweep):
+    from dsexp.analysis import measured as m
+    from dsexp.analysis.memory import predict
+
+    assert [r["status"] for r in quant_sweep] == ["ok"] * 3
+    for r in quant_sweep:
+        measured, predicted = m.weights_per_rank(r), predict(r).weights
+        assert measured == predicted, (config_label(r["config"]), measured, predicted)
+    bf16 = predict({**quant_sweep[0], "config": {**quant_sweep[0]["config"], "quant": {"name": "none"}}}).weights
+    assert m.weights_per_rank(quant_sweep[0])[0] < 0.7 * bf16[0]  # the quantization shows: not the bf16 bytes
+
+
+@pytest.mark.slow  # a live CPU sweep (~2 min); the default suite holds the committed one: below
+def test_the_kv_cache_measured_equals_its_quantized_prediction(quant_sweep):
+    from dsexp.analysis.matrix import build_rows
+    from dsexp.analysis.workload_points import point_rows
+    from dsexp.predict.kv import split_tokens
+
+    rows = point_rows(build_rows(quant_sweep[:2]))
+    assert len(rows) == 2
+    for p in rows:  # 19 decode steps over a residual of 8: 16 tokens quantized with the prompt, 3 kept in bf16
+        assert split_tokens(p.prompt_tokens, 20, 8).residual == 3
+        assert p.measured == p.predicted and p.measured[0] > 0, (p.config, p.measured, p.predicted)
+
+
+@pytest.mark.slow  # a live CPU sweep (~2 min); the default suite holds the committed one: below
+def test_the_quality_cost_is_recorded_against_the_unquantized_tp1_run(quant_sweep):
+    for r in quant_sweep:
+        c = r["correctness"]
+        assert c["against"] == "tp=1, unquantized, same dtype" and c["quant"].startswith("q(")
+        assert 0 < c["logits_rel_err"] <= c["tolerance"] and c["passed"]
+        assert 0 <= c["token_agreement"] <= 1
+    phases = quant_sweep[0]["ranks"][0]["phases"]
+    assert "quantize" in phases and phases["quantize"]["weights_device"] < phases["init"]["weights_device"]
