@@ -177,6 +177,7 @@ class Candidate:
     nvml: List[Optional[int]] = field(default_factory=list)  # NVML's process figure per rank, beside `device`
     after: Optional[int] = None  # the batch its job ran just before it in the same load (None: the load's first)
     as_load: Optional[bool] = None  # whether it started with the load's allocator state (None: not recorded)
+    quality: Optional[Dict[str, Any]] = None  # a quantized run's correctness against tp=1 unquantized (quant=)
 
 
 def candidates(search: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> List[Candidate]:
@@ -207,10 +208,18 @@ def candidates(search: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> Li
                 nvml_per_rank(res, b),
                 ran_before(res, b),
                 started_as_load(res, b),
+                quality_of(res),
             )
         )
     out.sort(key=by_speed if not any(x.shared_gpu for x in out) else by_batch)
     return out
+
+
+def quality_of(res: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """What a quantized configuration costs in quality (its job's correctness check, against the tp=1 run without
+    quantization); None for a run in the model's own dtype."""
+    corr = res.get("correctness") or {}
+    return dict(corr) if corr.get("quant") else None
 
 
 def answer_point(config: Dict[str, Any], batch: int) -> Optional[Dict[str, Any]]:

@@ -231,7 +231,8 @@ def headline(
     gen_s = metrics.get("generate.wall_s.max") if phase_ended(ranks, "generate") else None
     out = {
         "gpu_peak_gib": gpu_peak,
-        "gpu_weights_gib": metrics.get("init.weights_device_gib.max"),
+        # the weights as generate found them: after a quant member's own phase where it ran one
+        "gpu_weights_gib": metrics.get("quantize.weights_device_gib.max", metrics.get("init.weights_device_gib.max")),
         "host_peak_gib": _max_of(
             _max_over(metrics, "host_rss_peak_gib", phases), _max_over(metrics, "host_rss_hwm_gib", phases)
         ),

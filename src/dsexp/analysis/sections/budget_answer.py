@@ -147,7 +147,21 @@ def _candidate_line(title: str, c: B.Candidate, s: Dict[str, Any]) -> str:
     ttft = "" if c.ttft_s is None else f", TTFT {c.ttft_s * 1000:.1f} ms"  # none for a script's calls
     return (
         f"{title}: `{c.key}` at batch **{c.batch}**: {tps} tokens/s{ttft}; per GPU {per_gpu} "
-        f"(margin {margin} to the budget's {size(budget)}){nvml}{host}. Job `{c.job}` (its folder here)."
+        f"(margin {margin} to the budget's {size(budget)}){nvml}{host}{quality_text(c.quality)}. "
+        f"Job `{c.job}` (its folder here)."
+    )
+
+
+def quality_text(q: Optional[Dict[str, Any]]) -> str:
+    """A quantized answer's quality cost, beside its batch (quant=: against the tp=1 run without quantization)."""
+    if not q:
+        return ""
+    err = q.get("logits_rel_err")
+    agree = q.get("token_agreement")
+    verdict = "within" if q.get("passed") else "**past**"
+    return (
+        f"; quality against tp=1 unquantized: logits rel. err {'-' if err is None else f'{err:.3g}'} ({verdict} "
+        f"{q.get('tolerance')}), greedy tokens agree {'-' if agree is None else f'{agree:.2f}'}"
     )
 
 

@@ -190,7 +190,8 @@ def run_point(
 
     key = rec.begin(key)
     measured = logits = tokens = oom = None
-    weights = (rec.record["phases"].get("init") or {}).get("weights_device")
+    phases = rec.record["phases"]  # the weights as generate finds them: quantized, where a quant member ran
+    weights = (phases.get("quantize") or phases.get("init") or {}).get("weights_device")
     simulated = simulate_point(ctx, weights, point)  # a CPU run under a budget (dsexp.rank.budget_cap)
     try:
         maybe_inject(ctx.spec.fault, ctx.rank, "generate", ctx.job_dir)
