@@ -218,3 +218,50 @@ def test_the_quality_cost_is_recorded_against_the_unquantized_tp1_run(quant_swee
         assert 0 <= c["token_agreement"] <= 1
     phases = quant_sweep[0]["ranks"][0]["phases"]
     assert "quantize" in phases and phases["quantize"]["weights_device"] < phases["init"]["weights_device"]
+
+
+# --- the seed's dead path, and the quality beside a budget's answer ------------------------------------------------
+
+
+def test_a_script_asking_init_inference_for_int8_is_told_the_path_is_gone_and_what_does_it():
+    from dsexp.analysis.user_script import int8_dtype
+
+    result = {
+        "failure": {
+            "cause": "config_rejected",
+            "message": "ValueError: Data type torch.int8 is not supported by cuda accelerator",
+        },
+        "software": {"versions": {"deepspeed": "0.19.8"}},
+    }
+    (finding,) = int8_dtype(result)
+    assert "DeepSpeed 0.19.8 rejects init_inference(dtype=torch.int8)" in finding["text"] and "#2956" in finding["text"]
+    assert "quant=int8_weight" in finding["fix"] and "quant=ds_int8" in finding["fix"]
+    assert int8_dtype({"failure": {"message": "ValueError: Data type torch.bfloat16 is fine"}}) == []
+
+
+def test_dtype_int8_in_a_config_is_refused_naming_the_quant_members():
+    with pytest.raises(ConfigError) as e:
+        spec_of("dtype=int8")
+    assert "init_inference(dtype=torch.int8)" in str(e.value) and "quant=fp8_weight" in str(e.value)
+
+
+def test_a_quantized_answer_says_its_quality_and_whether_it_passed():
+    from dsexp.analysis.sections.budget_answer import quality_text
+
+    ok = {"quant": "q(int8_weight)", "logits_rel_err": 0.0124, "tolerance": 0.15, "passed": True, "token_agreement": 1}
+    assert "logits rel. err 0.0124 (within 0.15), greedy tokens agree 1.00" in quality_text(ok)
+    assert "**past** 0.15" in quality_text({**ok, "logits_rel_err": 0.4, "passed": False})
+    assert quality_text(None) == ""
+
+
+@pytest.mark.slow  # one CPU job (~30 s); the finding's rule is held above on its record
+def test_a_script_calling_init_inference_with_int8_is_diagnosed_end_to_end(tmp_path, cache_dir):
+    from helpers.run import ROOT, run_dsexp
+
+    script = ROOT / "tests" / "data" / "user_scripts" / "int8_dtype.py"
+    args = [f"script.path={script}", "script.args=[--model,'{model_dir}']", "tracking=none", "hydra.run.dir=o"]
+    proc = run_dsexp(args, tmp_path, cache_dir, check=False)
+    assert "config_rejected: ValueError: Data type torch.int8 is not supported" in proc.stdout
+    summary = (tmp_path / "o" / "summary.md").read_text()
+    assert "rejects init_inference(dtype=torch.int8)" in summary and "quant=int8_weight" in summary
+    assert "rejects a field of its config" not in summary

@@ -324,8 +324,8 @@ def rejected_field(result: Dict[str, Any]) -> List[Finding]:
     """A config field the DeepSpeed version rejects (mics_shard_size on 0.19): the script stops before its engine."""
     fail = result.get("failure") or {}
     msg = str(fail.get("message"))
-    if fail.get("cause") != "config_rejected":
-        return []
+    if fail.get("cause") != "config_rejected" or "Extra inputs are not permitted" not in msg:
+        return []  # another refusal (an int8 dtype: int8_dtype) is not a field's
     field = re.search(r"for (\w+)\s*\n?\s*(\w+)\s*\n?\s*Extra inputs are not permitted", msg)
     ds = ((result.get("software") or {}).get("versions") or {}).get("deepspeed", "?")
     what = f"{field.group(1)}.{field.group(2)}" if field else "a field of its config"
