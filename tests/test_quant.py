@@ -13,7 +13,7 @@ from dsexp.core.tensors import stored_bytes_of
 from dsexp.predict.kv import cache_bytes, split_tokens
 from dsexp.quant import QUANTS, label, order_of, tolerance
 
-from helpers.run import compose, spec_of
+from helpers.run import ROOT, compose, spec_of
 
 TINY_LINEAR = (512, 256)  # tiny's MLP up-projection: out x in
 
@@ -265,3 +265,54 @@ def test_a_script_calling_init_inference_with_int8_is_diagnosed_end_to_end(tmp_p
     summary = (tmp_path / "o" / "summary.md").read_text()
     assert "rejects init_inference(dtype=torch.int8)" in summary and "quant=int8_weight" in summary
     assert "rejects a field of its config" not in summary
+
+
+# --- the composition matrix, committed: measured against the model as the code says it now --------------------------
+
+COMPOSE = ROOT / "results" / "cpu" / "quant_compose"
+
+
+def compose_runs():
+    import json
+
+    return [json.loads(p.read_text()) for p in sorted(COMPOSE.glob("*/*/result.json"))]
+
+
+def test_every_committed_cpu_run_of_a_member_holds_the_predicted_weights_to_the_byte():
+    from dsexp.analysis import measured as m
+    from dsexp.analysis.memory import predict
+
+    ran = [r for r in compose_runs() if r["status"] == "ok"]
+    members = {(r["config"]["quant"]["name"], r["config"]["tp"]) for r in ran}
+    for member in ("fp8_weight", "int8_weight", "ds_int8", "ds_int4"):
+        assert (member, 1) in members or member == "int8_weight", member
+        assert (member, 2) in members, member
+    for r in ran:
+        assert m.weights_per_rank(r) == predict(r).weights, config_label(r["config"])
+
+
+def test_each_refusal_is_what_the_library_did_when_it_ran():
+    """Every combination the campaign ran with the composition check off and that failed is one dsexp now refuses,
+    and the refusal cites the library's own error; every one that ran is not refused."""
+    from dsexp.compose.validate import _validate_quant
+    from dsexp.core.schema import JobConfig, from_dict
+
+    seen = 0
+    for r in compose_runs():
+        spec = from_dict(JobConfig, r["config"], strict=False)
+        spec.quant.check_composition = True
+        try:
+            _validate_quant(spec, "cpu")
+            refused = None
+        except ConfigError as e:
+            refused = str(e)
+        if r["status"] == "ok":
+            assert refused is None, (config_label(r["config"]), refused)
+            continue
+        seen += 1
+        error = (r.get("failure") or {}).get("message") or ""
+        assert refused is not None, (config_label(r["config"]), error)
+        cited = {"aten.transpose": "aten.transpose.int", "amax()": "cannot partition", "amin()": "cannot partition",
+                 "takes no DeepSpeed config": "takes no DeepSpeed config", "DTensor": "DTensor"}  # fmt: skip
+        assert any(k in error and v in refused for k, v in cited.items()), (error, refused)
+    assert seen >= 4  # torchao under ZeRO-3, int8 under AutoTP, DeepSpeed's elsewhere, torchao after hf_tp

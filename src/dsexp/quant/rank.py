@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from dsexp.core.context import RankContext
-from dsexp.quant import STREAM, group_size, order_of, traits
+from dsexp.quant import AFTER, STREAM, group_size, order_of, traits
 from dsexp.quant import kv as kv_member
 
 
@@ -44,7 +44,8 @@ def at_load(ctx: RankContext) -> bool:
     weight as from_pretrained loads and shards it (its TorchAoConfig), the one order that composes there (quantize_
     after it leaves plain tensors beside the DTensors: "aten.mm.default got mixed torch.Tensor and DTensor")."""
     t = member(ctx)
-    return t is not None and t.library == "torchao" and ctx.spec.engine.name == "hf_tp"
+    hf_tp = ctx.spec.engine.name == "hf_tp" and ctx.spec.quant.order != AFTER  # after: quant.check_composition=false
+    return t is not None and t.library == "torchao" and hf_tp
 
 
 def load_kwargs(ctx: RankContext) -> Dict[str, Any]:
