@@ -45,7 +45,30 @@ def quantize(model, placements: List[Placement], s: Strategy, tp: int, notes: Li
     rule = _zero3_bytes if t.library == "deepspeed" else _linear_bytes
     out = [rule(p, shapes[p.name], t, s, tp) if p.name in shapes and not p.copy else p for p in placements]
     notes.append(weight_rule(t, s, len(shapes)))
+    if t.library == "torchao":
+        notes.append(load_peak(placements, out, shapes))
     return out
+
+
+def load_peak(before: List[Placement], after: List[Placement], shapes: Dict[str, Tuple[int, int]]) -> str:
+    """The busiest rank's device at the load, by order: `stream` holds the quantized weights and the largest
+    linear in the run dtype (moved, then quantized); `after` holds the weights in the run dtype and the largest
+    linear quantized beside them (its new tensors made before the old ones go)."""
+    tp = len(before[0].local) if before else 1
+    rows = []
+    for r in range(tp):
+        q = [(b.local[r], a.local[r]) for b, a in zip(before, after) if b.name in shapes]
+        full_run = sum(b.local[r] for b in before)
+        full_q = sum(a.local[r] for a in after)
+        largest_run = max((x for x, _ in q), default=0)
+        largest_q = max((y for _, y in q), default=0)
+        rows.append((full_q + largest_run, full_run + largest_q))
+    stream, after_peak = max(x for x, _ in rows), max(y for _, y in rows)
+    return (
+        f"quant load peak on the busiest device: stream {stream / 2**30:.2f} GiB (the quantized weights and the "
+        f"largest linear unquantized), after {after_peak / 2**30:.2f} GiB (the unquantized weights and the largest "
+        "linear quantized beside them)"
+    )
 
 
 DEQUANTIZES = {
