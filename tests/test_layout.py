@@ -17,7 +17,7 @@ import yaml
 from helpers.run import CONF, ROOT
 
 SRC = ROOT / "src" / "dsexp"
-FAMILIES = ("engines", "trims")
+FAMILIES = ("engines", "trims", "quant")
 # What each stage may import from dsexp (itself included): the stages only ever look back. A family's members are
 # cut by where each part runs: `rank.py` on the ranks, `placement.py` in the memory model's dispatch, the rest
 # ("family": registry, base, each member's traits and validation) wherever its traits are read, the standard library

@@ -183,7 +183,7 @@ def _validate_quant(spec: JobConfig, device: str, capability: Any = "ask") -> No
     autotp = engine.inference_autotp and not e.kernel_inject and (spec.tp > 1 or policy is not None)
     cap = (gpu_capability() if device == "cuda" else None) if capability == "ask" else capability
     dims = model_dims(spec) if spec.quant.kv is not None else {}
-    found = problems(spec, device, cap, autotp, dims, [n for n, t in ENGINES.items() if t.inference_autotp])
+    found = problems(spec, device, cap, autotp, dims)
     if found:
         raise ConfigError("; ".join(found))
 

@@ -70,9 +70,6 @@ def group_size(quant: Any) -> Optional[int]:
     return _get(quant, "group_size") or (t.storage.group if t else None) or None
 
 
-__all__ = ["AFTER", "NONE", "QUANTS", "STREAM", "QuantTraits", "group_size", "label", "order_of", "traits"]
-
-
 def tolerance(quant: Any, base: float) -> Tuple[float, Optional[str]]:
     """The logits' relative error a run may show: quant.quality_tol, else the member's own (plus the KV cache's),
     never below the run dtype's `base`; and why, in words (None: not quantized, the dtype's)."""
@@ -86,3 +83,6 @@ def tolerance(quant: Any, base: float) -> Tuple[float, Optional[str]]:
     # a quantized cache leaves the first step's logits as they were (the prefill attends to the keys unquantized):
     # what it costs shows in the greedy tokens' agreement
     return max(base, t.quality_tol if t else base), f"quant={label(quant)}'s own"
+
+
+__all__ = ["AFTER", "NONE", "QUANTS", "STREAM", "QuantTraits", "group_size", "label", "order_of", "tolerance", "traits"]

@@ -30,10 +30,9 @@ def problems(
     capability: Optional[Tuple[int, int]],
     autotp: bool,
     model_dims: Dict[str, Any],
-    engines_autotp: List[str],
 ) -> List[str]:
     """Every reason the job's quant settings cannot run (empty: they can). `autotp`: the engine shards the linears
-    with AutoTP's modules in this job; `engines_autotp`: the engines that do (to name the others)."""
+    with AutoTP's modules in this job (init_inference at tp > 1, or under a policy)."""
     q = spec.quant
     out: List[str] = []
     if q.name != NONE and q.name not in QUANTS:
@@ -41,21 +40,15 @@ def problems(
     if q.order not in ORDERS:
         out.append(f"quant.order={q.order!r}: choose one of {', '.join(ORDERS)}")
     t = traits(q.name)
-    if spec.workload == "script" and q.active:
-        out.append(
-            "quant.* applies to dsexp's own pipeline; a script quantizes (or not) as it is written: leave quant "
-            "unset with script.path"
-        )
-        return out
     if t is not None:
-        out += _member_problems(spec, t, device, capability, autotp, engines_autotp)
+        out += _member_problems(spec, t, device, capability, autotp)
     kv = kv_member.problem(q, model_dims, spec.engine.kernel_inject)
     if kv:
         out.append(kv)
     return out
 
 
-def _member_problems(spec, t, device, capability, autotp, engines_autotp) -> List[str]:
+def _member_problems(spec, t, device, capability, autotp) -> List[str]:
     q, out = spec.quant, []
     if q.order not in ("auto", *t.orders):
         out.append(f"quant.order={q.order} with quant={t.key}: it runs in {' or '.join(t.orders)} order only")
