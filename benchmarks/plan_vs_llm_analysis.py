@@ -67,7 +67,7 @@ def load_llm_analysis():
     if not (LLM_ANALYSIS_DIR / "llm_analysis").is_dir():
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(LLM_ANALYSIS_DIR)]
-            + [f"llm-analysis=={LLM_ANALYSIS_VERSION}", "fire"],
+            + [f"llm-analysis=={LLM_ANALYSIS_VERSION}", "fire", "termcolor"],
             check=True,
         )
     if str(LLM_ANALYSIS_DIR) not in sys.path:
