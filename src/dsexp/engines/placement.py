@@ -126,6 +126,7 @@ def quant_fields(q: Mapping[str, Any]) -> Dict[str, Any]:
         "quant": t.key if t else None,
         "quant_group": group_size(q),
         "dequantizes": dequantizes,
+        "quantizes_activations": bool(t and t.key == "fp8"),
         "kv_bits": q.get("kv"),
         "kv_group": int(q.get("kv_group_size") or 64),
         "kv_residual": int(q.get("kv_residual") if q.get("kv_residual") is not None else 128),

@@ -238,7 +238,9 @@ def quant_terms(s: Shapes, strategy: Any, tp: int, w: Workload, e: int) -> Dict[
       the run dtype; `kv_dequantized`: a decode step dequantizes one layer's keys and values and concatenates them
       with the new token (the dequantized and the concatenated tensors, keys and values: four at once);
     - dequantized: a weight-only member's forward dequantizes one weight at a time to the run dtype (the rank's
-      largest: its share of the MLP's), DeepSpeed's gathers the whole weight first (the embedding's included)."""
+      largest: its share of the MLP's), DeepSpeed's gathers the whole weight first (the embedding's included);
+    - act_quant: fp8 products quantize each linear's input to fp8 with a 4-byte scale per row (the prefill's widest:
+      the MLP's down projection, its share of the intermediate)."""
     out: Dict[str, List[int]] = {}
     bits = getattr(strategy, "kv_bits", None)
     if bits:
@@ -246,6 +248,10 @@ def quant_terms(s: Shapes, strategy: Any, tp: int, w: Workload, e: int) -> Dict[
         out["kv_cache"] = [cache_at_end(s, h, w.batch, w.prompt_tokens, w.new_tokens, e, strategy) for h in heads]
         longest = w.prompt_tokens + w.new_tokens - 1
         out["kv_dequantized"] = [alloc(kv_tensor(s, h, w.batch, longest, e), 4) for h in heads]
+    if getattr(strategy, "quantizes_activations", False):  # the prefill's widest linear input, in fp8 + its scales
+        t = w.batch * w.prompt_tokens
+        share = [rank_heads(s, strategy, tp, r)["intermediate"] for r in range(tp)]
+        out["act_quant"] = [alloc(t * max(i, s.hidden)) + alloc(t * 4) for i in share]
     how = getattr(strategy, "dequantizes", None)
     if how == "gathered":
         out["dequantized"] = [alloc(max(s.vocab, s.intermediate) * s.hidden * e)] * tp

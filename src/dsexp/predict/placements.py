@@ -52,6 +52,7 @@ class Strategy:
     quant: Optional[str] = None
     quant_group: Optional[int] = None
     dequantizes: Optional[str] = None
+    quantizes_activations: bool = False  # fp8 products: each linear's input is quantized to fp8 with a scale per row
     kv_bits: Optional[int] = None
     kv_group: int = 64
     kv_residual: int = 128

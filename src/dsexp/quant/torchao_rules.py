@@ -21,4 +21,7 @@ _TRANSPOSE = (
     "implement aten.transpose.int (NotImplementedError in the first forward); AutoTP shards first and quantizes "
     "after, so the order cannot help"
 )
-AUTOTP_REFUSALS = {"int8_weight": _TRANSPOSE.format(cls="Int8Tensor")}
+AUTOTP_REFUSALS = {
+    "int8_weight": _TRANSPOSE.format(cls="Int8Tensor"),  # results/cpu/quant_compose
+    "int4_weight": _TRANSPOSE.format(cls="Int4TilePackedTo4dTensor"),  # results/h200/quant/tp2 (an H100)
+}

@@ -26,7 +26,7 @@ OUTSIDE = ("cuda_context", "communicator")
 # What an entry that has no figures says instead (dsexp.compose.planning.plan_one)
 UNPREDICTED = {"not_predicted": "not predicted", "fails_in_init": "fails in init"}
 SHORT = {"activations_split": "act split", "activations_whole": "act whole", "cublas_workspace": "cublas",
-         "kv_dequantized": "kv deq", "dequantized": "dequant",
+         "kv_dequantized": "kv deq", "dequantized": "dequant", "act_quant": "act fp8",
          "cuda_context": "context", "communicator": "comm"}  # fmt: skip
 
 
