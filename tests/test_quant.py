@@ -269,13 +269,25 @@ def test_a_script_calling_init_inference_with_int8_is_diagnosed_end_to_end(tmp_p
 
 # --- the composition matrix, committed: measured against the model as the code says it now --------------------------
 
-COMPOSE = ROOT / "results" / "cpu" / "quant_compose"
+COMPOSE = ROOT / "results" / "cpu" / "quant_compose"  # the CPU's composition matrix
+GPU = ROOT / "results" / "h200" / "quant"  # llama_20b_shapes on an H100 80GB
 
 
-def compose_runs():
+def compose_runs(folder=COMPOSE):
     import json
 
-    return [json.loads(p.read_text()) for p in sorted(COMPOSE.glob("*/*/result.json"))]
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*/*/result.json"))]
+
+
+def test_every_committed_gpu_run_of_a_member_holds_the_predicted_weights_to_the_byte():
+    from dsexp.analysis import measured as m
+    from dsexp.analysis.memory import predict
+
+    ran = [r for r in compose_runs(GPU) if m.weights_per_rank(r) and (r["config"].get("quant") or {}).get("name")]
+    members = {r["config"]["quant"]["name"] for r in ran}
+    assert {"fp8", "fp8_weight", "int8_weight", "int4_weight", "ds_int8", "ds_int4"} <= members
+    for r in ran:
+        assert m.weights_per_rank(r) == predict(r).weights, config_label(r["config"])
 
 
 def test_every_committed_cpu_run_of_a_member_holds_the_predicted_weights_to_the_byte():
@@ -298,11 +310,13 @@ def test_each_refusal_is_what_the_library_did_when_it_ran():
     from dsexp.core.schema import JobConfig, from_dict
 
     seen = 0
-    for r in compose_runs():
+    # the GPU's plain runs (not a budget search's points, whose failures are the search's; not the interrupted)
+    gpu = [r for r in compose_runs(GPU) if not (r["config"].get("budget") or {}).get("gpu_gib")]
+    for r in compose_runs() + [r for r in gpu if "interrupted" not in str(r.get("failure"))]:
         spec = from_dict(JobConfig, r["config"], strict=False)
         spec.quant.check_composition = True
         try:
-            _validate_quant(spec, "cpu")
+            _validate_quant(spec, spec.device, capability=(9, 0))
             refused = None
         except ConfigError as e:
             refused = str(e)
