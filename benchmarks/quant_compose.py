@@ -30,7 +30,9 @@ START, END = "<!-- quant-compose:start -->", "<!-- quant-compose:end -->"
 
 
 def results(folder: Path) -> List[Dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*/*/result.json"))]
+    """The folder's plain runs (a budget search's jobs are its points, not a composition: left out)."""
+    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("*/*/result.json"))]
+    return [r for r in runs if not ((r.get("config") or {}).get("budget") or {}).get("gpu_gib")]
 
 
 def row(r: Dict[str, Any], where: str) -> List[str]:
