@@ -43,12 +43,13 @@ from dsexp.predict.meta_trace import Event, generate_events
 
 @dataclass
 class Probe:
-    """One batch replayed: whether it fits the cap, and the allocator's peaks (uncapped where it does not fit)."""
+    """One batch replayed: whether it fits the cap, and the allocator's peaks (uncapped where it does not fit; None
+    where the search did not ask for them)."""
 
     batch: int
     fits: bool
-    peak_reserved: int
-    peak_allocated: int
+    peak_reserved: Optional[int]
+    peak_allocated: Optional[int]
     request: Optional[int] = None  # the request that found no room (out of memory)
 
 
@@ -95,12 +96,14 @@ def probe(
     cap: int,
     expandable: bool = False,
     structure: Optional[str] = None,
+    peaks: bool = True,
 ) -> Probe:
     """Replay the weights, cuBLAS's workspace, then one point's generate calls at `batch` x `prompt`, under `cap`.
     The workspace is held before the generate's first request: so the H200 reserved, to the byte, at batches 13 and
     14 in a process that had run smaller batches and at 14 in a fresh one (results/h200/fragmentation); taken at the
     first product instead, it splits a freed activation's block and the replay reserves 1.1 GiB less. `structure`:
-    the model's fingerprint where the caller has it (a search probes one model many times)."""
+    the model's fingerprint where the caller has it (a search probes one model many times). `peaks`: where the
+    batch does not fit, replay it again uncapped for its peaks (a search only asks whether it fits)."""
     structure = structure or fingerprint(model)
     events = [("alloc", ("w", i), n) for i, n in enumerate(weights)] + [("alloc", "cublas", CUBLAS_WORKSPACE)]
     for i, (new, logits, at) in enumerate(calls):
@@ -109,6 +112,8 @@ def probe(
     capped: Replay = Allocator(cap, expandable).run(events)
     if capped.oom is None:
         return Probe(batch, True, capped.peak_reserved, capped.peak_allocated)
+    if not peaks:
+        return Probe(batch, False, None, None, capped.oom[1])
     free = Allocator(None, expandable).run(events)
     return Probe(batch, False, free.peak_reserved, free.peak_allocated, capped.oom[1])
 
@@ -267,12 +272,13 @@ def largest_batch(
 ) -> Tuple[int, List[Probe]]:
     """The largest batch whose replay fits `cap` (0: none), searched from `start` (the allocated bytes' answer:
     fragmentation only lowers it, mostly by a batch or two) as a job searches its batches (dsexp.core.bisect): `start`,
-    the batch above, the batches below one by one, then bisection; (batch, the probes made)."""
+    the batch above, the batches below one by one, then bisection; (batch, the probes made: the peaks of those that
+    fit)."""
     batches, outcomes, structure = list(range(1, top + 1)), {}, fingerprint(model)
     probes: List[Probe] = []
     b = next_batch(batches, max(1, min(start, top)), outcomes)
     while b is not None:
-        probes.append(probe(model, weights, b, prompt, calls, cap, expandable, structure))
+        probes.append(probe(model, weights, b, prompt, calls, cap, expandable, structure, peaks=False))
         outcomes[b] = OK if probes[-1].fits else OOM
         b = next_batch(batches, start, outcomes)
     lo, _ = bracket(batches, outcomes)
