@@ -248,15 +248,16 @@ def exactly(model, steps: int) -> Iterator[None]:
         cls._has_unfinished_sequences = original
 
 
-def generate_events(model, batch: int, prompt_tokens: int, new_tokens: int, **extra: Any):
+def generate_events(model, batch: int, prompt_tokens: int, new_tokens: int, marked=(), **extra: Any):
     """The allocation events of one greedy generate of `batch` x `prompt_tokens` + `new_tokens` on a meta model
     (`extra`: generate's other arguments, output_logits=True for one), numbered: the same generate gives the same
-    events."""
+    events. `marked`: modules (a model's decoder layers) whose forward's start and end are events too, ("start", i,
+    0) and ("end", i, 0) for the i-th (dsexp.predict.layer_steps)."""
     import torch
 
     ids = torch.zeros((batch, prompt_tokens), dtype=torch.long, device="meta")
     rec = recorder()()
-    with fused_attention(), exactly(model, new_tokens), rec, torch.no_grad():
+    with marks(marked, rec.events), fused_attention(), exactly(model, new_tokens), rec, torch.no_grad():
         out = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
@@ -269,14 +270,30 @@ def generate_events(model, batch: int, prompt_tokens: int, new_tokens: int, **ex
     return numbered(rec.events)
 
 
+@contextlib.contextmanager
+def marks(modules, events: List[Event]) -> Iterator[None]:
+    """Each module's forward, the i-th of `modules`, adds ("start", i, 0) to `events` as it starts and ("end", i, 0)
+    as it returns."""
+    handles = []
+    for i, module in enumerate(modules):
+        handles.append(module.register_forward_pre_hook(lambda *_, i=i: events.append(("start", i, 0))))
+        handles.append(module.register_forward_hook(lambda *_, i=i: events.append(("end", i, 0))))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def numbered(events: List[Event]) -> List[Event]:
-    """The events keyed by their allocation's position among them: a storage's address is no key two traces share."""
+    """The events keyed by their allocation's position among them: a storage's address is no key two traces share.
+    Marks (`marks`) stay as they are."""
     at: dict = {}
     out: List[Event] = []
     for i, (kind, key, n) in enumerate(events):
         if kind == "alloc":
             at[key] = i
-        out.append((kind, i if kind == "alloc" else at.pop(key), n))
+        out.append((kind, i if kind == "alloc" else at.pop(key) if kind == "free" else key, n))
     return out
 
 
