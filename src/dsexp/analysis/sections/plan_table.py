@@ -82,31 +82,34 @@ def points_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
 
 
 def capacity_line(entry: Dict[str, Any]) -> str:
+    """The largest batch per prompt length (the replay's where replayed: dsexp.predict.job.largest_batch_answer),
+    both allocator settings, the allocated bytes' bound labelled as the bound it is, and the peak at the answer."""
     fits = entry.get("largest_batch")
     if not fits:
         return ""
-    parts = [
-        f"L={n}: {c['largest_batch']}"
-        + ("" if c["breaks"] == "-" else f" (the next breaks on {c['breaks']})")
-        + replayed_text(c.get("replayed"))
-        for n, c in fits.items()
-    ]
-    return f"largest batch on a {human(entry['gpu_bytes'])} GPU: " + "; ".join(parts)
+    parts = [fit_text(c) for c in fits.values()]
+    return f"largest batch on a {human(entry['gpu_budget_bytes'])} GPU: " + "; ".join(parts)
 
 
-def replayed_text(r) -> str:
-    """The allocator's replay beside the allocated bytes' answer (fragmentation), where it ran."""
+def fit_text(c: Dict[str, Any]) -> str:
+    breaks = "" if c["breaks"] == "-" else f", the next batch breaks on {c['breaks']}"
+    bound = f"allocated-bytes bound {c['allocated_bytes_bound']}{breaks}"
+    peak = f"; peak at {c['largest_batch']}: {human(c['peak_bytes'])} per GPU" if c.get("peak_bytes") else ""
+    head = f"L={c['prompt_tokens']} + {c['new_tokens']} new: {c['largest_batch']}"
+    return f"{head} {replayed_text(c.get('replayed'), bound)}{peak}"
+
+
+def replayed_text(r, bound: str) -> str:
+    """How the answer was found: the caching allocator's replay (both settings; where the generate was traced),
+    with the bound beside it; or the bound alone, and why it was not replayed."""
     if not r:
-        return ""
+        return f"[{bound}; not replayed: --no-replay]"
     if "not_replayed" in r:
-        return f", not replayed ({r['not_replayed']})"
+        return f"[{bound}; not replayed: {r['not_replayed']}]"
     d, e = r["default"]["batch"], r["expandable_segments"]["batch"]
-    traced = f" (generate traced with {r['traced_with']})" if r.get("traced_with") else ""
+    traced = f"; generate traced with {r['traced_with']}" if r.get("traced_with") else ""
     traced += f"; {r['version_note']}" if r.get("version_note") else ""
-    return (
-        f", replayed through the caching allocator: {d}, or {e} with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-        + traced
-    )
+    return f"[replayed through the caching allocator: default {d}, expandable segments {e}; {bound}{traced}]"
 
 
 def families_lines(entry: Dict[str, Any], markdown: bool, top: int) -> List[str]:
@@ -130,7 +133,7 @@ def entry_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
     rows = [[str(r["rank"])] + [cell(r, c) for c in cols] for r in entry["per_rank"]]
     desc = f"{entry['engine']} on {entry['device']}, {entry['dtype']}, load={entry['load']}"
     wl = workload_line(entry)
-    held = "; the terms above the weights as held at the peak (one not held then reads 0 B)" if wl else ""
+    held = "; each term above the weights as held at the peak, 0 B where not held then" if wl else ""
     out = head + ["", f"{desc}; per rank{', ' + wl if wl else ''} (predicted{held}):", ""]
     out += table(["rank"] + [SHORT.get(c, c) for c in cols], rows, markdown) + [""]
     pts = points_lines(entry, markdown)
