@@ -120,7 +120,7 @@ def summary(entry: dict) -> dict:
     for n, fit in (entry.get("largest_batch") or {}).items():
         replayed = fit.get("replayed") or {}
         out[f"L{n}"] = {
-            "bound": fit.get("largest_batch"),
+            "bound": fit.get("allocated_bytes_bound", fit.get("largest_batch")),  # before issue 62: largest_batch
             "default": (replayed.get("default") or {}).get("batch"),
             "expandable_segments": (replayed.get("expandable_segments") or {}).get("batch"),
         }

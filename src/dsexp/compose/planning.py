@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -152,7 +153,21 @@ def plan_one(p: Planned, replay: bool = True, in_stack: bool = False) -> Dict[st
         entry = model.plan_entry(pred, config, RULES, model.workloads_of(config), gpu, replay)
     except Exception as e:  # a configuration the model has no rule for: said, the others still predicted
         return {**head, "status": "not_predicted", "reason": f"{type(e).__name__}: {e}"}
-    return {**head, "status": "predicted", "plan_seconds": round(time.perf_counter() - t0, 3), **entry}
+    seconds = round(time.perf_counter() - t0, 3)
+    return {
+        **head,
+        "status": "predicted",
+        "plan_seconds": seconds,
+        "model_parameters": parameters(pred, config),
+        **entry,
+    }
+
+
+def parameters(pred, config) -> int:
+    """The whole model's parameters (a tied weight once), counted on its meta model."""
+    from dsexp.predict.job import config_model
+
+    return sum(t.numel() for t in config_model(pred, config).parameters())
 
 
 def head_of(p: Planned) -> Dict[str, Any]:
@@ -201,8 +216,17 @@ def cached_folder(spec: JobConfig) -> Optional[str]:
     return str(folder) if folder else None
 
 
+class NotTheCpuFallback(logging.Filter):
+    """DeepSpeed's warning that it found no GPU: a plan runs on any machine, and needs none."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Setting accelerator to CPU" not in record.getMessage()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from dsexp.analysis.sections.plan_table import render_markdown, render_terminal
+
+    logging.getLogger("DeepSpeed").addFilter(NotTheCpuFallback())
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:

@@ -130,18 +130,19 @@ def entry_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
     if entry["status"] != "predicted":
         return head + [f"{UNPREDICTED[entry['status']]}: {entry['reason']}", ""]
     cols = rank_columns(entry)
-    rows = [[str(r["rank"])] + [cell(r, c) for c in cols] for r in entry["per_rank"]]
+    rows = grouped_ranks(entry["per_rank"], cols)
     desc = f"{entry['engine']} on {entry['device']}, {entry['dtype']}, load={entry['load']}"
     wl = workload_line(entry)
     held = "; each term above the weights as held at the peak, 0 B where not held then" if wl else ""
-    out = head + ["", f"{desc}; per rank{', ' + wl if wl else ''} (predicted{held}):", ""]
-    out += table(["rank"] + [SHORT.get(c, c) for c in cols], rows, markdown) + [""]
+    out = head + ["", model_line(entry), f"{desc}; per rank{', ' + wl if wl else ''} (predicted{held}):", ""]
+    out += table(["ranks"] + [SHORT.get(c, c) for c in cols], rows, markdown) + [""]
     pts = points_lines(entry, markdown)
     out += pts + ([""] if pts else [])
     host = entry["host"]
     out.append(
-        f"host: {_b(host['node_private_bytes'])} private per node + up to {_b(host['mapped_bytes'])} of page cache "
-        f"per rank ({host['how']})"
+        f"host: {_b(host['node_private_bytes'])} private per node; each rank maps up to {_b(host['mapped_bytes'])} "
+        f"of the checkpoint, held in the page cache the node's ranks share, at most the checkpoint and reclaimable: "
+        f"{host['how']}"
     )
     if capacity_line(entry):
         out.append(capacity_line(entry))
@@ -149,6 +150,47 @@ def entry_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
         out.append(f"cannot run: {entry['limit']}")
     out += [""] + families_lines(entry, markdown, 99 if markdown else 6) + [""]
     return out
+
+
+def model_line(entry: Dict[str, Any]) -> str:
+    """The whole model: its parameters and their bytes in the dtype the engine holds them."""
+    count = entry.get("model_parameters")
+    params = f"{count / 1e9:.2f} B parameters, " if count else ""
+    return f"model: {params}{human(entry['model_bytes'])} of weights in {entry['dtype']} (all ranks together)"
+
+
+def grouped_ranks(ranks: List[Dict[str, Any]], cols: List[str]) -> List[List[str]]:
+    """One row per run of consecutive ranks whose figures are identical, named by its first and last rank."""
+    groups: List[tuple] = []
+    for r in ranks:
+        cells = [cell(r, c) for c in cols]
+        if groups and groups[-1][1] == cells:
+            groups[-1][0].append(r["rank"])
+        else:
+            groups.append(([r["rank"]], cells))
+    return [[f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0])] + cells for g, cells in groups]
+
+
+def recommendation_line(entries: List[Dict[str, Any]]) -> str:
+    """The configuration that holds the most sequences per GPU at the longest prompt planned (the largest batch as
+    printed: the replay's where replayed), the fewer GPUs first among equals."""
+    fits = [(e, longest_fit(e)) for e in entries if e["status"] == "predicted" and longest_fit(e)]
+    fits = [(e, f) for e, f in fits if f["largest_batch"]]
+    if not fits:
+        return "recommended: none of the configurations planned fits a batch of one on this GPU" if entries else ""
+    e, f = max(fits, key=lambda ef: (ef[1]["largest_batch"] / ef[0]["tp"], -ef[0]["tp"]))
+    expandable = ((f.get("replayed") or {}).get("expandable_segments") or {}).get("batch")
+    also = (f"; {expandable} with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+            if expandable and expandable != f["largest_batch"] else "")  # fmt: skip
+    which = f"`{e['configuration']}`, " if len(entries) > 1 else ""
+    return (f"recommended: {which}batch {f['largest_batch']} at {f['prompt_tokens']} prompt + {f['new_tokens']} new "
+            f"tokens on {e['tp']} GPU{'s' if e['tp'] > 1 else ''} of {human(e['gpu_budget_bytes'])} "
+            f"({f['largest_batch'] / e['tp']:.1f} sequences per GPU, {f['answer_from']}){also}")  # fmt: skip
+
+
+def longest_fit(entry: Dict[str, Any]) -> Dict[str, Any]:
+    fits = entry.get("largest_batch") or {}
+    return fits[max(fits, key=int)] if fits else {}
 
 
 def summary_rows(entries: List[Dict[str, Any]]) -> List[List[str]]:
@@ -184,7 +226,7 @@ def render_terminal(entries: List[Dict[str, Any]]) -> str:
         out += ["== all configurations (predicted, busiest rank) =="] + table(
             summary_header(entries), summary_rows(entries), markdown=False
         )
-    return "\n".join(out)
+    return "\n".join(out + ([recommendation_line(entries)] if recommendation_line(entries) else []))
 
 
 def render_markdown(entries: List[Dict[str, Any]]) -> str:
