@@ -114,6 +114,14 @@ def test_without_m_a_sweep_is_refused_as_hydra_refuses_it(capsys, tmp_path):
         (["tp=3", "model=tiny", "engine=hf_tp"], "tp=3 must divide the model's"),
         (["model=tiny", "generate.batch_size=abc"], "generate.batch_size='abc': must be a whole number"),
         (["model=tiny", "gpu=h100"], "choose one of: a100_40gb"),
+        (
+            ["model=config", "model.arch=mistral", "model.dims={hidden_size: 128}"],
+            "model.dims is not in the composed config: add it with a leading +, as '+model.dims=...'",
+        ),
+        (
+            ["model=config", "model.arch=llama", "+model.dims={tie_word_embeddings: true}"],
+            "model.dims.tie_word_embeddings=True clashes with the preset model.arch=llama, which sets",
+        ),
     ],
 )
 def test_bad_input_is_refused_with_the_key_and_what_is_accepted(capsys, tmp_path, overrides, needle):

@@ -175,9 +175,11 @@ def recommendation_line(entries: List[Dict[str, Any]]) -> str:
     """The configuration that holds the most sequences per GPU at the longest prompt planned (the largest batch as
     printed: the replay's where replayed), the fewer GPUs first among equals."""
     fits = [(e, longest_fit(e)) for e in entries if e["status"] == "predicted" and longest_fit(e)]
+    if not fits:  # no GPU size given: no batch to recommend
+        return ""
     fits = [(e, f) for e, f in fits if f["largest_batch"]]
     if not fits:
-        return "recommended: none of the configurations planned fits a batch of one on this GPU" if entries else ""
+        return "recommended: none; no configuration planned fits a batch of one on this GPU"
     e, f = max(fits, key=lambda ef: (ef[1]["largest_batch"] / ef[0]["tp"], -ef[0]["tp"]))
     expandable = ((f.get("replayed") or {}).get("expandable_segments") or {}).get("batch")
     also = (f"; {expandable} with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
