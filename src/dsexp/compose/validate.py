@@ -385,7 +385,11 @@ def _validate_model(spec: JobConfig, heads: bool = True, weights: bool = True) -
             raise ConfigError(f"model.path={m.path!r} has no config.json")
         files = [p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")]
         if weights and not files:
-            raise ConfigError(f"model.path={m.path!r} holds no weights (*.safetensors or *.bin)")
+            raise ConfigError(
+                f"model.path={m.path!r} holds no weights (*.safetensors or *.bin); for a folder holding only "
+                f"config.json use model=config model.config_path={m.path} (random weights at its shapes, written "
+                f"once), the route python -m dsexp.plan takes too"
+            )
         try:
             cfg = folder_config(folder)
         except (ValueError, OSError) as e:  # json's JSONDecodeError is a ValueError
