@@ -172,7 +172,7 @@ def test_replay_gives_the_allocators_answer_beside_the_allocated_bytes_one_where
     fit = by_kernels["engine.kernel_inject=false"]
     one = fit["replayed"]
     assert 0 < one["default"]["batch"] <= fit["allocated_bytes_bound"]  # fragmentation only lowers it
-    assert fit["largest_batch"] == one["default"]["batch"] and fit["answer_from"] == "replay (default)"  # the answer
+    assert fit["largest_batch"] == one["default"]["batch"] and fit["answer_from"] == "replay:default"  # the answer
     assert by_kernels["engine.kernel_inject=true"]["answer_from"] == "allocated_bytes_bound"  # not replayed
     assert one["expandable_segments"]["batch"] > 0  # (20 MiB pages: at a 72 MiB cap not always more)
     assert "kernel injection" in by_kernels["engine.kernel_inject=true"]["replayed"]["not_replayed"]

@@ -177,7 +177,7 @@ def test_the_default_plans_largest_batch_for_every_committed_h200_bracket_is_the
     entry = plan_entry(pred, config, RULES, [Workload(1, 2048, 8)], gpu)
     fit = entry["largest_batch"]["2048"]
     setting = "expandable_segments" if pred.strategy.expandable_segments else "default"
-    assert fit["answer_from"] == f"replay ({setting})" and fit["largest_batch"] == fit["replayed"][setting]["batch"]
+    assert fit["answer_from"] == f"replay:{setting}" and fit["largest_batch"] == fit["replayed"][setting]["batch"]
     within = 1 if both_fresh or not pred.strategy.trims else 2
     assert abs(fit["largest_batch"] - ran) <= within and fit["largest_batch"] <= fit["allocated_bytes_bound"], (
         fit["largest_batch"],

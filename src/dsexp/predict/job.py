@@ -323,7 +323,7 @@ def largest_batch_answer(
     answer = found.get("batch", bound.largest_batch)
     out.update(
         largest_batch=answer,
-        answer_from=f"replay ({setting})" if found else "allocated_bytes_bound",
+        answer_from=f"replay:{setting}" if found else "allocated_bytes_bound",
         peak_bytes=max(at(pred, cap.Workload(answer, prompt, new), outside_bytes).peak) if answer else None,
         peak_reserved_bytes=found.get("peak_reserved_bytes"),
     )

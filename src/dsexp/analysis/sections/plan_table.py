@@ -94,7 +94,9 @@ def capacity_line(entry: Dict[str, Any]) -> str:
 def fit_text(c: Dict[str, Any]) -> str:
     breaks = "" if c["breaks"] == "-" else f", the next batch breaks on {c['breaks']}"
     bound = f"allocated-bytes bound {c['allocated_bytes_bound']}{breaks}"
-    peak = f"; peak at {c['largest_batch']}: {human(c['peak_bytes'])} per GPU" if c.get("peak_bytes") else ""
+    peak = f"; peak at {c['largest_batch']}, busiest rank: {human(c['peak_bytes'])}" if c.get("peak_bytes") else ""
+    if c.get("peak_reserved_bytes"):
+        peak += f", the replay reserving {human(c['peak_reserved_bytes'])}"
     head = f"L={c['prompt_tokens']} + {c['new_tokens']} new: {c['largest_batch']}"
     return f"{head} {replayed_text(c.get('replayed'), bound)}{peak}"
 
@@ -140,9 +142,8 @@ def entry_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
     out += pts + ([""] if pts else [])
     host = entry["host"]
     out.append(
-        f"host: {_b(host['node_private_bytes'])} private per node; each rank maps up to {_b(host['mapped_bytes'])} "
-        f"of the checkpoint, held in the page cache the node's ranks share, at most the checkpoint and reclaimable: "
-        f"{host['how']}"
+        f"host: {_b(host['node_private_bytes'])} private per node; page cache up to {_b(host['mapped_bytes'])} a "
+        f"rank, shared by the node's ranks, at most the checkpoint; {host['how']}"
     )
     if capacity_line(entry):
         out.append(capacity_line(entry))
@@ -187,7 +188,13 @@ def recommendation_line(entries: List[Dict[str, Any]]) -> str:
     which = f"`{e['configuration']}`, " if len(entries) > 1 else ""
     return (f"recommended: {which}batch {f['largest_batch']} at {f['prompt_tokens']} prompt + {f['new_tokens']} new "
             f"tokens on {e['tp']} GPU{'s' if e['tp'] > 1 else ''} of {human(e['gpu_budget_bytes'])} "
-            f"({f['largest_batch'] / e['tp']:.1f} sequences per GPU, {f['answer_from']}){also}")  # fmt: skip
+            f"({f['largest_batch'] / e['tp']:.1f} sequences per GPU, {ANSWER_FROM[f['answer_from']]}){also}"
+            )  # fmt: skip
+
+
+ANSWER_FROM = {"replay:default": "by the replay, default allocator",
+               "replay:expandable_segments": "by the replay, expandable segments",
+               "allocated_bytes_bound": "by the allocated bytes alone, a bound"}  # fmt: skip
 
 
 def longest_fit(entry: Dict[str, Any]) -> Dict[str, Any]:
