@@ -109,16 +109,14 @@ def probe(
     the model's fingerprint where the caller has it (a search probes one model many times). `peaks`: where the
     batch does not fit, replay it again uncapped for its peaks (a search only asks whether it fits)."""
     structure = structure or fingerprint(model)
-    events = [("alloc", ("w", i), n) for i, n in enumerate(weights)] + [("alloc", "cublas", CUBLAS_WORKSPACE)]
-    for i, (new, logits, at) in enumerate(calls):
-        made = traced(model, at or batch, prompt, new, logits, structure)
-        events += [(kind, (i, key), n) for kind, key, n in made]
-    capped: Replay = Allocator(cap, expandable).run(events)
+    held = [("alloc", i, n) for i, n in enumerate(weights)] + [("alloc", len(weights), CUBLAS_WORKSPACE)]
+    events = [held] + [traced(model, at or batch, prompt, new, logits, structure) for new, logits, at in calls]
+    capped: Replay = Allocator(cap, expandable).run_each(events)
     if capped.oom is None:
         return Probe(batch, True, capped.peak_reserved, capped.peak_allocated)
     if not peaks:
         return Probe(batch, False, None, None, capped.oom[1])
-    free = Allocator(None, expandable).run(events)
+    free = Allocator(None, expandable).run_each(events)
     return Probe(batch, False, free.peak_reserved, free.peak_allocated, capped.oom[1])
 
 
