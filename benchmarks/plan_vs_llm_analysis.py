@@ -310,7 +310,7 @@ def point_row(where: Dict[str, Any], q: Dict[str, Any], new: int, entry: Dict[st
 
 def batch_row(where, entry, tool: LlmAnalysis, length: int, new: int, ok, oom, searched=None) -> Dict[str, Any]:
     """The largest batch at one prompt length on the entry's GPU size: dsexp.plan's, llm-analysis's, the bracket."""
-    gpu_gib = entry["gpu_bytes"] / GIB
+    gpu_gib = entry["gpu_budget_bytes"] / GIB
     lb = entry["largest_batch"][str(length)]
     llm, limit = tool.largest_batch(entry["tp"], length, new, gpu_gib)
     return {

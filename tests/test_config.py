@@ -177,7 +177,7 @@ def test_local_folder_checks(tmp_path):
     with pytest.raises(ConfigError, match="no config.json"):
         spec_of("model=local", f"model.path={tmp_path}")
     (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 4, "auto_map": {"AutoModel": "x.Y"}}))
-    with pytest.raises(ConfigError, match="holds no weights"):
+    with pytest.raises(ConfigError, match=f"holds no weights.*use model=config model.config_path={tmp_path}"):
         spec_of("model=local", f"model.path={tmp_path}")
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(ConfigError, match="trust_remote_code=true explicitly"):

@@ -165,3 +165,39 @@ def test_a_budget_search_launches_no_configuration_whose_init_fails_and_says_why
     assert "Not launched (the engine's init fails, run on the meta device as each rank):" in summary
     assert "- `as given`: DeepSpeed's AutoTP init fails on rank 0 of 2" in summary
     assert "| configuration | predicted largest" not in summary  # no runs table: nothing ran
+
+
+def test_the_init_of_one_layer_of_each_structure_gives_every_layers_verdict_and_restores_the_model():
+    """DeepSpeed's init run on the first layer of each structure (an 80-layer model's on one) says what its run on
+    every layer says, the error word for word where it fails (GPT-2's Conv1D), and leaves the model's layer lists as
+    they were; a list of two structures keeps one of each."""
+    import torch.nn as nn
+
+    for name in ("tiny_gpt2", "tiny_llama", "tiny_mixtral"):
+        model, pred = meta_model_and_strategy(f"model={name}", "engine.injection_policy=infer", tp=2)
+        rules = autotp_rules(model, pred.strategy, 2, [], {})
+        layers = {n: list(m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList)}
+        every = autotp._first_failing(model, rules, pred.strategy, 2)
+        assert autotp._first_failing_rank(model, rules, pred.strategy, 2) == every
+        assert (every is not None) == (name == "tiny_gpt2")
+        assert {n: list(m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList)} == layers
+    model, pred = meta_model_and_strategy("model=tiny_llama", tp=2)
+    rules = autotp_rules(model, pred.strategy, 2, [], {})
+    (stack,) = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1]
+    with autotp.one_layer_of_each_kind(model, rules):
+        assert len(stack_of(model)) == 1  # identical layers: the first stands for all
+    other = stack[1].mlp.up_proj
+    stack[1].mlp.up_proj = nn.Linear(other.in_features, other.out_features + 64, bias=False, device="meta")
+    try:
+        with autotp.one_layer_of_each_kind(model, rules):
+            assert len(stack_of(model)) == 2
+        with autotp.one_layer_of_each_kind(model, {}):  # no policy layer in the list: left whole
+            assert len(stack_of(model)) == len(stack)
+    finally:
+        stack[1].mlp.up_proj = other
+
+
+def stack_of(model):
+    import torch.nn as nn
+
+    return next(m for m in model.modules() if isinstance(m, nn.ModuleList))

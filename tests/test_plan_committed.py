@@ -27,6 +27,7 @@ from dsexp.analysis.memory import predict as report_prediction
 from dsexp.compose.planning import plan_one, space
 from dsexp.core.result import JobRecord
 from dsexp.predict import capacity as cap
+from test_fragmentation import COMMITTED, FAST, GIB
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPACITY = ROOT / "results" / "h200" / "capacity"
@@ -50,8 +51,9 @@ def sweeps(root: Path, marker: str, ran: bool = True) -> List[str]:
 
 @functools.lru_cache(maxsize=None)
 def planned(overrides: Tuple[str, ...], multirun: bool) -> List[Dict[str, Any]]:
-    """What `python -m dsexp.plan [-m] <overrides>` says: every configuration's entry."""
-    entries = [plan_one(p) for p in space(list(overrides), multirun)]
+    """What `python -m dsexp.plan --no-replay [-m] <overrides>` says: every configuration's entry (the allocated
+    bytes' figures these tests hold; the replay's answer is held below, and in tests/test_fragmentation.py)."""
+    entries = [plan_one(p, replay=False) for p in space(list(overrides), multirun)]
     assert entries and all(e["status"] == "predicted" for e in entries), [e.get("reason") for e in entries]
     return entries
 
@@ -147,7 +149,39 @@ def test_the_plans_largest_batch_is_at_least_the_largest_the_budget_search_ran(s
     assert len(entries) == len(search["configs"]) - len(twins)
     for config in search["configs"]:
         entry = planned(tuple(config["overrides"]), False)[0] if config in twins else plan_of_config(entries, config)
-        assert entry["gpu_bytes"] == search["budget"]["device"]
-        largest = entry["largest_batch"][length]["largest_batch"]
+        assert entry["gpu_budget_bytes"] == search["budget"]["device"]
+        largest = entry["largest_batch"][length]["allocated_bytes_bound"]
         ran = config["largest_ok"]
         assert ran is None or largest >= ran, (sweep, config["key"], largest, ran, config["smallest_oom"])
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        pytest.param(k, marks=() if k == FAST else pytest.mark.slow, id=f"{k[0]}-tp{k[2]}-{k[1].split('/')[2]}")
+        for k in sorted(COMMITTED)
+    ],  # fmt: skip
+)
+def test_the_default_plans_largest_batch_for_every_committed_h200_bracket_is_the_replays_within_it(key):
+    """`python -m dsexp.plan` as a user runs it (no flag) at each committed H200 budget bracket's configuration and GPU
+    size: the largest batch it gives is the caching allocator replay's, not the allocated bytes' bound, and it
+    sits within the bracket as tests/test_fragmentation.py holds the replay (one batch of the last that ran, two
+    where a trimmed end ran after another point of its job), never above the bound."""
+    from dsexp.engines.placement import RULES
+    from dsexp.predict.capacity import Workload
+    from dsexp.predict.job import Facts, plan_entry, predict
+
+    config, ran, failed, both_fresh, _ = COMMITTED[key]
+    pred = predict(config, RULES, Facts(device="cuda"))
+    gpu = int(config["budget"]["gpu_gib"] * GIB)
+    entry = plan_entry(pred, config, RULES, [Workload(1, 2048, 8)], gpu)
+    fit = entry["largest_batch"]["2048"]
+    setting = "expandable_segments" if pred.strategy.expandable_segments else "default"
+    assert fit["answer_from"] == f"replay:{setting}" and fit["largest_batch"] == fit["replayed"][setting]["batch"]
+    within = 1 if both_fresh or not pred.strategy.trims else 2
+    assert abs(fit["largest_batch"] - ran) <= within and fit["largest_batch"] <= fit["allocated_bytes_bound"], (
+        fit["largest_batch"],
+        ran,
+        failed,
+        fit["allocated_bytes_bound"],
+    )

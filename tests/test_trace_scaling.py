@@ -184,3 +184,20 @@ def test_every_architecture_repeats_its_decode_steps_to_the_event(name):
     model = arch.meta_model({"arch": conf["arch"], "dims": conf["dims"]}, "bf16")
     steps = steps_of(*(generate_events(model, 2, PROMPT, n) for n in (4, 5, 6)))
     assert steps is not None and steps.at(12) == generate_events(model, 2, PROMPT, 12)
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES + ["tiny_llama"])
+def test_an_op_made_again_from_its_first_outputs_gives_the_events_of_its_kernel_run_every_time(name, monkeypatch):
+    """The trace runs an op's meta kernel once per shapes and arguments and makes its outputs again after
+    (meta_trace.dispatch_key): the events, keys and sizes, are those of every kernel run, caches, MoE routing, ALiBi
+    and remote code alike, with the prefill's logits and at a batch whose ops were already seen."""
+    from dsexp.predict import architecture as arch
+    from dsexp.predict import meta_trace
+
+    conf = yaml.safe_load((ROOT / "conf" / "model" / f"{name}.yaml").read_text())
+    model = arch.meta_model({"arch": conf["arch"], "dims": conf["dims"]}, "bf16")
+    monkeypatch.setattr(meta_trace, "_OUTPUTS", {})
+    made = [generate_events(model, b, PROMPT, 5, output_logits=True) for b in (2, 2, 3)]
+    assert sum(v is not None for v in meta_trace._OUTPUTS.values()) > 10  # ops were made again, not run
+    monkeypatch.setattr(meta_trace, "dispatch_key", lambda *args: None)
+    assert made == [generate_events(model, b, PROMPT, 5, output_logits=True) for b in (2, 2, 3)]

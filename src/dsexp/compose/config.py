@@ -41,9 +41,19 @@ def config_error(e: BaseException) -> str:
     cause = e if isinstance(e, OmegaConfBaseException) else e.__cause__
     if isinstance(cause, OmegaConfBaseException):
         key = getattr(cause, "full_key", None) or "?"
-        return f"config key '{key}': {getattr(cause, 'msg', cause)}"
+        return f"config key '{key}': {str(getattr(cause, 'msg', cause)).splitlines()[0]}" + add_it(e)
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def add_it(e: BaseException) -> str:
+    """Hydra adds a key the composed config does not have only with a leading `+` (a model preset without dims:
+    `'+model.dims={...}'`): where its message says so, that line."""
+    hint = next((line for line in str(e).splitlines() if "To append to your config use +" in line), None)
+    if hint is None:
+        return ""
+    given = hint.split(" use ", 1)[1].split("=", 1)[0]
+    return f"; {given[1:]} is not in the composed config: add it with a leading +, as '{given}=...'"
 
 
 def compose_app(overrides: Sequence[str] = (), hydra: bool = False) -> DictConfig:

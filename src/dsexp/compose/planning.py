@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -47,23 +48,24 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--json", type=Path, help="write the predictions (bytes) to this file")
     p.add_argument("--markdown", type=Path, help="write the report's plan section to this file")
     p.add_argument(
-        "--replay",
-        action="store_true",
-        help="with a GPU size: also replay each point's generate calls through the caching allocator "
-        "(fragmentation; tp=1, or AutoTP without kernel injection; at 20B shapes a few generates traced on the meta "
-        "device, seconds each, shared by the configurations of one rank model)",
+        "--no-replay",
+        dest="replay",
+        action="store_false",
+        help="the largest batch from the allocated bytes alone (a bound: fragmentation only lowers it), without "
+        "replaying each point's generate calls through the caching allocator (the default, with a GPU size)",
     )
+    p.add_argument("--replay", action="store_true", default=True, help="the default; kept so that old commands run")
     p.add_argument(
         "--trace-in-stack",
         action="store_true",
-        help="with --replay: where a configuration's stack pins another transformers than this environment's, trace "
-        "its generate under that version (the overlay a sweep prepares for the ranks, built once under cache_dir: "
+        help="where a configuration's stack pins another transformers than this environment's, trace the replay's "
+        "generate under that version (the overlay a sweep prepares for the ranks, built once under cache_dir: "
         "the package index is needed the first time); the frees the replay sees are transformers' own",
     )
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m dsexp")
     args = p.parse_args(list(argv))
     if args.trace_in_stack and not args.replay:
-        p.error("--trace-in-stack traces the replay's generate: add --replay")
+        p.error("--trace-in-stack traces the replay's generate: drop --no-replay")
     return args
 
 
@@ -123,9 +125,10 @@ def space(overrides: Sequence[str], multirun: bool) -> List[Planned]:
     return [Planned([o for o in c if o.split("=", 1)[0].lstrip("+~") in swept], checked(c), c) for c in combos]
 
 
-def plan_one(p: Planned, replay: bool = False, in_stack: bool = False) -> Dict[str, Any]:
-    """One configuration's entry: its prediction (dsexp.predict.job.plan_entry), or why it has none. `in_stack`
-    (with `replay`): planned in its stack's environment where that pins another transformers (plan_in_stack)."""
+def plan_one(p: Planned, replay: bool = True, in_stack: bool = False) -> Dict[str, Any]:
+    """One configuration's entry: its prediction (dsexp.predict.job.plan_entry; the largest batch the allocator
+    replay's unless not `replay`), or why it has none. `in_stack` (with `replay`): planned in its stack's environment
+    where that pins another transformers (plan_in_stack)."""
     from dsexp.job.overlay import other_transformers
 
     wanted = other_transformers(p.spec.stack) if replay and in_stack else None
@@ -150,7 +153,21 @@ def plan_one(p: Planned, replay: bool = False, in_stack: bool = False) -> Dict[s
         entry = model.plan_entry(pred, config, RULES, model.workloads_of(config), gpu, replay)
     except Exception as e:  # a configuration the model has no rule for: said, the others still predicted
         return {**head, "status": "not_predicted", "reason": f"{type(e).__name__}: {e}"}
-    return {**head, "status": "predicted", "seconds": round(time.perf_counter() - t0, 3), **entry}
+    seconds = round(time.perf_counter() - t0, 3)
+    return {
+        **head,
+        "status": "predicted",
+        "plan_seconds": seconds,
+        "model_parameters": parameters(pred, config),
+        **entry,
+    }
+
+
+def parameters(pred, config) -> int:
+    """The whole model's parameters (a tied weight once), counted on its meta model."""
+    from dsexp.predict.job import config_model
+
+    return sum(t.numel() for t in config_model(pred, config).parameters())
 
 
 def head_of(p: Planned) -> Dict[str, Any]:
@@ -199,8 +216,17 @@ def cached_folder(spec: JobConfig) -> Optional[str]:
     return str(folder) if folder else None
 
 
+class NotTheCpuFallback(logging.Filter):
+    """DeepSpeed's warning that it found no GPU: a plan runs on any machine, and needs none."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Setting accelerator to CPU" not in record.getMessage()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from dsexp.analysis.sections.plan_table import render_markdown, render_terminal
+
+    logging.getLogger("DeepSpeed").addFilter(NotTheCpuFallback())
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -211,7 +237,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     entries = [plan_one(p, args.replay, args.trace_in_stack) for p in planned]
     print(render_terminal(entries))
     if args.json:
-        args.json.write_text(json.dumps({"configurations": entries}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps({"metadata": metadata(args.replay), "configurations": entries}, indent=1) + "\n"
+        )
     if args.markdown:
         args.markdown.write_text(render_markdown(entries) + "\n")
-    return 0
+    missing = [e for e in entries if e["status"] == "not_predicted"]
+    for e in missing:
+        print(f"dsexp.plan: not predicted: {e['configuration']} (tp={e['tp']}): {e['reason']}", file=sys.stderr)
+    return 1 if missing else 0
+
+
+SCHEMA_VERSION = 2  # docs/plan-json.md
+
+
+def metadata(replay: bool) -> Dict[str, Any]:
+    """What a program reading the plan's JSON needs beside the figures (docs/plan-json.md)."""
+    from dsexp import __version__
+    from dsexp.core.compat import installed
+
+    return {
+        "dsexp_version": __version__,
+        "schema_version": SCHEMA_VERSION,
+        "replayed": replay,
+        "software": {p: installed(p) for p in ("torch", "transformers", "deepspeed")},
+        "units": {"*_bytes": "bytes", "*_seconds": "seconds", "largest_batch": "sequences per generate call"},
+    }

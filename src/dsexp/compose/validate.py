@@ -418,7 +418,11 @@ def _validate_model(spec: JobConfig, heads: bool = True, weights: bool = True) -
             raise ConfigError(f"model.path={m.path!r} has no config.json")
         files = [p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")]
         if weights and not files:
-            raise ConfigError(f"model.path={m.path!r} holds no weights (*.safetensors or *.bin)")
+            raise ConfigError(
+                f"model.path={m.path!r} holds no weights (*.safetensors or *.bin); for a folder holding only "
+                f"config.json use model=config model.config_path={m.path} (random weights at its shapes, written "
+                f"once), the route python -m dsexp.plan takes too"
+            )
         try:
             cfg = folder_config(folder)
         except (ValueError, OSError) as e:  # json's JSONDecodeError is a ValueError
@@ -441,13 +445,19 @@ def _validate_model(spec: JobConfig, heads: bool = True, weights: bool = True) -
             "config.json, or model.arch to generate one"
         )
     else:
-        from dsexp.models.presets import ARCHS, arch_problem
+        from dsexp.models.presets import ARCHS, arch_problem, clashes
 
         problem = arch_problem(m.arch)
         if problem:
             raise ConfigError(f"model.arch={m.arch!r}: {problem}")
         if m.arch in ARCHS and ARCHS[m.arch].remote_code and not m.trust_remote_code:
             raise ConfigError(f"model.arch={m.arch} loads through remote code; set model.trust_remote_code=true")
+        for key in clashes(m.arch, dict(m.dims)):
+            raise ConfigError(
+                f"model.dims.{key}={m.dims[key]!r} clashes with the preset model.arch={m.arch}, which sets {key} "
+                f"itself: drop it from model.dims (the dtype is model.dtype), or write a config.json with it and use "
+                f"model.config_path"
+            )
     try:
         dims = model_dims(spec)
     except Exception as e:  # transformers refused the dims (inconsistent sizes, a broken config folder)

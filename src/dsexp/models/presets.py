@@ -23,12 +23,18 @@ class Arch:
     make_config: Callable[[Dict[str, Any], str], Any]  # (dims, dtype name) -> transformers config
     remote_code: bool = False  # loads through trust_remote_code
     code_digest: Optional[Callable[[], str]] = None  # version of the shipped modeling code (part of the cache key)
+    sets: tuple = ("dtype",)  # config keys the preset sets itself (model.dtype gives the dtype): not model.dims'
 
 
 def _llama_config(dims: Dict[str, Any], dtype: str):
     from transformers import LlamaConfig
 
     return LlamaConfig(**dims, dtype=TORCH_DTYPE_NAMES[dtype], tie_word_embeddings=False)
+
+
+def clashes(arch: Optional[str], dims: Dict[str, Any]) -> List[str]:
+    """The keys of model.dims that the preset `arch` sets itself (its config would get them twice)."""
+    return [k for k in ARCHS[arch].sets if k in dims] if arch in ARCHS else []
 
 
 def _internlm2_config(dims: Dict[str, Any], dtype: str):
@@ -44,7 +50,7 @@ def _internlm2_code_digest() -> str:
 
 
 ARCHS: Dict[str, Arch] = {
-    "llama": Arch(_llama_config),
+    "llama": Arch(_llama_config, sets=("dtype", "tie_word_embeddings")),
     "internlm2": Arch(_internlm2_config, remote_code=True, code_digest=_internlm2_code_digest),
 }
 

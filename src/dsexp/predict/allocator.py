@@ -139,9 +139,10 @@ class Allocator:
                 block = self._merge(block, other)
         self._insert(block)
 
-    def run(self, events: Sequence[Event]) -> Replay:
-        """Replay allocations and frees in order; stops at the first that runs out of memory (state.oom)."""
-        for i, (kind, key, size) in enumerate(events):
+    def run(self, events: Sequence[Event], first: int = 0) -> Replay:
+        """Replay allocations and frees in order; stops at the first that runs out of memory (state.oom, its index
+        counted from `first`)."""
+        for i, (kind, key, size) in enumerate(events, first):
             if kind == "alloc":
                 if size <= 0:
                     continue
@@ -151,6 +152,19 @@ class Allocator:
                     break
             elif key in self.live:
                 self.free(self.live.pop(key))
+        return self.state
+
+    def run_each(self, sequences: Iterable[Sequence[Event]]) -> Replay:
+        """Replay each sequence in turn, its keys its own (a free is of an allocation of its sequence; what a
+        sequence leaves allocated stays, as one generate's output cache stays through the next); as `run` over
+        their events with each key tagged by its sequence, without building that list."""
+        first = 0
+        for events in sequences:
+            self.live = {}
+            self.run(events, first)
+            if self.state.oom is not None:
+                break
+            first += len(events)
         return self.state
 
     def _best_fit(self, small: bool, n: int) -> Optional[Block]:

@@ -10,7 +10,7 @@ the memory model sits under the families and imports none of them (dsexp.engines
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Protocol
 
 from dsexp.core.compat import installed
@@ -278,16 +278,56 @@ def plan_entry(
         "limit": next((q.limit for q in points if q.limit), None),
     }
     if gpu_bytes:
-        result["gpu_bytes"] = int(gpu_bytes)
+        result["gpu_budget_bytes"] = int(gpu_bytes)
         new = workloads[0].new_tokens if workloads else 1
         lengths = sorted({w.prompt_tokens for w in workloads}) or [1]
         result["largest_batch"] = {
-            str(n): asdict(largest_batch(pred, n, new, int(gpu_bytes), out_bytes)) for n in lengths
+            str(n): largest_batch_answer(pred, config, rules, n, new, int(gpu_bytes), out_bytes, replay)
+            for n in lengths
         }
-        if replay:
-            for n, fit in result["largest_batch"].items():
-                fit["replayed"] = replayed(pred, config, rules, int(n), new, int(gpu_bytes) - out_bytes, fit)
     return result
+
+
+def largest_batch_answer(
+    pred: Prediction,
+    config: Mapping[str, Any],
+    rules: Rules,
+    prompt: int,
+    new: int,
+    gpu_bytes: int,
+    outside_bytes: int,
+    replay: bool = True,
+    start: Optional[int] = None,
+    logits_batch: Optional[int] = CHECK_BATCH,
+) -> Dict[str, Any]:
+    """The largest batch at one prompt length on a GPU of `gpu_bytes`, the one answer the plan prints and the budget
+    search starts from: the caching allocator's replay of the point (dsexp.predict.fragmentation, under the GPU less
+    `outside_bytes`, with the allocator setting the configuration runs) where it is replayed, else the allocated
+    bytes' bound. Beside it: that bound (`allocated_bytes_bound`, the term that breaks its next batch), both allocator
+    settings' replays (`replayed`), and the busiest rank's peak at the answer (`peak_bytes`: the memory model's terms
+    plus what lives outside the allocator; `peak_reserved_bytes`: the replay's reserve at its peak, on the
+    allocator alone). `start`: where the replay's search starts (the bound; a search's range may stop lower)."""
+    bound = largest_batch(pred, prompt, new, gpu_bytes, outside_bytes)
+    out: Dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "new_tokens": new,
+        "allocated_bytes_bound": bound.largest_batch,
+        "breaks": bound.breaks,
+    }
+    setting = "expandable_segments" if pred.strategy.expandable_segments else "default"
+    if replay:
+        first = bound.largest_batch if start is None else start
+        out["replayed"] = replayed(pred, config, rules, prompt, new, gpu_bytes - outside_bytes,
+                                   {"largest_batch": first}, logits_batch)  # fmt: skip
+    found = (out.get("replayed") or {}).get(setting) or {}
+    answer = found.get("batch", bound.largest_batch)
+    out.update(
+        largest_batch=answer,
+        answer_from=f"replay:{setting}" if found else "allocated_bytes_bound",
+        peak_bytes=max(at(pred, cap.Workload(answer, prompt, new), outside_bytes).peak) if answer else None,
+        peak_reserved_bytes=found.get("peak_reserved_bytes"),
+    )
+    return out
 
 
 def fails_in_init(pred: Prediction, config: Mapping[str, Any], rules: Rules) -> Optional[str]:

@@ -92,31 +92,36 @@ def points_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
 
 
 def capacity_line(entry: Dict[str, Any]) -> str:
+    """The largest batch per prompt length (the replay's where replayed: dsexp.predict.job.largest_batch_answer),
+    both allocator settings, the allocated bytes' bound labelled as the bound it is, and the peak at the answer."""
     fits = entry.get("largest_batch")
     if not fits:
         return ""
-    parts = [
-        f"L={n}: {c['largest_batch']}"
-        + ("" if c["breaks"] == "-" else f" (the next breaks on {c['breaks']})")
-        + replayed_text(c.get("replayed"))
-        for n, c in fits.items()
-    ]
-    return f"largest batch on a {human(entry['gpu_bytes'])} GPU: " + "; ".join(parts)
+    parts = [fit_text(c) for c in fits.values()]
+    return f"largest batch on a {human(entry['gpu_budget_bytes'])} GPU: " + "; ".join(parts)
 
 
-def replayed_text(r) -> str:
-    """The allocator's replay beside the allocated bytes' answer (fragmentation), where it ran."""
+def fit_text(c: Dict[str, Any]) -> str:
+    breaks = "" if c["breaks"] == "-" else f", the next batch breaks on {c['breaks']}"
+    bound = f"allocated-bytes bound {c['allocated_bytes_bound']}{breaks}"
+    peak = f"; peak at {c['largest_batch']}, busiest rank: {human(c['peak_bytes'])}" if c.get("peak_bytes") else ""
+    if c.get("peak_reserved_bytes"):
+        peak += f", the replay reserving {human(c['peak_reserved_bytes'])}"
+    head = f"L={c['prompt_tokens']} + {c['new_tokens']} new: {c['largest_batch']}"
+    return f"{head} {replayed_text(c.get('replayed'), bound)}{peak}"
+
+
+def replayed_text(r, bound: str) -> str:
+    """How the answer was found: the caching allocator's replay (both settings; where the generate was traced),
+    with the bound beside it; or the bound alone, and why it was not replayed."""
     if not r:
-        return ""
+        return f"[{bound}; not replayed: --no-replay]"
     if "not_replayed" in r:
-        return f", not replayed ({r['not_replayed']})"
+        return f"[{bound}; not replayed: {r['not_replayed']}]"
     d, e = r["default"]["batch"], r["expandable_segments"]["batch"]
-    traced = f" (generate traced with {r['traced_with']})" if r.get("traced_with") else ""
+    traced = f"; generate traced with {r['traced_with']}" if r.get("traced_with") else ""
     traced += f"; {r['version_note']}" if r.get("version_note") else ""
-    return (
-        f", replayed through the caching allocator: {d}, or {e} with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-        + traced
-    )
+    return f"[replayed through the caching allocator: default {d}, expandable segments {e}; {bound}{traced}]"
 
 
 def families_lines(entry: Dict[str, Any], markdown: bool, top: int) -> List[str]:
@@ -137,18 +142,18 @@ def entry_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
     if entry["status"] != "predicted":
         return head + [f"{UNPREDICTED[entry['status']]}: {entry['reason']}", ""]
     cols = rank_columns(entry)
-    rows = [[str(r["rank"])] + [cell(r, c) for c in cols] for r in entry["per_rank"]]
+    rows = grouped_ranks(entry["per_rank"], cols)
     desc = f"{entry['engine']} on {entry['device']}, {entry['dtype']}, load={entry['load']}"
     wl = workload_line(entry)
-    held = "; the terms above the weights as held at the peak (one not held then reads 0 B)" if wl else ""
-    out = head + ["", f"{desc}; per rank{', ' + wl if wl else ''} (predicted{held}):", ""]
-    out += table(["rank"] + [SHORT.get(c, c) for c in cols], rows, markdown) + [""]
+    held = "; each term above the weights as held at the peak, 0 B where not held then" if wl else ""
+    out = head + ["", model_line(entry), f"{desc}; per rank{', ' + wl if wl else ''} (predicted{held}):", ""]
+    out += table(["ranks"] + [SHORT.get(c, c) for c in cols], rows, markdown) + [""]
     pts = points_lines(entry, markdown)
     out += pts + ([""] if pts else [])
     host = entry["host"]
     out.append(
-        f"host: {_b(host['node_private_bytes'])} private per node + up to {_b(host['mapped_bytes'])} of page cache "
-        f"per rank ({host['how']})"
+        f"host: {_b(host['node_private_bytes'])} private per node; page cache up to {_b(host['mapped_bytes'])} a "
+        f"rank, shared by the node's ranks, at most the checkpoint; {host['how']}"
     )
     if capacity_line(entry):
         out.append(capacity_line(entry))
@@ -157,6 +162,55 @@ def entry_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
     out += [n for n in entry.get("notes") or [] if n.startswith("quant")]  # the quant member's rule (dsexp.quant)
     out += [""] + families_lines(entry, markdown, 99 if markdown else 6) + [""]
     return out
+
+
+def model_line(entry: Dict[str, Any]) -> str:
+    """The whole model: its parameters and their bytes in the dtype the engine holds them."""
+    count = entry.get("model_parameters")
+    params = f"{count / 1e9:.2f} B parameters, " if count else ""
+    return f"model: {params}{human(entry['model_bytes'])} of weights in {entry['dtype']} (all ranks together)"
+
+
+def grouped_ranks(ranks: List[Dict[str, Any]], cols: List[str]) -> List[List[str]]:
+    """One row per run of consecutive ranks whose figures are identical, named by its first and last rank."""
+    groups: List[tuple] = []
+    for r in ranks:
+        cells = [cell(r, c) for c in cols]
+        if groups and groups[-1][1] == cells:
+            groups[-1][0].append(r["rank"])
+        else:
+            groups.append(([r["rank"]], cells))
+    return [[f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0])] + cells for g, cells in groups]
+
+
+def recommendation_line(entries: List[Dict[str, Any]]) -> str:
+    """The configuration that holds the most sequences per GPU at the longest prompt planned (the largest batch as
+    printed: the replay's where replayed), the fewer GPUs first among equals."""
+    fits = [(e, longest_fit(e)) for e in entries if e["status"] == "predicted" and longest_fit(e)]
+    if not fits:  # no GPU size given: no batch to recommend
+        return ""
+    fits = [(e, f) for e, f in fits if f["largest_batch"]]
+    if not fits:
+        return "recommended: none; no configuration planned fits a batch of one on this GPU"
+    e, f = max(fits, key=lambda ef: (ef[1]["largest_batch"] / ef[0]["tp"], -ef[0]["tp"]))
+    expandable = ((f.get("replayed") or {}).get("expandable_segments") or {}).get("batch")
+    also = (f"; {expandable} with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+            if expandable and expandable != f["largest_batch"] else "")  # fmt: skip
+    which = f"`{e['configuration']}`, " if len(entries) > 1 else ""
+    return (f"recommended: {which}batch {f['largest_batch']} at {f['prompt_tokens']} prompt + {f['new_tokens']} new "
+            f"tokens on {e['tp']} GPU{'s' if e['tp'] > 1 else ''} of {human(e['gpu_budget_bytes'])} "
+            f"({f['largest_batch'] / e['tp']:.1f} sequences per GPU, {ANSWER_FROM[f['answer_from']]}){also}"
+            )  # fmt: skip
+
+
+ANSWER_FROM = {"replay:default": "by the replay, default allocator",
+               "replay:expandable_segments": "by the replay, expandable segments",
+               "allocated_bytes_bound": "by the allocated bytes alone, a bound"}  # fmt: skip
+
+
+def longest_fit(entry: Dict[str, Any]) -> Dict[str, Any]:
+    fits = entry.get("largest_batch") or {}
+    return fits[max(fits, key=int)] if fits else {}
 
 
 def summary_rows(entries: List[Dict[str, Any]]) -> List[List[str]]:
@@ -192,7 +246,7 @@ def render_terminal(entries: List[Dict[str, Any]]) -> str:
         out += ["== all configurations (predicted, busiest rank) =="] + table(
             summary_header(entries), summary_rows(entries), markdown=False
         )
-    return "\n".join(out)
+    return "\n".join(out + ([recommendation_line(entries)] if recommendation_line(entries) else []))
 
 
 def render_markdown(entries: List[Dict[str, Any]]) -> str:

@@ -170,19 +170,22 @@ def replayed_largest(pred, spec: JobConfig, batches: List[int], needs: List[int]
             found["not_in_stack"] = why
     if "not_replayed" in found:
         return {"not_replayed": found["not_replayed"]}
-    setting = "expandable_segments" if pred.strategy.expandable_segments else "default"
     where = {k: found[k] for k in ("traced_with", "version_note", "in_stack", "not_in_stack") if k in found}
-    return {"batch": found[setting]["batch"], **where}
+    return {"batch": found["batch"], **where}
 
 
 def replay_here(pred, spec: JobConfig, cap: int, largest: int) -> Dict[str, Any]:
-    """dsexp.predict.job.replayed for this configuration, traced in this environment."""
+    """The replay of dsexp.predict.job.largest_batch_answer (the plan's largest batch, the same function) for this
+    configuration under the cap its ranks set, searched from `largest`, traced in this environment; its answer for
+    the configuration's allocator setting as `batch`."""
     from dsexp.engines.placement import RULES
-    from dsexp.predict.job import replayed
+    from dsexp.predict.job import largest_batch_answer
 
     g = spec.generate
-    return replayed(pred, script_config(spec), RULES, int(g.prompt_tokens), int(g.new_tokens), cap,
-                    {"largest_batch": largest})  # fmt: skip
+    answer = largest_batch_answer(pred, script_config(spec), RULES, int(g.prompt_tokens), int(g.new_tokens), cap, 0,
+                                  start=largest)  # fmt: skip
+    found = answer["replayed"]
+    return found if "not_replayed" in found else {**found, "batch": answer["largest_batch"]}
 
 
 def replayed_in_stack(spec: JobConfig, cap: int, largest: int, wanted: str) -> Dict[str, Any]:

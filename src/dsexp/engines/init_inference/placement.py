@@ -355,6 +355,11 @@ _INIT_VERDICTS: Dict[tuple, Optional[str]] = {}
 
 
 def _first_failing_rank(model, rules: Dict[str, Tuple[str, ...]], s: Strategy, tp: int) -> Optional[str]:
+    with one_layer_of_each_kind(model, rules):
+        return _first_failing(model, rules, s, tp)
+
+
+def _first_failing(model, rules: Dict[str, Tuple[str, ...]], s: Strategy, tp: int) -> Optional[str]:
     for rank in range(tp):
         try:
             rank_init(model, rules, s, tp, rank)
@@ -363,6 +368,38 @@ def _first_failing_rank(model, rules: Dict[str, Tuple[str, ...]], s: Strategy, t
             return (f"DeepSpeed's AutoTP init fails on rank {rank} of {tp} (run on the meta device; a run is "
                     f"expected to fail there too): {type(e).__name__}: {first}")  # fmt: skip
     return None
+
+
+@contextlib.contextmanager
+def one_layer_of_each_kind(model, rules: Dict[str, Tuple[str, ...]]) -> Iterator[None]:
+    """The model's lists of policy layers cut, while in the block, to the first layer of each structure (its modules'
+    classes, its tensors' shapes and dtypes): DeepSpeed's init does to each layer what it does to every layer of that
+    structure, so an 80-layer model's init runs on one layer, not 80 (a model alternating MoE and dense layers, on
+    two)."""
+    import torch.nn as nn
+
+    cut = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, nn.ModuleList) and any(type(m).__name__ in rules for m in child):
+                kept, seen = [], set()
+                for layer in child:
+                    if layer_structure(layer) not in seen:
+                        seen.add(layer_structure(layer))
+                        kept.append(layer)
+                cut.append((parent, name, child))
+                parent._modules[name] = nn.ModuleList(kept)
+    try:
+        yield
+    finally:
+        for parent, name, child in cut:
+            parent._modules[name] = child
+
+
+def layer_structure(layer) -> tuple:
+    modules = tuple((n, type(m).__qualname__) for n, m in layer.named_modules())
+    tensors = tuple((n, tuple(t.shape), t.dtype) for n, t in [*layer.named_parameters(), *layer.named_buffers()])
+    return type(layer).__qualname__, modules, tensors
 
 
 def rank_init(model, rules: Dict[str, Tuple[str, ...]], s: Strategy, tp: int, rank: int):
