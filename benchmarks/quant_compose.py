@@ -52,8 +52,7 @@ def row(r: Dict[str, Any], where: str) -> List[str]:
     return [
         where,
         label(q) or "none",
-        c["engine"]["name"] + ("" if (c.get("load") or {}).get("name", "eager") == "eager" else f", load={c['load']['name']}")
-        + (", trim=all" if (c.get("trim") or {}).get("name") == "all" else ""),
+        engine_cell(c),
         str(c["tp"]),
         status,
         " / ".join(f"{w / gib:.3f}" for w in weights) + f" {unit}" if weights else "-",
@@ -62,6 +61,12 @@ def row(r: Dict[str, Any], where: str) -> List[str]:
         "-" if corr.get("token_agreement") is None else f"{corr['token_agreement']:.2f}",
         "-" if m.headline(r, "tokens_per_s") is None else f"{m.headline(r, 'tokens_per_s'):.1f}",
     ]
+
+
+def engine_cell(c: Dict[str, Any]) -> str:
+    load = (c.get("load") or {}).get("name", "eager")
+    trim = (c.get("trim") or {}).get("name")
+    return c["engine"]["name"] + ("" if load == "eager" else f", load={load}") + (", trim=all" if trim == "all" else "")
 
 
 def table(folders: List[Path]) -> str:
@@ -91,8 +96,11 @@ def main() -> None:
     folders = [ROOT / f for f in args.folders if (ROOT / f).is_dir()]
     text = table(folders)
     (ROOT / "results" / "quant_compose.md").write_text(
-        "# What composes with what (from runs)\n\n" + text + "\n\nMade by `python benchmarks/quant_compose.py` from "
-        + ", ".join(f"`{f.relative_to(ROOT)}`" for f in folders) + ".\n"
+        "# What composes with what (from runs)\n\n"
+        + text
+        + "\n\nMade by `python benchmarks/quant_compose.py` from "
+        + ", ".join(f"`{f.relative_to(ROOT)}`" for f in folders)
+        + ".\n"
     )
     if not args.no_docs:
         write_docs(text)
