@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from dsexp.compose.config import to_schema
-from dsexp.core.schema import BudgetConfig, ConfigError
+from dsexp.core.schema import BudgetConfig, ConfigError, QuantConfig
 
 from helpers.run import CONF, ROOT, compose, spec_of
 
@@ -97,7 +97,7 @@ def test_tp_is_a_plain_int():
         (["tp=8"], 0, "tp=8 leaves some ranks with no attention heads"),  # tiny has 4 KV heads
         (["engine.kernel_inject=true"], 0, "engine.kernel_inject"),
         (["dtype=fp16"], 0, "dtype=fp16"),
-        (["dtype=int8"], 0, "dtype='int8'"),
+        (["dtype=int8"], 0, "dtype=int8: the run dtype is fp32, bf16 or fp16"),  # and which quant members instead
         (["device=cuda"], 0, "device=cuda"),
         (["load.format=gguf"], 0, "load.format"),
         (["probe.sample_ms=50"], 0, "probe.sample_ms"),
@@ -205,6 +205,7 @@ def test_every_group_option_composes_as_it_did_when_its_yaml_held_every_default(
         for (group, key), default in KEYS_ADDED_SINCE.items():
             assert got[group].pop(key) == default, (case, key)
         assert got.pop("budget") == dataclasses.asdict(BudgetConfig()), case  # the group added since: no budget
+        assert got.pop("quant") == dataclasses.asdict(QuantConfig()), case  # and no quantization
         assert json.loads(json.dumps(got)) == expected, case
 
 

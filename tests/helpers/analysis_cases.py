@@ -177,7 +177,7 @@ def _rank(r, world, w, dev, anon_growth, rss_growth, on_meta, buffers, gpu_start
         phases["start"]["gpu"] = {"nvml_device_used": gpu_start}
         phases["generate"]["peaks"]["nvml_device_used_peak"] = gpu_peak
     t, timeline = 0.0, []
-    for ph in records.PHASES:
+    for ph in (p for p in records.PHASES if p in phases):  # no quant member: no quantize phase
         timeline.append({"phase": ph, "t0": t, "t1": t + phases[ph]["wall_s"]})
         t += phases[ph]["wall_s"] + 0.1
     return {
