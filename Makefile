@@ -26,8 +26,16 @@ export PIP_DISABLE_PIP_VERSION_CHECK = 1
 .PHONY: help install sweep plan test lint test-all test-slurm ui server bench bench-slurm benchmark campaign findings clean \
 	slurm-up slurm-down
 
-help:  ## list the targets
+help:  ## list the targets, then dsexp's entry points with an example each
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@echo "Entry points (.venv/bin/python -m ...; each takes --help):"
+	@echo "  dsexp -m tp=1,2 load=eager,meta               a sweep of your settings (the app; make sweep)"
+	@echo "  dsexp.plan -m model=internlm2_20b_shapes tp=1,2,4 gpu=h100_80gb"
+	@echo "                                                 the plan: memory per rank from the config alone (make plan)"
+	@echo "  dsexp -m budget.gpus=2 budget.gpu_gib=24 model=internlm2_20b_shapes tp=1,2 trim=none,all"
+	@echo "                                                 a budget search: the largest batch that fits"
+	@echo "  dsexp.report multirun/<date>/<time>            the report, rebuilt from a sweep's results"
+	@echo "  dsexp.campaign --list                          the campaigns that remake every GPU result (make campaign)"
 
 install: $(STAMP)  ## create .venv with the CPU torch, deepspeed and dsexp (editable)
 

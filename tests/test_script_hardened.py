@@ -529,7 +529,7 @@ def test_a_model_folder_whose_config_is_not_json_is_refused_before_launch(tmp_pa
         spec_of("model=local", f"model.path={folder}")
 
 
-def test_help_says_what_dsexp_does_its_first_commands_and_where_the_report_is(tmp_path):
+def test_help_says_what_dsexp_does_its_first_commands_the_other_entry_points_and_where_the_report_is(tmp_path):
     import subprocess
     import sys
 
@@ -537,10 +537,13 @@ def test_help_says_what_dsexp_does_its_first_commands_and_where_the_report_is(tm
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert text.startswith("dsexp runs DeepSpeed inference on several ranks") and "powered by Hydra" not in text
-    commands = [line for line in text.splitlines() if line.strip().startswith("python -m dsexp")]
-    assert len(commands) == 5 and any("script.path=" in c for c in commands)
+    commands = [line.split()[2] for line in text.splitlines() if line.strip().startswith("python -m dsexp")]
+    assert commands.count("dsexp") == 5 and "script.path=" in text
+    # the plan, the report and the campaigns are modules of their own; a budget search is the app with budget.*
+    assert {"dsexp.plan", "dsexp.report", "dsexp.campaign"} <= set(commands) and " -m budget.gpus=" in text
     assert "multirun/<date>/<time>/summary.md" in text and "outputs/<date>/<time>/summary.md" in text
-    assert text.index("== Five commands") < text.index("== Configuration groups ==")
+    assert text.index("== Four commands") < text.index("== The other entry points")
+    assert text.index("== The other entry points") < text.index("== Configuration groups ==")
     assert "engine: " in text and "model: " in text  # Hydra's groups, after
 
 
