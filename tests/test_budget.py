@@ -917,18 +917,24 @@ def test_the_report_says_which_guesses_were_traced_in_their_stack_and_which_were
     assert _replay_lines({"configs": configs[1:2] + configs[3:4]}) == []
 
 
-def test_a_budget_searchs_report_defers_to_its_answer_not_to_the_lowest_peak(tmp_path, capsys):
-    """In a search the lowest per-GPU peak is its smallest batch (batch 6 at 40 GiB): the Recommendation section
-    says the answer is the budget's, and names that run as the lowest, not as recommended."""
-    from dsexp.report import main
+def test_a_budget_searchs_report_reads_as_a_search_not_as_a_sweep():
+    """In a search the lowest per-GPU peak is its smallest batch and a one-load job's peak is over its out-of-memory
+    point (results/h200/budget/gpu40_from_load): the report goes from the answer to the command, the allocator's part
+    and the runs table, then the per-point figures, without the sweep's recommendation, matrix, trims or tp values not
+    run. The same runs read without their budget.json are a sweep, and have them."""
+    from dsexp.analysis.sources import results_from_dir
+    from dsexp.analysis.summary import text_sections
 
     from helpers.run import ROOT
 
-    args = [str(ROOT / "results/h200/budget/gpu40"), "--out", str(tmp_path), "--no-mlflow", "--print"]
-    assert main([*args, "recommendation"]) == 0
-    text = capsys.readouterr().out
-    assert "A budget search: its answer (above) is the recommendation for the budget" in text
-    assert "**Lowest per-GPU peak among the runs that passed correctness: " in text and "**Recommended" not in text
+    folder = ROOT / "results/h200/budget/gpu40_from_load"
+    search = text_sections(folder)
+    assert list(search)[:2] == ["budget", "capacity"] and not {"recommendation", "matrix", "trims"} & set(search)
+    budget = search["budget"]
+    answer, command = budget.index("- **Answer**: "), budget.index("- Run it on the budget's GPUs")
+    assert answer < command < budget.index("- The allocator decided ") < budget.index("| configuration |")
+    sweep = text_sections(folder, results=results_from_dir(folder), search={})
+    assert {"recommendation", "matrix", "trims"} <= set(sweep) and "budget" not in sweep
 
 
 def test_the_answer_comes_with_the_command_that_runs_it_fixed_settings_included(tmp_path, capsys):
