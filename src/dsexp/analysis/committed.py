@@ -86,4 +86,3 @@ def differences(report: Path, root: Path, context: int = 0) -> List[str]:
     name = str(report.relative_to(root))
     diff = difflib.unified_diff(committed.splitlines(), today.splitlines(), name, "today", lineterm="", n=context)
     return list(diff)
-

@@ -24,7 +24,6 @@ OTHER_PICKS = (
 )
 
 
-
 def render(inputs: ReportInputs) -> str:
     lines = recommendation_lines(inputs.rows, inputs.extra)
     return "\n".join(["## Recommendation", ""] + [f"- {line}" for line in lines] + [""])
