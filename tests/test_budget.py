@@ -734,19 +734,22 @@ def test_a_budget_search_over_a_scripts_batch_size_skips_the_misses_and_brackets
     assert "**Answer**: `tp=1 script.fix=" in summary and "so each run is a job" in summary
 
 
-def budget_section(capsys, *args) -> str:
-    from dsexp.report import main
+def budget_section(*folders: Path) -> str:
+    """The budget section of the report on these folders (several: budget searches read as one), as
+    `python -m dsexp.report FOLDERS --print budget` prints it, without drawing the report's plots."""
+    from dsexp.analysis.budget_merge import read_merged
+    from dsexp.analysis.summary import text_sections
 
-    assert main([*map(str, args), "--no-mlflow", "--print", "budget"]) == 0
-    return capsys.readouterr().out
+    search, results = read_merged(list(folders)) if len(folders) > 1 else (None, None)
+    return text_sections(folders[0], results=results, search=search)["budget"]
 
 
-def test_the_h200_answers_a_settled_search_plainly(tmp_path, capsys):
+def test_the_h200_answers_a_settled_search_plainly():
     """The H200 at 24 GiB with the model loaded on the meta device (results/h200/budget/gpu24): every configuration
     bracketed."""
     from helpers.run import ROOT
 
-    text = budget_section(capsys, ROOT / "results/h200/budget/gpu24", "--out", tmp_path)
+    text = budget_section(ROOT / "results/h200/budget/gpu24")
     assert "- **Answer**: `tp=4 trim=all` at batch **9**" in text and "stopped before it settled" not in text
     assert "Runner-up: `tp=4 trim=none` at batch **7**" in text
     # predicted 11; the measured gap moved it to 9; 9 ran, 10 ran out of memory under the cap
@@ -755,25 +758,25 @@ def test_the_h200_answers_a_settled_search_plainly(tmp_path, capsys):
     assert "not by speed: the ranks shared one GPU over gloo" in text
 
 
-def test_an_answer_found_after_another_point_of_its_load_says_what_a_fresh_first_call_may_add(tmp_path, capsys):
+def test_an_answer_found_after_another_point_of_its_load_says_what_a_fresh_first_call_may_add():
     """2 x 40 GiB on the H200 (gpu40_one_load): the answer, eager trimmed with expandable segments at 15, ran after 16
     ran out of memory in the same load; llama_20b_shapes at tp=1 under 48 GiB (H100): its answer, 15 with expandable
     segments, was its load's first point."""
     from helpers.run import ROOT
 
-    text = budget_section(capsys, ROOT / "results/h200/budget/gpu40_one_load", "--out", tmp_path / "a")
+    text = budget_section(ROOT / "results/h200/budget/gpu40_one_load")
     assert "- Batch 15 ran after batch 16 in the same load, its allocator state at the start not recorded" in text
-    text = budget_section(capsys, ROOT / "results/h200/budget/llama48_tp1", "--out", tmp_path / "b")
+    text = budget_section(ROOT / "results/h200/budget/llama48_tp1")
     assert "at batch **15**" in text and "in the same load" not in text
 
 
-def test_the_h200_at_40_gib_answers_over_every_load_once_settled(tmp_path, capsys):
+def test_the_h200_at_40_gib_answers_over_every_load_once_settled():
     """The H200 at 40 GiB (results/h200/budget/gpu40): searched with load=meta, then resumed twice with the other load
     strategies until every configuration was bracketed. The new configurations began at the meta ones' measured gaps
     (one dimension away), not at the model's 14 and 16."""
     from helpers.run import ROOT
 
-    text = budget_section(capsys, ROOT / "results/h200/budget/gpu40", "--out", tmp_path)
+    text = budget_section(ROOT / "results/h200/budget/gpu40")
     assert "- **Answer**: `tp=2 load=sharded trim=all` at batch **11**" in text
     assert "stopped before it settled" not in text
     # at batch 10 eager and meta both peaked at 38.67 GiB per GPU over all the point ran (eager's windows had said
@@ -790,7 +793,7 @@ def test_the_h200_at_40_gib_answers_over_every_load_once_settled(tmp_path, capsy
     assert "against 768 for the full grid (12 configurations x 64 batches)" in text
 
 
-def test_a_search_stopped_before_it_settled_answers_so_far_and_says_how_to_resume(tmp_path, capsys):
+def test_a_search_stopped_before_it_settled_answers_so_far_and_says_how_to_resume(tmp_path):
     """The 40 GiB search as it stood when the device's time ran out in its third stop: eager untrimmed had 9 running
     and 10 not yet run, sharded untrimmed nothing. The answer is the best measured, named as so far, and the
     unbracketed configuration starts from its neighbour's gap."""
@@ -808,7 +811,7 @@ def test_a_search_stopped_before_it_settled_answers_so_far_and_says_how_to_resum
             neighbour_gap = 9134858568  # meta untrimmed's, as the search had it then
             c.update(largest_ok=None, smallest_oom=None, settled=False, points=[], gap=None, shift=neighbour_gap)
     (folder / "budget.json").write_text(json.dumps(state))
-    text = budget_section(capsys, folder, "--out", tmp_path / "out")
+    text = budget_section(folder)
     assert "**Answer so far** (search not finished): `tp=2 load=sharded trim=all` at batch **11**" in text
     assert "stopped before it settled `tp=2 load=eager trim=none`, `tp=2 load=sharded trim=none`" in text
     assert "Run the same command again (same hydra.sweep.dir) to resume" in text and "No configuration" not in text
@@ -824,19 +827,32 @@ def test_searches_of_one_budget_are_answered_as_one_and_of_different_budgets_ref
     from helpers.run import ROOT
 
     parts = [ROOT / "results/h200/budget" / p for p in ("gpu24", "gpu24_loads_tp4", "gpu24_loads_tp2")]
-    text = budget_section(capsys, *parts, "--out", tmp_path / "space")
+    text = budget_section(*parts)
     assert "- **Answer**: `tp=4 load=meta trim=all` at batch **9**" in text and "Job `gpu24/2`" in text
     # eager and sharded reach 8 trimmed at tp=4; the wider per-GPU margin (sharded's) breaks the tie
     assert "Runner-up: `tp=4 load=sharded trim=all` at batch **8**" in text and "Job `gpu24_loads_tp4/5`" in text
     assert "| tp=4 load=eager trim=none | 9 | 7 (own +2.59 GiB) | 7 | 8 |" in text
     assert "against 1152 for the full grid (18 configurations x 64 batches)" in text
     assert "Not in any of them" in text and "`tp=1 load=eager trim=none`" in text
-    assert (tmp_path / "space" / "summary.md").is_file() and not (parts[0] / "space").exists()
-    with_tp1 = budget_section(capsys, *parts, ROOT / "results/h200/budget/gpu24_loads_tp1", "--out", tmp_path / "all")
+    with_tp1 = budget_section(*parts, ROOT / "results/h200/budget/gpu24_loads_tp1")
     assert "Not in any of them" not in with_tp1 and "- `tp=1 load=sharded trim=all`: weights carries" in with_tp1
     assert main([str(parts[0]), str(ROOT / "results/h200/budget/gpu40"), "--out", str(tmp_path / "x")]) == 1
     assert "asked different questions: budget.gpu_gib 40.0 vs 24.0" in capsys.readouterr().err
     assert main([str(parts[0]), str(parts[1])]) == 1 and "need --out" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_command_writes_the_report_of_several_searches_into_out_only(tmp_path, capsys):
+    """The merged report, plots drawn (a minute): into --out, never into a search's own folder. Its text is checked
+    by test_committed_reports (results/h200/budget/gpu24_space, rebuilt by this command)."""
+    from dsexp.report import main
+
+    from helpers.run import ROOT
+
+    parts = [ROOT / "results/h200/budget" / p for p in ("gpu24", "gpu24_loads_tp4")]
+    assert main([*map(str, parts), "--out", str(tmp_path / "space"), "--print", "budget"]) == 0
+    assert capsys.readouterr().out.startswith("## Budget search")
+    assert (tmp_path / "space" / "summary.md").is_file() and not (parts[0] / "space").exists()
 
 
 def test_a_search_stopped_before_anything_ran_within_the_budget_has_no_answer_yet_not_nothing_fits():
@@ -937,7 +953,7 @@ def test_a_budget_searchs_report_reads_as_a_search_not_as_a_sweep():
     assert {"recommendation", "matrix", "trims"} <= set(sweep) and "budget" not in sweep
 
 
-def test_the_answer_comes_with_the_command_that_runs_it_fixed_settings_included(tmp_path, capsys):
+def test_the_answer_comes_with_the_command_that_runs_it_fixed_settings_included():
     """The H200 at 40 GiB with expandable segments (results/h200/budget/gpu40_expandable): the search swept only the
     load; tp=2, trim=all and the allocator setting were fixed, so the answer's key (`load=meta`) does not name them.
     Its command does, composes, and runs the answer at its batch without the budget or the shared-GPU stand-in."""
@@ -945,7 +961,7 @@ def test_the_answer_comes_with_the_command_that_runs_it_fixed_settings_included(
 
     from helpers.run import ROOT
 
-    text = budget_section(capsys, ROOT / "results/h200/budget/gpu40_expandable", "--out", tmp_path)
+    text = budget_section(ROOT / "results/h200/budget/gpu40_expandable")
     assert "- **Answer**: `load=meta` at batch **15**" in text
     line = next(x for x in text.splitlines() if x.startswith("- Run it on the budget's GPUs (2 x 40.00 GiB): `"))
     argv = shlex.split(line.split("`", 1)[1].rsplit("`", 1)[0])
