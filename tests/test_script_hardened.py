@@ -794,6 +794,24 @@ def test_the_seeds_script_fixed_on_the_gpus_transformers_reads_as_what_happened(
     assert res["status"] == "ok" and res["correctness"]["passed"], (res.get("failure"), res.get("correctness"))
 
 
+def test_remote_code_that_indexes_a_dynamic_cache_is_named_with_the_stacks_that_pass_it_a_tuple():
+    """Published remote code that treats past_key_values as a tuple, on a transformers that hands it a DynamicCache:
+    generate fails with TypeError; the cause names that release and the fix the stacks whose generate does not."""
+    from dsexp.analysis.user_script import causes
+
+    res = script_result([load_call({})], status="failed", fix=())
+    res["software"] = {"versions": {"transformers": "5.17.0"}}
+    res["failure"] = {
+        "cause": "script_error",
+        "type": "TypeError",
+        "message": "'DynamicCache' object is not subscriptable",
+    }
+    (found,) = [f for f in causes(res) if f["code"] == "remote_code_cache"]
+    assert "transformers 5.17.0 hands generate a DynamicCache" in found["text"] and ">= 5.24" in found["fix"]
+    res["failure"]["message"] = "TypeError: 'NoneType' object is not subscriptable"
+    assert not [f for f in causes(res) if f["code"] == "remote_code_cache"]
+
+
 def test_the_recommendation_holds_for_the_workload_the_script_ran_not_dsexps_generate_settings():
     """A user's main.py with a batch of 3 prompts of 24 tokens and 16 new tokens: the report said "batch 1, the
     prompt text, 16 new tokens", dsexp's own generate settings, which a script never reads."""
