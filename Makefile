@@ -53,14 +53,14 @@ sweep: install  ## the main job: a CPU sweep on the tiny model into multirun/ an
 plan: install  ## predict every configuration from the config alone, no GPU (PLAN="..." overrides, -m implied)
 	$(BIN)/python -m dsexp.plan -m $(PLAN)
 
-test: install lint  ## lint, then the test suite (CPU; slow and GPU tests are skipped; two workers, a file each)
+test: install lint  ## lint, then the test suite (CPU; slow, GPU, SLURM and package-index tests are skipped; two workers, a file each)
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 lint: install  ## ruff check + ruff format --check
 	$(BIN)/ruff check src tests scripts benchmarks examples
 	$(BIN)/ruff format --check src tests scripts benchmarks examples
 
-test-all: install  ## also the slow tests (headless Chromium UI check, fault matrix, cluster launcher)
+test-all: install  ## also the slow and package-index tests (headless Chromium UI check, fault matrix, cluster launcher)
 	$(BIN)/python -m pytest -m 'not gpu'
 
 test-slurm: install  ## the tests on a real local SLURM cluster (root; .ci/install-slurm.sh installs slurm-wlm, munge)

@@ -246,6 +246,7 @@ def test_a_replay_traced_under_another_transformers_than_the_stack_pins_says_so(
     assert replayed_text(r).endswith(pinned["version_note"])
 
 
+@pytest.mark.network  # the other transformers' overlay, from the package index
 def test_trace_in_stack_replays_each_configuration_under_the_transformers_its_stack_pins(capsys, tmp_path, cache_dir):
     """A stack pinning another transformers is planned in its overlay (prepared as a sweep prepares it: the package
     index the first time); one pinning this environment's is planned here. Each keeps its own label."""
