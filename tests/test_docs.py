@@ -189,3 +189,12 @@ def test_make_help_names_every_entry_point_with_an_example_that_parses():
     assert {"dsexp", "dsexp.plan", "dsexp.report", "dsexp.campaign"} <= set(modules), out.stdout
     assert all(importlib.util.find_spec(m) is not None for m in modules)
     assert any(w.startswith("budget.gpu_gib=") for words in examples for w in words), out.stdout
+
+
+def test_the_user_guides_contents_list_every_section():
+    """The list under the guide's title links every `## ` section of it, in the guide's order."""
+    text = (ROOT / "docs" / "user-guide.md").read_text()
+    body = re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.M | re.S)
+    sections = [slug(h) for h in re.findall(r"^## (.+)$", body, re.M)]
+    contents = re.findall(r"^- \[[^\]]+\]\(#([^)]+)\)", text.split("\n## ", 1)[0], re.M)
+    assert contents == sections
