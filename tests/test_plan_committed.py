@@ -92,7 +92,13 @@ def assert_plan_is_the_report(entry: Dict[str, Any], result: Dict[str, Any], whe
     return len(points)
 
 
-@pytest.mark.parametrize("sweep", sweeps(CAPACITY, "multirun.yaml"))
+def some_by_default(names: List[str], default: Tuple[str, ...]) -> list:
+    """The names as parameters, those not in `default` under the slow mark: the composition route is the same code
+    for each folder, so the default run checks one of each model, load strategy and trim (make test-all: all)."""
+    return [pytest.param(n, marks=() if n in default else pytest.mark.slow) for n in names]
+
+
+@pytest.mark.parametrize("sweep", some_by_default(sweeps(CAPACITY, "multirun.yaml"), ("internlm2_tp2", "llama_tp1")))
 def test_the_plan_composes_a_capacity_grid_into_the_inputs_the_report_predicted_from(sweep):
     """results/h200/capacity/<sweep>: Llama and InternLM2 at 20B shapes, tp=1,2,4, a grid of batch x prompt tokens
     in one job; the plan of the campaign's overrides has every point of the grid."""
@@ -113,7 +119,12 @@ def budget_configs(folder: Path) -> List[Tuple[Dict[str, Any], Dict[int, Dict[st
     return [(c, {n: r for n, r in results.items() if job_config[n] == c["key"]}) for c in search["configs"]]
 
 
-@pytest.mark.parametrize("sweep", sweeps(BUDGET, "budget.json"))
+@pytest.mark.parametrize(
+    "sweep",
+    some_by_default(
+        sweeps(BUDGET, "budget.json"), ("gpu19_tp4_one_load", "gpu24_loads_tp2", "gpu40_expandable", "llama24_tp2")
+    ),
+)
 def test_the_plan_composes_a_budget_searchs_runs_into_the_inputs_the_report_predicted_from(sweep):
     """results/h200/budget/<sweep>: each configuration the search ran, composed from its own overrides at the
     batches its jobs ran (jobs cut short included: their weights were predicted too)."""
