@@ -23,7 +23,7 @@ NEED := install
 endif
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: help install sweep plan test lint test-all test-slurm ui server bench bench-slurm benchmark campaign findings clean \
+.PHONY: help install sweep plan test lint test-all test-slurm ui server bench bench-slurm benchmark campaign reports findings clean \
 	slurm-up slurm-down
 
 help:  ## list the targets, then dsexp's entry points with an example each
@@ -78,6 +78,9 @@ benchmark: $(NEED)  ## one benchmark of benchmarks/: NAME=packing ARGS="--jobs 4
 
 campaign: $(NEED)  ## remake a results folder: NAME=shared [ARGS="--dry-run" or "--only autotp2"] (NAME= lists them)
 	$(RUN) -m dsexp.campaign $(if $(NAME),$(NAME),--list) $(ARGS)
+
+reports: $(NEED)  ## check every committed report under results/ against what the code writes today (ARGS=--rewrite: write those that differ again)
+	$(RUN) -m dsexp.report --check results $(ARGS)
 
 findings: $(NEED)  ## rebuild docs/FINDINGS.md from docs/FINDINGS.in.md and the committed results
 	$(RUN) scripts/make_findings.py
