@@ -44,7 +44,8 @@ def test_every_report_but_a_frozen_campaigns_names_a_command_that_rebuilds_it_fr
 
 @pytest.mark.parametrize("report", CHECKED, ids=report_id)
 def test_every_committed_report_is_what_the_code_writes_today(report):
-    assert differences(report, ROOT) == []
+    diff = differences(report, ROOT)
+    assert not diff, "committed (-) and what the code writes today (+):\n" + "\n".join(diff)
 
 
 def test_a_figure_edited_by_hand_is_a_difference(tmp_path):
