@@ -56,11 +56,14 @@ def test_a_budget_larger_than_what_is_here_is_refused_with_both_numbers(override
     assert needle in str(e.value)
 
 
-def test_a_budget_within_the_gpu_at_hand_passes():
-    spec = checked(["budget.gpus=4", "budget.gpu_gib=24", "device=cuda", "tp=4", "launcher.gpus=1"], 1, 141 * GIB)
-    assert spec.budget.gpus == 4
-    spec = checked(["budget.gpus=2", "budget.gpu_gib=24", "device=cuda", "tp=2"], 2, 141 * GIB)
-    assert spec.device == "cuda"
+def test_a_budget_within_the_gpu_at_hand_passes_up_to_the_limit_its_refusal_names():
+    """4 ranks sharing one 141 GiB GPU: 35.2 GiB each, the refusal's "allowed" above, passes; 35.3 does not. Two GPUs
+    for tp=2 at 24 GiB each pass."""
+    shared = ["budget.gpus=4", "device=cuda", "tp=4", "launcher.gpus=1"]
+    checked([*shared, "budget.gpu_gib=35.2"], 1, 141 * GIB)  # no error
+    with pytest.raises(ConfigError, match=r"allowed: budget.gpu_gib <= 35.2"):
+        checked([*shared, "budget.gpu_gib=35.3"], 1, 141 * GIB)
+    checked(["budget.gpus=2", "budget.gpu_gib=24", "device=cuda", "tp=2"], 2, 141 * GIB)
 
 
 # --- the search's logic end to end, on CPU --------------------------------------------------------------------------
