@@ -23,11 +23,19 @@ NEED := install
 endif
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: help install sweep plan test lint test-all test-slurm ui server bench bench-slurm benchmark campaign findings clean \
+.PHONY: help install sweep plan test lint test-all test-slurm ui server bench bench-slurm benchmark campaign reports findings clean \
 	slurm-up slurm-down
 
-help:  ## list the targets
+help:  ## list the targets, then dsexp's entry points with an example each
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@echo "Entry points (.venv/bin/python -m ...; each takes --help):"
+	@echo "  dsexp -m tp=1,2 load=eager,meta               a sweep of your settings (the app; make sweep)"
+	@echo "  dsexp.plan -m model=internlm2_20b_shapes tp=1,2,4 gpu=h100_80gb"
+	@echo "                                                 the plan: memory per rank from the config alone (make plan)"
+	@echo "  dsexp -m budget.gpus=2 budget.gpu_gib=24 model=internlm2_20b_shapes tp=1,2 trim=none,all"
+	@echo "                                                 a budget search: the largest batch that fits"
+	@echo "  dsexp.report multirun/<date>/<time>            the report, rebuilt from a sweep's results"
+	@echo "  dsexp.campaign --list                          the campaigns that remake every GPU result (make campaign)"
 
 install: $(STAMP)  ## create .venv with the CPU torch, deepspeed and dsexp (editable)
 
@@ -45,14 +53,14 @@ sweep: install  ## the main job: a CPU sweep on the tiny model into multirun/ an
 plan: install  ## predict every configuration from the config alone, no GPU (PLAN="..." overrides, -m implied)
 	$(BIN)/python -m dsexp.plan -m $(PLAN)
 
-test: install lint  ## lint, then the test suite (CPU; slow and GPU tests are skipped; two workers, a file each)
+test: install lint  ## lint, then the test suite (CPU; slow, GPU, SLURM and package-index tests are skipped; two workers, a file each)
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 lint: install  ## ruff check + ruff format --check
 	$(BIN)/ruff check src tests scripts benchmarks examples
 	$(BIN)/ruff format --check src tests scripts benchmarks examples
 
-test-all: install  ## also the slow tests (headless Chromium UI check, fault matrix, cluster launcher)
+test-all: install  ## also the slow and package-index tests (headless Chromium UI check, fault matrix, cluster launcher)
 	$(BIN)/python -m pytest -m 'not gpu'
 
 test-slurm: install  ## the tests on a real local SLURM cluster (root; .ci/install-slurm.sh installs slurm-wlm, munge)
@@ -70,6 +78,9 @@ benchmark: $(NEED)  ## one benchmark of benchmarks/: NAME=packing ARGS="--jobs 4
 
 campaign: $(NEED)  ## remake a results folder: NAME=shared [ARGS="--dry-run" or "--only autotp2"] (NAME= lists them)
 	$(RUN) -m dsexp.campaign $(if $(NAME),$(NAME),--list) $(ARGS)
+
+reports: $(NEED)  ## check every committed report under results/ against what the code writes today (ARGS=--rewrite: write those that differ again)
+	$(RUN) -m dsexp.report --check results $(ARGS)
 
 findings: $(NEED)  ## rebuild docs/FINDINGS.md from docs/FINDINGS.in.md and the committed results
 	$(RUN) scripts/make_findings.py

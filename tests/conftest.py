@@ -4,9 +4,11 @@ there, never from this file."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,24 @@ from filelock import FileLock
 
 from helpers.run import run_dsexp
 from helpers.slurm import slurm_cluster, slurm_cluster_2nodes  # noqa: F401  (fixtures: a real SLURM cluster)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def torch_extensions_of_this_environment():
+    """DeepSpeed JIT-builds its CPU ops on the ranks (the shared-memory all-reduce: a minute of compiling) under
+    TORCH_EXTENSIONS_DIR, by default one folder per user. Its build file names the environment's paths, so checkouts
+    with their own .venv (worktrees, clones) sharing a machine rebuild it in turn, each after the other built it. The
+    tests' ranks get a folder of this environment's own, kept across runs, unless TORCH_EXTENSIONS_DIR is set; the
+    variable is removed again at the session's end."""
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        yield
+        return
+    key = hashlib.sha1(sys.prefix.encode()).hexdigest()[:12]
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(Path.home() / ".cache" / "torch_extensions" / f"dsexp-{key}")
+    try:
+        yield
+    finally:
+        os.environ.pop("TORCH_EXTENSIONS_DIR", None)
 
 
 def session_dir(tmp_path_factory) -> Path:

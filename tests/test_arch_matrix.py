@@ -6,7 +6,9 @@ was recorded (every run that got through init), and equal tensor by tensor.
 
 Fast: the matrix's census, recorded by the slow test in tests/data/arch_matrix_census.json, against the memory
 model (no launch), and one real run of the InternLM2 layout with no policy given (infer) beside phi3 (fused qkv
-and gate-up, which fails in generate). Slow: the whole matrix, which writes the table in docs/user-guide.md.
+and gate-up, which fails in generate). Slow: the whole matrix, which writes the table in docs/user-guide.md and
+checks its census against the committed one, which it never rewrites (a census changed on purpose is committed by
+hand from the copy it leaves).
 """
 
 from __future__ import annotations
@@ -239,10 +241,27 @@ def test_architecture_matrix(tmp_path, cache_dir):
     assert all(r["status"] == "ok" for r in hf.values())
     assert sum(r["status"] == "ok" for r in autotp.values()) >= 8
     records = [census_record(r) for r in [*autotp.values(), *hf.values()] if m.init_recorded(r)]
-    CENSUS.parent.mkdir(parents=True, exist_ok=True)
-    CENSUS.write_text(json.dumps(records, indent=None, sort_keys=True) + "\n")
+    assert_census_is_the_committed_one(records, tmp_path)
     table = write_table(autotp, hf)
     assert table.count("\n| `tiny_") == len(PRESETS)
+
+
+def assert_census_is_the_committed_one(records: List[Dict[str, Any]], tmp_path: Path) -> None:
+    """The matrix's census against tests/data/arch_matrix_census.json, which the fast tests read: the same models,
+    and on each rank the same tensors and device bytes at init. This test never rewrites it; a census changed on
+    purpose is written beside the run for a person to commit."""
+    fresh = tmp_path / CENSUS.name
+    fresh.write_text(json.dumps(records, indent=None, sort_keys=True) + "\n")
+
+    def placed(recs):
+        return {
+            (config_label(r["config"]), rk["rank"]): {k: rk["phases"]["init"][k] for k in ("weights_device", "tensors")}
+            for r in recs
+            for rk in r["ranks"]
+        }
+
+    committed = json.loads(CENSUS.read_text())
+    assert placed(records) == placed(committed), f"the census changed: if meant, cp {fresh} {CENSUS}"
 
 
 def test_where_census_and_prediction_differ_the_diagnosis_lists_the_tensors():

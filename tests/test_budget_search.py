@@ -301,6 +301,7 @@ def test_a_gpu_configuration_is_replayed_before_the_search_and_one_under_kernel_
     assert predict_config(spec_of(*common, "tp=1", "engine.kernel_inject=true", gpus=2), batches).replayed is None
 
 
+@pytest.mark.network  # the other transformers' overlay, from the package index
 def test_the_guess_of_a_stack_pinning_another_transformers_is_traced_in_that_stack(cache_dir):
     """The search's guess is held to a replay traced under the transformers the configuration's ranks will run: in
     the stack's overlay (prepared as a sweep prepares it: the package index the first time) where it pins another

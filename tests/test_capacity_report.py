@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tempfile
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -122,13 +120,11 @@ def test_a_scripts_generate_calls_are_listed_as_facts_beside_the_models_bytes_fo
     """The seed's main.py on the H200 (results/h200/scripts/seed20): one generate call per run, through InternLM2's
     chat, 122 prompt tokens and 16 new; the model's bytes above the weights for that call are there, labelled a
     prediction, and the measured figure is the GPU's."""
-    from dsexp.analysis.summary import write_report
+    from dsexp.analysis.summary import text_sections
 
     from helpers.run import ROOT
 
-    with tempfile.TemporaryDirectory() as out:
-        sections = write_report(ROOT / "results/h200/scripts/seed20", out_dir=Path(out))
-    text = sections["script_calls"]
+    text = text_sections(ROOT / "results/h200/scripts/seed20")["script_calls"]
     rows = [ln for ln in text.splitlines() if ln.startswith("| `script:main.py")]
     assert len(rows) == 2 and "a prediction" in text
     for row in rows:
@@ -165,13 +161,13 @@ def test_a_scripts_generate_call_on_the_seeds_stack_is_predicted_with_the_packed
     assert not cap.pins_packed_qkv(cap.Shapes.of(row.prediction.dims), today)
 
 
-def test_an_out_of_memory_with_room_left_under_the_cap_is_named_as_fragmentation(capsys):
+def test_an_out_of_memory_with_room_left_under_the_cap_is_named_as_fragmentation():
     """The H200 at 40 GiB (results/h200/budget/gpu40, job 3): batch 13 failed asking 4.88 GiB with 29.51 GiB
     allocated and 39.34 GiB allowed: 7.90 GiB sat reserved but unallocated. The report says fragmentation failed it,
     not the total, and how to change the allocator; an error without room left is not called that."""
     import json
 
-    from dsexp.report import main
+    from dsexp.analysis.summary import text_sections
 
     from helpers.run import ROOT
 
@@ -181,10 +177,7 @@ def test_an_out_of_memory_with_room_left_under_the_cap_is_named_as_fragmentation
     full = "Tried to allocate 6.00 GiB. 39.34 GiB allowed; Of the allocated memory 35.00 GiB is allocated by PyTorch, "
     assert capa.fragmentation(full + "and 1.00 GiB is reserved by PyTorch but unallocated.") is None
     assert capa.fragmentation("CUDA out of memory. Tried to allocate 2.00 MiB") is None  # no cap, no split: unknown
-    with tempfile.TemporaryDirectory() as out:
-        args = [str(ROOT / "results/h200/budget/gpu40"), "--out", out, "--no-mlflow", "--print", "capacity"]
-        assert main(args) == 0
-    text = capsys.readouterr().out
+    text = text_sections(ROOT / "results/h200/budget/gpu40")["capacity"]  # the report's section, no plot drawn
     assert "Batch 13 x 2048" in text and "ran out of memory with room left" in text
     assert "7.90 GiB sat reserved but unallocated" in text and "+trim.env.PYTORCH_CUDA_ALLOC_CONF" in text
 

@@ -174,6 +174,7 @@ def _broken_wheel(folder: Path, name: str, ver: str) -> None:
         z.writestr(f"{dist}/RECORD", "")
 
 
+@pytest.mark.network  # numpy's cp312 wheel, from the package index
 def test_fill_for_another_python_keeps_torch_out(tmp_path):
     """A wheelhouse for the GPU machine's cp312, from here: the pins' wheels for that Python, no torch."""
     wheels = overlay.fill(StackConfig(numpy="1.26.4"), tmp_path, python_version="3.12", torch="2.11.0")
@@ -267,6 +268,7 @@ def test_the_seed_stack_next_to_todays(tmp_path, cache_dir):
     json.dumps(results[("seed", "autotp", 2)]["runtime"]["stack"])  # recorded, serialisable
 
 
+@pytest.mark.network  # its wheelhouse is filled from the package index
 def test_dsexp_stacks_command_prints_the_prepared_stack(tmp_path, wheelhouse):
     proc = subprocess.run(
         [

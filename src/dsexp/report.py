@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -41,7 +42,18 @@ def parse(argv: Optional[List[str]]) -> argparse.Namespace:
         choices=SECTIONS,
         help="also print one section of summary.md to stdout (e.g. to generate docs from committed results)",
     )
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="check the reports below the folders (summary*.md): each rebuilt by the command its Source line names, "
+        "from the repository's root, with today's code (no plots drawn) and compared; exit 1 naming each that differs",
+    )
+    ap.add_argument("--rewrite", action="store_true", help="with --check: write each that differs again, plots too")
     args = ap.parse_args(argv)
+    if args.rewrite and not args.check:
+        ap.error("--rewrite goes with --check")
+    if args.check and not args.sweep_dir:
+        ap.error("--check needs the folders whose reports it checks")
     if (len(args.sweep_dir) > 0) + (args.experiment is not None) + (args.parent_run is not None) != 1:
         ap.error("give one source: sweep folder(s), --experiment or --parent-run")
     return args
@@ -62,12 +74,15 @@ def run(args: argparse.Namespace, out) -> int:
     if missing:
         print(f"dsexp report: {missing[0]} is not a folder", file=sys.stderr)
         return 2
+    if args.check:
+        return check(args.sweep_dir, args.rewrite, out)
     if len(args.sweep_dir) > 1:
         return show(merged_report(args.sweep_dir, args.out), args.show, out)
     if args.sweep_dir:
         sweep = args.sweep_dir[0]
         parent = None if args.no_mlflow else read_sweep_state(sweep)
-        return show(report_sweep(sweep, parent=parent, out_dir=args.out, source=str(sweep)), args.show, out)
+        source = str(sweep) + (f" --out {_shown(args.out)}" if args.out else "")
+        return show(report_sweep(sweep, parent=parent, out_dir=args.out, source=source), args.show, out)
     from dsexp.tracking.readback import results_from_mlflow
 
     uri = resolve_uri(args.tracking_uri)
@@ -109,9 +124,35 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
+def check(folders: List[Path], rewrite: bool, out) -> int:
+    """--check: each report below the folders against what its own command writes today; 1 if any differs (and is
+    not written again). A report its command cannot rebuild (its Source names a folder outside the repository: a
+    record of another machine's run) is named, and left as it is."""
+    from dsexp.analysis.committed import Unchecked, differences, regenerate, reports_under
+
+    root, bad = Path.cwd().resolve(), 0
+    for report in (r.resolve() for folder in folders for r in reports_under(folder)):
+        name = report.relative_to(root) if root in report.parents else report
+        try:
+            diff = differences(report, root)
+        except Unchecked as e:
+            print(f"{name}: not checked: {e}", file=out)
+            continue
+        print(f"{name}: {'differs from what the code writes today' if diff else 'as the code writes it'}", file=out)
+        if diff:
+            print("\n".join(f"    {line[:240]}" for line in diff[2:10]), file=out)
+        if diff and rewrite:
+            run(parse(shlex.split(regenerate(report, root).source) + ["--no-mlflow"]), sys.stderr)
+        bad += bool(diff) and not rewrite
+    return 1 if bad else 0
+
+
 def show(parts: Optional[Dict[str, str]], section: Optional[str], out) -> int:
     """Exit status; prints the requested section (for docs generated from committed results)."""
     if parts is None:
+        return 1
+    if section and section not in parts:  # nothing to show, or a sweep's section in a budget search's report
+        print(f"dsexp report: this report has no {section} section (it has: {', '.join(parts)})", file=sys.stderr)
         return 1
     if section:
         print(parts[section], file=out)

@@ -349,7 +349,8 @@ def tensor_differences(
                 acc[0] += 1
                 acc[1] += want
                 acc[2] += got
-    ranked = sorted(rows.items(), key=lambda kv: -abs(kv[1][2] - kv[1][1]))
+    # ties by name and rank: the rows come from sets, whose order changes from one process to the next
+    ranked = sorted(rows.items(), key=lambda kv: (-abs(kv[1][2] - kv[1][1]), kv[0]))
     out, seen = [], set()
     for (name, r), (n, want, got) in ranked:
         if name in seen:  # one line per tensor name: its worst rank

@@ -18,6 +18,7 @@ from dsexp.analysis.sections.common import PLOTS, ReportInputs, on_gpu, status_w
 from dsexp.analysis.sources import results_from_dir
 
 SUMMARY_MD, SUMMARY_CSV = "summary.md", "summary.csv"
+HEADING = "# dsexp sweep summary"  # summary.md's first line: what marks a file as a report of dsexp
 FILES = {"per_device": "per_device_vs_tp.png", "host": "host_vs_tp.png"}
 
 
@@ -38,10 +39,7 @@ def write_report(
     it to `mlflow` if given (its `view(rows)` returns (parent run, UI route) for the summary's MLflow line).
     Returns the report's sections by name (markdown), None when there are no results. search: a budget search
     (default: the folder's budget.json)."""
-    from dsexp.analysis.budget_runs import read_search
-
-    results = list(results) if results is not None else results_from_dir(sweep_dir)
-    search = search if search is not None else read_search(sweep_dir)
+    results, search = _sources(sweep_dir, results, search)
     out = Path(out_dir or sweep_dir)
     if not results and search is not None:  # a budget nothing meets: the answer is that, with no run
         return write_search_only(out, search, source or str(sweep_dir))
@@ -67,18 +65,50 @@ def write_report(
     return parts
 
 
+def text_report(
+    sweep_dir: Path,
+    source: str,
+    results: Optional[Sequence[Dict[str, Any]]] = None,
+    search: Optional[Dict[str, Any]] = None,
+) -> str:
+    """summary.md as write_report writes it from the same sources, with nothing written: no plot is drawn, so the
+    plot and memory-over-time sections (lists of plot files) are left out. Seconds where drawing the plots takes a
+    minute: what a check of a committed report reads (dsexp.analysis.committed)."""
+    results, search = _sources(sweep_dir, results, search)
+    rows = build_rows(results) if results else []
+    return render_markdown(rows, _text_parts(rows, search), source)
+
+
+def text_sections(
+    sweep_dir: Path, results: Optional[Sequence[Dict[str, Any]]] = None, search: Optional[Dict[str, Any]] = None
+) -> Dict[str, str]:
+    """text_report's sections by name."""
+    results, search = _sources(sweep_dir, results, search)
+    return _text_parts(build_rows(results) if results else [], search)
+
+
+def _text_parts(rows: List[Row], search: Optional[Dict[str, Any]]) -> Dict[str, str]:
+    from dsexp.analysis.sections import budget_answer, memory_over_time, plot_links
+
+    if not rows:
+        return {budget_answer.NAME: budget_answer.render(ReportInputs([], search=search))} if search else {}
+    parts = render_sections(ReportInputs(rows, extrapolate(rows), search=search))
+    return {k: v for k, v in parts.items() if k not in (plot_links.NAME, memory_over_time.NAME)}
+
+
+def _sources(sweep_dir: Path, results, search) -> tuple:
+    """(results, search): those given, else the folder's result.json files and its budget.json."""
+    from dsexp.analysis.budget_runs import read_search
+
+    results = list(results) if results is not None else results_from_dir(sweep_dir)
+    return results, search if search is not None else read_search(sweep_dir)
+
+
 def write_search_only(out: Path, search: Dict[str, Any], source: str) -> Dict[str, str]:
     """summary.md of a budget search that launched nothing: its budget section alone."""
-    from dsexp.analysis.sections import budget_answer
-
-    parts = {budget_answer.NAME: budget_answer.render(ReportInputs([], search=search))}
-    head = [
-        "# dsexp sweep summary",
-        "",
-        f"Source: `{source}` · 0 runs · regenerate with `python -m dsexp.report {source}`",
-    ]
+    parts = _text_parts([], search)
     out.mkdir(parents=True, exist_ok=True)
-    (out / SUMMARY_MD).write_text("\n".join(head + ["", *parts.values()]))
+    (out / SUMMARY_MD).write_text(render_markdown([], parts, source))
     print(f"dsexp report: {out / SUMMARY_MD}", file=sys.stderr)
     return parts
 
@@ -97,13 +127,15 @@ def render_markdown(
     parent: Optional[Dict[str, Any]] = None,
     view: Optional[str] = None,
 ) -> str:
+    """summary.md: its head (the source, the runs, the device, the command that writes it again), then the parts;
+    a budget search that launched nothing has no runs, and no device."""
     gpu = on_gpu(rows)
     devices = sorted({str(r.values()["device"]) for r in rows})
+    device = f" · device: {', '.join(devices)}" if rows else ""
     out = [
-        "# dsexp sweep summary",
+        HEADING,
         "",
-        f"Source: `{source}` · {len(rows)} runs · device: {', '.join(devices)} · "
-        f"regenerate with `python -m dsexp.report {source}`",
+        f"Source: `{source}` · {len(rows)} runs{device} · regenerate with `python -m dsexp.report {source}`",
         "",
     ]
     if parent:
@@ -113,7 +145,7 @@ def render_markdown(
             f"(`make ui`).",
             "",
         ]
-    if not gpu:
+    if rows and not gpu:
         out += [
             "CPU runs: there is no GPU; per-device figures are the weights resident on each rank, whose "
             "device is the host. Host figures include each rank's Python runtime.",

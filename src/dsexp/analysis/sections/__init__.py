@@ -66,10 +66,16 @@ SECTIONS = (
     definitions,
 )
 NAMES = tuple(section.NAME for section in SECTIONS)
+# What only a sweep means: its runs ranked or compared at the batch each ran. A budget search's runs ran at the batches
+# its search chose (the lowest peak is its smallest batch; a one-load job's peak is over its out-of-memory point), so
+# its report goes from the answer to the runs table, the allocator's part and the command (the budget section), then
+# the per-point figures.
+SWEEP_ONLY = (recommendation.NAME, matrix_table.NAME, predicted_tp.NAME, trim_effects.NAME)
 
 
 def render_sections(inputs: ReportInputs) -> Dict[str, str]:
     """The report's sections by name, in order (markdown, heading included); a section with nothing to show is
-    left out."""
-    rendered = {section.NAME: section.render(inputs) for section in SECTIONS}
+    left out, and a budget search's report leaves out what only a sweep means (SWEEP_ONLY)."""
+    shown = [s for s in SECTIONS if not (inputs.search and s.NAME in SWEEP_ONLY)]
+    rendered = {section.NAME: section.render(inputs) for section in shown}
     return {name: text for name, text in rendered.items() if text}

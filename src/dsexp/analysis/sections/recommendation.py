@@ -24,27 +24,18 @@ OTHER_PICKS = (
 )
 
 
-BUDGET_FIRST = (
-    "A budget search: its answer (above) is the recommendation for the budget, the largest batch that fits. Below, "
-    "the runs ranked by their own peaks, each at the batch it ran: in a search the lowest peak is its smallest "
-    "batch, not a better configuration."
-)
-
-
 def render(inputs: ReportInputs) -> str:
-    searched = bool(inputs.search)
-    lines = ([BUDGET_FIRST] if searched else []) + recommendation_lines(inputs.rows, inputs.extra, searched)
+    lines = recommendation_lines(inputs.rows, inputs.extra)
     return "\n".join(["## Recommendation", ""] + [f"- {line}" for line in lines] + [""])
 
 
-def recommendation_lines(rows: List[Row], extra: List[Extrapolated], searched: bool = False) -> List[str]:
-    """searched: the runs of a budget search, whose answer is the recommendation: the pick is only the lowest."""
+def recommendation_lines(rows: List[Row], extra: List[Extrapolated]) -> List[str]:
     picks = recommend(rows)
     gpu = on_gpu(rows)
     best, plain = picks["per_device"], picks["per_device_no_offload"]
     if best is None:
         return ["No configuration passed the correctness check: nothing to recommend."]
-    lines = _per_device_lines(best, plain, gpu, searched)
+    lines = _per_device_lines(best, plain, gpu)
     lines += [workload_line((plain or best).row)]
     others = sorted({r.config.get("model", {}).get("name") for r in rows} - {main_model(rows)})
     if others:
@@ -104,13 +95,13 @@ def _what(gpu: bool) -> str:
     return "per-GPU peak" if gpu else CPU_FIGURE
 
 
-def _per_device_lines(best: Pick, plain: Pick, gpu: bool, searched: bool = False) -> List[str]:
+def _per_device_lines(best: Pick, plain: Pick, gpu: bool) -> List[str]:
     """The recommended configuration; where the lowest figure offloads weights to the host, the best one that does
     not is recommended and the offload one shown with what it costs (speed, host memory)."""
     what = _what(gpu)
 
     def title(rest: str) -> str:
-        return f"**Lowest {what} among the runs {rest}" if searched else f"**Recommended (lowest {what} {rest})"
+        return f"**Recommended (lowest {what} {rest})"
 
     if plain is None or plain.row is best.row:
         return [_pick_line(title("that passed correctness"), best, gpu, "**")]
