@@ -158,15 +158,13 @@ def committed_budget_configs():
 
 COMMITTED = committed_budget_configs()
 FAST = ("gpu24", "autotp/internlm2_20b_shapes/meta/init_inference/bf16/shared_gpu", 4)
+BRACKETS = [  # every committed bracket, one of them in the default (fast) suite
+    pytest.param(k, marks=() if k == FAST else pytest.mark.slow, id=f"{k[0]}-tp{k[2]}-{k[1].split('/')[2]}")
+    for k in sorted(COMMITTED)
+]
 
 
-@pytest.mark.parametrize(
-    "key",
-    [
-        pytest.param(k, marks=() if k == FAST else pytest.mark.slow, id=f"{k[0]}-tp{k[2]}-{k[1].split('/')[2]}")
-        for k in sorted(COMMITTED)
-    ],  # fmt: skip
-)
+@pytest.mark.parametrize("key", BRACKETS)
 def test_every_budget_bracket_the_h200_measured_is_replayed_nearer_than_the_allocated_bytes_say(key):
     """InternLM2 at 20B shapes, AutoTP at tp=2 and 4 with the ranks sharing the H200, each capped at 24 or 40 GiB:
     the busiest rank's point (its generate calls, the logits call of a job's first point included) traced on the

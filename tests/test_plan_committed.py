@@ -33,7 +33,7 @@ from dsexp.analysis.memory import predict as report_prediction
 from dsexp.compose.planning import plan_one, space
 from dsexp.core.result import JobRecord
 from dsexp.predict import capacity as cap
-from test_fragmentation import COMMITTED, FAST, GIB
+from test_fragmentation import BRACKETS, COMMITTED, GIB
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPACITY = ROOT / "results" / "h200" / "capacity"
@@ -172,33 +172,28 @@ def test_the_plans_largest_batch_is_at_least_the_largest_the_budget_search_ran(s
         assert ran is None or largest >= ran, (sweep, config["key"], largest, ran, config["smallest_oom"])
 
 
-@pytest.mark.parametrize(
-    "key",
-    [
-        pytest.param(k, marks=() if k == FAST else pytest.mark.slow, id=f"{k[0]}-tp{k[2]}-{k[1].split('/')[2]}")
-        for k in sorted(COMMITTED)
-    ],  # fmt: skip
-)
+@pytest.mark.parametrize("key", BRACKETS)
 def test_the_default_plans_largest_batch_for_every_committed_h200_bracket_is_the_replays_within_it(key):
     """`python -m dsexp.plan` as a user runs it (no flag) at each committed H200 budget bracket's configuration and GPU
-    size: the largest batch it gives is the caching allocator replay's, not the allocated bytes' bound, and it
-    sits within the bracket as tests/test_fragmentation.py holds the replay (one batch of the last that ran, two
-    where a trimmed end ran after another point of its job), never above the bound."""
+    size: the largest batch it gives is the caching allocator replay's, not the allocated bytes' bound (never above
+    it), and it sits within the bracket as tests/test_fragmentation.py holds the replay: one batch of the last that
+    ran, two where a trimmed end ran after another point of its job. The plan replays today's pipeline, whose
+    correctness check's logits call runs the first sequence alone; where the bracket's jobs ran that call on the
+    point's whole batch (the searches before it: more logits at once), the plan may say more, never less: at 2 x 40
+    GiB untrimmed they ran 9 and ran out at 10; the plan says 11, and the same configurations searched again with
+    today's call (gpu40_from_load) ran 11 and ran out at 12."""
+    from dsexp.core.workload import CHECK_BATCH
     from dsexp.engines.placement import RULES
     from dsexp.predict.capacity import Workload
     from dsexp.predict.job import Facts, plan_entry, predict
 
-    config, ran, failed, both_fresh, _ = COMMITTED[key]
+    config, ran, failed, both_fresh, logits_batch = COMMITTED[key]
     pred = predict(config, RULES, Facts(device="cuda"))
-    gpu = int(config["budget"]["gpu_gib"] * GIB)
-    entry = plan_entry(pred, config, RULES, [Workload(1, 2048, 8)], gpu)
+    entry = plan_entry(pred, config, RULES, [Workload(1, 2048, 8)], int(config["budget"]["gpu_gib"] * GIB))
     fit = entry["largest_batch"]["2048"]
     setting = "expandable_segments" if pred.strategy.expandable_segments else "default"
-    assert fit["answer_from"] == f"replay:{setting}" and fit["largest_batch"] == fit["replayed"][setting]["batch"]
+    found = fit["largest_batch"]
+    assert fit["answer_from"] == f"replay:{setting}" and found == fit["replayed"][setting]["batch"]
     within = 1 if both_fresh or not pred.strategy.trims else 2
-    assert abs(fit["largest_batch"] - ran) <= within and fit["largest_batch"] <= fit["allocated_bytes_bound"], (
-        fit["largest_batch"],
-        ran,
-        failed,
-        fit["allocated_bytes_bound"],
-    )
+    above = within if logits_batch == CHECK_BATCH else fit["allocated_bytes_bound"] - ran
+    assert ran - within <= found <= ran + above and found <= fit["allocated_bytes_bound"], (found, ran, failed)

@@ -127,8 +127,12 @@ class Allocator:
             raise OutOfMemory(index, n, self.state)
         self._split(block, n, small)
         block.free = False
-        self.state.allocated += block.size
-        self.state.note()
+        state = self.state
+        state.allocated += block.size
+        if state.allocated > state.peak_allocated:  # state.note(), inline: once an allocation
+            state.peak_allocated = state.allocated
+        if state.reserved > state.peak_reserved:
+            state.peak_reserved = state.reserved
         return block
 
     def free(self, block: Block) -> None:
@@ -142,16 +146,17 @@ class Allocator:
     def run(self, events: Sequence[Event], first: int = 0) -> Replay:
         """Replay allocations and frees in order; stops at the first that runs out of memory (state.oom, its index
         counted from `first`)."""
+        live, malloc, free = self.live, self.malloc, self.free
         for i, (kind, key, size) in enumerate(events, first):
             if kind == "alloc":
                 if size <= 0:
                     continue
                 try:
-                    self.live[key] = self.malloc(size, i)
+                    live[key] = malloc(size, i)
                 except OutOfMemory:
                     break
-            elif key in self.live:
-                self.free(self.live.pop(key))
+            elif key in live:
+                free(live.pop(key))
         return self.state
 
     def run_each(self, sequences: Iterable[Sequence[Event]]) -> Replay:

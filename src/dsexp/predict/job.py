@@ -233,13 +233,13 @@ def plan_entry(
     rules: Rules,
     workloads: List[cap.Workload],
     gpu_bytes: Optional[int] = None,
-    replay: bool = False,
+    replay: bool = True,
 ) -> Dict[str, Any]:
     """What `python -m dsexp.plan` says of one configuration, as plain data (bytes): per rank the weights by tensor
     family, their reserve, what lives outside the allocator, the host's loading cost, every workload point's terms
     (`above_weights_bytes`, `peak_bytes`, the dominant term) and, with a GPU size, the largest batch per prompt length
-    and the term that breaks the next one; with `replay`, also the largest batch the caching allocator's replay of the
-    generate finds, default and with expandable segments (dsexp.predict.fragmentation)."""
+    (largest_batch_answer: the caching allocator replay's, default and with expandable segments, unless not `replay`;
+    the allocated bytes' bound beside it)."""
     outside_terms = outside(config, pred.strategy, pred.tp, rules)
     out_bytes = sum(outside_terms.values())
     points = [at(pred, w, out_bytes) for w in workloads]

@@ -133,9 +133,10 @@ def stood_for(region: Region, layers: int) -> List[Region]:
 
 
 def built(template: Sequence[Event], layers: int) -> Optional[List[Event]]:
-    """The events of the model of `layers` from its trace cut to TEMPLATE layers (marked); None where a free does
-    not move with its layer (a relation the template cannot carry over). Consecutive frees outside the layers of
-    what a middle layer made are made for each middle layer in turn (its keys, then its values)."""
+    """The events of the model of `layers` from its trace cut to TEMPLATE layers (marked), numbered as
+    meta_trace.numbered numbers a trace; None where a free does not move with its layer (a relation the template
+    cannot carry over) or is of nothing live. Consecutive frees outside the layers of what a middle layer made are
+    made for each middle layer in turn (its keys, then its values)."""
     where: Dict[int, Tuple[Region, int]] = {}  # the template's allocation -> (its region, its place among the region's)
     by_region: Dict[Region, list] = {}
     made: Dict[Region, int] = {}
@@ -144,31 +145,44 @@ def built(template: Sequence[Event], layers: int) -> Optional[List[Event]]:
             where[key] = (region, made.get(region, 0))
             made[region] = made.get(region, 0) + 1
         by_region.setdefault(region, []).append((kind, key, n))
-    out: List[Tuple[str, tuple, int]] = []
+    out: List[Event] = []
+    live: Dict[tuple, int] = {}  # (region, place) -> its allocation's position in `out`
+    moves: Dict[tuple, Optional[List[Region]]] = {}
     for region in order(by_region, layers):
         source, count, frees = template_of(region, layers), 0, []
-        for kind, key, n in by_region.get(source, []):
+        for kind, key, n in by_region.get(source, ()):
             if kind == "alloc":
-                out += freed(frees)
-                out.append(("alloc", (region, count), n))
+                if frees and not freed(frees, out, live):
+                    return None
+                live[(region, count)] = len(out)
+                out.append(("alloc", len(out), n))
                 count += 1
                 continue
             target, place = where[key]
-            moved = moved_region(region, source, target, layers)
+            if (region, target) not in moves:
+                moves[(region, target)] = moved_region(region, source, target, layers)
+            moved = moves[(region, target)]
             if moved is None:
                 return None
-            if frees and frees[-1][0] != moved:
-                out += freed(frees)
+            if frees and frees[-1][0] != moved and not freed(frees, out, live):
+                return None
             frees.append((moved, place))
-        out += freed(frees)
-    return renumbered(out)
-
-
-def freed(frees: list) -> list:
-    """Consecutive frees of one (or several) regions' allocations, region by region; `frees` is emptied."""
-    out = [("free", (region, place), 0) for region in (frees[0][0] if frees else []) for _, place in frees]
-    frees.clear()
+        if frees and not freed(frees, out, live):
+            return None
     return out
+
+
+def freed(frees: list, out: List[Event], live: Dict[tuple, int]) -> bool:
+    """Consecutive frees of one (or several) regions' allocations added to `out`, region by region; False where one
+    is of nothing live. `frees` is emptied."""
+    for region in frees[0][0]:
+        for _, place in frees:
+            at = live.pop((region, place), None)
+            if at is None:
+                return False
+            out.append(("free", at, 0))
+    frees.clear()
+    return True
 
 
 def order(by_region: Dict[Region, list], layers: int) -> List[Region]:
