@@ -330,3 +330,20 @@ def test_each_refusal_is_what_the_library_did_when_it_ran():
                  "takes no DeepSpeed config": "takes no DeepSpeed config", "DTensor": "DTensor"}  # fmt: skip
         assert any(k in error and v in refused for k, v in cited.items()), (error, refused)
     assert seen >= 4  # torchao under ZeRO-3, int8 under AutoTP, DeepSpeed's elsewhere, torchao after hf_tp
+
+
+@pytest.mark.slow  # two CPU jobs (~40 s); the answer's quality line is held above on its record
+def test_quant_is_a_dimension_of_the_budget_search_and_its_answer_gives_the_quality_cost(tmp_path, cache_dir):
+    """A search of the search's logic (the CPU's simulated budget, the memory model's own boundary): bf16 does not
+    fit, both quantized members run, and the answer and the runner-up say what each costs in quality."""
+    from helpers.run import run_dsexp
+
+    args = ["-m", "model=tiny", "generate.prompt_tokens=64", "generate.new_tokens=4", "budget.gpus=1",
+            "budget.gpu_gib=0.0035", "budget.batch_max=16", "quant=none,fp8_weight,int8_weight", "tracking=none",
+            "hydra.sweep.dir=sw"]  # fmt: skip
+    out = run_dsexp(args, tmp_path, cache_dir).stdout
+    assert "not launched: quant=none" in out
+    summary = (tmp_path / "sw" / "summary.md").read_text()
+    answer = next(line for line in summary.splitlines() if line.startswith("- **Answer**"))
+    assert "quant=" in answer and "quality against tp=1 unquantized: logits rel. err" in answer and "within" in answer
+    assert "Runner-up" in summary and summary.count("greedy tokens agree") >= 2
