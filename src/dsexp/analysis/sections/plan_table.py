@@ -137,7 +137,7 @@ def entry_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
     wl = workload_line(entry)
     held = "; each term above the weights as held at the peak, 0 B where not held then" if wl else ""
     out = head + ["", model_line(entry), f"{desc}; per rank{', ' + wl if wl else ''} (predicted{held}):", ""]
-    out += table(["ranks"] + [SHORT.get(c, c) for c in cols], rows, markdown) + [""]
+    out += table(["rank"] + [SHORT.get(c, c) for c in cols], rows, markdown) + [""]
     pts = points_lines(entry, markdown)
     out += pts + ([""] if pts else [])
     host = entry["host"]
