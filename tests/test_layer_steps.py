@@ -11,7 +11,7 @@ import yaml
 
 from dsexp.predict import fragmentation, layer_steps
 from dsexp.predict.meta_trace import generate_events
-from test_trace_scaling import ARCHITECTURES
+from test_trace_scaling import EVERY_ARCHITECTURE
 
 from helpers.run import ROOT
 
@@ -27,7 +27,7 @@ def deep(name: str, layers: int = LAYERS):
     return copy.deepcopy(arch.meta_model({"arch": conf["arch"], "dims": dims}, "bf16"))
 
 
-@pytest.mark.parametrize("name", ARCHITECTURES + ["tiny_llama"])
+@pytest.mark.parametrize("name", EVERY_ARCHITECTURE)
 def test_a_generate_built_from_four_layers_is_the_generate_traced_whole(name):
     """Where the layers repeat (found: the dense decoders, MoE, ALiBi, InternLM2's remote code), the events of 7
     layers built from a trace of 4 are the trace of 7, keys and sizes, for a generate of several tokens and for the

@@ -186,7 +186,14 @@ def test_every_architecture_repeats_its_decode_steps_to_the_event(name):
     assert steps is not None and steps.at(12) == generate_events(model, 2, PROMPT, 12)
 
 
-@pytest.mark.parametrize("name", ARCHITECTURES + ["tiny_llama"])
+FAST_ARCHITECTURES = ("tiny_llama", "internlm2_tiny")  # the default suite's; the matrix's others are slow
+EVERY_ARCHITECTURE = [
+    pytest.param(name, marks=() if name in FAST_ARCHITECTURES else pytest.mark.slow)
+    for name in ARCHITECTURES + ["tiny_llama"]
+]
+
+
+@pytest.mark.parametrize("name", EVERY_ARCHITECTURE)
 def test_an_op_made_again_from_its_first_outputs_gives_the_events_of_its_kernel_run_every_time(name, monkeypatch):
     """The trace runs an op's meta kernel once per shapes and arguments and makes its outputs again after
     (meta_trace.dispatch_key): the events, keys and sizes, are those of every kernel run, caches, MoE routing, ALiBi

@@ -31,8 +31,6 @@ four in seconds.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 from dataclasses import dataclass
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
@@ -43,6 +41,7 @@ from dsexp.predict.allocator import Allocator, Replay
 from dsexp.predict.capacity import CUBLAS_WORKSPACE
 from dsexp.predict.decode_steps import CHECK, FIRST, Steps, steps_of
 from dsexp.predict.meta_trace import Event, generate_events
+from dsexp.predict.structure import fingerprint
 
 
 @dataclass
@@ -213,72 +212,6 @@ def remember(memo: dict, key, value) -> None:
     if len(memo) >= MEMO:
         memo.clear()
     memo[key] = value
-
-
-def fingerprint(model) -> str:
-    """What a generate's events depend on in `model`, as a digest: its class and configs and, per module, its class,
-    tensors (shapes, strides, dtypes), plain attributes (the heads AutoTP tells it it has), hooks and a replaced
-    forward. Copies of one structure share it; an id would not outlive its model."""
-    parts = [described(type(model)), config_text(model, "config"), config_text(model, "generation_config")]
-    for name, module in model.named_modules():
-        parts.append((name, described(type(module)), tensors(module), attributes(module), hooks(module)))
-    return hashlib.sha256(repr(parts).encode()).hexdigest()
-
-
-def config_text(model, name: str) -> str:
-    config = getattr(model, name, None)
-    try:
-        return config.to_json_string() if config is not None else ""
-    except (TypeError, ValueError):
-        return repr(sorted(vars(config).items()))
-
-
-def tensors(module) -> list:
-    own = [*module._parameters.items(), *module._buffers.items()]
-    return [(n, tuple(t.shape), t.stride(), str(t.dtype), str(t.device)) for n, t in own if t is not None]
-
-
-def attributes(module) -> list:
-    return sorted((k, described(v)) for k, v in vars(module).items() if not k.startswith("_"))
-
-
-def hooks(module) -> list:
-    out = []
-    for kind in ("_forward_pre_hooks", "_forward_hooks"):
-        with_kwargs = getattr(module, kind + "_with_kwargs", {})
-        out.append([(described(fn), i in with_kwargs) for i, fn in getattr(module, kind, {}).items()])
-    return out
-
-
-PLAIN = (int, float, bool, str, bytes, type(None))
-
-
-def described(obj, depth: int = 0):
-    """`obj` as a fingerprint holds it: plain values and their tuples and lists as they are, a class or function by
-    its name (a closure with its cells), a bound method by its function and its object's class; anything else, or
-    nested deeper than a few levels, by its class alone (a hook's report, a module's config: state the generate does
-    not size anything by)."""
-    if isinstance(obj, PLAIN):
-        return obj
-    if isinstance(obj, type):
-        return f"{obj.__module__}.{obj.__qualname__}"
-    if depth > 4:
-        return described(type(obj))
-    if isinstance(obj, (tuple, list)):
-        return tuple(described(v, depth + 1) for v in obj)
-    if inspect.ismethod(obj):
-        return ("method", described(obj.__func__, depth + 1), described(type(obj.__self__)))
-    if inspect.isfunction(obj):
-        cells = tuple(described(cell_contents(c), depth + 1) for c in obj.__closure__ or ())
-        return ("function", obj.__module__, obj.__qualname__, cells)
-    return described(type(obj))
-
-
-def cell_contents(cell):
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell
-        return None
 
 
 def largest_batch(

@@ -19,6 +19,7 @@ import contextlib
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from dsexp.predict.meta_trace import Event
+from dsexp.predict.structure import attributes, described, hooks, tensors
 
 TEMPLATE = 4  # layers traced: the first, one of the middle, the one before the last, the last
 CHECK = TEMPLATE + 1  # layers of the trace the build is checked against once: two in the middle
@@ -54,11 +55,9 @@ def decoder_layers(model) -> Optional[Tuple[object, str]]:
 
 
 def layer_signature(layer) -> dict:
-    """What the generate's events depend on in one layer, by (module, what): dsexp.predict.fragmentation's
+    """What the generate's events depend on in one layer, by (module, what): dsexp.predict.structure's
     fingerprint of its modules (class, tensors, hooks, each plain setting apart: the one that is the layer's index
     is left out by decoder_layers)."""
-    from dsexp.predict.fragmentation import attributes, described, hooks, tensors
-
     out: dict = {}
     for name, m in layer.named_modules():
         out[(name, "class")] = described(type(m))

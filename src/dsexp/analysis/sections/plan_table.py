@@ -25,6 +25,7 @@ TERMS = (
 OUTSIDE = ("cuda_context", "communicator")
 # What an entry that has no figures says instead (dsexp.compose.planning.plan_one)
 UNPREDICTED = {"not_predicted": "not predicted", "fails_in_init": "fails in init"}
+# the columns' names, used wherever the text names a term (the dominant one, the one that breaks the next batch)
 SHORT = {"activations_split": "act split", "activations_whole": "act whole", "cublas_workspace": "cublas",
          "kv_dequantized": "kv deq", "dequantized": "dequant", "act_quant": "act fp8",
          "cuda_context": "context", "communicator": "comm"}  # fmt: skip
@@ -53,7 +54,7 @@ KEY = {"weights": "weights_bytes", "sharded": "weights_sharded_bytes", "replicat
 
 def cell(rank: Dict[str, Any], column: str) -> str:
     v = rank.get(KEY.get(column, f"{column}_bytes"))
-    return str(v) if column == "dominant" else _b(v)
+    return SHORT.get(v, str(v)) if column == "dominant" else _b(v)
 
 
 def table(header: List[str], rows: List[List[str]], markdown: bool) -> List[str]:
@@ -87,7 +88,7 @@ def points_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
         above = [r["points"][i]["above_weights_bytes"] for r in entry["per_rank"]]
         busiest = peaks.index(max(peaks))
         dom = entry["per_rank"][busiest]["points"][i]["dominant"]
-        rows.append([str(p["batch"]), str(p["prompt_tokens"]), _b(max(above)), _b(max(peaks)), dom])
+        rows.append([str(p["batch"]), str(p["prompt_tokens"]), _b(max(above)), _b(max(peaks)), SHORT.get(dom, dom)])
     return table(["batch", "prompt", "above weights (busiest)", "peak per rank", "dominant"], rows, markdown)
 
 
@@ -102,7 +103,7 @@ def capacity_line(entry: Dict[str, Any]) -> str:
 
 
 def fit_text(c: Dict[str, Any]) -> str:
-    breaks = "" if c["breaks"] == "-" else f", the next batch breaks on {c['breaks']}"
+    breaks = "" if c["breaks"] == "-" else f", the next batch breaks on {SHORT.get(c['breaks'], c['breaks'])}"
     bound = f"allocated-bytes bound {c['allocated_bytes_bound']}{breaks}"
     peak = f"; peak at {c['largest_batch']}, busiest rank: {human(c['peak_bytes'])}" if c.get("peak_bytes") else ""
     if c.get("peak_reserved_bytes"):
@@ -147,7 +148,7 @@ def entry_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
     wl = workload_line(entry)
     held = "; each term above the weights as held at the peak, 0 B where not held then" if wl else ""
     out = head + ["", model_line(entry), f"{desc}; per rank{', ' + wl if wl else ''} (predicted{held}):", ""]
-    out += table(["ranks"] + [SHORT.get(c, c) for c in cols], rows, markdown) + [""]
+    out += table(["rank"] + [SHORT.get(c, c) for c in cols], rows, markdown) + [""]
     pts = points_lines(entry, markdown)
     out += pts + ([""] if pts else [])
     host = entry["host"]
