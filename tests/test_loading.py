@@ -10,21 +10,30 @@ import json
 import os
 from pathlib import Path
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from dsexp.compose.config import to_schema  # noqa: E402
+from dsexp.compose.config import to_schema
 from dsexp.compose.validate import validate
-from dsexp.core.context import RankContext  # noqa: E402
+from dsexp.core.context import RankContext
 from dsexp.core.schema import ConfigError
-from dsexp.job import split as split_mod  # noqa: E402
-from dsexp.models.writer import ensure_checkpoint  # noqa: E402
-from dsexp.rank.loading import buffers, files, meta  # noqa: E402
-from dsexp.rank.loading.eager import from_pretrained  # noqa: E402
+from dsexp.job import split as split_mod
+from dsexp.models.writer import ensure_checkpoint
+from dsexp.rank.loading import buffers, files, meta
+from dsexp.rank.loading.eager import from_pretrained
 
-from helpers.run import compose  # noqa: E402
+from helpers.run import compose
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_accelerator():
+    """DeepSpeed's CPU accelerator for these in-process tests where none is named (it is chosen at DeepSpeed's first
+    use); the variable as it was after them (set at import, it held for every test its worker ran)."""
+    before = os.environ.get("DS_ACCELERATOR")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    yield
+    if before is None:
+        os.environ.pop("DS_ACCELERATOR", None)
 
 
 def _spec(overrides=()):
