@@ -11,6 +11,7 @@ from dsexp.analysis.labels import config_label
 from dsexp.compose.config import to_schema
 from dsexp.core.compat import transformers_version
 
+from helpers.loading import assert_sharded
 from helpers.run import compose, run_dsexp, sweep_results
 
 
@@ -45,6 +46,10 @@ def test_every_load_is_correct_with_its_buffers_recomputed(loads, load):
         if load != "eager":  # built from the constructor on meta: right after load, changed by the engine
             assert after_load["from_constructor"] and after_load["recomputed"] == {}
             assert after_engine and set(after_engine.values()) <= {"cast", "changed", "nonfinite", "meta"}
+    if load == "meta":  # AutoTP filled each rank's part from the checkpoint, in its dtype
+        assert res["engine"]["finalize"]["filled_by"] == "deepspeed" and res["runtime"]["conversion"] is None
+    if load == "sharded":
+        assert_sharded(res, 2)
 
 
 def test_a_load_keeping_its_buffers_as_loaded_has_its_own_label():

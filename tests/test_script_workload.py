@@ -97,6 +97,9 @@ def test_the_seeds_script_fixed_is_sharded_and_correct(seed_today):
     assert init["classes_after"].get("LinearAllreduce", 0) > 0
 
 
+# a script's failing rank end to end by default: test_script_hardened.py's single run of a script missing its input;
+# a rank that raises while the other waits: rank_raises.py among the slow five scripts there
+@pytest.mark.slow
 def test_a_rank_that_raises_is_recorded_with_its_phase_and_traceback(tmp_path, cache_dir):
     write_script(tmp_path, "raises.py", model_dir(cache_dir, "model=tiny"))
     run_dsexp(["-m", "script.path=raises.py", "tp=2", "check.correctness=false", "hydra.sweep.dir=s"], tmp_path,
