@@ -103,8 +103,9 @@ def span_s(results: List[Dict[str, Any]]) -> Optional[float]:
 
 def mean_phase_s(results: List[Dict[str, Any]]) -> Dict[str, float]:
     """Mean over jobs of each phase's wall time (slowest rank)."""
-    slowest = [{p.value: max(rk.phase(p).wall_s for rk in JobRecord.of(r).ranks) for p in Phase} for r in results]
-    return {p: sum(s[p] for s in slowest) / len(results) for p in PHASES}
+    ran = [p for p in PHASES if all(JobRecord.of(r).ranks[0].phase(p).recorded for r in results)]  # quantize: quant=
+    slowest = [{p: max(rk.phase(p).wall_s for rk in JobRecord.of(r).ranks) for p in ran} for r in results]
+    return {p: sum(s[p] for s in slowest) / len(results) for p in ran}
 
 
 def compare(seq: List[Dict[str, Any]], packed: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -172,9 +173,9 @@ def render(data: Dict[str, Any], title: str = "Packed vs sequential") -> str:
         "",
         "Phase times (mean over jobs of the slowest rank, s), shown not compared:",
         "",
-        "| run | " + " | ".join(PHASES) + " |",
-        "| --- |" + " --- |" * len(PHASES),
     ]
+    phases = list(next(iter(data["phase_s"].values()), {}))  # the phases every job recorded
+    out += ["| run | " + " | ".join(phases) + " |", "| --- |" + " --- |" * len(phases)]
     for run, t in data["phase_s"].items():
-        out.append(f"| {run} | " + " | ".join(f"{t[p]:.2f}" for p in PHASES) + " |")
+        out.append(f"| {run} | " + " | ".join(f"{t[p]:.2f}" for p in phases) + " |")
     return "\n".join(out) + "\n"
