@@ -227,6 +227,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from dsexp.analysis.sections.plan_table import render_markdown, render_terminal
 
     logging.getLogger("DeepSpeed").addFilter(NotTheCpuFallback())
+    # torchao (quant=) at import: its optional GPU kernels not loadable here, and torch's note on its enums; a plan
+    # needs neither
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:

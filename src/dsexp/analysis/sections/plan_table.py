@@ -169,7 +169,9 @@ def model_line(entry: Dict[str, Any]) -> str:
     """The whole model: its parameters and their bytes in the dtype the engine holds them."""
     count = entry.get("model_parameters")
     params = f"{count / 1e9:.2f} B parameters, " if count else ""
-    return f"model: {params}{human(entry['model_bytes'])} of weights in {entry['dtype']} (all ranks together)"
+    quant = next((n.split(":", 1)[0] for n in entry.get("notes") or [] if n.startswith("quant=")), None)
+    held = f"{entry['dtype']}, {quant} as stored" if quant else entry["dtype"]  # a quant member's width and scales
+    return f"model: {params}{human(entry['model_bytes'])} of weights in {held} (all ranks together)"
 
 
 def grouped_ranks(ranks: List[Dict[str, Any]], cols: List[str]) -> List[List[str]]:
