@@ -33,10 +33,16 @@ def before_load(ctx: RankContext, engine) -> Dict[str, Any]:
         block = ds_block(t, group_size(ctx.spec.quant))
         engine.config_extra = block  # merged into the ZeRO-3 config (dsexp.engines.zero_inference.rank)
         return {"ds_config": block}
-    if order_of(ctx.spec.quant) == STREAM and ctx.on_gpu and ctx.spec.engine.name == "init_inference":
+    if order_of(ctx.spec.quant) == STREAM and can_stream(ctx):
         ctx.spec.engine.keep_module_on_host = True  # the linears reach the GPU one at a time, quantized
         return {"engine.keep_module_on_host": True}
     return {}
+
+
+def can_stream(ctx: RankContext) -> bool:
+    """Whether the engine can leave the model on the host for its linears to reach the GPU one at a time, quantized
+    (init_inference's keep_module_on_host, on a GPU)."""
+    return ctx.on_gpu and ctx.spec.engine.name == "init_inference"
 
 
 def at_load(ctx: RankContext) -> bool:
@@ -70,7 +76,7 @@ def quantize(module, ctx: RankContext) -> Dict[str, Any]:
     from dsexp.quant.torchao_rank import quantize as torchao_quantize
 
     order = order_of(ctx.spec.quant)
-    if order == STREAM and not (ctx.on_gpu and ctx.spec.engine.name == "init_inference"):
+    if order == STREAM and not can_stream(ctx):
         order = "after"  # the engine already placed the model on its device: nothing left to stream
     return torchao_quantize(module, member(ctx), group_size(ctx.spec.quant), order, ctx.device)
 

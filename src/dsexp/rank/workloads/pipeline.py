@@ -40,8 +40,9 @@ def load_and_init(ctx: RankContext, rec: PhaseRecorder, engine, loader: str) -> 
         loaded = get_loader(loader).load(ctx, {**engine.load_kwargs(ctx), **quant.load_kwargs(ctx)} if engine else {})
     census = weight_census(loaded.model)
     rec.annotate_phase("load", weights_device=resident_bytes(census, device_type), weights=census, loader=loaded.info)
-    if engine and quant.after_load(loaded.model, ctx):
-        quantized.update(quant.after_load(loaded.model, ctx))
+    at_load = quant.after_load(loaded.model, ctx) if engine else None
+    if at_load:
+        quantized.update(at_load)
 
     with rec.phase("init"):
         maybe_inject(spec.fault, ctx.rank, "init", ctx.job_dir)
