@@ -9,7 +9,7 @@ import pytest
 from dsexp.analysis.labels import config_label
 from dsexp.compose.validate import _validate_quant
 from dsexp.core.schema import ConfigError
-from dsexp.core.tensors import stored_bytes_of
+from dsexp.core.tensors import stored_bytes, stored_bytes_of
 from dsexp.predict.kv import cache_bytes, split_tokens
 from dsexp.quant import QUANTS, label, order_of, tolerance
 
@@ -125,6 +125,42 @@ def test_torchao_stores_what_the_members_rule_says(member):
     assert type(weight).__name__ in ("Float8Tensor", "Int8Tensor")  # a torchao tensor subclass, not bf16
     assert stored_bytes_of(weight) == QUANTS[member].storage.nbytes(out, inp, 2)
     assert stored_bytes_of(weight) < out * inp * 2 * 0.6  # about half of bf16: counted from its inner tensors
+
+
+def test_one_linear_at_a_time_quantizes_what_the_whole_model_call_does(monkeypatch):
+    """quant.empty_cache=each (the GPU default): quantize_ per linear, the cache emptied after each; the same linears
+    quantized to the same bytes as one quantize_ of the model, the head left in bf16."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    pytest.importorskip("torchao")
+    from torchao.quantization import quantize_
+
+    from dsexp.quant.torchao_rank import linear_filter, quantize_each, torchao_config
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=100)  # fmt: skip
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    models = []
+    for each in (True, False):
+        torch.manual_seed(0)
+        m = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        config, keep = torchao_config(QUANTS["int8_weight"], None), linear_filter(m)
+        quantize_each(m, config, keep, None) if each else quantize_(m, config, filter_fn=keep)
+        models.append(m)
+    kinds = [{n: type(p).__name__ for n, p in m.named_parameters()} for m in models]
+    assert kinds[0] == kinds[1] and list(kinds[0].values()).count("Int8Tensor") == 2 * 7
+    assert kinds[0]["lm_head.weight"] == "Parameter"
+    assert stored_bytes(models[0]) == stored_bytes(models[1])
+    assert len(emptied) == 2 * 7  # once per linear
+
+
+def test_quant_empty_cache_takes_each_or_end():
+    assert spec_of("quant=fp8_weight").quant.empty_cache == "each"
+    assert label({"name": "fp8", "empty_cache": "end"}) == "q(fp8,empty-end)"
+    with pytest.raises(ConfigError, match="quant.empty_cache='sometimes': choose one of each, end"):
+        spec_of("quant=fp8_weight", "quant.empty_cache=sometimes")
 
 
 @pytest.mark.parametrize("member", ["ds_int8", "ds_int4"])
@@ -347,3 +383,20 @@ def test_quant_is_a_dimension_of_the_budget_search_and_its_answer_gives_the_qual
     answer = next(line for line in summary.splitlines() if line.startswith("- **Answer**"))
     assert "quant=" in answer and "quality against tp=1 unquantized: logits rel. err" in answer and "within" in answer
     assert "Runner-up" in summary and summary.count("greedy tokens agree") >= 2
+
+
+def test_int4s_largest_batch_stays_under_its_kernels_32_bit_output_limit(capsys, tmp_path):
+    """int4's tinygemm kernel faulted at 72 x 2048 tokens through a 16384-wide linear (2^31 output elements or more,
+    results/h200/quant): the plan's answer, and the budget search's first guess with it, stop below that."""
+    from helpers.plan import plan
+
+    common = ("model=llama_20b_shapes", "gpu=h100_80gb", "budget.gpu_gib=60", "generate.prompt_tokens=[1024,2048]")
+    status, [entry], text, _ = plan(capsys, tmp_path, "quant=int4_weight", *common)
+    assert status == 0
+    fit = entry["largest_batch"]["2048"]
+    assert fit["allocated_bytes_bound"] > 63 and fit["largest_batch"] == 63  # (2^31 - 1) // 16384 // 2048
+    assert fit["kernel_limit"]["tokens"] * 16384 < 2**31 <= (fit["kernel_limit"]["tokens"] + 1) * 16384
+    assert entry["largest_batch"]["1024"]["kernel_limit"]["batch"] == 127
+    assert "the quantized kernel's limit 63" in text
+    _, [int8], _, _ = plan(capsys, tmp_path, "quant=int8_weight", *common)
+    assert "kernel_limit" not in int8["largest_batch"]["2048"]  # no such limit outside int4

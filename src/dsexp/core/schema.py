@@ -162,7 +162,10 @@ class QuantConfig:
     to the device and quantized there, one at a time: the device never holds the model in the run dtype), after (the
     engine places the model in the run dtype, then it is quantized in place: what a quantize-after-load leaves).
     quality_tol: the first-step logits' relative error against the tp=1 run without quantization that a run may show
-    (null: the member's own); on random weights that is numerical agreement, not task accuracy."""
+    (null: the member's own); on random weights that is numerical agreement, not task accuracy.
+    empty_cache: each (torchao's members on a GPU: the allocator's cache emptied after each linear is quantized, so no
+    segment that held a run-dtype weight outlives it with a quantized weight inside), end (once, after the phase: the
+    quantized weights split the segments the run-dtype weights left, and their free rest stays reserved)."""
 
     name: str = "none"
     group_size: Optional[int] = None  # the member's group (elements sharing one scale); null: the member's default
@@ -172,6 +175,7 @@ class QuantConfig:
     kv_group_size: int = 64  # elements of the cache sharing one scale and zero-point
     kv_residual: int = 128  # newest tokens the cache keeps in the run dtype before it quantizes them (residual_length)
     quality_tol: Optional[float] = None
+    empty_cache: str = "each"
     # false: run a member with an engine it is known not to compose with, to see the library's own error (the
     # composition matrix, campaigns/quant_compose.yaml, does); the device checks still apply
     check_composition: bool = True

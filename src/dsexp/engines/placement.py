@@ -130,6 +130,8 @@ def quant_fields(q: Mapping[str, Any]) -> Dict[str, Any]:
         "kv_bits": q.get("kv"),
         "kv_group": int(q.get("kv_group_size") or 64),
         "kv_residual": int(q.get("kv_residual") if q.get("kv_residual") is not None else 128),
+        "quant_max_output": t.max_output_elements if t else None,
+        "quant_max_output_why": t.max_output_why if t else "",
     }
 
 

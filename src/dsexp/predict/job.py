@@ -288,6 +288,18 @@ def plan_entry(
     return result
 
 
+def kernel_limit(pred: Prediction, prompt: int) -> Optional[Dict[str, Any]]:
+    """The largest batch the quant member's kernel takes at this prompt length ({batch, why}), where it has a limit
+    on one product's output (int4's tinygemm: 2^31 elements); None where none applies. The prefill runs every token
+    of the batch through the widest quantized linear at once (its whole width: a rank's share is no wider)."""
+    s, d = pred.strategy, pred.dims
+    widest = max(d.intermediate, d.hidden)
+    if not s.quant_max_output or widest <= 0:
+        return None
+    tokens = (s.quant_max_output - 1) // widest
+    return {"batch": tokens // max(prompt, 1), "tokens": tokens, "widest_out": widest, "why": s.quant_max_output_why}
+
+
 def largest_batch_answer(
     pred: Prediction,
     config: Mapping[str, Any],
@@ -321,6 +333,9 @@ def largest_batch_answer(
                                    {"largest_batch": first}, logits_batch)  # fmt: skip
     found = (out.get("replayed") or {}).get(setting) or {}
     answer = found.get("batch", bound.largest_batch)
+    limit = kernel_limit(pred, prompt)
+    if limit is not None and answer > limit["batch"]:
+        answer, out["kernel_limit"] = limit["batch"], limit
     out.update(
         largest_batch=answer,
         answer_from=f"replay:{setting}" if found else "allocated_bytes_bound",

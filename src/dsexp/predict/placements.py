@@ -56,6 +56,9 @@ class Strategy:
     kv_bits: Optional[int] = None
     kv_group: int = 64
     kv_residual: int = 128
+    # the most elements one product's output may hold under the member's kernel (None: no limit), and why
+    quant_max_output: Optional[int] = None
+    quant_max_output_why: str = ""
 
     def trimmed(self, key: str) -> bool:
         return bool(self.trims.get(key))

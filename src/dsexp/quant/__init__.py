@@ -11,7 +11,7 @@ import importlib
 import pkgutil
 from typing import Any, Dict, Optional, Tuple
 
-from dsexp.quant.base import AFTER, STREAM, QuantTraits
+from dsexp.quant.base import AFTER, EACH, STREAM, QuantTraits
 
 NONE = "none"
 
@@ -45,6 +45,8 @@ def label(quant: Any) -> Optional[str]:
     order = _get(quant, "order", "auto")
     if parts and order not in (None, "auto"):
         parts.append(order)
+    if parts and _get(quant, "empty_cache", EACH) not in (None, EACH):
+        parts.append(f"empty-{_get(quant, 'empty_cache')}")
     return f"q({','.join(parts)})" if parts else None
 
 

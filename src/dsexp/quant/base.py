@@ -19,6 +19,8 @@ from typing import Dict, Optional, Tuple
 from dsexp.core.gates import VersionGate
 
 STREAM, AFTER = "stream", "after"  # quant.order: as the weights reach the device, or after the engine placed them
+EACH, END = "each", "end"  # quant.empty_cache: after each linear is quantized, or once after the phase
+EMPTY_CACHE = (EACH, END)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,9 @@ class QuantTraits:
     orders: Tuple[str, ...] = (STREAM, AFTER)  # the orders it can run in; the first is quant.order=auto's
     device_why: str = ""  # why a device it does not list cannot run it
     gate: Optional[VersionGate] = None
+    # the elements a product's output may hold: a kernel that indexes it in 32 bits faults past it; None: no limit
+    max_output_elements: Optional[int] = None
+    max_output_why: str = ""
 
     def engine_problem(self, engine: str, autotp: bool) -> Optional[str]:
         """Why this member cannot run under `engine` (autotp: the engine shards the linears with AutoTP's modules);

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from dsexp.quant import NONE, QUANTS, traits
 from dsexp.quant import kv as kv_member
-from dsexp.quant.base import AFTER, STREAM
+from dsexp.quant.base import AFTER, EMPTY_CACHE, STREAM
 
 ORDERS = ("auto", STREAM, AFTER)
 # what a user who asked DeepSpeed for int8 (init_inference(dtype=torch.int8), dtype=int8) gets told to use instead
@@ -39,6 +39,8 @@ def problems(
         return [f"quant={q.name!r} is not a member; choose one of: none, {', '.join(QUANTS)}"]
     if q.order not in ORDERS:
         out.append(f"quant.order={q.order!r}: choose one of {', '.join(ORDERS)}")
+    if q.empty_cache not in EMPTY_CACHE:
+        out.append(f"quant.empty_cache={q.empty_cache!r}: choose one of {', '.join(EMPTY_CACHE)}")
     t = traits(q.name)
     if t is not None:
         out += _member_problems(spec, t, device, capability, autotp)

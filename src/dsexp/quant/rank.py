@@ -78,7 +78,8 @@ def quantize(module, ctx: RankContext) -> Dict[str, Any]:
     order = order_of(ctx.spec.quant)
     if order == STREAM and not can_stream(ctx):
         order = "after"  # the engine already placed the model on its device: nothing left to stream
-    return torchao_quantize(module, member(ctx), group_size(ctx.spec.quant), order, ctx.device)
+    q = ctx.spec.quant
+    return torchao_quantize(module, member(ctx), group_size(q), order, ctx.device, q.empty_cache)
 
 
 def after_load(module, ctx: RankContext) -> Optional[Dict[str, Any]]:

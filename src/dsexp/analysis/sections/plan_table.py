@@ -105,6 +105,10 @@ def capacity_line(entry: Dict[str, Any]) -> str:
 def fit_text(c: Dict[str, Any]) -> str:
     breaks = "" if c["breaks"] == "-" else f", the next batch breaks on {SHORT.get(c['breaks'], c['breaks'])}"
     bound = f"allocated-bytes bound {c['allocated_bytes_bound']}{breaks}"
+    if c.get("kernel_limit"):
+        k = c["kernel_limit"]
+        kernel = f"{k['tokens']} tokens through a {k['widest_out']}-wide linear: {k['why']}"
+        bound = f"the quantized kernel's limit {k['batch']}, {kernel}; {bound}"
     peak = f"; peak at {c['largest_batch']}, busiest rank: {human(c['peak_bytes'])}" if c.get("peak_bytes") else ""
     if c.get("peak_reserved_bytes"):
         peak += f", the replay reserving {human(c['peak_reserved_bytes'])}"
