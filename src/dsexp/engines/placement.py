@@ -116,7 +116,7 @@ def strategy_of(config: Mapping[str, Any], facts: Facts) -> Strategy:
 
 def quant_fields(q: Mapping[str, Any]) -> Dict[str, Any]:
     """The Strategy's quant fields from a config's `quant` group (dsexp.quant)."""
-    from dsexp.quant import group_size, traits
+    from dsexp.quant import group_size, order_of, traits
 
     t = traits(q.get("name") or "none")
     dequantizes = None
@@ -132,6 +132,8 @@ def quant_fields(q: Mapping[str, Any]) -> Dict[str, Any]:
         "kv_residual": int(q.get("kv_residual") if q.get("kv_residual") is not None else 128),
         "quant_max_output": t.max_output_elements if t else None,
         "quant_max_output_why": t.max_output_why if t else "",
+        "quant_order": order_of(q) if t else "stream",
+        "quant_empty_cache": q.get("empty_cache") or "each",
     }
 
 
@@ -166,20 +168,28 @@ def rank_model(model, s: Strategy, placements: List[Placement], rank: int, tp: i
     DeepSpeed's own kernels: not traced."""
     import copy
 
+    from dsexp.quant import meta as quant_meta
     from dsexp.trims import last_logits
 
     rule = getattr(part(s.engine, "placement"), "rank_model", None) if s.engine in ENGINES else None
-    if s.quant or s.kv_bits:
-        return None, (
-            "quantized (quant=): torchao's tensors and the quantized KV cache are not traced on the meta device; "
-            "the allocated bytes' answer stands, with the dequantized weight and KV layer as terms"
-        )
+    why = quant_meta.not_traced(s)
+    if why:
+        return None, f"{why}; the allocated bytes' answer stands, with the dequantized weight and KV layer as terms"
     if s.kernel_inject or (tp > 1 and rule is None):
         return None, f"engine {s.engine}{' with kernel injection' if s.kernel_inject else ''}: its ranks are not traced"
     ranked = rule(model, s, placements, rank, tp) if rule else copy.deepcopy(model)
     if s.trimmed(last_logits.TRAITS.key):
         last_logits.keep_last_logits(ranked)
+    if s.quant:
+        quant_meta.quantize_on_meta(ranked, s)
     return ranked, None
+
+
+def quantized_order(ranked) -> List[int]:
+    """A quantized rank model's allocations on the GPU, in order (dsexp.quant.meta.allocation_order)."""
+    from dsexp.quant import meta as quant_meta
+
+    return quant_meta.allocation_order(ranked)
 
 
 def init_fails(model, s: Strategy, tp: int) -> Optional[str]:

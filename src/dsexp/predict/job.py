@@ -49,6 +49,8 @@ class Rules(Protocol):
 
     def init_fails(self, model, strategy: Strategy, tp: int) -> Optional[str]: ...
 
+    def quantized_order(self, ranked) -> List[int]: ...
+
 
 NOT_REPORTED = object()  # the engine said nothing of the policy it used
 # A folder holding only config.json: its checkpoint as transformers' save_pretrained shards it (max_shard_size 5 GB)
@@ -365,6 +367,8 @@ def replay_model(pred: Prediction, config: Mapping[str, Any], rules: Rules):
     ranked, why = rules.rank_model(model, pred.strategy, pred.placements, 0, pred.tp)
     if ranked is None:
         return None, None, why
+    if pred.strategy.quant:  # the quantized weights as the rank quantized them, one linear at a time
+        return ranked, rules.quantized_order(ranked), why
     order = rules.allocation_order(pred.strategy.engine)
     weights = (order(pred.placements, 0, pred.strategy) if order else None) or fragmentation.apply_order(model)
     return ranked, weights, why

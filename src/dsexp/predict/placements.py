@@ -59,6 +59,8 @@ class Strategy:
     # the most elements one product's output may hold under the member's kernel (None: no limit), and why
     quant_max_output: Optional[int] = None
     quant_max_output_why: str = ""
+    quant_order: str = "stream"  # the order the member runs in (quant.order resolved) and quant.empty_cache
+    quant_empty_cache: str = "each"
 
     def trimmed(self, key: str) -> bool:
         return bool(self.trims.get(key))

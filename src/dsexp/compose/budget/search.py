@@ -241,6 +241,8 @@ def next_job(c: Config, s: State) -> Optional[Job]:
         return Job([s.batches[lo]], s.batches[lo])
     top = min(hi, floor_cap(c, s) + 1)  # the floor's first miss is measured, the batches above it are not planned
     guess = model_largest(c, s.device, gap(c, s))
+    if c.points and not calibrated(c):  # only first points out of memory: bisect (next_batches says why)
+        guess = (lo + hi) // 2
     return Job(s.batches[lo + 1 : top], s.batches[min(max(guess, lo + 1), top - 1)])
 
 

@@ -1,0 +1,90 @@
+"""A rank's model quantized on the meta device, for the allocator replay to trace its generate (dsexp.predict): the
+member's own torchao call (quantize_, the same config and filter as a rank's) on the meta model as the engine leaves
+that rank. torchao's quantize and forward are Python over torch's ops, which the meta device runs: the trace records
+the fp8 input's quantization (its float32 temporaries) and int8's dequantized weight as the GPU makes them, where the
+allocated bytes' formula had a term for each. What the meta device cannot stand in for is refused, with the reason:
+int4's packing for tinygemm is a CUDA kernel; DeepSpeed's members quantize inside zero.Init and gather per layer
+(ZeRO-3 is not traced); the quantized KV cache's quanto kernels; and an order whose layout is not the one modelled
+(quant.order=after keeps the blocks the run-dtype weights were loaded in; quant.empty_cache=end the cached rest of
+them)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, List, Optional
+
+from dsexp.quant import traits
+from dsexp.quant.base import EACH, STREAM
+
+# fp8's config refuses a machine without a GPU of compute capability 8.9; on the meta device nothing runs, and the
+# trace follows the path such a GPU takes (torch._scaled_mm, without the mslk package, as on the H100 here)
+CAPABILITY_CHECKS = (
+    "torch.cuda.is_available",
+    "torchao.float8.inference.is_sm_at_least_89",
+    "torchao.quantization.quant_api.is_sm_at_least_89",
+)
+
+
+def not_traced(s: Any) -> Optional[str]:
+    """Why this strategy's quantized rank is not traced on the meta device; None where it is."""
+    if s.kv_bits:
+        return "the quantized KV cache (quanto's kernels) is not traced on the meta device"
+    t = traits(s.quant) if s.quant else None
+    if t is None:
+        return None
+    if t.library != "torchao":
+        return f"quant={t.key} quantizes inside DeepSpeed's zero.Init and ZeRO-3 gathers each layer: not traced"
+    if "cuda" in t.devices and "cpu" not in t.devices and t.key != "fp8":
+        return f"quant={t.key}: its packing is a CUDA kernel, which the meta device cannot run"
+    if s.quant_order != STREAM or s.quant_empty_cache != EACH:
+        how = f"quant.order={s.quant_order}" if s.quant_order != STREAM else f"quant.empty_cache={s.quant_empty_cache}"
+        return f"{how}: the blocks the run-dtype weights leave are not modelled (stream order, emptied each, is)"
+    return None
+
+
+def quantize_on_meta(model, s: Any) -> None:
+    """Quantize the meta model's linears in place as the member's rank code does (dsexp.quant.torchao_rank)."""
+    from unittest import mock
+
+    from torchao.quantization import quantize_
+
+    from dsexp.quant.torchao_rank import linear_filter, torchao_config
+
+    with contextlib.ExitStack() as stack:
+        for target in CAPABILITY_CHECKS:
+            stack.enter_context(mock.patch(target, lambda: True))
+        quantize_(model, torchao_config(traits(s.quant), s.quant_group), filter_fn=linear_filter(model))
+
+
+def allocation_order(model) -> List[int]:
+    """Bytes of each tensor a rank allocates on the GPU, in order, in stream order with the cache emptied after each
+    linear (quantize_each): each quantized linear as the linears are walked (its bias, moved with it, then the
+    quantized weight's inner tensors, each in blocks the emptied cache left to nothing else), then the rest as
+    `module.to(device)` moves it (children first)."""
+    from dsexp.core.tensors import is_wrapper
+
+    def inner(t) -> List[int]:
+        if is_wrapper(t):
+            names, _ = t.__tensor_flatten__()
+            return [n for name in names if getattr(t, name, None) is not None for n in inner(getattr(t, name))]
+        return [t.untyped_storage().nbytes()]
+
+    out: List[int] = []
+    seen = set()
+    for parent in model.modules():
+        for child in parent.children():
+            own = list(child.parameters(recurse=False))
+            if any(is_wrapper(t) for t in own) and id(child) not in seen:
+                seen.update([id(child), *(id(t) for t in own)])
+                out += [n for t in sorted(own, key=is_wrapper) for n in inner(t)]  # the bias, then the weight
+
+    def walk(module) -> None:
+        for child in module.children():
+            walk(child)
+        for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            if id(t) not in seen:
+                seen.add(id(t))
+                out.append(t.untyped_storage().nbytes())
+
+    walk(model)
+    return out
