@@ -400,3 +400,47 @@ def test_int4s_largest_batch_stays_under_its_kernels_32_bit_output_limit(capsys,
     assert "the quantized kernel's limit 63" in text
     _, [int8], _, _ = plan(capsys, tmp_path, "quant=int8_weight", *common)
     assert "kernel_limit" not in int8["largest_batch"]["2048"]  # no such limit outside int4
+
+
+def test_the_replay_traces_torchaos_members_on_the_meta_device_and_says_where_it_cannot(capsys, tmp_path):
+    """The plan's allocator replay quantizes the rank model on the meta device with the member's own call and traces
+    its generate (fp8's float32 temporaries, int8's dequantized weight); int4's CUDA packing and the quantized KV
+    cache are not traced, and the plan says so beside the allocated bytes' answer."""
+    from helpers.plan import plan
+
+    common = ("model=tiny_llama", "gpu=h100_80gb", "budget.gpu_gib=0.8", "generate.prompt_tokens=96",
+              "generate.new_tokens=4")  # fmt: skip
+    status, entries, _, _ = plan(capsys, tmp_path, "-m", "quant=none,int8_weight,fp8,int4_weight", *common)
+    fits = {e["quant"]["name"] if "quant" in e else i: e["largest_batch"]["96"] for i, e in enumerate(entries)}
+    assert status == 0 and len(fits) == 4, fits.keys()
+    plain, int8, fp8, int4 = (fits[k] for k in fits)
+    for fit in (plain, int8, fp8):
+        assert fit["answer_from"] == "replay:default", fit
+        assert fit["largest_batch"] <= fit["allocated_bytes_bound"]
+    assert fp8["largest_batch"] < int8["largest_batch"] < plain["largest_batch"]  # fp8's inputs in float32
+    assert "CUDA kernel" in int4["replayed"]["not_replayed"] and int4["answer_from"] == "allocated_bytes_bound"
+    _, [kv], _, _ = plan(capsys, tmp_path, "quant=int8_weight", "quant.kv=4", *common)
+    assert "quantized KV cache" in kv["largest_batch"]["96"]["replayed"]["not_replayed"]
+
+
+def test_a_quantized_rank_allocates_each_linears_inner_tensors_then_the_rest():
+    """The replay's weights for stream order with the cache emptied after each linear: per quantized linear its data
+    then its scales, then what module.to moves; together the model's stored bytes."""
+    import types
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    pytest.importorskip("torchao")
+    from dsexp.quant.meta import allocation_order, quantize_on_meta
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=100)  # fmt: skip
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    quantize_on_meta(model, types.SimpleNamespace(quant="fp8", quant_group=None))
+    sizes = allocation_order(model)
+    q_proj = [64 * 64, 64 * 4]  # fp8 data, a float32 scale per row
+    rest = [t for t in (*model.parameters(), *model.buffers()) if type(t).__name__ != "Float8Tensor"]
+    assert sizes[:2] == q_proj and len(sizes) == 2 * 2 * 7 + len(rest)
+    assert sum(sizes) == stored_bytes(model)

@@ -240,7 +240,9 @@ def quant_terms(s: Shapes, strategy: Any, tp: int, w: Workload, e: int) -> Dict[
     - dequantized: a weight-only member's forward dequantizes one weight at a time to the run dtype (the rank's
       largest: its share of the MLP's), DeepSpeed's gathers the whole weight first (the embedding's included);
     - act_quant: fp8 products quantize each linear's input to fp8 with a 4-byte scale per row (the prefill's widest:
-      the MLP's down projection, its share of the intermediate)."""
+      the MLP's down projection, its share of the intermediate); torchao's quantization (_quantize_affine_float8, as
+      the GPU runs it without the mslk package) holds the input in float32, scaled and clamped at once (12 bytes an
+      element; the fp8 copy it then makes, 1 byte more, the replay of its meta trace holds exactly)."""
     out: Dict[str, List[int]] = {}
     bits = getattr(strategy, "kv_bits", None)
     if bits:
@@ -251,7 +253,8 @@ def quant_terms(s: Shapes, strategy: Any, tp: int, w: Workload, e: int) -> Dict[
     if getattr(strategy, "quantizes_activations", False):  # the prefill's widest linear input, in fp8 + its scales
         t = w.batch * w.prompt_tokens
         share = [rank_heads(s, strategy, tp, r)["intermediate"] for r in range(tp)]
-        out["act_quant"] = [alloc(t * max(i, s.hidden)) + alloc(t * 4) for i in share]
+        out["act_quant"] = [3 * alloc(4 * t * max(i, s.hidden)) + alloc(t * 4)
+                            for i in share]  # fmt: skip
     how = getattr(strategy, "dequantizes", None)
     if how == "gathered":
         out["dequantized"] = [alloc(max(s.vocab, s.intermediate) * s.hidden * e)] * tp

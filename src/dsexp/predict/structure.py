@@ -28,7 +28,20 @@ def config_text(model, name: str) -> str:
 
 def tensors(module) -> list:
     own = [*module._parameters.items(), *module._buffers.items()]
-    return [(n, tuple(t.shape), t.stride(), str(t.dtype), str(t.device)) for n, t in own if t is not None]
+    return [(n, *tensor_parts(t)) for n, t in own if t is not None]
+
+
+def tensor_parts(t) -> tuple:
+    """A tensor's shape, strides, dtype and device; a wrapper subclass (a quantized weight) with its class and its
+    inner tensors': fp8 and int8 weights of one shape make different generates."""
+    from dsexp.core.tensors import is_wrapper
+
+    parts = (tuple(t.shape), t.stride(), str(t.dtype), str(t.device))
+    if is_wrapper(t):
+        names, _ = t.__tensor_flatten__()
+        inner = tuple(tensor_parts(getattr(t, n)) for n in names if getattr(t, n, None) is not None)
+        return (*parts, described(type(t)), inner)
+    return parts
 
 
 def attributes(module) -> list:
