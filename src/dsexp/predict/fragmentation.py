@@ -56,10 +56,10 @@ class Probe:
     request: Optional[int] = None  # the request that found no room (out of memory)
 
 
-def apply_order(model) -> List[int]:
+def apply_order(model, skip: Sequence[int] = ()) -> List[int]:
     """The bytes of each tensor in the order `module.to(device)` / `to_empty` allocates them: children first, then
-    each module's own parameters and buffers (tied tensors once)."""
-    seen, out = set(), []
+    each module's own parameters and buffers (tied tensors once; none whose id is in `skip`)."""
+    seen, out = set(skip), []
 
     def walk(module) -> None:
         for child in module.children():

@@ -69,6 +69,8 @@ def allocation_order(model) -> List[int]:
             return [n for name in names if getattr(t, name, None) is not None for n in inner(getattr(t, name))]
         return [t.untyped_storage().nbytes()]
 
+    from dsexp.predict.fragmentation import apply_order
+
     out: List[int] = []
     seen = set()
     for parent in model.modules():
@@ -77,14 +79,4 @@ def allocation_order(model) -> List[int]:
             if any(is_wrapper(t) for t in own) and id(child) not in seen:
                 seen.update([id(child), *(id(t) for t in own)])
                 out += [n for t in sorted(own, key=is_wrapper) for n in inner(t)]  # the bias, then the weight
-
-    def walk(module) -> None:
-        for child in module.children():
-            walk(child)
-        for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
-            if id(t) not in seen:
-                seen.add(id(t))
-                out.append(t.untyped_storage().nbytes())
-
-    walk(model)
-    return out
+    return out + apply_order(model, skip=seen)
