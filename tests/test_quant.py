@@ -432,7 +432,7 @@ def test_a_quantized_rank_allocates_each_linears_inner_tensors_then_the_rest():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     pytest.importorskip("torchao")
-    from dsexp.quant.meta import allocation_order, quantize_on_meta
+    from dsexp.quant.on_meta import allocation_order, quantize_on_meta
 
     cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=100)  # fmt: skip

@@ -168,7 +168,7 @@ def rank_model(model, s: Strategy, placements: List[Placement], rank: int, tp: i
     DeepSpeed's own kernels: not traced."""
     import copy
 
-    from dsexp.quant import meta as quant_meta
+    from dsexp.quant import on_meta as quant_meta
     from dsexp.trims import last_logits
 
     rule = getattr(part(s.engine, "placement"), "rank_model", None) if s.engine in ENGINES else None
@@ -186,8 +186,8 @@ def rank_model(model, s: Strategy, placements: List[Placement], rank: int, tp: i
 
 
 def quantized_order(ranked) -> List[int]:
-    """A quantized rank model's allocations on the GPU, in order (dsexp.quant.meta.allocation_order)."""
-    from dsexp.quant import meta as quant_meta
+    """A quantized rank model's allocations on the GPU, in order (dsexp.quant.on_meta.allocation_order)."""
+    from dsexp.quant import on_meta as quant_meta
 
     return quant_meta.allocation_order(ranked)
 
