@@ -345,3 +345,54 @@ def test_a_configuration_whose_generate_fails_as_a_rank_holds_it_is_predicted_by
     pred = predict_config(spec_of(*common, gpus=2), list(range(1, 65)))
     assert pred.miss is None and pred.replayed is None
     assert pred.replay["not_replayed"].startswith("its generate fails as rank 0 holds the model"), pred.replay
+
+
+def run_fresh_loads(state: S.State, truth, max_rounds: int = 50):
+    """One-load jobs as a GPU runs them when a load's first point runs out of memory: that point alone counts (the
+    batches after it start with the failed point's blocks cached, dsexp.rank.workloads.pipeline.as_load)."""
+    loads = []
+    for _ in range(max_rounds):
+        todo = S.next_round(state, 1)
+        if not todo:
+            return loads
+        for c, job in todo:
+            outcomes, batch, first = {}, job.start if job.start is not None else job.batches[0], True
+            while batch is not None:
+                fits = truth(c, batch) <= state.device
+                c.points.append(S.Point(batch, S.OK if fits else S.OOM, truth(c, batch) if fits else None,
+                                        job=str(len(loads)), first=first))  # fmt: skip
+                if not fits and first:
+                    break
+                outcomes[batch], first = S.OK if fits else S.OOM, False
+                batch = next_batch(job.batches, job.start, outcomes) if job.start is not None else None
+            loads.append(job.start)
+    raise AssertionError("the search did not settle")
+
+
+def test_a_one_load_search_whose_first_points_run_out_of_memory_bisects_rather_than_walking_down():
+    """fp8 on the H100 at 60 GiB (results/h200/quant budget60): the allocated bytes said 59, each load's first point
+    ran out of memory, and the search walked down one batch a load (59, 58, 57, 56, 55). It now bisects."""
+    batches = S.batch_range(1, 96, 1)
+    c = S.Config("quant=fp8", {"quant": "fp8"}, linear_needs(batches, 20 * GIB, GIB * 7 // 10), one_load=True)
+    state = S.State(device=60 * GIB, batches=batches, configs=[c])
+    loads = run_fresh_loads(state, lambda c, b: 20 * GIB + b * GIB * 11 // 10)  # the truth: 36 fits, 37 does not
+    assert S.largest_ok(c, batches) == 36
+    assert loads[:2] == [57, 28] and len(loads) <= 4, loads  # the guess, then halfway below it
+
+
+def test_batches_past_a_kernels_limit_are_never_run_and_the_limit_settles_the_search():
+    """int4's tinygemm kernel faults past 2^31 output elements (72 x 2048 tokens through a 16384-wide linear on the
+    H100): the sweeper puts a `limit` point above its largest batch; no job runs a batch at or above it."""
+    batches = S.batch_range(1, 96, 1)
+    c = S.Config("quant=int4_weight", {"quant": "int4_weight"}, linear_needs(batches, 12 * GIB, GIB * 2 // 3),
+                 one_load=True, points=[S.Point(64, S.LIMIT)])  # fmt: skip
+    state = S.State(device=60 * GIB, batches=batches, configs=[c])
+    ran = []
+
+    def truth(c, b):
+        ran.append(b)
+        assert b < 64, "a batch past the kernel's limit was launched"
+        return 12 * GIB + b * GIB * 2 // 3
+
+    run_fresh_loads(state, truth)
+    assert S.largest_ok(c, batches) == 63 and max(ran) == 63

@@ -34,6 +34,7 @@ class Predicted:
     )
     replay: Dict[str, Any] = field(default_factory=dict)  # where it was traced, or why it was not replayed
     fails: Optional[str] = None  # why the engine's own init refuses it (dsexp's pipeline only): never launched
+    kernel_limit: Optional[Dict[str, Any]] = None  # the largest batch the quant member's kernel takes, and why
 
 
 def outside_bytes(spec: JobConfig) -> int:
@@ -108,7 +109,7 @@ def script_config(spec: JobConfig) -> Dict[str, Any]:
 
 
 def predict_config(spec: JobConfig, batches: List[int]) -> Predicted:
-    from dsexp.predict.job import breaking_term
+    from dsexp.predict.job import breaking_term, kernel_limit
 
     b = spec.budget
     device = int(b.gpu_gib * GIB)
@@ -134,7 +135,8 @@ def predict_config(spec: JobConfig, batches: List[int]) -> Predicted:
     fails = None if miss else init_fails(pred, spec)  # a miss is never launched: no init to foresee
     replay = {} if miss or fails else replayed_largest(pred, spec, batches, needs, device)
     batch = replay.pop("batch", None)
-    return Predicted(needs, host, miss, terms, "; ".join(pred.notes) or None, batch, replay, fails)
+    limit = kernel_limit(pred, int(spec.generate.prompt_tokens)) if spec.workload != "script" else None
+    return Predicted(needs, host, miss, terms, "; ".join(pred.notes) or None, batch, replay, fails, limit)
 
 
 def init_fails(pred, spec: JobConfig) -> Optional[str]:

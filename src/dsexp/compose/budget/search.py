@@ -33,7 +33,8 @@ from typing import Dict, List, Optional, Tuple
 
 OK, OOM, FAILED = "ok", "oom", "failed"
 OVER = "over"  # ran, but its measured need passed the budget (memory outside a capped allocator, or no cap)
-PAST = (OOM, OVER)  # the points past the budget: the upper side of the bracket
+LIMIT = "limit"  # never run: past the quant member's kernel limit (int4's 2^31 output elements), a crash not an OOM
+PAST = (OOM, OVER, LIMIT)  # the points past the budget: the upper side of the bracket
 
 
 @dataclass

@@ -117,8 +117,13 @@ class BudgetSearch:
         one_load = not one_batch and spec.budget.one_load
         replayed = None if pred.replayed is None else max((i for i, x in enumerate(batches) if x <= pred.replayed),
                                                          default=-1)  # fmt: skip
+        above = [x for x in batches if pred.kernel_limit and x > pred.kernel_limit["batch"]]
+        points = [search.Point(min(above), search.LIMIT)] if above else []  # never launched: the kernel would fault
+        if above:  # the first guess stays under the kernel's limit too
+            under = batches.index(min(above)) - 1
+            replayed = under if replayed is None else min(replayed, under)
         return search.Config(key, coords, pred.needs, spec.tp, one_batch, one_load, pred.miss, replayed=replayed,
-                             confirm_margin=confirm_margin(spec), failed=pred.fails)  # fmt: skip
+                             confirm_margin=confirm_margin(spec), failed=pred.fails, points=points)  # fmt: skip
 
     def add_allocator_twins(self) -> int:
         """Where the caching allocator's fragmentation decided a settled bracket (search.allocator_decided), the same
@@ -314,6 +319,7 @@ class BudgetSearch:
             "needs": c.needs,
             "note": pred.note,
             "replay": pred.replay,
+            "kernel_limit": pred.kernel_limit,
             "gap": search.own_gap(c, s.batches, s.device),
             "shift": shift,
             "shifted_largest": s.batches[shifted] if shifted >= 0 else None,
