@@ -1,7 +1,8 @@
 """Where torchao's int4 weight-only kernel stops (issue 61): one linear quantized with quant=int4_weight's config, run
 on M tokens in a process of its own per M (a CUDA illegal memory access poisons the process's context), M on both
 sides of 2^31 output elements for a 16384-wide linear (llama_20b_shapes' MLP up-projection: 6144 -> 16384) and of
-2^31 input elements for the down-projection (16384 -> 6144). Prints one JSON line per case and writes them to --out.
+2^31 input elements for the down-projection (16384 -> 6144). The first GPU run (results/h200/quant/int4_limit.json)
+called the int4 weight's dequantize for its reference, which torchao does not implement: no case reached the kernel. Prints one JSON line per case and writes them to --out.
 
     python3 benchmarks/int4_limit.py --out $OUT/int4_limit.json
 """
@@ -27,9 +28,11 @@ def one(inp: int, out: int, tokens: int) -> dict:
     from torchao.quantization import Int4WeightOnlyConfig, quantize_
 
     lin = torch.nn.Sequential(torch.nn.Linear(inp, out, bias=False, dtype=torch.bfloat16, device="cuda"))
-    quantize_(lin, Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d"))
     x = torch.randn(tokens, inp, dtype=torch.bfloat16, device="cuda")
-    ref = x[-4:].float() @ lin[0].weight.dequantize().float().t()
+    # the last rows against the bf16 weight (torchao's int4 tensor has no dequantize): int4's own error is ~0.1, a
+    # wrapped index gives garbage or a fault
+    ref = x[-4:].float() @ lin[0].weight.float().t()
+    quantize_(lin, Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d"))
     y = lin(x)
     torch.cuda.synchronize()
     err = ((y[-4:].float() - ref).norm() / ref.norm()).item()
