@@ -2,7 +2,8 @@
 on M tokens in a process of its own per M (a CUDA illegal memory access poisons the process's context), M on both
 sides of 2^31 output elements for a 16384-wide linear (llama_20b_shapes' MLP up-projection: 6144 -> 16384) and of
 2^31 input elements for the down-projection (16384 -> 6144). The first GPU run (results/h200/quant/int4_limit.json)
-called the int4 weight's dequantize for its reference, which torchao does not implement: no case reached the kernel. Prints one JSON line per case and writes them to --out.
+called the int4 weight's dequantize for its reference, which torchao does not implement: no case reached the
+kernel. Prints one JSON line per case and writes them to --out.
 
     python3 benchmarks/int4_limit.py --out $OUT/int4_limit.json
 """
