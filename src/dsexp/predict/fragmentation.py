@@ -32,7 +32,8 @@ four in seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from functools import cached_property
+from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from dsexp.core.bisect import OK, OOM, bracket, next_batch
 from dsexp.core.workload import CHECK_BATCH
@@ -109,7 +110,7 @@ def probe(
     batch does not fit, replay it again uncapped for its peaks (a search only asks whether it fits)."""
     structure = structure or fingerprint(model)
     held = [("alloc", i, n) for i, n in enumerate(weights)] + [("alloc", len(weights), CUBLAS_WORKSPACE)]
-    events = [held] + [traced(model, at or batch, prompt, new, logits, structure) for new, logits, at in calls]
+    events = [held] + [replayable(model, at or batch, prompt, new, logits, structure) for new, logits, at in calls]
     capped: Replay = Allocator(cap, expandable).run_each(events)
     if capped.oom is None:
         return Probe(batch, True, capped.peak_reserved, capped.peak_allocated)
@@ -124,6 +125,7 @@ _SCALED: dict = {}  # (model's fingerprint, prompt, new, logits) -> Scaled, or N
 _TRACES: dict = {}  # (model's fingerprint, prompt, new, logits), batch -> events
 _STEPS: dict = {}  # (model's fingerprint, prompt, logits, batch) -> Steps, or None: trace every length
 _LAYERED: dict = {}  # (model's fingerprint, prompt, logits) -> whether its layers' build matched a trace
+_STACKS: dict = {}  # model's fingerprint -> (the path of the module holding its decoder layers, attribute) or None
 MEMO = 64
 
 
@@ -136,6 +138,34 @@ class Scaled:
 
     def at(self, batch: int) -> List[Event]:
         return [(kind, key, n + (batch - BASE) * d) for (kind, key, n), d in zip(self.events, self.steps)]
+
+    def columns(self, batch: int) -> "Columns":
+        """The events at `batch` as the allocator reads them (`at`'s, without a tuple made per event): the sizes
+        computed at once."""
+        kinds, keys, sizes, steps = self._columns
+        return Columns(kinds, keys, (sizes + (batch - BASE) * steps).tolist())
+
+    @cached_property
+    def _columns(self):
+        import numpy as np
+
+        kinds, keys, sizes = zip(*self.events) if self.events else ((), (), ())
+        return kinds, keys, np.array(sizes, dtype=np.int64), np.array(self.steps, dtype=np.int64)
+
+
+class Columns:
+    """Events as three columns (kinds, keys, sizes): iterated, the (kind, key, size) of each in order."""
+
+    __slots__ = ("kinds", "keys", "sizes")
+
+    def __init__(self, kinds: Sequence[str], keys: Sequence[int], sizes: Sequence[int]):
+        self.kinds, self.keys, self.sizes = kinds, keys, sizes
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def __iter__(self) -> Iterator[Event]:
+        return zip(self.kinds, self.keys, self.sizes)
 
 
 def scaled(base: List[Event], above: List[Event]) -> Optional[Scaled]:
@@ -151,10 +181,23 @@ def traced(model, batch: int, prompt: int, new: int, logits: bool, structure: Op
     """One generate's events at `batch` on `model`: scaled where its traces scale, else traced at that batch. Both
     allocators and every model of the same structure (load=meta and eager of one tp and trim) replay them."""
     key = (structure or fingerprint(model), prompt, new, logits)
+    scaling = scaling_of(model, key, batch)
+    return scaling.at(batch) if scaling is not None else trace(model, key, batch)
+
+
+def replayable(model, batch: int, prompt: int, new: int, logits: bool, structure: Optional[str] = None):
+    """`traced`'s events as the allocator replays them: a scaled generate's as `Columns` (no tuple built per
+    event)."""
+    key = (structure or fingerprint(model), prompt, new, logits)
+    scaling = scaling_of(model, key, batch)
+    return scaling.columns(batch) if scaling is not None else trace(model, key, batch)
+
+
+def scaling_of(model, key: tuple, batch: int) -> Optional[Scaled]:
+    """The scaling that gives the generate's events at `batch` (None: traced at that batch)."""
     if batch > BASE + 1 and key not in _SCALED:
         remember(_SCALED, key, checked_scaling(model, key, batch))
-    scaling = _SCALED.get(key) if batch >= BASE else None
-    return scaling.at(batch) if scaling is not None else trace(model, key, batch)
+    return _SCALED.get(key) if batch >= BASE else None
 
 
 def checked_scaling(model, key: tuple, batch: int) -> Optional[Scaled]:
@@ -181,7 +224,7 @@ def generated(model, key: tuple, batch: int) -> List[Event]:
     else traced whole."""
     structure, prompt, new, logits = key
     extra = {"output_logits": True} if logits else {}
-    stack = layer_steps.decoder_layers(model)
+    stack = decoder_layers(model, structure)
     memo = (structure, prompt, logits)
     if stack is None or _LAYERED.get(memo) is False:
         return generate_events(model, batch, prompt, new, **extra)
@@ -192,6 +235,17 @@ def generated(model, key: tuple, batch: int) -> List[Event]:
         remember(_LAYERED, memo, found is not None and found == layer_steps.unmarked(check))
     made = layer_steps.built(template, len(getattr(*stack))) if _LAYERED[memo] else None
     return made if made is not None else generate_events(model, batch, prompt, new, **extra)
+
+
+def decoder_layers(model, structure: str) -> Optional[Tuple[object, str]]:
+    """layer_steps.decoder_layers, found once per structure (the fingerprint holds what it looks at: the config, each
+    module's class, tensors, settings and hooks) and kept as the path to the module holding the layers."""
+    if structure not in _STACKS:
+        found = layer_steps.decoder_layers(model)
+        where = None if found is None else next(n for n, m in model.named_modules() if m is found[0])
+        remember(_STACKS, structure, None if found is None else (where, found[1]))
+    kept = _STACKS[structure]
+    return None if kept is None else (model.get_submodule(kept[0]), kept[1])
 
 
 def repeating_steps(model, key: tuple, batch: int) -> Optional[Steps]:
