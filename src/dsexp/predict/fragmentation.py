@@ -31,6 +31,8 @@ four in seconds.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
@@ -126,6 +128,7 @@ _TRACES: dict = {}  # (model's fingerprint, prompt, new, logits), batch -> event
 _STEPS: dict = {}  # (model's fingerprint, prompt, logits, batch) -> Steps, or None: trace every length
 _LAYERED: dict = {}  # (model's fingerprint, prompt, logits) -> whether its layers' build matched a trace
 _STACKS: dict = {}  # model's fingerprint -> (the path of the module holding its decoder layers, attribute) or None
+_SEARCHES: dict = {}  # largest_batch's arguments (the model by its fingerprint) -> its answer and probes
 MEMO = 64
 
 
@@ -281,8 +284,38 @@ def largest_batch(
     """The largest batch whose replay fits `cap` (0: none), searched from `start` (the allocated bytes' answer:
     fragmentation only lowers it, mostly by a batch or two) as a job searches its batches (dsexp.core.bisect): `start`,
     the batch above, the batches below one by one, then bisection; (batch, the probes made: the peaks of those that
-    fit)."""
-    batches, outcomes, structure = list(range(1, top + 1)), {}, fingerprint(model)
+    fit). A search is made once per process for its arguments, the model by its structure: configurations that differ
+    only in how the weights are loaded (load=eager, meta, sharded of one tp and trim) place the same weights in the
+    same order on a rank model of one structure, so they ask the same search."""
+    structure = fingerprint(model)
+    asked = (structure, tuple(weights), prompt, tuple(calls), cap, start, expandable, top)
+    if asked not in _SEARCHES:
+        with collector_paused():
+            made = searched(model, weights, prompt, calls, cap, start, expandable, top, structure)
+        remember(_SEARCHES, asked, made)
+    found, probes = _SEARCHES[asked]
+    return found, list(probes)
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off while in the block (as it was after). A search's replays make hundreds of
+    thousands of blocks that link to their neighbours and live through a replay: counted as new long-lived objects,
+    they set off full collections, each a walk over every object of the process (torch's, transformers' and the
+    traces: 0.3 s and more on two cores, several per search). Off, what they leave in cycles is collected young,
+    once, after the search."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def searched(model, weights, prompt, calls, cap, start, expandable, top, structure) -> Tuple[int, List[Probe]]:
+    """largest_batch's search, made."""
+    batches, outcomes = list(range(1, top + 1)), {}
     probes: List[Probe] = []
     b = next_batch(batches, max(1, min(start, top)), outcomes)
     while b is not None:
