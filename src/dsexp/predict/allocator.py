@@ -168,6 +168,7 @@ class Allocator:
         small_pool, large_pool = pools[True], pools[False]
         bisect_left, insort = bisect.bisect_left, bisect.insort
         pop = live.pop
+        allocated, peak = state.allocated, state.peak_allocated  # kept here, written back as the loop ends
         for i, (kind, key, size) in enumerate(events, first):
             if kind == "alloc":
                 if size <= 0:
@@ -179,7 +180,8 @@ class Allocator:
                 if j < len(pool):
                     block = blocks.pop(pool.pop(j))
                 else:
-                    block = self._grow(small, n)
+                    state.allocated, state.peak_allocated = allocated, peak
+                    block = self._grow(small, n)  # a segment from the driver: the reserve's peak noted there
                     if block is None:
                         self._release()
                         block = self._best_fit(small, n) or self._grow(small, n)
@@ -198,17 +200,15 @@ class Allocator:
                     insort(pool, k)
                 block.free = False
                 live[key] = block
-                state.allocated += block.size
-                if state.allocated > state.peak_allocated:
-                    state.peak_allocated = state.allocated
-                if state.reserved > state.peak_reserved:
-                    state.peak_reserved = state.reserved
+                allocated += block.size
+                if allocated > peak:
+                    peak = allocated
                 continue
             block = pop(key, None)
             if block is None:
                 continue
             block.free = True
-            state.allocated -= block.size
+            allocated -= block.size
             prev, after = block.prev, block.next
             for other in (prev, after):
                 if other is None or not other.free or not other.mapped:
@@ -229,7 +229,8 @@ class Allocator:
             k = block.key = block.size << SIZE_SHIFT | block.addr << 1 | block.small  # _insert
             blocks[k] = block
             insort(small_pool if block.small else large_pool, k)
-        return self.state
+        state.allocated, state.peak_allocated = allocated, peak
+        return state
 
     def run_each(self, sequences: Iterable[Sequence[Event]]) -> Replay:
         """Replay each sequence in turn, its keys its own (a free is of an allocation of its sequence; what a
