@@ -280,14 +280,16 @@ def largest_batch(
     start: int,
     expandable: bool = False,
     top: int = 4096,
+    structure: Optional[str] = None,
 ) -> Tuple[int, List[Probe]]:
     """The largest batch whose replay fits `cap` (0: none), searched from `start` (the allocated bytes' answer:
     fragmentation only lowers it, mostly by a batch or two) as a job searches its batches (dsexp.core.bisect): `start`,
     the batch above, the batches below one by one, then bisection; (batch, the probes made: the peaks of those that
     fit). A search is made once per process for its arguments, the model by its structure: configurations that differ
     only in how the weights are loaded (load=eager, meta, sharded of one tp and trim) place the same weights in the
-    same order on a rank model of one structure, so they ask the same search."""
-    structure = fingerprint(model)
+    same order on a rank model of one structure, so they ask the same search. `structure`: the model's fingerprint
+    where the caller has it."""
+    structure = structure or fingerprint(model)
     asked = (structure, tuple(weights), prompt, tuple(calls), cap, start, expandable, top)
     if asked not in _SEARCHES:
         with collector_paused():

@@ -395,10 +395,11 @@ def replayed_paused(pred: Prediction, config: Mapping[str, Any], rules: Rules, p
     warmup, repeats = int(gen.get("warmup") or 0), int(gen.get("repeats") or 1)
     calls = fragmentation.point_calls(new, warmup, repeats, True, logits_batch)
     out: Dict[str, Any] = traced_with(config)
+    structure = fragmentation.fingerprint(ranked)
     for name, expandable in (("default", False), ("expandable_segments", True)):
         try:
             batch, probes = fragmentation.largest_batch(
-                ranked, weights, prompt, calls, cap_bytes, fit["largest_batch"], expandable
+                ranked, weights, prompt, calls, cap_bytes, fit["largest_batch"], expandable, structure=structure
             )
         except Exception as e:  # the model's code refuses the shapes a rank holds: the bytes' answer stands
             return {"not_replayed": generate_fails(e)}
