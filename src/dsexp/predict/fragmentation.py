@@ -113,13 +113,22 @@ def probe(
     structure = structure or fingerprint(model)
     held = [("alloc", i, n) for i, n in enumerate(weights)] + [("alloc", len(weights), CUBLAS_WORKSPACE)]
     events = [held] + [replayable(model, at or batch, prompt, new, logits, structure) for new, logits, at in calls]
-    capped: Replay = Allocator(cap, expandable).run_each(events)
+    capped = replayed(events, cap, expandable)
     if capped.oom is None:
         return Probe(batch, True, capped.peak_reserved, capped.peak_allocated)
     if not peaks:
         return Probe(batch, False, None, None, capped.oom[1])
-    free = Allocator(None, expandable).run_each(events)
+    free = replayed(events, None, expandable)
     return Probe(batch, False, free.peak_reserved, free.peak_allocated, capped.oom[1])
+
+
+def replayed(events: Sequence[Sequence[Event]], cap: Optional[int], expandable: bool) -> Replay:
+    """The allocator's figures over the events (Allocator.run_each), its blocks unlinked after (Allocator.close)."""
+    allocator = Allocator(cap, expandable)
+    try:
+        return allocator.run_each(events)
+    finally:
+        allocator.close()
 
 
 BASE = 2  # the first of the two batches traced and scaled (batch 1's generate skips a check of several prompts)
