@@ -97,6 +97,7 @@ class Replay:
 
 
 Event = Tuple[str, int, int]  # ("alloc", id, bytes) or ("free", id, 0)
+ROUND = -MIN_BLOCK  # a mask to a multiple of MIN_BLOCK
 SIZE_SHIFT = 64  # a free block's key in its pool: its size above its address (below 2**62) above its pool's bit
 
 
@@ -174,13 +175,12 @@ class Allocator:
             if kind == "alloc":
                 if size <= 0:
                     continue
-                n = ((size + MIN_BLOCK - 1) // MIN_BLOCK) * MIN_BLOCK
+                n = (size + MIN_BLOCK - 1) & ROUND  # round_request (size > 0)
                 small = n <= SMALL_REQUEST
                 pool = small_pool if small else large_pool
-                j = bisect_left(pool, n << SIZE_SHIFT)  # best fit
-                if j < len(pool):
-                    block = blocks.pop(pool.pop(j))
-                else:
+                try:  # best fit
+                    block = blocks.pop(pool.pop(bisect_left(pool, n << SIZE_SHIFT)))
+                except IndexError:  # none in the pool
                     state.allocated, state.peak_allocated = allocated, peak
                     block = self._grow(small, n)  # a segment from the driver: the reserve's peak noted there
                     if block is None:
@@ -210,23 +210,31 @@ class Allocator:
                 continue
             block.free = True
             allocated -= block.size
-            prev, after = block.prev, block.next
-            for other in (prev, after):
-                if other is None or not other.free or not other.mapped:
-                    continue
-                k = other.key  # out of its pool (_remove)
-                if blocks.get(k) is other:
-                    del blocks[k]
+            other = block.prev  # merged with its free neighbours: the one before, then the one after
+            if other is not None and other.free and other.mapped:
+                k = other.key  # out of its pool (_remove: a free mapped block is in its pool)
+                if blocks.pop(k, None) is not None:
                     pool = small_pool if other.small else large_pool
                     del pool[bisect_left(pool, k)]
-                first_, second = (block, other) if block.addr < other.addr else (other, block)  # _merge
-                first_.size += second.size
-                first_.next = beyond = second.next
+                other.size += block.size  # _merge, `other` first
+                other.next = beyond = block.next
                 if beyond is not None:
-                    beyond.prev = first_
-                if expandable and space.get(first_.small) is second:
-                    space[first_.small] = first_
-                block = first_
+                    beyond.prev = other
+                if expandable and space.get(other.small) is block:
+                    space[other.small] = other
+                block = other
+            other = block.next
+            if other is not None and other.free and other.mapped:
+                k = other.key
+                if blocks.pop(k, None) is not None:
+                    pool = small_pool if other.small else large_pool
+                    del pool[bisect_left(pool, k)]
+                block.size += other.size  # _merge, `block` first
+                block.next = beyond = other.next
+                if beyond is not None:
+                    beyond.prev = block
+                if expandable and space.get(block.small) is other:
+                    space[block.small] = block
             k = block.key = block.size << SIZE_SHIFT | block.addr << 1 | block.small  # _insert
             blocks[k] = block
             insort(small_pool if block.small else large_pool, k)
