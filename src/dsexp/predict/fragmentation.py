@@ -157,6 +157,12 @@ class Scaled:
         kinds, keys, sizes, steps = self._columns
         return Columns(kinds, keys, (sizes + (batch - BASE) * steps).tolist())
 
+    def gives(self, batch: int, events: Sequence[Event]) -> bool:
+        """Whether `at(batch)` are these events (compared by columns)."""
+        kinds, keys, sizes, steps = self._columns
+        theirs = columns_of(events)
+        return kinds == theirs[0] and keys == theirs[1] and (sizes + (batch - BASE) * steps).tolist() == list(theirs[2])
+
     @cached_property
     def _columns(self):
         import numpy as np
@@ -182,11 +188,25 @@ class Columns:
 
 def scaled(base: List[Event], above: List[Event]) -> Optional[Scaled]:
     """The events of batches `BASE` and `BASE + 1` as one sequence with sizes that grow with the batch (None: their
-    kinds or keys differ, or a size shrinks)."""
-    if [e[:2] for e in base] != [e[:2] for e in above]:
+    kinds or keys differ, or a size shrinks). Compared and subtracted by columns (`columns_of`)."""
+    import numpy as np
+
+    kinds, keys, sizes = columns_of(base)
+    kinds_above, keys_above, sizes_above = columns_of(above)
+    if kinds != kinds_above or keys != keys_above:
         return None
-    steps = tuple(b[2] - a[2] for a, b in zip(base, above))
-    return Scaled(tuple(base), steps) if min(steps, default=0) >= 0 else None
+    low = np.array(sizes, dtype=np.int64)
+    steps = np.array(sizes_above, dtype=np.int64) - low
+    if steps.size and steps.min() < 0:
+        return None
+    scaling = Scaled(tuple(base), tuple(steps.tolist()))
+    scaling.__dict__["_columns"] = (kinds, keys, low, steps)  # Scaled._columns, made here already
+    return scaling
+
+
+def columns_of(events: Sequence[Event]) -> Tuple[tuple, tuple, tuple]:
+    """(kinds, keys, sizes) of the events."""
+    return tuple(zip(*events)) if events else ((), (), ())  # type: ignore[return-value]
 
 
 def traced(model, batch: int, prompt: int, new: int, logits: bool, structure: Optional[str] = None) -> List[Event]:
@@ -216,7 +236,7 @@ def checked_scaling(model, key: tuple, batch: int) -> Optional[Scaled]:
     """The scaling of traces at `BASE` and `BASE + 1` where it gives exactly the events traced at `batch` (the first
     asked for above both: the batches below it are traced as asked); else None."""
     scaling = scaled(trace(model, key, BASE), trace(model, key, BASE + 1))
-    return scaling if scaling is not None and scaling.at(batch) == trace(model, key, batch) else None
+    return scaling if scaling is not None and scaling.gives(batch, trace(model, key, batch)) else None
 
 
 def trace(model, key: tuple, batch: int) -> List[Event]:
