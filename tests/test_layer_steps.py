@@ -62,7 +62,7 @@ def test_layers_that_differ_are_not_built():
 
 @pytest.fixture
 def memos(monkeypatch):
-    for memo in ("_SCALED", "_TRACES", "_STEPS", "_LAYERED"):
+    for memo in ("_SCALED", "_TRACES", "_STEPS", "_LAYERED", "_SEARCHES"):
         monkeypatch.setattr(fragmentation, memo, {})
 
 

@@ -31,6 +31,7 @@ def traces(monkeypatch):
     monkeypatch.setattr(fragmentation, "_SCALED", {})
     monkeypatch.setattr(fragmentation, "_TRACES", {})
     monkeypatch.setattr(fragmentation, "_STEPS", {})
+    monkeypatch.setattr(fragmentation, "_SEARCHES", {})
     batches = []
 
     def tracer(model, batch, *args, **kwargs):
@@ -112,13 +113,14 @@ def test_the_largest_batch_and_its_probes_are_those_of_a_trace_per_batch(traces,
     assert len(scaled[1]) > 5 and traces == [2, 3, 12, 1]
     monkeypatch.setattr(fragmentation, "checked_scaling", lambda *args: None)
     monkeypatch.setattr(fragmentation, "_SCALED", {})
+    monkeypatch.setattr(fragmentation, "_SEARCHES", {})  # the search made again, not the one it kept
     assert fragmentation.largest_batch(*search) == scaled
 
 
 @pytest.fixture
 def lengths(monkeypatch):
     """Empty memos, and the (batch, new tokens) the generate is traced at, in order."""
-    for memo in ("_SCALED", "_TRACES", "_STEPS"):
+    for memo in ("_SCALED", "_TRACES", "_STEPS", "_SEARCHES"):
         monkeypatch.setattr(fragmentation, memo, {})
     made = []
 

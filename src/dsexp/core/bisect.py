@@ -14,6 +14,7 @@ the job runs 2 or 3 points: the guess, one above, and one below only if the gues
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from dsexp.core.workload import Point, as_list
@@ -23,10 +24,32 @@ OK, OOM = "ok", "oom"
 
 def bracket(batches: List[int], outcomes: Dict[int, str]) -> Tuple[int, int]:
     """(index of the largest batch that ran below the smallest that ran out of memory, index of that smallest); -1 and
-    len(batches) where nothing is known on that side."""
-    hi = min((i for i, b in enumerate(batches) if outcomes.get(b) == OOM), default=len(batches))
-    lo = max((i for i, b in enumerate(batches[:hi]) if outcomes.get(b) == OK), default=-1)
+    len(batches) where nothing is known on that side. `batches` ascending: each outcome's batch found by bisection
+    (a plan's replay searches 4096 batches)."""
+    hi = min((i for i in map(index_of(batches), (b for b, o in outcomes.items() if o == OOM)) if i >= 0),
+             default=len(batches))  # fmt: skip
+    last = index_of(batches, last=True)
+    lo = max((i for i in map(last, (b for b, o in outcomes.items() if o == OK)) if 0 <= i < hi), default=-1)
     return lo, hi
+
+
+def index_of(batches: List[int], last: bool = False):
+    """batch -> the index of its first (or last) place in the ascending `batches`, -1 where it is not there."""
+
+    def find(b) -> int:
+        i = (bisect.bisect_right(batches, b) - 1) if last else bisect.bisect_left(batches, b)
+        return i if 0 <= i < len(batches) and batches[i] == b else -1
+
+    return find
+
+
+def nearest(batches: List[int], start: int) -> int:
+    """The index of the batch nearest `start` in the ascending `batches`, the smaller one on a tie (its first
+    place)."""
+    j = bisect.bisect_left(batches, start)
+    if j == len(batches) or (j > 0 and start - batches[j - 1] <= batches[j] - start):
+        j = bisect.bisect_left(batches, batches[j - 1])
+    return j
 
 
 def next_batch(batches: List[int], start: int, outcomes: Dict[int, str]) -> Optional[int]:
@@ -34,7 +57,7 @@ def next_batch(batches: List[int], start: int, outcomes: Dict[int, str]) -> Opti
     `outcomes` batch -> ok | oom for the points run so far (any other status counts as not run)."""
     if not batches:
         return None
-    s = min(range(len(batches)), key=lambda i: (abs(batches[i] - start), batches[i]))
+    s = nearest(batches, start)
     lo, hi = bracket(batches, outcomes)
     if lo == -1 and hi == len(batches):
         return batches[s]

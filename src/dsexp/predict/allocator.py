@@ -57,21 +57,18 @@ def splits_off(tail: int, small: bool) -> bool:
     return tail >= MIN_BLOCK if small else tail > SMALL_REQUEST
 
 
-@dataclass
 class Block:
-    addr: int
-    size: int
-    segment: "Segment"
-    free: bool = True
-    mapped: bool = True  # expandable segments: pages behind it (False: address space only)
-    prev: Optional["Block"] = None
-    next: Optional["Block"] = None
+    """A stretch of a segment: handed out, or free in its pool (keyed there by `key`: size, then address)."""
 
+    __slots__ = ("addr", "size", "small", "free", "mapped", "prev", "next", "key")
 
-@dataclass
-class Segment:
-    small: bool
-    expandable: bool = False
+    def __init__(self, addr: int, size: int, small: bool, mapped: bool = True, prev=None, next=None):
+        self.addr, self.size, self.small = addr, size, small
+        self.free = True
+        self.mapped = mapped  # expandable segments: pages behind it (False: address space only)
+        self.prev: Optional[Block] = prev
+        self.next: Optional[Block] = next
+        self.key = 0
 
 
 class OutOfMemory(Exception):
@@ -100,32 +97,52 @@ class Replay:
 
 
 Event = Tuple[str, int, int]  # ("alloc", id, bytes) or ("free", id, 0)
+ROUND = -MIN_BLOCK  # a mask to a multiple of MIN_BLOCK
+SIZE_SHIFT = 64  # a free block's key in its pool: its size above its address (below 2**62) above its pool's bit
 
 
 class Allocator:
     """c10's CUDACachingAllocator for one stream: best fit within a pool, blocks split and merged, segments from the
-    driver (or pages mapped, with expandable segments) under an optional cap. Its figures are `state`."""
+    driver (or pages mapped, with expandable segments) under an optional cap. Its figures are `state`.
+
+    Each pool's free blocks are one sorted list of integer keys (size << 64 | address << 1 | small: best fit is the
+    first key at or above the request's size, ties to the lowest address, as c10's set of (size, address)) and a dict
+    from key to block: a replay makes millions of requests, and comparing integers is what bisect does fastest."""
 
     def __init__(self, cap: Optional[int] = None, expandable: bool = False):
         self.state = Replay(cap)
         self.expandable = expandable
-        self.pools: Dict[bool, List[Tuple[int, int, int]]] = {True: [], False: []}  # small?: sorted (size, addr, id)
-        self.blocks: Dict[int, Block] = {}  # id(block) -> block, for the free lists
-        self.live: Dict[int, Block] = {}  # an event's id -> its block
+        self.pools: Dict[bool, List[int]] = {True: [], False: []}  # small?: sorted keys of its free blocks
+        self.blocks: Dict[int, Block] = {}  # key -> free block
+        self.live: Dict[object, Block] = {}  # an event's id -> its block
         self.next_addr = 0
+        self.segments: List[Block] = []  # each segment's first block (it stays the first: blocks merge into it)
         self.space: Dict[bool, Block] = {}  # expandable: each pool's segment, from its first block
 
     def malloc(self, size: int, index: int = 0) -> Block:
-        n = round_request(size)
+        n = ((size + MIN_BLOCK - 1) // MIN_BLOCK) * MIN_BLOCK  # round_request
+        if n < MIN_BLOCK:
+            n = MIN_BLOCK
         small = n <= SMALL_REQUEST
-        block = self._best_fit(small, n) or self._grow(small, n)
-        if block is None:
-            self._release()
-            block = self._best_fit(small, n) or self._grow(small, n)
-        if block is None:
-            self.state.oom = (index, n)
-            raise OutOfMemory(index, n, self.state)
-        self._split(block, n, small)
+        pool = self.pools[small]
+        i = bisect.bisect_left(pool, n << SIZE_SHIFT)  # best fit
+        if i < len(pool):
+            block = self.blocks.pop(pool.pop(i))
+        else:
+            block = self._grow(small, n)
+            if block is None:
+                self._release()
+                block = self._best_fit(small, n) or self._grow(small, n)
+            if block is None:
+                self.state.oom = (index, n)
+                raise OutOfMemory(index, n, self.state)
+        tail = block.size - n
+        if tail >= MIN_BLOCK if small else tail > SMALL_REQUEST:  # splits_off: the tail a free block of its own
+            rest = Block(block.addr + n, tail, small, True, block, block.next)
+            if block.next is not None:
+                block.next.prev = rest
+            block.next, block.size = rest, n
+            self._insert(rest)
         block.free = False
         state = self.state
         state.allocated += block.size
@@ -138,26 +155,91 @@ class Allocator:
     def free(self, block: Block) -> None:
         block.free = True
         self.state.allocated -= block.size
-        for other in (block.prev, block.next):
-            if other is not None and other.free and other.mapped:
-                block = self._merge(block, other)
+        prev, after = block.prev, block.next
+        if prev is not None and prev.free and prev.mapped:
+            block = self._merge(block, prev)
+        if after is not None and after.free and after.mapped:
+            block = self._merge(block, after)
         self._insert(block)
 
-    def run(self, events: Sequence[Event], first: int = 0) -> Replay:
+    def run(self, events: Iterable[Event], first: int = 0) -> Replay:
         """Replay allocations and frees in order; stops at the first that runs out of memory (state.oom, its index
-        counted from `first`)."""
-        live, malloc, free = self.live, self.malloc, self.free
+        counted from `first`). `malloc` and `free` inline (a replay makes millions of each): the same steps."""
+        live, blocks, state, expandable = self.live, self.blocks, self.state, self.expandable
+        pools, space = self.pools, self.space
+        small_pool, large_pool = pools[True], pools[False]
+        bisect_left, insort = bisect.bisect_left, bisect.insort
+        pop = live.pop
+        allocated, peak = state.allocated, state.peak_allocated  # kept here, written back as the loop ends
         for i, (kind, key, size) in enumerate(events, first):
             if kind == "alloc":
                 if size <= 0:
                     continue
-                try:
-                    live[key] = malloc(size, i)
-                except OutOfMemory:
-                    break
-            elif key in live:
-                free(live.pop(key))
-        return self.state
+                n = (size + MIN_BLOCK - 1) & ROUND  # round_request (size > 0)
+                small = n <= SMALL_REQUEST
+                pool = small_pool if small else large_pool
+                try:  # best fit
+                    block = blocks.pop(pool.pop(bisect_left(pool, n << SIZE_SHIFT)))
+                except IndexError:  # none in the pool
+                    state.allocated, state.peak_allocated = allocated, peak
+                    block = self._grow(small, n)  # a segment from the driver: the reserve's peak noted there
+                    if block is None:
+                        self._release()
+                        block = self._best_fit(small, n) or self._grow(small, n)
+                    if block is None:
+                        state.oom = (i, n)
+                        break
+                tail = block.size - n
+                if tail >= MIN_BLOCK if small else tail > SMALL_REQUEST:  # splits_off
+                    after = block.next
+                    rest = Block(block.addr + n, tail, small, True, block, after)
+                    if after is not None:
+                        after.prev = rest
+                    block.next, block.size = rest, n
+                    k = rest.key = tail << SIZE_SHIFT | rest.addr << 1 | small
+                    blocks[k] = rest
+                    insort(pool, k)
+                block.free = False
+                live[key] = block
+                allocated += block.size
+                if allocated > peak:
+                    peak = allocated
+                continue
+            block = pop(key, None)
+            if block is None:
+                continue
+            block.free = True
+            allocated -= block.size
+            other = block.prev  # merged with its free neighbours: the one before, then the one after
+            if other is not None and other.free and other.mapped:
+                k = other.key  # out of its pool (_remove: a free mapped block is in its pool)
+                if blocks.pop(k, None) is not None:
+                    pool = small_pool if other.small else large_pool
+                    del pool[bisect_left(pool, k)]
+                other.size += block.size  # _merge, `other` first
+                other.next = beyond = block.next
+                if beyond is not None:
+                    beyond.prev = other
+                if expandable and space.get(other.small) is block:
+                    space[other.small] = other
+                block = other
+            other = block.next
+            if other is not None and other.free and other.mapped:
+                k = other.key
+                if blocks.pop(k, None) is not None:
+                    pool = small_pool if other.small else large_pool
+                    del pool[bisect_left(pool, k)]
+                block.size += other.size  # _merge, `block` first
+                block.next = beyond = other.next
+                if beyond is not None:
+                    beyond.prev = block
+                if expandable and space.get(block.small) is other:
+                    space[block.small] = block
+            k = block.key = block.size << SIZE_SHIFT | block.addr << 1 | block.small  # _insert
+            blocks[k] = block
+            insort(small_pool if block.small else large_pool, k)
+        state.allocated, state.peak_allocated = allocated, peak
+        return state
 
     def run_each(self, sequences: Iterable[Sequence[Event]]) -> Replay:
         """Replay each sequence in turn, its keys its own (a free is of an allocation of its sequence; what a
@@ -172,24 +254,34 @@ class Allocator:
             first += len(events)
         return self.state
 
+    def close(self) -> None:
+        """Unlink every block from its neighbours: a replay's blocks, linked both ways, are otherwise garbage only
+        Python's cycle collector finds (hundreds of thousands a search); unlinked, each goes as the replay is
+        dropped. The figures (`state`) stay."""
+        for block in [*self.segments, *self.space.values()]:
+            while block is not None:
+                after = block.next
+                block.prev = block.next = None
+                block = after
+        self.segments, self.space, self.live, self.blocks = [], {}, {}, {}
+        self.pools = {True: [], False: []}
+
     def _best_fit(self, small: bool, n: int) -> Optional[Block]:
         pool = self.pools[small]
-        i = bisect.bisect_left(pool, (n, -1, -1))
-        if i == len(pool):
-            return None
-        _, _, bid = pool.pop(i)
-        return self.blocks.pop(bid)
+        i = bisect.bisect_left(pool, n << SIZE_SHIFT)
+        return self.blocks.pop(pool.pop(i)) if i < len(pool) else None
 
     def _insert(self, block: Block) -> None:
-        self.blocks[id(block)] = block
-        bisect.insort(self.pools[block.segment.small], (block.size, block.addr, id(block)))
+        key = block.key = block.size << SIZE_SHIFT | block.addr << 1 | block.small
+        self.blocks[key] = block
+        bisect.insort(self.pools[block.small], key)
 
     def _remove(self, block: Block) -> None:
-        pool = self.pools[block.segment.small]
-        i = bisect.bisect_left(pool, (block.size, block.addr, id(block)))
-        if i < len(pool) and pool[i][2] == id(block):
-            pool.pop(i)
-            self.blocks.pop(id(block), None)
+        key = block.key
+        if self.blocks.get(key) is block:
+            del self.blocks[key]
+            pool = self.pools[block.small]
+            del pool[bisect.bisect_left(pool, key)]
 
     def _fits_cap(self, more: int) -> bool:
         return self.state.cap is None or self.state.reserved + more <= self.state.cap
@@ -203,14 +295,15 @@ class Allocator:
             return None
         self.state.reserved += size
         self.state.note()
-        block = Block(self.next_addr, size, Segment(small))
+        block = Block(self.next_addr, size, small)
+        self.segments.append(block)
         self.next_addr += size
         return block
 
     def _map(self, small: bool, n: int) -> Optional[Block]:
         page = SMALL_SEGMENT if small else LARGE_SEGMENT
         if small not in self.space:
-            self.space[small] = Block(0, 1 << 62, Segment(small, expandable=True), mapped=False)
+            self.space[small] = Block(0, 1 << 62, small, mapped=False)
         hole, start = self.space[small], None
         while hole is not None:  # the lowest unmapped stretch that, with a free mapped block before it, holds n
             if hole.free and not hole.mapped:
@@ -224,7 +317,7 @@ class Allocator:
             return None
         self.state.reserved += grow
         self.state.note()
-        mapped = Block(hole.addr, grow, hole.segment, mapped=True, prev=hole.prev, next=hole)
+        mapped = Block(hole.addr, grow, small, True, hole.prev, hole)
         if hole.prev is not None:
             hole.prev.next = mapped
         hole.prev, hole.addr, hole.size = mapped, hole.addr + grow, hole.size - grow
@@ -235,16 +328,6 @@ class Allocator:
             mapped = self._merge(mapped, start)
         return mapped
 
-    def _split(self, block: Block, n: int, small: bool) -> None:
-        tail = block.size - n
-        if not splits_off(tail, small):
-            return
-        rest = Block(block.addr + n, tail, block.segment, prev=block, next=block.next)
-        if block.next is not None:
-            block.next.prev = rest
-        block.next, block.size = rest, n
-        self._insert(rest)
-
     def _merge(self, block: Block, other: Block) -> Block:
         """`other` (a free neighbour, out of its pool) folded into `block`."""
         self._remove(other)
@@ -253,15 +336,15 @@ class Allocator:
         first.next = second.next
         if second.next is not None:
             second.next.prev = first
-        if self.expandable and self.space.get(first.segment.small) is second:
-            self.space[first.segment.small] = first
+        if self.expandable and self.space.get(first.small) is second:
+            self.space[first.small] = first
         return first
 
     def _release(self) -> None:
         """What c10 does before it gives up: free cached segments no tensor uses (expandable: unmap free pages)."""
         for small, pool in self.pools.items():
-            for _, _, bid in list(pool):
-                block = self.blocks[bid]
+            for key in list(pool):
+                block = self.blocks[key]
                 if self.expandable:
                     self._unmap(block, SMALL_SEGMENT if small else LARGE_SEGMENT)
                 elif block.prev is None and block.next is None:
@@ -279,7 +362,7 @@ class Allocator:
         made = []
         for addr, size, mapped in pieces:
             if size > 0:
-                made.append(Block(addr, size, block.segment, mapped=mapped))
+                made.append(Block(addr, size, block.small, mapped=mapped))
         for a, b in zip([prev] + made, made + [after]):
             if a is not None:
                 a.next = b
@@ -288,8 +371,8 @@ class Allocator:
         for piece in made:
             if piece.mapped:
                 self._insert(piece)
-        if self.space.get(block.segment.small) is block:
-            self.space[block.segment.small] = made[0]
+        if self.space.get(block.small) is block:
+            self.space[block.small] = made[0]
         hole = next(p for p in made if not p.mapped)
         for a, b in ((hole, hole.next), (hole.prev, hole)):  # one unmapped stretch
             if a is not None and b is not None and not a.mapped and not b.mapped and a.free and b.free:

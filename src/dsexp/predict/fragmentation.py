@@ -31,8 +31,11 @@ four in seconds.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from functools import cached_property
+from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from dsexp.core.bisect import OK, OOM, bracket, next_batch
 from dsexp.core.workload import CHECK_BATCH
@@ -109,14 +112,23 @@ def probe(
     batch does not fit, replay it again uncapped for its peaks (a search only asks whether it fits)."""
     structure = structure or fingerprint(model)
     held = [("alloc", i, n) for i, n in enumerate(weights)] + [("alloc", len(weights), CUBLAS_WORKSPACE)]
-    events = [held] + [traced(model, at or batch, prompt, new, logits, structure) for new, logits, at in calls]
-    capped: Replay = Allocator(cap, expandable).run_each(events)
+    events = [held] + [replayable(model, at or batch, prompt, new, logits, structure) for new, logits, at in calls]
+    capped = replayed(events, cap, expandable)
     if capped.oom is None:
         return Probe(batch, True, capped.peak_reserved, capped.peak_allocated)
     if not peaks:
         return Probe(batch, False, None, None, capped.oom[1])
-    free = Allocator(None, expandable).run_each(events)
+    free = replayed(events, None, expandable)
     return Probe(batch, False, free.peak_reserved, free.peak_allocated, capped.oom[1])
+
+
+def replayed(events: Sequence[Sequence[Event]], cap: Optional[int], expandable: bool) -> Replay:
+    """The allocator's figures over the events (Allocator.run_each), its blocks unlinked after (Allocator.close)."""
+    allocator = Allocator(cap, expandable)
+    try:
+        return allocator.run_each(events)
+    finally:
+        allocator.close()
 
 
 BASE = 2  # the first of the two batches traced and scaled (batch 1's generate skips a check of several prompts)
@@ -124,6 +136,8 @@ _SCALED: dict = {}  # (model's fingerprint, prompt, new, logits) -> Scaled, or N
 _TRACES: dict = {}  # (model's fingerprint, prompt, new, logits), batch -> events
 _STEPS: dict = {}  # (model's fingerprint, prompt, logits, batch) -> Steps, or None: trace every length
 _LAYERED: dict = {}  # (model's fingerprint, prompt, logits) -> whether its layers' build matched a trace
+_STACKS: dict = {}  # model's fingerprint -> (the path of the module holding its decoder layers, attribute) or None
+_SEARCHES: dict = {}  # largest_batch's arguments (the model by its fingerprint) -> its answer and probes
 MEMO = 64
 
 
@@ -137,31 +151,92 @@ class Scaled:
     def at(self, batch: int) -> List[Event]:
         return [(kind, key, n + (batch - BASE) * d) for (kind, key, n), d in zip(self.events, self.steps)]
 
+    def columns(self, batch: int) -> "Columns":
+        """The events at `batch` as the allocator reads them (`at`'s, without a tuple made per event): the sizes
+        computed at once."""
+        kinds, keys, sizes, steps = self._columns
+        return Columns(kinds, keys, (sizes + (batch - BASE) * steps).tolist())
+
+    def gives(self, batch: int, events: Sequence[Event]) -> bool:
+        """Whether `at(batch)` are these events (compared by columns)."""
+        kinds, keys, sizes, steps = self._columns
+        theirs = columns_of(events)
+        return kinds == theirs[0] and keys == theirs[1] and (sizes + (batch - BASE) * steps).tolist() == list(theirs[2])
+
+    @cached_property
+    def _columns(self):
+        import numpy as np
+
+        kinds, keys, sizes = zip(*self.events) if self.events else ((), (), ())
+        return kinds, keys, np.array(sizes, dtype=np.int64), np.array(self.steps, dtype=np.int64)
+
+
+class Columns:
+    """Events as three columns (kinds, keys, sizes): iterated, the (kind, key, size) of each in order."""
+
+    __slots__ = ("kinds", "keys", "sizes")
+
+    def __init__(self, kinds: Sequence[str], keys: Sequence[int], sizes: Sequence[int]):
+        self.kinds, self.keys, self.sizes = kinds, keys, sizes
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def __iter__(self) -> Iterator[Event]:
+        return zip(self.kinds, self.keys, self.sizes)
+
 
 def scaled(base: List[Event], above: List[Event]) -> Optional[Scaled]:
     """The events of batches `BASE` and `BASE + 1` as one sequence with sizes that grow with the batch (None: their
-    kinds or keys differ, or a size shrinks)."""
-    if [e[:2] for e in base] != [e[:2] for e in above]:
+    kinds or keys differ, or a size shrinks). Compared and subtracted by columns (`columns_of`)."""
+    import numpy as np
+
+    kinds, keys, sizes = columns_of(base)
+    kinds_above, keys_above, sizes_above = columns_of(above)
+    if kinds != kinds_above or keys != keys_above:
         return None
-    steps = tuple(b[2] - a[2] for a, b in zip(base, above))
-    return Scaled(tuple(base), steps) if min(steps, default=0) >= 0 else None
+    low = np.array(sizes, dtype=np.int64)
+    steps = np.array(sizes_above, dtype=np.int64) - low
+    if steps.size and steps.min() < 0:
+        return None
+    scaling = Scaled(tuple(base), tuple(steps.tolist()))
+    scaling.__dict__["_columns"] = (kinds, keys, low, steps)  # Scaled._columns, made here already
+    return scaling
+
+
+def columns_of(events: Sequence[Event]) -> Tuple[tuple, tuple, tuple]:
+    """(kinds, keys, sizes) of the events."""
+    return tuple(zip(*events)) if events else ((), (), ())  # type: ignore[return-value]
 
 
 def traced(model, batch: int, prompt: int, new: int, logits: bool, structure: Optional[str] = None) -> List[Event]:
     """One generate's events at `batch` on `model`: scaled where its traces scale, else traced at that batch. Both
     allocators and every model of the same structure (load=meta and eager of one tp and trim) replay them."""
     key = (structure or fingerprint(model), prompt, new, logits)
+    scaling = scaling_of(model, key, batch)
+    return scaling.at(batch) if scaling is not None else trace(model, key, batch)
+
+
+def replayable(model, batch: int, prompt: int, new: int, logits: bool, structure: Optional[str] = None):
+    """`traced`'s events as the allocator replays them: a scaled generate's as `Columns` (no tuple built per
+    event)."""
+    key = (structure or fingerprint(model), prompt, new, logits)
+    scaling = scaling_of(model, key, batch)
+    return scaling.columns(batch) if scaling is not None else trace(model, key, batch)
+
+
+def scaling_of(model, key: tuple, batch: int) -> Optional[Scaled]:
+    """The scaling that gives the generate's events at `batch` (None: traced at that batch)."""
     if batch > BASE + 1 and key not in _SCALED:
         remember(_SCALED, key, checked_scaling(model, key, batch))
-    scaling = _SCALED.get(key) if batch >= BASE else None
-    return scaling.at(batch) if scaling is not None else trace(model, key, batch)
+    return _SCALED.get(key) if batch >= BASE else None
 
 
 def checked_scaling(model, key: tuple, batch: int) -> Optional[Scaled]:
     """The scaling of traces at `BASE` and `BASE + 1` where it gives exactly the events traced at `batch` (the first
     asked for above both: the batches below it are traced as asked); else None."""
     scaling = scaled(trace(model, key, BASE), trace(model, key, BASE + 1))
-    return scaling if scaling is not None and scaling.at(batch) == trace(model, key, batch) else None
+    return scaling if scaling is not None and scaling.gives(batch, trace(model, key, batch)) else None
 
 
 def trace(model, key: tuple, batch: int) -> List[Event]:
@@ -181,7 +256,7 @@ def generated(model, key: tuple, batch: int) -> List[Event]:
     else traced whole."""
     structure, prompt, new, logits = key
     extra = {"output_logits": True} if logits else {}
-    stack = layer_steps.decoder_layers(model)
+    stack = decoder_layers(model, structure)
     memo = (structure, prompt, logits)
     if stack is None or _LAYERED.get(memo) is False:
         return generate_events(model, batch, prompt, new, **extra)
@@ -192,6 +267,17 @@ def generated(model, key: tuple, batch: int) -> List[Event]:
         remember(_LAYERED, memo, found is not None and found == layer_steps.unmarked(check))
     made = layer_steps.built(template, len(getattr(*stack))) if _LAYERED[memo] else None
     return made if made is not None else generate_events(model, batch, prompt, new, **extra)
+
+
+def decoder_layers(model, structure: str) -> Optional[Tuple[object, str]]:
+    """layer_steps.decoder_layers, found once per structure (the fingerprint holds what it looks at: the config, each
+    module's class, tensors, settings and hooks) and kept as the path to the module holding the layers."""
+    if structure not in _STACKS:
+        found = layer_steps.decoder_layers(model)
+        where = None if found is None else next(n for n, m in model.named_modules() if m is found[0])
+        remember(_STACKS, structure, None if found is None else (where, found[1]))
+    kept = _STACKS[structure]
+    return None if kept is None else (model.get_submodule(kept[0]), kept[1])
 
 
 def repeating_steps(model, key: tuple, batch: int) -> Optional[Steps]:
@@ -223,12 +309,44 @@ def largest_batch(
     start: int,
     expandable: bool = False,
     top: int = 4096,
+    structure: Optional[str] = None,
 ) -> Tuple[int, List[Probe]]:
     """The largest batch whose replay fits `cap` (0: none), searched from `start` (the allocated bytes' answer:
     fragmentation only lowers it, mostly by a batch or two) as a job searches its batches (dsexp.core.bisect): `start`,
     the batch above, the batches below one by one, then bisection; (batch, the probes made: the peaks of those that
-    fit)."""
-    batches, outcomes, structure = list(range(1, top + 1)), {}, fingerprint(model)
+    fit). A search is made once per process for its arguments, the model by its structure: configurations that differ
+    only in how the weights are loaded (load=eager, meta, sharded of one tp and trim) place the same weights in the
+    same order on a rank model of one structure, so they ask the same search. `structure`: the model's fingerprint
+    where the caller has it."""
+    structure = structure or fingerprint(model)
+    asked = (structure, tuple(weights), prompt, tuple(calls), cap, start, expandable, top)
+    if asked not in _SEARCHES:
+        with collector_paused():
+            made = searched(model, weights, prompt, calls, cap, start, expandable, top, structure)
+        remember(_SEARCHES, asked, made)
+    found, probes = _SEARCHES[asked]
+    return found, list(probes)
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off while in the block (as it was after). A search's replays make hundreds of
+    thousands of blocks that link to their neighbours and live through a replay: counted as new long-lived objects,
+    they set off full collections, each a walk over every object of the process (torch's, transformers' and the
+    traces: 0.3 s and more on two cores, several per search). Off, what they leave in cycles is collected young,
+    once, after the search."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def searched(model, weights, prompt, calls, cap, start, expandable, top, structure) -> Tuple[int, List[Probe]]:
+    """largest_batch's search, made."""
+    batches, outcomes = list(range(1, top + 1)), {}
     probes: List[Probe] = []
     b = next_batch(batches, max(1, min(start, top)), outcomes)
     while b is not None:

@@ -358,9 +358,21 @@ def config_model(pred: Prediction, config: Mapping[str, Any]):
     return arch.meta_model(arch.model_source(dict(config), None), pred.strategy.dtype)
 
 
+_RANKED: list = []  # the last replay_model asked: [(pred, config, rules), its answer]
+
+
 def replay_model(pred: Prediction, config: Mapping[str, Any], rules: Rules):
     """What the replay runs on: rank 0's model as that rank holds it (built on the meta device) and its weights'
-    allocations in the order they are made; (None, None, why) where the rank model cannot be traced."""
+    allocations in the order they are made; (None, None, why) where the rank model cannot be traced. Made once for
+    a configuration's prompt lengths in turn: the last one asked is kept (by the objects asking)."""
+    if _RANKED and all(a is b for a, b in zip(_RANKED[0], (pred, config, rules))):
+        return _RANKED[1]
+    _RANKED[:] = [(pred, config, rules), rank_zero(pred, config, rules)]
+    return _RANKED[1]
+
+
+def rank_zero(pred: Prediction, config: Mapping[str, Any], rules: Rules):
+    """replay_model's answer, made."""
     from dsexp.predict import fragmentation
 
     model = config_model(pred, config)
@@ -380,7 +392,17 @@ def replayed(pred: Prediction, config: Mapping[str, Any], rules: Rules, prompt: 
     model) replayed through the caching allocator after the weights fits the allocator's cap (the GPU less what lives
     outside it), default and with expandable segments; or why it is not replayed. `logits_batch`: the sequences of
     the first point's logits call (None: the point's batch, as the jobs measured before the call ran the first
-    sequence alone made it)."""
+    sequence alone made it). Python's garbage collector is paused meanwhile (fragmentation.collector_paused): the rank
+    model's copy and the searches make objects by the million."""
+    from dsexp.predict import fragmentation
+
+    with fragmentation.collector_paused():
+        return replayed_paused(pred, config, rules, prompt, new, cap_bytes, fit, logits_batch)
+
+
+def replayed_paused(pred: Prediction, config: Mapping[str, Any], rules: Rules, prompt: int, new: int,
+                    cap_bytes: int, fit: Dict[str, Any], logits_batch: Optional[int]) -> Dict[str, Any]:  # fmt: skip
+    """replayed's answer, made."""
     from dsexp.predict import fragmentation
 
     if not str(pred.strategy.device).startswith("cuda"):
@@ -392,10 +414,11 @@ def replayed(pred: Prediction, config: Mapping[str, Any], rules: Rules, prompt: 
     warmup, repeats = int(gen.get("warmup") or 0), int(gen.get("repeats") or 1)
     calls = fragmentation.point_calls(new, warmup, repeats, True, logits_batch)
     out: Dict[str, Any] = traced_with(config)
+    structure = fragmentation.fingerprint(ranked)
     for name, expandable in (("default", False), ("expandable_segments", True)):
         try:
             batch, probes = fragmentation.largest_batch(
-                ranked, weights, prompt, calls, cap_bytes, fit["largest_batch"], expandable
+                ranked, weights, prompt, calls, cap_bytes, fit["largest_batch"], expandable, structure=structure
             )
         except Exception as e:  # the model's code refuses the shapes a rank holds: the bytes' answer stands
             return {"not_replayed": generate_fails(e)}

@@ -131,11 +131,45 @@ def stood_for(region: Region, layers: int) -> List[Region]:
     return [r for r in regions if template_of(r, layers) == region][::-1]
 
 
+_PLANS: dict = {}  # (a template's kinds and keys, layers) -> its build as columns, sizes by template event, or None
+MEMO = 64
+
+
 def built(template: Sequence[Event], layers: int) -> Optional[List[Event]]:
     """The events of the model of `layers` from its trace cut to TEMPLATE layers (marked), numbered as
     meta_trace.numbered numbers a trace; None where a free does not move with its layer (a relation the template
     cannot carry over) or is of nothing live. Consecutive frees outside the layers of what a middle layer made are
-    made for each middle layer in turn (its keys, then its values)."""
+    made for each middle layer in turn (its keys, then its values).
+
+    What the build does depends on the template's kinds and keys alone (its sizes are carried over as they are): it
+    runs once per such template and number of layers (`planned`: each event's kind, key and the template event its
+    size is from), and a template of other sizes (the next batch's) takes its sizes through that plan at once."""
+    import numpy as np
+
+    if not template:
+        return planned(template, layers)
+    kinds, keys, sizes = zip(*template)
+    shape = (kinds, keys, layers)
+    if shape not in _PLANS:
+        if len(_PLANS) >= MEMO:
+            _PLANS.clear()
+        plan = planned([(k, key, i) for i, (k, key) in enumerate(zip(kinds, keys))], layers)
+        if plan is not None:
+            out_kinds, out_keys, source = zip(*plan) if plan else ((), (), ())
+            frees = np.array([k != "alloc" for k in out_kinds], dtype=bool)
+            plan = (out_kinds, out_keys, np.array(source, dtype=np.int64), frees)
+        _PLANS[shape] = plan
+    plan = _PLANS[shape]
+    if plan is None:
+        return None
+    out_kinds, out_keys, source, frees = plan
+    taken = np.array(sizes, dtype=np.int64)[source]
+    taken[frees] = 0
+    return list(zip(out_kinds, out_keys, taken.tolist()))
+
+
+def planned(template: Sequence[Event], layers: int) -> Optional[List[Event]]:
+    """`built`'s events, made event by event."""
     where: Dict[int, Tuple[Region, int]] = {}  # the template's allocation -> (its region, its place among the region's)
     by_region: Dict[Region, list] = {}
     made: Dict[Region, int] = {}
