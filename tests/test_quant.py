@@ -444,3 +444,13 @@ def test_a_quantized_rank_allocates_each_linears_inner_tensors_then_the_rest():
     rest = [t for t in (*model.parameters(), *model.buffers()) if type(t).__name__ != "Float8Tensor"]
     assert sizes[:2] == q_proj and len(sizes) == 2 * 2 * 7 + len(rest)
     assert sum(sizes) == stored_bytes(model)
+
+
+def test_the_plan_names_what_quantizing_leaves_in_the_allocator_and_the_fix_that_measured_best(capsys, tmp_path):
+    from helpers.plan import plan
+
+    common = ("quant=fp8_weight", "model=tiny_llama", "gpu=h100_80gb", "generate.prompt_tokens=64", "--no-replay")
+    _, [each], _, _ = plan(capsys, tmp_path, *common)
+    _, [end], _, _ = plan(capsys, tmp_path, "quant.empty_cache=end", *common)
+    assert any("quant.empty_cache=each" in n and "0.10 GiB" in n for n in each["notes"])
+    assert any("quant.empty_cache=end" in n and "does not model" in n for n in end["notes"])
