@@ -19,6 +19,8 @@ class Placement:
     dim: Optional[int] = None  # the dimension a TP split cuts (0: each rank's rows are contiguous in the file)
     is_buffer: bool = False
     copy: bool = False  # a tensor the engine makes that is not in the model (AutoTP's clone of a tied head)
+    # per rank, the allocations its bytes are made of where they are several (a quantized weight's values and scales)
+    parts: Tuple[Tuple[int, ...], ...] = ()
 
 
 @dataclass

@@ -43,6 +43,13 @@ class Storage:
         per_scale = dtype_bytes if self.scale_bytes is None else self.scale_bytes
         return out * inp * self.bits // 8 + scales * per_scale * self.per_group
 
+    def parts(self, out: int, inp: int, dtype_bytes: int, group: Optional[int] = None) -> Tuple[int, int]:
+        """(values, scales) in bytes: the two allocations a quantized weight makes (its scales and zero-points
+        together), which the caching allocator places apart (a row's scales fall in its small pool)."""
+        total = self.nbytes(out, inp, dtype_bytes, group)
+        values = _up(out, self.pad_out) * _up(inp, self.pad_in) * self.bits // 8
+        return values, total - values
+
 
 def _up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple

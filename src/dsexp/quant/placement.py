@@ -124,11 +124,12 @@ def _linear_bytes(p: Placement, shape: Tuple[int, int], t: QuantTraits, s: Strat
     """A linear's weight as torchao stores it on each rank: its local rows x columns (AutoTP's cut kept)."""
     out, inp = shape
     e = _itemsize(p, shape)
-    local = []
+    parts = []
     for b in p.local:
         rows, cols = (b // (inp * e), inp) if p.dim == 0 else (out, b // (out * e)) if p.dim == 1 else (out, inp)
-        local.append(t.storage.nbytes(rows, cols, e, s.quant_group) if b else 0)
-    return replace(p, full=t.storage.nbytes(out, inp, e, s.quant_group), local=tuple(local))
+        parts.append(t.storage.parts(rows, cols, e, s.quant_group) if b else (0, 0))
+    full = t.storage.nbytes(out, inp, e, s.quant_group)
+    return replace(p, full=full, local=tuple(sum(x) for x in parts), parts=tuple(parts))
 
 
 def _zero3_bytes(p: Placement, shape: Tuple[int, int], t: QuantTraits, s: Strategy, tp: int) -> Placement:
