@@ -210,7 +210,9 @@ class Allocator:
                 continue
             block.free = True
             allocated -= block.size
-            other = block.prev  # merged with its free neighbours: the one before, then the one after
+            # merged with its free neighbours, the one before, then the one after: the two merges are written out
+            # rather than called, as malloc and free are, in the replay's hot loop (a plan frees millions of blocks)
+            other = block.prev
             if other is not None and other.free and other.mapped:
                 k = other.key  # out of its pool (_remove: a free mapped block is in its pool)
                 if blocks.pop(k, None) is not None:
