@@ -45,6 +45,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation deepspeed==0.19.8
 	$(BIN)/pip install -q -e '.[test,cluster]'
+	@# optimum-quanto compiles its CPU kernels into its own package folder on first use (about 35 s on two cores):
+	@# built here once, not inside the first quant.kv job's generate (or the first test that makes a quanto cache)
+	$(BIN)/python -c 'from optimum.quanto.library.extensions.cpp import ext; ext.lib'
 	touch $(STAMP)
 
 sweep: install  ## the main job: a CPU sweep on the tiny model into multirun/ and ./mlflow.db (SWEEP="..." to change)
