@@ -397,3 +397,9 @@ def test_batches_past_a_kernels_limit_are_never_run_and_the_limit_settles_the_se
 
     run_fresh_loads(state, truth)
     assert S.largest_ok(c, batches) == 63 and max(ran) == 63
+    ran.clear()  # the same with a job per guess (not one load): its first job runs the guess and the batch above
+    c = S.Config("quant=int4_weight", {"quant": "int4_weight"}, linear_needs(batches, 12 * GIB, GIB * 2 // 3),
+                 replayed=62, points=[S.Point(64, S.LIMIT)])  # fmt: skip
+    state = S.State(device=60 * GIB, batches=batches, configs=[c])
+    simulate(state, truth)
+    assert S.largest_ok(c, batches) == 63 and max(ran) == 63

@@ -254,10 +254,10 @@ def next_batches(c: Config, s: State) -> List[int]:
         return []
     n, b = len(s.batches), s.batches
     guess = model_largest(c, s.device, gap(c, s))
-    if not c.points:
-        g = max(guess, 0)
-        return [b[g], b[g + 1]] if g + 1 < n and not c.one_batch else [b[g]]
     lo, hi = bracket(c, b)
+    if all(p.status == LIMIT for p in c.points):  # nothing ran yet: the model's guess and the batch above it
+        g = min(max(guess, 0), hi - 1)  # (never at or past a kernel's limit)
+        return [b[g], b[g + 1]] if g + 1 < min(n, hi) and not c.one_batch else [b[g]]
     hi = min(hi, floor_cap(c, s) + 1)  # past the floor's first miss: planned as out of memory, not measured
     left = run_bound(n) - runs_used(c)
     if not calibrated(c):
