@@ -4,6 +4,7 @@ compose, each with the error the run gave (results/cpu/quant_compose.md, GPU: re
 from __future__ import annotations
 
 from dsexp.core.gates import VersionGate
+from dsexp.quant.base import QuantTraits
 
 TORCHAO = "torchao"
 TORCHAO_GATE = VersionGate(TORCHAO, "0.18", "dsexp's torchao members use torchao 0.18's config classes")
@@ -25,3 +26,10 @@ AUTOTP_REFUSALS = {
     "int8_weight": _TRANSPOSE.format(cls="Int8Tensor"),  # results/cpu/quant_compose
     "int4_weight": _TRANSPOSE.format(cls="Int4TilePackedTo4dTensor"),  # results/h200/quant/tp2 (an H100)
 }
+
+
+def torchao_member(key: str, **traits) -> QuantTraits:
+    """A torchao member's traits: what all of them share (the library, the version gate, ZeRO-3's refusal and
+    AutoTP's where its tensor lacks the transpose) around the member's own."""
+    return QuantTraits(key, library=TORCHAO, refuses={**ZERO3_REFUSALS}, autotp_problem=AUTOTP_REFUSALS.get(key),
+                       gate=TORCHAO_GATE, **traits)  # fmt: skip

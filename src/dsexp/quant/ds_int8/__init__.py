@@ -5,18 +5,6 @@ any ZeRO-3 parameter; each forward gathers and dequantizes the layer (a weight-s
 
 from __future__ import annotations
 
-from dsexp.quant.base import QuantTraits, Storage
-from dsexp.quant.deepspeed_rules import DS_ENGINES_ONLY
+from dsexp.quant.deepspeed_rules import deepspeed_member
 
-TRAITS = QuantTraits(
-    "ds_int8",
-    library="deepspeed",
-    call='ds_config["weight_quantization"] = {"quantized_initialization": {"num_bits": 8, "group_size": 64, '
-    '"group_dim": 1, "symmetric": False}} (engine=zero_inference)',
-    summary="int8 weights in groups of 64, quantized as ZeRO-3 builds the model (DeepSpeed)",
-    storage=Storage(bits=8, scale_bytes=None, group=64, per_group=2),
-    quality_tol=0.15,
-    refuses=DS_ENGINES_ONLY,
-    nearest="int8_weight",
-    orders=("stream",),
-)
+TRAITS = deepspeed_member("ds_int8", bits=8, quality_tol=0.15)

@@ -4,12 +4,11 @@ Config, one scale per row), the matrix product in fp8 (`torch._scaled_mm`): a GP
 
 from __future__ import annotations
 
-from dsexp.quant.base import QuantTraits, Storage
-from dsexp.quant.torchao_rules import AUTOTP_REFUSALS, TORCHAO_GATE, ZERO3_REFUSALS
+from dsexp.quant.base import Storage
+from dsexp.quant.torchao_rules import torchao_member
 
-TRAITS = QuantTraits(
+TRAITS = torchao_member(
     "fp8",
-    library="torchao",
     call="quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))",
     summary="fp8 weights and dynamic fp8 activations (torchao), fp8 matrix products",
     storage=Storage(bits=8, scale_bytes=4),
@@ -18,7 +17,4 @@ TRAITS = QuantTraits(
     min_capability=(8, 9),
     device_why="torchao's fp8 products (torch._scaled_mm) need a GPU of compute capability 8.9 or more; on a CPU "
     "or an older GPU use quant=fp8_weight (the same bytes, products in the run dtype)",
-    refuses={**ZERO3_REFUSALS},
-    autotp_problem=AUTOTP_REFUSALS.get("fp8"),
-    gate=TORCHAO_GATE,
 )

@@ -4,18 +4,14 @@ and multiplies in it. Runs on the CPU and any GPU."""
 
 from __future__ import annotations
 
-from dsexp.quant.base import QuantTraits, Storage
-from dsexp.quant.torchao_rules import AUTOTP_REFUSALS, TORCHAO_GATE, ZERO3_REFUSALS
+from dsexp.quant.base import Storage
+from dsexp.quant.torchao_rules import torchao_member
 
-TRAITS = QuantTraits(
+TRAITS = torchao_member(
     "fp8_weight",
-    library="torchao",
     call="quantize_(model, Float8WeightOnlyConfig())",
     summary="fp8 weights, products in the run dtype (torchao)",
     storage=Storage(bits=8, scale_bytes=4),
     quality_tol=0.25,
-    refuses={**ZERO3_REFUSALS},
-    autotp_problem=AUTOTP_REFUSALS.get("fp8_weight"),
     nearest="int8_weight",
-    gate=TORCHAO_GATE,
 )

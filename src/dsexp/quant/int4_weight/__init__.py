@@ -4,12 +4,11 @@ and zero-point per group, rows padded to 8 and columns to 1024. A GPU of compute
 
 from __future__ import annotations
 
-from dsexp.quant.base import QuantTraits, Storage
-from dsexp.quant.torchao_rules import AUTOTP_REFUSALS, TORCHAO_GATE, ZERO3_REFUSALS
+from dsexp.quant.base import Storage
+from dsexp.quant.torchao_rules import torchao_member
 
-TRAITS = QuantTraits(
+TRAITS = torchao_member(
     "int4_weight",
-    library="torchao",
     call='quantize_(model, Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d"))',
     summary="int4 weights in groups of 128, tinygemm's packing (torchao)",
     storage=Storage(bits=4, scale_bytes=4, group=128, pad_out=8, pad_in=1024),
@@ -18,9 +17,6 @@ TRAITS = QuantTraits(
     min_capability=(8, 0),
     device_why="torchao's int4 packing for the CPU needs the mslk package (not on PyPI) and its tinygemm packing a "
     "GPU of compute capability 8.0 or more; on the CPU use quant=int8_weight or quant=ds_int4 (engine=zero_inference)",
-    refuses={**ZERO3_REFUSALS},
-    autotp_problem=AUTOTP_REFUSALS.get("int4_weight"),
-    gate=TORCHAO_GATE,
     max_output_elements=2**31,
     max_output_why="tinygemm's int4 kernel (aten._weight_int4pack_mm) indexes a product's output in 32 bits: on the "
     "H100 a forward of 72 x 2048 tokens through a 16384-wide linear (2.4e9 elements) faulted with a CUDA illegal "

@@ -4,17 +4,13 @@ weight-sized temporary). Runs on the CPU and any GPU."""
 
 from __future__ import annotations
 
-from dsexp.quant.base import QuantTraits, Storage
-from dsexp.quant.torchao_rules import AUTOTP_REFUSALS, TORCHAO_GATE, ZERO3_REFUSALS
+from dsexp.quant.base import Storage
+from dsexp.quant.torchao_rules import torchao_member
 
-TRAITS = QuantTraits(
+TRAITS = torchao_member(
     "int8_weight",
-    library="torchao",
     call="quantize_(model, Int8WeightOnlyConfig())",
     summary="int8 weights, products in the run dtype (torchao)",
     storage=Storage(bits=8, scale_bytes=5),
     quality_tol=0.15,
-    refuses={**ZERO3_REFUSALS},
-    autotp_problem=AUTOTP_REFUSALS.get("int8_weight"),
-    gate=TORCHAO_GATE,
 )
