@@ -5,11 +5,13 @@ The Hydra app itself is dsexp.compose.app (compose/ is the only package that imp
 import sys
 
 from dsexp.compose.app import main
+from dsexp.core.compat import quiet_optional_imports
 
 
 def run() -> None:
     """The app, ended by Ctrl-C or SIGTERM with words, not a traceback: the job then running has its result.json
     (cause `interrupted`), its ranks torn down; jobs already ok are skipped when the same command runs again."""
+    quiet_optional_imports()
     try:
         main()
     except KeyboardInterrupt as e:

@@ -60,6 +60,9 @@ def parse(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from dsexp.core.compat import quiet_optional_imports
+
+    quiet_optional_imports()
     args = parse(argv)
     out = sys.stdout
     with contextlib.redirect_stdout(sys.stderr):  # library chatter (DeepSpeed logs to stdout) stays off stdout

@@ -225,12 +225,10 @@ class NotTheCpuFallback(logging.Filter):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from dsexp.analysis.sections.plan_table import render_markdown, render_terminal
+    from dsexp.core.compat import quiet_optional_imports
 
     logging.getLogger("DeepSpeed").addFilter(NotTheCpuFallback())
-    # torchao (quant=) at import: its optional GPU kernels not loadable here, and torch's note on its enums; a plan
-    # needs neither
-    logging.getLogger("torchao").setLevel(logging.ERROR)
-    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    quiet_optional_imports()
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:

@@ -42,3 +42,13 @@ def config_fields(cls) -> Dict[str, object]:
     pydantic.v1 classes DeepSpeed 0.14 uses (`__fields__`)."""
     fields = getattr(cls, "model_fields", None)
     return dict(fields) if fields else dict(getattr(cls, "__fields__", {}))
+
+
+def quiet_optional_imports() -> None:
+    """What a dsexp command prints that no user asked for: transformers imports torchao where it is installed (for
+    quant=), and torchao says its optional GPU kernels could not load and torch notes its enums; neither matters to
+    a command that quantizes nothing, and a quantizing job's ranks log their own."""
+    import logging
+
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
