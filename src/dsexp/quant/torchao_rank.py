@@ -66,23 +66,24 @@ def quantize(
     names = [n for n, m in module.named_modules() if keep(m, n)]
     before = stored_bytes(module)
     to = device if order == STREAM and device != "cpu" else None
+    on_gpu = device.startswith("cuda")
     start = time.perf_counter()
-    if device.startswith("cuda") and empty == EACH:
+    if on_gpu and empty == EACH:
         quantize_each(module, torchao_config(t, group), keep, to)
     else:
         quantize_(module, torchao_config(t, group), filter_fn=keep, device=to)
-        if device.startswith("cuda"):
+        if on_gpu:
             torch.cuda.empty_cache()
     if to is not None:
         module.to(device)  # what stays in the run dtype: embeddings, norms, the head, buffers
-    if device.startswith("cuda"):
+    if on_gpu:
         torch.cuda.synchronize()
     return {
         "member": t.key,
         "library": "torchao",
         "call": t.call,
         "order": order,
-        "empty_cache": empty if device.startswith("cuda") else None,
+        "empty_cache": empty if on_gpu else None,
         "linears": len(names),
         "first": names[:3],
         "bytes_before": before,
