@@ -165,7 +165,9 @@ class QuantConfig:
     (null: the member's own); on random weights that is numerical agreement, not task accuracy.
     empty_cache: each (torchao's members on a GPU: the allocator's cache emptied after each linear is quantized, so no
     segment that held a run-dtype weight outlives it with a quantized weight inside), end (once, after the phase: the
-    quantized weights split the segments the run-dtype weights left, and their free rest stays reserved)."""
+    quantized weights split the segments the run-dtype weights left, and their free rest stays reserved).
+    head: torchao's members leave the output head in the run dtype, as transformers' TorchAoConfig does; true
+    quantizes it with the member too (its logits pay for it in quality: the report shows what)."""
 
     name: str = "none"
     group_size: Optional[int] = None  # the member's group (elements sharing one scale); null: the member's default
@@ -176,13 +178,14 @@ class QuantConfig:
     kv_residual: int = 128  # newest tokens the cache keeps in the run dtype before it quantizes them (residual_length)
     quality_tol: Optional[float] = None
     empty_cache: str = "each"
+    head: bool = False  # torchao's members: quantize the output head too (it stays in the run dtype by default)
     # false: run a member with an engine it is known not to compose with, to see the library's own error (the
     # composition matrix, campaigns/quant_compose.yaml, does); the device checks still apply
     check_composition: bool = True
 
     @property
     def active(self) -> bool:
-        return self.name != "none" or self.kv is not None
+        return self.name != "none" or self.kv is not None or self.head
 
 
 @dataclass

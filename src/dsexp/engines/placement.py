@@ -134,6 +134,7 @@ def quant_fields(q: Mapping[str, Any]) -> Dict[str, Any]:
         "quant_max_output_why": t.max_output_why if t else "",
         "quant_order": order_of(q) if t else "stream",
         "quant_empty_cache": q.get("empty_cache") or "each",
+        "quant_head": bool(t and q.get("head")),
     }
 
 

@@ -293,13 +293,19 @@ def plan_entry(
 def kernel_limit(pred: Prediction, prompt: int) -> Optional[Dict[str, Any]]:
     """The largest batch the quant member's kernel takes at this prompt length ({batch, why}), where it has a limit
     on one product's output (int4's tinygemm: 2^31 elements); None where none applies. The prefill runs every token
-    of the batch through the widest quantized linear at once (its whole width: a rank's share is no wider)."""
+    of the batch through the widest quantized linear at once (its whole width: a rank's share is no wider); a
+    quantized head (quant.head) the last position of each sequence, or every position where the model's code drops
+    generate's logits_to_keep, to the whole vocabulary (the row-parallel head's output)."""
     s, d = pred.strategy, pred.dims
     widest = max(d.intermediate, d.hidden)
     if not s.quant_max_output or widest <= 0:
         return None
     tokens = (s.quant_max_output - 1) // widest
-    return {"batch": tokens // max(prompt, 1), "tokens": tokens, "widest_out": widest, "why": s.quant_max_output_why}
+    batch = tokens // max(prompt, 1)
+    if s.quant_head and d.vocab:
+        head_rows = prompt if d.full_logits and not s.last_position_logits else 1
+        batch = min(batch, (s.quant_max_output - 1) // d.vocab // head_rows)
+    return {"batch": batch, "tokens": tokens, "widest_out": widest, "why": s.quant_max_output_why}
 
 
 def largest_batch_answer(

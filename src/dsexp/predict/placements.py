@@ -63,6 +63,7 @@ class Strategy:
     quant_max_output_why: str = ""
     quant_order: str = "stream"  # the order the member runs in (quant.order resolved) and quant.empty_cache
     quant_empty_cache: str = "each"
+    quant_head: bool = False  # torchao's members: the output head quantized too (quant.head)
 
     def trimmed(self, key: str) -> bool:
         return bool(self.trims.get(key))

@@ -45,6 +45,8 @@ def label(quant: Any) -> Optional[str]:
     order = _get(quant, "order", "auto")
     if parts and order not in (None, "auto"):
         parts.append(order)
+    if parts and _get(quant, "head", False):
+        parts.append("head")
     if parts and _get(quant, "empty_cache", EACH) not in (None, EACH):
         parts.append(f"empty-{_get(quant, 'empty_cache')}")
     return f"q({','.join(parts)})" if parts else None

@@ -69,6 +69,9 @@ class QuantTraits:
     refuses: Dict[str, str] = field(default_factory=dict)
     # AutoTP's sharded linears (init_inference at tp > 1): None composes, else why not
     autotp_problem: Optional[str] = None
+    # why AutoTP's products with this member's weights run as F.linear (dsexp.quant.autotp_linear); "": as AutoTP
+    # has them
+    autotp_linear: str = ""
     nearest: str = "fp8_weight"  # the member to suggest where this one does not compose
     orders: Tuple[str, ...] = (STREAM, AFTER)  # the orders it can run in; the first is quant.order=auto's
     device_why: str = ""  # why a device it does not list cannot run it

@@ -44,6 +44,9 @@ def problems(
     t = traits(q.name)
     if t is not None:
         out += _member_problems(spec, t, device, capability, autotp)
+    head = head_problem(spec, t)
+    if head:
+        out.append(head)
     kv = kv_member.problem(q, model_dims, spec.engine.kernel_inject)
     if kv:
         out.append(kv)
@@ -73,6 +76,25 @@ def _member_problems(spec, t, device, capability, autotp) -> List[str]:
     if q.group_size is not None and q.group_size <= 0:
         out.append(f"quant.group_size={q.group_size}: must be > 0 (null: the member's own)")
     return out
+
+
+def head_problem(spec, t) -> Optional[str]:
+    """quant.head=true where it means nothing or cannot apply."""
+    if not spec.quant.head:
+        return None
+    if t is None:
+        return "quant.head=true with quant=none: it quantizes the output head with a torchao member (quant=int4_weight)"
+    if t.library != "torchao":
+        return (
+            f"quant.head=true with quant={t.key}: DeepSpeed's members quantize every linear and embedding weight, the "
+            "head included, as zero.Init builds them; drop quant.head"
+        )
+    if spec.engine.name == "hf_tp":
+        return (
+            "quant.head=true with engine=hf_tp: there transformers quantizes as it loads (TorchAoConfig), whose "
+            "default leaves the head in the run dtype, and dsexp sets no other; use engine=init_inference"
+        )
+    return None
 
 
 def nearest(t, engine: str, autotp: bool, device: str) -> str:

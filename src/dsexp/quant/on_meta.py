@@ -53,7 +53,7 @@ def quantize_on_meta(model, s: Any) -> None:
     with contextlib.ExitStack() as stack:
         for target in CAPABILITY_CHECKS:
             stack.enter_context(mock.patch(target, lambda: True))
-        quantize_(model, torchao_config(traits(s.quant), s.quant_group), filter_fn=linear_filter(model))
+        quantize_(model, torchao_config(traits(s.quant), s.quant_group), filter_fn=linear_filter(model, s.quant_head))
 
 
 def allocation_order(model) -> List[int]:

@@ -18,15 +18,16 @@ from dsexp.quant import traits
 from dsexp.quant.base import QuantTraits
 
 
-def quantized_weights(model, t: QuantTraits) -> Dict[str, Tuple[int, int]]:
-    """{weight name: (out, in)} of the weights the member quantizes in the meta model."""
+def quantized_weights(model, t: QuantTraits, with_head: bool = False) -> Dict[str, Tuple[int, int]]:
+    """{weight name: (out, in)} of the weights the member quantizes in the meta model (torchao's: the output head
+    only `with_head`)."""
     import torch.nn as nn
 
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     kinds = (nn.Linear, nn.Embedding) if t.library == "deepspeed" else (nn.Linear,)
     out = {}
     for name, m in model.named_modules():
-        if not isinstance(m, kinds) or (t.library == "torchao" and m is head):
+        if not isinstance(m, kinds) or (t.library == "torchao" and m is head and not with_head):
             continue
         w = getattr(m, "weight", None)
         if w is not None and w.dim() == 2:
@@ -41,7 +42,7 @@ def quantize(model, placements: List[Placement], s: Strategy, tp: int, notes: Li
     t = traits(s.quant or "none")
     if t is None:
         return placements
-    shapes = quantized_weights(model, t)
+    shapes = quantized_weights(model, t, s.quant_head)
     rule = _zero3_bytes if t.library == "deepspeed" else _linear_bytes
     out = [rule(p, shapes[p.name], t, s, tp) if p.name in shapes and not p.copy else p for p in placements]
     notes.append(weight_rule(t, s, len(shapes)))
@@ -98,7 +99,9 @@ def weight_rule(t: QuantTraits, s: Strategy, weights: int) -> str:
     per = f"{group} elements of a row" if group else "row"
     each = f"{st.scale_bytes} B" if st.scale_bytes else f"{s.dtype}"
     scale = f"{st.per_group} x {each}" if st.per_group > 1 else each
-    kept = "the output head, embeddings, norms and buffers" if t.library == "torchao" else "norms and buffers"
+    kept = "norms and buffers"
+    if t.library == "torchao":
+        kept = "embeddings, " + kept if s.quant_head else "the output head, embeddings, " + kept
     deq = DEQUANTIZES.get(s.dequantizes or "", "the products run in fp8: no weight is dequantized")
     return (
         f"quant={t.key}: {weights} weights at {st.bits / 8:g} B per element + {scale} per {per}; {kept} stay in "

@@ -1,10 +1,10 @@
 """The torchao members on a rank: `torchao.quantization.quantize_` over the model's linear layers (the decoder's
 nn.Linear, and AutoTP's LinearLayer/LinearAllreduce where the engine sharded them), after the engine placed the
 model: torchao's tensors cannot be split by AutoTP (aten.split_with_sizes), so AutoTP shards first and its linears are
-quantized after. The output head and the embeddings stay in the run dtype (as transformers' TorchAoConfig leaves
-them). Order `stream`: the engine left the model on the host and each linear is moved to the device and quantized
-there, one at a time (quantize_'s `device`), so the device never holds the model in the run dtype; `after`: the
-model is quantized where the engine placed it. Imported on ranks only."""
+quantized after. The embeddings stay in the run dtype, and the output head too (as transformers' TorchAoConfig leaves
+them) unless quant.head=true. Order `stream`: the engine left the model on the host and each linear is moved to the
+device and quantized there, one at a time (quantize_'s `device`), so the device never holds the model in the run
+dtype; `after`: the model is quantized where the engine placed it. Imported on ranks only."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ import time
 from typing import Any, Callable, Dict, Optional
 
 from dsexp.core.tensors import stored_bytes
+from dsexp.quant.autotp_linear import AUTOTP_LINEARS
 from dsexp.quant.base import EACH, STREAM, QuantTraits
-
-# the linears AutoTP leaves in place of nn.Linear (deepspeed.module_inject.layers)
-AUTOTP_LINEARS = ("LinearLayer", "LinearAllreduce")
 
 
 def torchao_config(t: QuantTraits, group: Optional[int]):
@@ -39,11 +37,11 @@ def torchao_config(t: QuantTraits, group: Optional[int]):
     raise KeyError(f"quant={t.key}: no torchao config")
 
 
-def linear_filter(model) -> Callable[[Any, str], bool]:
-    """quantize_'s filter: the model's linear layers (nn.Linear, AutoTP's), not its output head."""
+def linear_filter(model, with_head: bool = False) -> Callable[[Any, str], bool]:
+    """quantize_'s filter: the model's linear layers (nn.Linear, AutoTP's), the output head only `with_head`."""
     import torch.nn as nn
 
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = None if with_head else output_head(model)
 
     def is_linear(module, fqn: str) -> bool:
         if module is head or getattr(module, "weight", None) is None:
@@ -53,16 +51,23 @@ def linear_filter(model) -> Callable[[Any, str], bool]:
     return is_linear
 
 
+def output_head(model):
+    return model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+
+
 def quantize(
-    module, t: QuantTraits, group: Optional[int], order: str, device: str, empty: str = EACH
+    module, t: QuantTraits, group: Optional[int], order: str, device: str, empty: str = EACH, head: bool = False
 ) -> Dict[str, Any]:
-    """Quantize the module's linears in place; what was done: the call, the order, the linears quantized, the
-    weights' bytes before and after (stored: scales and zero-points included) and the seconds it took. On a GPU with
-    `empty` each, one linear at a time with the allocator's cache emptied after each (quantize_each)."""
+    """Quantize the module's linears in place (the output head too with `head`); what was done: the call, the order,
+    the linears quantized, the weights' bytes before and after (stored: scales and zero-points included) and the
+    seconds it took. On a GPU with `empty` each, one linear at a time with the allocator's cache emptied after each
+    (quantize_each). AutoTP's linears whose new weight lacks a transpose get their product as F.linear."""
     import torch
     from torchao.quantization import quantize_
 
-    keep = linear_filter(module)
+    from dsexp.quant.autotp_linear import adapt
+
+    keep = linear_filter(module, head)
     names = [n for n, m in module.named_modules() if keep(m, n)]
     before = stored_bytes(module)
     to = device if order == STREAM and device != "cpu" else None
@@ -76,6 +81,7 @@ def quantize(
             torch.cuda.empty_cache()
     if to is not None:
         module.to(device)  # what stays in the run dtype: embeddings, norms, the head, buffers
+    adapted = adapt(module) if t.autotp_linear else []
     if on_gpu:
         torch.cuda.synchronize()
     return {
@@ -86,6 +92,8 @@ def quantize(
         "empty_cache": empty if on_gpu else None,
         "linears": len(names),
         "first": names[:3],
+        "head": head,
+        "autotp_as_linear": len(adapted),
         "bytes_before": before,
         "bytes_after": stored_bytes(module),
         "seconds": time.perf_counter() - start,

@@ -16,20 +16,21 @@ _ZERO3 = (
 ZERO3_REFUSALS = {"zero_inference": _ZERO3, "autotp_zero3": _ZERO3}
 
 # AutoTP's LinearLayer / LinearAllreduce multiply by `weight.transpose(-1, -2)`; a torchao tensor that does not
-# implement aten.transpose.int fails in the first forward
+# implement aten.transpose.int failed in the first forward (NotImplementedError), and dsexp runs that product as
+# F.linear (dsexp.quant.autotp_linear)
 _TRANSPOSE = (
-    "AutoTP's LinearLayer/LinearAllreduce multiply by weight.transpose(-1, -2), and torchao's {cls} does not "
-    "implement aten.transpose.int (NotImplementedError in the first forward); AutoTP shards first and quantizes "
-    "after, so the order cannot help"
+    "AutoTP's LinearLayer/LinearAllreduce multiply by weight.transpose(-1, -2), which torchao's {cls} does not "
+    "implement (aten.transpose.int: NotImplementedError in the first forward, {where}); dsexp runs that product as "
+    "F.linear(input, weight), which it does, inside AutoTP's own forward"
 )
-AUTOTP_REFUSALS = {
-    "int8_weight": _TRANSPOSE.format(cls="Int8Tensor"),  # results/cpu/quant_compose
-    "int4_weight": _TRANSPOSE.format(cls="Int4TilePackedTo4dTensor"),  # results/h200/quant/tp2 (an H100)
+AUTOTP_LINEAR = {
+    "int8_weight": _TRANSPOSE.format(cls="Int8Tensor", where="results/cpu/quant_compose"),
+    "int4_weight": _TRANSPOSE.format(cls="Int4TilePackedTo4dTensor", where="results/h200/quant/tp2, an H100"),
 }
 
 
 def torchao_member(key: str, **traits) -> QuantTraits:
     """A torchao member's traits: what all of them share (the library, the version gate, ZeRO-3's refusal and
-    AutoTP's where its tensor lacks the transpose) around the member's own."""
-    return QuantTraits(key, library=TORCHAO, refuses={**ZERO3_REFUSALS}, autotp_problem=AUTOTP_REFUSALS.get(key),
+    AutoTP's F.linear where its tensor lacks the transpose) around the member's own."""
+    return QuantTraits(key, library=TORCHAO, refuses={**ZERO3_REFUSALS}, autotp_linear=AUTOTP_LINEAR.get(key, ""),
                        gate=TORCHAO_GATE, **traits)  # fmt: skip
