@@ -336,8 +336,12 @@ def test_every_committed_cpu_run_of_a_member_holds_the_predicted_weights_to_the_
     ran = [r for r in compose_runs() if r["status"] == "ok"]
     members = {(r["config"]["quant"]["name"], r["config"]["tp"]) for r in ran}
     for member in ("fp8_weight", "int8_weight", "ds_int8", "ds_int4"):
-        assert (member, 1) in members or member == "int8_weight", member
-        assert (member, 2) in members, member
+        assert (member, 1) in members and (member, 2) in members, member
+    # int8 under AutoTP (its products as F.linear) and with the output head quantized, at tp=1 and 2
+    engines = {(r["config"]["quant"]["name"], r["config"]["tp"], r["config"]["quant"].get("head", False)):
+               r["config"]["engine"]["name"] for r in ran}  # fmt: skip
+    assert engines[("int8_weight", 2, False)] == engines[("int8_weight", 2, True)] == "init_inference"
+    assert ("int8_weight", 1, True) in engines
     for r in ran:
         assert m.weights_per_rank(r) == predict(r).weights, config_label(r["config"])
 
