@@ -277,7 +277,8 @@ def test_a_stopped_campaign_bundles_its_steps_records_and_campaign_json_for_a_ma
 ):
     """The H200 runs each command in a fresh copy of the checkout: what a campaign wrote into the results folder is
     gone at the next command. --bundle packs the chosen steps' compact results and campaign.json, named as in the
-    results' parent, even when the campaign was stopped; another step's folder stays out."""
+    results' parent, even when the campaign was stopped (a command step's file named after it too); another step's
+    folder and file stay out."""
     import tarfile
 
     from dsexp.campaign import __main__ as cmain
@@ -287,6 +288,8 @@ def test_a_stopped_campaign_bundles_its_steps_records_and_campaign_json_for_a_ma
     (work / "a" / "0" / "result.json").write_text("{}")
     (out / "other" / "0").mkdir(parents=True)
     (out / "other" / "0" / "result.json").write_text("{}")
+    (out / "a.json").write_text("{}")  # what a command step wrote into $OUT, named after the step
+    (out / "other.json").write_text("{}")
     campaign = Campaign("t", "a", "m", str(out), [], [Step(n, "overrides", ["model=tiny"], 5) for n in "ab"])
     monkeypatch.setattr(cmain, "load", lambda name: campaign)
     stopped = {"rc": -15, "timed_out": False, "wall_s": 1.0, "interrupted": True}
@@ -295,7 +298,7 @@ def test_a_stopped_campaign_bundles_its_steps_records_and_campaign_json_for_a_ma
     assert cmain.main(["t", "--out", str(out), "--work", str(work), "--bundle", str(tgz), "--only", "a,b"]) == 130
     with tarfile.open(tgz) as tar:
         names = tar.getnames()
-    assert "budget/campaign.json" in names and "budget/a/0/result.json" in names
+    assert "budget/campaign.json" in names and "budget/a/0/result.json" in names and "budget/a.json" in names
     assert not any(n.startswith(("budget/other", "budget/b")) for n in names)
 
 

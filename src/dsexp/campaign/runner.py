@@ -139,9 +139,11 @@ def collect(sweep: Path, dest: Path) -> int:
 def bundle(out: Path, steps: Sequence[str], path: Path) -> List[str]:
     """A tar.gz of what these steps left in the results folder, with its campaign.json, named as in the repo (unpack
     it at the repo root): a machine that runs each command in a fresh copy of the checkout keeps neither past the
-    command. Returns the paths it holds."""
+    command. A step is its folder, and the files a command step wrote beside it named after it (`$OUT/<step>.json`).
+    Returns the paths it holds."""
     base = (REPO if out.resolve().is_relative_to(REPO) else out.parent).resolve()
-    held = {str(p.resolve().relative_to(base)): p for p in [out / RECORD, *(out / s for s in steps)] if p.exists()}
+    paths = [out / RECORD, *(out / s for s in steps), *(f for s in steps for f in sorted(out.glob(f"{s}.*")))]
+    held = {str(p.resolve().relative_to(base)): p for p in paths if p.exists()}
     path.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, "w:gz") as tar:
         for name, p in held.items():

@@ -300,11 +300,11 @@ def kernel_limit(pred: Prediction, prompt: int) -> Optional[Dict[str, Any]]:
     widest = max(d.intermediate, d.hidden)
     if not s.quant_max_output or widest <= 0:
         return None
-    tokens = (s.quant_max_output - 1) // widest
+    tokens = s.quant_max_output // widest
     batch = tokens // max(prompt, 1)
     if s.quant_head and d.vocab:
         head_rows = prompt if d.full_logits and not s.last_position_logits else 1
-        batch = min(batch, (s.quant_max_output - 1) // d.vocab // head_rows)
+        batch = min(batch, s.quant_max_output // d.vocab // head_rows)
     return {"batch": batch, "tokens": tokens, "widest_out": widest, "why": s.quant_max_output_why}
 
 

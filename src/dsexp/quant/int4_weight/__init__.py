@@ -19,6 +19,6 @@ TRAITS = torchao_member(
     "GPU of compute capability 8.0 or more; on the CPU use quant=int8_weight or quant=ds_int4 (engine=zero_inference)",
     max_output_elements=2**31,
     max_output_why="tinygemm's int4 kernel (aten._weight_int4pack_mm) indexes a product's output in 32 bits: on the "
-    "H100 a forward of 72 x 2048 tokens through a 16384-wide linear (2.4e9 elements) faulted with a CUDA illegal "
-    "memory access (results/h200/quant, budget60)",
+    "H100 one 16384-wide linear ran 131072 tokens (2^31 output elements) and faulted at 139264 with a CUDA illegal "
+    "memory access, as a forward of 72 x 2048 tokens did (results/h200/quant: int4_limit.json, budget60)",
 )
