@@ -452,6 +452,10 @@ def test_the_replay_traces_torchaos_members_on_the_meta_device_and_says_where_it
     assert "CUDA kernel" in int4["replayed"]["not_replayed"] and int4["answer_from"] == "allocated_bytes_bound"
     _, [kv], _, _ = plan(capsys, tmp_path, "quant=int8_weight", "quant.kv=4", *common)
     assert "quantized KV cache" in kv["largest_batch"]["96"]["replayed"]["not_replayed"]
+    # at tp=2 the rank model is cut as AutoTP cuts the run-dtype weights, then quantized (its cut was once taken
+    # from the quantized bytes: a generate that fails on a shape, said to fail on the GPU too, where it ran)
+    _, [tp2], _, _ = plan(capsys, tmp_path, "quant=int8_weight", "tp=2", "launcher.gpus=1", *common)
+    assert tp2["largest_batch"]["96"]["answer_from"] == "replay:default", tp2["largest_batch"]["96"]
 
 
 def test_a_quantized_rank_allocates_each_linears_inner_tensors_then_the_rest():

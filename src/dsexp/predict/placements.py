@@ -21,6 +21,8 @@ class Placement:
     copy: bool = False  # a tensor the engine makes that is not in the model (AutoTP's clone of a tied head)
     # per rank, the allocations its bytes are made of where they are several (a quantized weight's values and scales)
     parts: Tuple[Tuple[int, ...], ...] = ()
+    # per rank, the bytes in the run dtype where a quant member restated `local` at its width: the cut the engine made
+    run_local: Tuple[int, ...] = ()
 
 
 @dataclass

@@ -283,7 +283,8 @@ def rank_model(model, s: Strategy, placements: List[Placement], rank: int, tp: i
         if p.dim is None or t is None or p.copy:
             continue
         shape = list(t.shape)
-        shape[p.dim] = p.local[rank] // (t.element_size() * (t.numel() // t.shape[p.dim]))
+        cut = (p.run_local or p.local)[rank]  # a quantized weight's cut, in the run dtype it was made in
+        shape[p.dim] = cut // (t.element_size() * (t.numel() // t.shape[p.dim]))
         owner, name = p.name.rsplit(".", 1)
         setattr(modules[owner], name, torch.nn.Parameter(torch.empty(shape, device="meta", dtype=t.dtype), False))
         around.add(owner.rsplit(".", 1)[0] if "." in owner else owner)
