@@ -428,6 +428,9 @@ def test_int4s_largest_batch_stays_under_its_kernels_32_bit_output_limit(capsys,
     assert fit["kernel_limit"]["tokens"] * 16384 <= 2**31 < (fit["kernel_limit"]["tokens"] + 1) * 16384
     assert entry["largest_batch"]["1024"]["kernel_limit"]["batch"] == 128
     assert "the quantized kernel's limit 64" in text
+    _, [tp2], _, _ = plan(capsys, tmp_path, "quant=int4_weight", "tp=2", "launcher.gpus=1", *common)
+    assert tp2["largest_batch"]["2048"]["kernel_limit"]["widest_out"] == 8192  # a rank's half of the up projection
+    assert tp2["largest_batch"]["2048"]["kernel_limit"]["batch"] == 128
     _, [int8], _, _ = plan(capsys, tmp_path, "--no-replay", "quant=int8_weight", "model=tiny_llama", *common[1:3],
                            "generate.prompt_tokens=96")  # fmt: skip
     assert "kernel_limit" not in int8["largest_batch"]["96"]  # no such limit outside int4

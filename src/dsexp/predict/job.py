@@ -293,11 +293,12 @@ def plan_entry(
 def kernel_limit(pred: Prediction, prompt: int) -> Optional[Dict[str, Any]]:
     """The largest batch the quant member's kernel takes at this prompt length ({batch, why}), where it has a limit
     on one product's output (int4's tinygemm: 2^31 elements); None where none applies. The prefill runs every token
-    of the batch through the widest quantized linear at once (its whole width: a rank's share is no wider); a
+    of the batch through the widest quantized linear of a rank at once: the MLP's up projection, a column-parallel
+    rank's share of it, or a row-parallel layer's whole hidden output; a
     quantized head (quant.head) the last position of each sequence, or every position where the model's code drops
     generate's logits_to_keep, to the whole vocabulary (the row-parallel head's output)."""
     s, d = pred.strategy, pred.dims
-    widest = max(d.intermediate, d.hidden)
+    widest = max(-(-d.intermediate // max(pred.tp, 1)), d.hidden)
     if not s.quant_max_output or widest <= 0:
         return None
     tokens = s.quant_max_output // widest
