@@ -461,6 +461,32 @@ def test_the_replay_traces_torchaos_members_on_the_meta_device_and_says_where_it
     assert tp2["largest_batch"]["96"]["answer_from"] == "replay:default", tp2["largest_batch"]["96"]
 
 
+def test_fp8_with_and_without_fp8_activations_are_different_structures_to_the_replay():
+    """The replay keeps one trace per structure: fp8's weights and fp8_weight's hold the same tensors and differ in
+    the settings the weight carries (torchao's act_quant_kwargs). They once shared a fingerprint: a plan of
+    quant=fp8,fp8_weight gave fp8_weight fp8's 37 sequences where alone it gives 52 (llama_20b_shapes, 60 GiB)."""
+    import copy
+    import types
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    pytest.importorskip("torchao")
+    from dsexp.predict.structure import fingerprint
+    from dsexp.quant.on_meta import quantize_on_meta
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=100)  # fmt: skip
+    with torch.device("meta"):
+        base = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    prints = []
+    for member in ("fp8", "fp8_weight", "int8_weight", "fp8"):
+        m = copy.deepcopy(base)
+        quantize_on_meta(m, types.SimpleNamespace(quant=member, quant_group=None, quant_head=False))
+        prints.append(fingerprint(m))
+    assert len(set(prints)) == 3 and prints[0] == prints[3]  # three structures; one member's copies share one
+
+
 def test_a_quantized_rank_allocates_each_linears_inner_tensors_then_the_rest():
     """The replay's weights for stream order with the cache emptied after each linear: per quantized linear its data
     then its scales, then what module.to moves; together the model's stored bytes."""

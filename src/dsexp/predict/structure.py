@@ -32,15 +32,17 @@ def tensors(module) -> list:
 
 
 def tensor_parts(t) -> tuple:
-    """A tensor's shape, strides, dtype and device; a wrapper subclass (a quantized weight) with its class and its
-    inner tensors': fp8 and int8 weights of one shape make different generates."""
+    """A tensor's shape, strides, dtype and device; a wrapper subclass (a quantized weight) with its class, its inner
+    tensors' and its flatten context (the settings it carries): fp8 and int8 weights of one shape make different
+    generates, and so do fp8 weights with and without fp8 activations (torchao's act_quant_kwargs)."""
     from dsexp.core.tensors import is_wrapper
 
     parts = (tuple(t.shape), t.stride(), str(t.dtype), str(t.device))
     if is_wrapper(t):
-        names, _ = t.__tensor_flatten__()
+        names, context = t.__tensor_flatten__()
         inner = tuple(tensor_parts(getattr(t, n)) for n in names if getattr(t, n, None) is not None)
-        return (*parts, described(type(t)), inner)
+        settings = sorted((str(k), described(v)) for k, v in context.items()) if isinstance(context, dict) else context
+        return (*parts, described(type(t)), inner, described(settings))
     return parts
 
 
