@@ -96,7 +96,8 @@ class Replay:
         self.peak_allocated = max(self.peak_allocated, self.allocated)
 
 
-Event = Tuple[str, int, int]  # ("alloc", id, bytes) or ("free", id, 0)
+# ("alloc", id, bytes), ("free", id, 0), or ("release", None, 0): torch.cuda.empty_cache() (a quantize phase's end)
+Event = Tuple[str, Optional[int], int]
 ROUND = -MIN_BLOCK  # a mask to a multiple of MIN_BLOCK
 SIZE_SHIFT = 64  # a free block's key in its pool: its size above its address (below 2**62) above its pool's bit
 
@@ -207,6 +208,8 @@ class Allocator:
                 continue
             block = pop(key, None)
             if block is None:
+                if kind == "release":  # checked here only: a plain free never pays for it
+                    self._release()
                 continue
             block.free = True
             allocated -= block.size

@@ -111,7 +111,7 @@ def probe(
     the model's fingerprint where the caller has it (a search probes one model many times). `peaks`: where the
     batch does not fit, replay it again uncapped for its peaks (a search only asks whether it fits)."""
     structure = structure or fingerprint(model)
-    held = [("alloc", i, n) for i, n in enumerate(weights)] + [("alloc", len(weights), CUBLAS_WORKSPACE)]
+    held = weight_events(weights) + [("alloc", "cublas", CUBLAS_WORKSPACE)]
     events = [held] + [replayable(model, at or batch, prompt, new, logits, structure) for new, logits, at in calls]
     capped = replayed(events, cap, expandable)
     if capped.oom is None:
@@ -120,6 +120,14 @@ def probe(
         return Probe(batch, False, None, None, capped.oom[1])
     free = replayed(events, None, expandable)
     return Probe(batch, False, free.peak_reserved, free.peak_allocated, capped.oom[1])
+
+
+def weight_events(weights: Sequence) -> List[Event]:
+    """The weights as the allocator's events: byte sizes allocated in order, or events as they are (a quantize phase
+    that frees the run-dtype weights and empties the cache once at its end: dsexp.quant.on_meta)."""
+    if weights and isinstance(weights[0], tuple):
+        return list(weights)
+    return [("alloc", i, n) for i, n in enumerate(weights)]
 
 
 def replayed(events: Sequence[Sequence[Event]], cap: Optional[int], expandable: bool) -> Replay:

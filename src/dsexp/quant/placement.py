@@ -60,8 +60,8 @@ LEFT_IN_CACHE = {
     "left 0.10 GiB cached above 19.57 GiB of weights (a whole-model quantize_, quant.empty_cache=end: 1.24 GiB, "
     "reserved at 22.00 GiB at its peak); the replay places the quantized weights so",
     "end": "quant.empty_cache=end: the bf16 blocks quantizing frees stay cached around the quantized weights (on the "
-    "H100, fp8: 1.24 GiB above 19.57), which the batch pays for and the replay does not model; quant.empty_cache=each "
-    "(the default) left 0.10 GiB",
+    "H100, fp8: 1.24 GiB above 19.57), which the batch pays for; the replay records that quantize phase on the meta "
+    "device (1.05 GiB there); quant.empty_cache=each (the default) left 0.10 GiB",
 }
 
 
