@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 MIN_BLOCK = 512
 SMALL_REQUEST = 1 << 20  # the largest request served from the small pool
@@ -96,8 +96,9 @@ class Replay:
         self.peak_allocated = max(self.peak_allocated, self.allocated)
 
 
-# ("alloc", id, bytes), ("free", id, 0), or ("release", None, 0): torch.cuda.empty_cache() (a quantize phase's end)
-Event = Tuple[str, Optional[int], int]
+# ("alloc", key, bytes), ("free", key, 0), or ("release", None, 0): torch.cuda.empty_cache() (a quantize phase's end);
+# a key is any hashable naming one allocation within its sequence
+Event = Tuple[str, Hashable, int]
 ROUND = -MIN_BLOCK  # a mask to a multiple of MIN_BLOCK
 SIZE_SHIFT = 64  # a free block's key in its pool: its size above its address (below 2**62) above its pool's bit
 

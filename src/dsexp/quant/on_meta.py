@@ -75,7 +75,7 @@ def quantize_events(model, config, keep) -> List[Any]:
 
     events: List[Any] = []
     moved = set()
-    counter = iter(range(1 << 62, 1 << 63))
+    counter = iter(range(1 << 62, 1 << 63))  # keys of the moved tensors: above the recorder's (storage addresses)
 
     def move(t) -> Optional[int]:
         storage = t.untyped_storage()
@@ -114,6 +114,10 @@ def allocation_order(model) -> List[Any]:
     quantized weight's inner tensors, each in blocks the emptied cache left to nothing else), then the rest as
     `module.to(device)` moves it (children first)."""
     from dsexp.core.tensors import is_wrapper
+    from dsexp.predict.fragmentation import apply_order
+
+    if getattr(model, EVENTS, None) is not None:
+        return getattr(model, EVENTS)
 
     def inner(t) -> List[int]:
         if is_wrapper(t):
@@ -121,10 +125,6 @@ def allocation_order(model) -> List[Any]:
             return [n for name in names if getattr(t, name, None) is not None for n in inner(getattr(t, name))]
         return [t.untyped_storage().nbytes()]
 
-    from dsexp.predict.fragmentation import apply_order
-
-    if getattr(model, EVENTS, None) is not None:
-        return getattr(model, EVENTS)
     out: List[int] = []
     seen = set()
     for parent in model.modules():

@@ -23,7 +23,9 @@ def quantized_weights(model, t: QuantTraits, with_head: bool = False) -> Dict[st
     only `with_head`)."""
     import torch.nn as nn
 
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    from dsexp.quant.torchao_rank import output_head
+
+    head = output_head(model)
     kinds = (nn.Linear, nn.Embedding) if t.library == "deepspeed" else (nn.Linear,)
     out = {}
     for name, m in model.named_modules():

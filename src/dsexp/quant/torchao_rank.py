@@ -52,6 +52,7 @@ def linear_filter(model, with_head: bool = False) -> Callable[[Any, str], bool]:
 
 
 def output_head(model):
+    """The model's output head (None where it names none)."""
     return model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
 
 
