@@ -403,3 +403,27 @@ def test_batches_past_a_kernels_limit_are_never_run_and_the_limit_settles_the_se
     state = S.State(device=60 * GIB, batches=batches, configs=[c])
     simulate(state, truth)
     assert S.largest_ok(c, batches) == 63 and max(ran) == 63
+
+
+def test_a_resumed_job_that_crashed_past_the_kernels_limit_leaves_the_search_going_under_it(capsys):
+    """budget60_each's int4 job faulted at batch 72 before the limit (64) was known: resumed, that crash is the
+    limit, not a failure of int4 (which then was never searched); a crash under the limit still stops it."""
+    from pathlib import Path
+
+    from dsexp.compose.budget import points as P
+    from dsexp.compose.budget.sweeper import BudgetSearch
+
+    def crashed_at(batch):
+        config = {"quant": {"name": "int4_weight"}, "generate": {"batch_size": list(range(1, 74)), "bisect_from": 72}}
+        failure = {"cause": "engine_error", "phase": f"generate[b={batch},l=2048]", "message": "illegal memory access"}
+        return {"status": "failed", "job_dir": "j0", "config": config, "failure": failure, "ranks": []}
+
+    for batch, stopped in ((72, False), (65, False), (64, True)):  # 64 ran under the limit: a real failure
+        result = crashed_at(batch)
+        bs = object.__new__(BudgetSearch)  # the search's state alone: no sweeper, no launcher
+        bs.identity, bs.jobs = {"quant=int4_weight": P.identity(result["config"])}, []
+        c = S.Config("quant=int4_weight", {}, [0] * 96, one_load=True, points=[S.Point(65, S.LIMIT)])
+        bs.state = S.State(60 * GIB, S.batch_range(1, 96, 1), [c])
+        bs.absorb(Path("j0"), result, resumed=True)
+        assert bool(c.failed) is stopped, (batch, c.failed)
+        assert ("failed past the kernel's limit" in capsys.readouterr().out) is not stopped

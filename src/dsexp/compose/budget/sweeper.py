@@ -158,6 +158,9 @@ class BudgetSearch:
         if any(j["dir"] == str(job_dir) for j in self.jobs):
             return
         points, stop = measured.points_of(job_dir, result, resumed)
+        if stop and past_kernel_limit(c, result):
+            stop = None  # the crash is the limit the search already keeps out (an earlier search's, or no limit then)
+            print(f"dsexp budget: {key}: job {job_dir.name} failed past the kernel's limit: searched under it")
         for p in points:  # a point that ran past the budget (not capped, or outside the allocator) does not fit it
             if p.status == search.OK and p.peak is not None and p.peak > self.state.device:
                 p.status = search.OVER
@@ -333,6 +336,16 @@ class BudgetSearch:
             "settled": search.done(c, s),
             "what_if": self.what_if(c) if final else {},
         }
+
+
+def past_kernel_limit(c: search.Config, result: Dict[str, Any]) -> bool:
+    """The job failed in a batch at or past the configuration's kernel limit (its LIMIT point): int4's fault past
+    2^31 output elements, met by a search from before the limit was known."""
+    from dsexp.core.workload import parse_phase
+
+    limit = min((p.batch for p in c.points if p.status == search.LIMIT), default=None)
+    failed_at = parse_phase(str((result.get("failure") or {}).get("phase") or ""))
+    return limit is not None and failed_at is not None and failed_at.batch >= limit
 
 
 def confirm_margin(spec: JobConfig) -> int:
