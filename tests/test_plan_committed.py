@@ -33,7 +33,7 @@ from dsexp.analysis.memory import predict as report_prediction
 from dsexp.compose.planning import plan_one, space
 from dsexp.core.result import JobRecord
 from dsexp.predict import capacity as cap
-from test_fragmentation import BRACKETS, COMMITTED, GIB
+from test_fragmentation import BRACKETS, COMMITTED, GIB, SHARED_TP4_BELOW
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPACITY = ROOT / "results" / "h200" / "capacity"
@@ -196,4 +196,30 @@ def test_the_default_plans_largest_batch_for_every_committed_h200_bracket_is_the
     assert fit["answer_from"] == f"replay:{setting}" and found == fit["replayed"][setting]["batch"]
     within = 1 if both_fresh or not pred.strategy.trims else 2
     above = within if logits_batch == CHECK_BATCH else fit["allocated_bytes_bound"] - ran
-    assert ran - within <= found <= ran + above and found <= fit["allocated_bytes_bound"], (found, ran, failed)
+    below = SHARED_TP4_BELOW if config["tp"] == 4 else within  # (tests/test_fragmentation.py says why)
+    assert ran - below <= found <= ran + above and found <= fit["allocated_bytes_bound"], (found, ran, failed)
+
+
+QUANT60 = ROOT / "results" / "h200" / "quant" / "budget60_each"
+
+
+def quant60_configs() -> List[Dict[str, Any]]:
+    search = json.loads((QUANT60 / "budget.json").read_text())
+    return [c for c in search["configs"] if c.get("largest_ok") is not None and c.get("smallest_oom") is not None]
+
+
+QUANT60_CASES = [
+    pytest.param(c, marks=() if c["key"] == "quant=fp8" else pytest.mark.slow, id=c["key"]) for c in quant60_configs()
+]
+
+
+@pytest.mark.parametrize("config", QUANT60_CASES)
+def test_the_plans_largest_batch_of_each_quant_member_under_60_gib_is_within_one_of_the_h100s(config):
+    """The one-load search of every quantization member at 60 GiB on an H100 (campaign quant, budget60_each: fp8 ran
+    35 and ran out at 36, int8_weight 55 / 56, bf16 29 / 30, int4_weight 64 under its kernel's limit, and with
+    expandable segments fp8 41, int8_weight 59, bf16 33): `python -m dsexp.plan` with the search's overrides gives its
+    default answer (the caching allocator's replay of the quantized model; int4's allocated bytes and kernel limit)
+    within one batch of the largest that ran."""
+    (entry,) = [plan_one(p) for p in space(list(config["overrides"]), False)]
+    found = entry["largest_batch"]["2048"]["largest_batch"]
+    assert abs(found - config["largest_ok"]) <= 1, (config["key"], found, config["largest_ok"], config["smallest_oom"])

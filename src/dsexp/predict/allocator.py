@@ -103,6 +103,48 @@ ROUND = -MIN_BLOCK  # a mask to a multiple of MIN_BLOCK
 SIZE_SHIFT = 64  # a free block's key in its pool: its size above its address (below 2**62) above its pool's bit
 
 
+TOP = 1 << 61  # where the first reservation ends (keys hold addresses below 2**62)
+VA_GRANULE = 32 << 20
+
+
+class Addresses:
+    """The driver's virtual addresses for new segments, which decide c10's ties: of two free blocks of one size, the
+    lower address is handed out. On the H200 and the H100 (torch 2.11, CUDA 13) cudaMalloc reserves address space in
+    32 MiB granules, each reservation below the last, and puts a segment that fits a hole (a reservation's unused
+    tail, or a freed segment's range) at the bottom of the lowest such hole: so it placed all 339 segments of a 20B
+    bf16 load (results/h200/fragmentation). So a generate's new segments sit below the weights', and the newest of
+    several freed activations of one size is the one reused (results/h200/quant/fp8_trace: an fp8 generate's
+    reserve to the byte, where increasing addresses reused the oldest and reserved 1.6 GiB less)."""
+
+    def __init__(self):
+        self.low = TOP
+        self.holes: List[List[int]] = []  # [address, size], by address
+
+    def take(self, size: int) -> int:
+        for i, hole in enumerate(self.holes):
+            if hole[1] >= size:
+                addr = hole[0]
+                if hole[1] == size:
+                    del self.holes[i]
+                else:
+                    hole[0], hole[1] = addr + size, hole[1] - size
+                return addr
+        region = -(-size // VA_GRANULE) * VA_GRANULE
+        self.low -= region
+        if region > size:
+            self.give(self.low + size, region - size)
+        return self.low
+
+    def give(self, addr: int, size: int) -> None:
+        """A range back to the holes, merged with the holes it touches."""
+        i = bisect.bisect_left(self.holes, [addr, 0])
+        self.holes.insert(i, [addr, size])
+        if i + 1 < len(self.holes) and addr + size == self.holes[i + 1][0]:
+            self.holes[i][1] += self.holes.pop(i + 1)[1]
+        if i > 0 and self.holes[i - 1][0] + self.holes[i - 1][1] == addr:
+            self.holes[i - 1][1] += self.holes.pop(i)[1]
+
+
 class Allocator:
     """c10's CUDACachingAllocator for one stream: best fit within a pool, blocks split and merged, segments from the
     driver (or pages mapped, with expandable segments) under an optional cap. Its figures are `state`.
@@ -117,9 +159,35 @@ class Allocator:
         self.pools: Dict[bool, List[int]] = {True: [], False: []}  # small?: sorted keys of its free blocks
         self.blocks: Dict[int, Block] = {}  # key -> free block
         self.live: Dict[object, Block] = {}  # an event's id -> its block
-        self.next_addr = 0
+        self.addresses = Addresses()  # where the driver puts each new segment
         self.segments: List[Block] = []  # each segment's first block (it stays the first: blocks merge into it)
         self.space: Dict[bool, Block] = {}  # expandable: each pool's segment, from its first block
+
+    @classmethod
+    def from_segments(cls, segments: Sequence[Dict], cap: Optional[int] = None) -> "Allocator":
+        """An allocator in the state a GPU's snapshot recorded (benchmarks/snapshot_events.py: each segment's address,
+        size, pool and blocks as [size, state]): its blocks in place, the allocated ones held (keys ("held", i)),
+        new segments below the lowest."""
+        al = cls(cap)
+        for seg in sorted(segments, key=lambda x: x["address"]):
+            addr, prev, small = seg["address"], None, seg["pool"] == "small"
+            for size, state in seg["blocks"]:
+                block = Block(addr, size, small, True, prev)
+                if prev is None:
+                    al.segments.append(block)
+                else:
+                    prev.next = block
+                if state == "active_allocated":
+                    block.free = False
+                    al.live[("held", len(al.live))] = block
+                    al.state.allocated += size
+                else:
+                    al._insert(block)
+                prev, addr = block, addr + size
+            al.state.reserved += seg["size"]
+        al.addresses.low = min((x["address"] for x in segments), default=TOP)
+        al.state.note()
+        return al
 
     def malloc(self, size: int, index: int = 0) -> Block:
         n = ((size + MIN_BLOCK - 1) // MIN_BLOCK) * MIN_BLOCK  # round_request
@@ -301,9 +369,8 @@ class Allocator:
             return None
         self.state.reserved += size
         self.state.note()
-        block = Block(self.next_addr, size, small)
+        block = Block(self.addresses.take(size), size, small)
         self.segments.append(block)
-        self.next_addr += size
         return block
 
     def _map(self, small: bool, n: int) -> Optional[Block]:
@@ -356,6 +423,7 @@ class Allocator:
                 elif block.prev is None and block.next is None:
                     self._remove(block)
                     self.state.reserved -= block.size
+                    self.addresses.give(block.addr, block.size)
 
     def _unmap(self, block: Block, page: int) -> None:
         lo, hi = -(-block.addr // page) * page, (block.addr + block.size) // page * page
