@@ -223,3 +223,27 @@ def test_the_plans_largest_batch_of_each_quant_member_under_60_gib_is_within_one
     (entry,) = [plan_one(p) for p in space(list(config["overrides"]), False)]
     found = entry["largest_batch"]["2048"]["largest_batch"]
     assert abs(found - config["largest_ok"]) <= 1, (config["key"], found, config["largest_ok"], config["smallest_oom"])
+
+
+@pytest.mark.slow
+def test_int4s_replayed_generate_peaks_as_the_h100s_did_at_64_sequences():
+    """int4_weight at tp=1, 64 x 2048 tokens + 16 new under 60 GiB on the H100 (budget60_each, job 12): the replay of
+    the rank quantized on the meta device (tinygemm's packed weights, its product's output) allocates the GPU's peak
+    within 0.1% and, under the job's allocator cap (which both reach, then release their cache), reserves it within
+    0.5% (uncapped the replay would reserve 61.24 GiB)."""
+    from dsexp.core.result import JobRecord
+    from dsexp.engines.placement import RULES
+    from dsexp.predict import fragmentation as F
+    from dsexp.predict.job import Facts, predict, replay_model
+
+    result = json.loads((QUANT60 / "12" / "result.json").read_text())
+    config, gpu = result["config"], result["ranks"][0]["phases"]["generate[b=64,l=2048]"]["gpu"]
+    pred = predict(config, RULES, Facts(device="cuda"))
+    ranked, weights, why = replay_model(pred, config, RULES)
+    assert ranked is not None, why
+    calls = F.point_calls(16, 0, 1, True, JobRecord(result).logits_batch)
+    cap = result["ranks"][0]["budget"]["cap_bytes"]  # the GPU's allocator cap: it released its cache there
+    probe = F.probe(ranked, weights, 64, 2048, calls, cap)
+    assert probe.fits
+    assert abs(probe.peak_allocated / gpu["gpu_alloc_peak"] - 1) < 0.001, (probe, gpu)
+    assert abs(probe.peak_reserved / gpu["gpu_reserved_peak"] - 1) < 0.005, (probe, gpu)
