@@ -14,6 +14,7 @@ freed, the cache emptied once at the end (quantize_events)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, List, Optional
 
 from dsexp.quant import traits
@@ -46,22 +47,52 @@ def not_traced(s: Any) -> Optional[str]:
 
 def quantize_on_meta(model, s: Any) -> None:
     """Quantize the meta model's linears in place as the member's rank code does (dsexp.quant.torchao_rank)."""
-    from unittest import mock
-
     from torchao.quantization import quantize_
 
     from dsexp.quant.torchao_rank import linear_filter, torchao_config
 
     config, keep = torchao_config(traits(s.quant), s.quant_group), linear_filter(model, s.quant_head)
-    with contextlib.ExitStack() as stack:
-        for target in CAPABILITY_CHECKS:
-            stack.enter_context(mock.patch(target, lambda: True))
-        # int4's tinygemm packing asks the device's compute capability (8.0 and up); the meta device has none
-        stack.enter_context(mock.patch("torch.cuda.get_device_capability", lambda *a, **k: (9, 0)))
+    with as_on_gpu():
         if s.quant_empty_cache == END:
             setattr(model, EVENTS, quantize_events(model, config, keep))
         else:
             quantize_(model, config, filter_fn=keep)
+
+
+@contextlib.contextmanager
+def as_on_gpu():
+    """torchao's device checks answered as the H100 would: fp8's compute capability 8.9 and int4's tinygemm packing
+    (8.0 and up); the meta device has none."""
+    from unittest import mock
+
+    with contextlib.ExitStack() as stack:
+        for target in CAPABILITY_CHECKS:
+            stack.enter_context(mock.patch(target, lambda: True))
+        stack.enter_context(mock.patch("torch.cuda.get_device_capability", lambda *a, **k: (9, 0)))
+        yield
+
+
+@functools.lru_cache(maxsize=256)
+def quantize_temporaries(key: str, group: Optional[int], out_features: int, in_features: int) -> Optional[int]:
+    """The most bytes torchao's quantize of one (out, in) linear in bf16 holds beside that weight (its temporaries
+    and new tensors at their peak), traced on the meta device; None where the member is not torchao's. int4's
+    tinygemm packing of InternLM2's output head (92,544 x 6,144) holds 5.3 GiB, five times its bf16 weight: at tp=2
+    with the head quantized the H100's quantize phase peaked at 8.35 GiB, the other weights quantized, the head's
+    shard in bf16 and half of that."""
+    import torch
+    from torchao.quantization import quantize_
+
+    from dsexp.predict.meta_trace import live_peak, recorder
+    from dsexp.quant.torchao_rank import torchao_config
+
+    t = traits(key)
+    if t is None or t.library != "torchao":
+        return None
+    linear = torch.nn.Linear(in_features, out_features, bias=False, dtype=torch.bfloat16, device="meta")
+    record = recorder()()
+    with as_on_gpu(), record:
+        quantize_(linear, torchao_config(t, group))
+    return live_peak(record.events)
 
 
 def quantize_events(model, config, keep) -> List[Any]:
