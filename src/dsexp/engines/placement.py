@@ -120,13 +120,13 @@ def quant_fields(q: Mapping[str, Any]) -> Dict[str, Any]:
 
     t = traits(q.get("name") or "none")
     dequantizes = None
-    if t is not None and t.key != "fp8":  # fp8 multiplies in fp8; the weight-only members dequantize each weight
+    if t is not None and t.forward == "dequantize":  # fp8 multiplies in fp8, tinygemm reads int4's packed weight
         dequantizes = "gathered" if t.library == "deepspeed" else "layer"
     return {
         "quant": t.key if t else None,
         "quant_group": group_size(q),
         "dequantizes": dequantizes,
-        "quantizes_activations": bool(t and t.key == "fp8"),
+        "quantizes_activations": bool(t and t.forward == "fp8"),
         "kv_bits": q.get("kv"),
         "kv_group": int(q.get("kv_group_size") or 64),
         "kv_residual": int(q.get("kv_residual") if q.get("kv_residual") is not None else 128),

@@ -241,8 +241,10 @@ def quant_terms(s: Shapes, strategy: Any, tp: int, w: Workload, e: int) -> Dict[
       largest: its share of the MLP's), DeepSpeed's gathers the whole weight first (the embedding's included);
     - act_quant: fp8 products quantize each linear's input to fp8 with a 4-byte scale per row (the prefill's widest:
       the MLP's down projection, its share of the intermediate); torchao's quantization (_quantize_affine_float8, as
-      the GPU runs it without the mslk package) holds the input in float32, scaled and clamped at once (12 bytes an
-      element; the fp8 copy it then makes, 1 byte more, the replay of its meta trace holds exactly)."""
+      the GPU runs it without the mslk package) holds the input in float32, scaled and clamped at once, then its fp8
+      copy (13 bytes an element). By then the gate's and up projection's outputs, two of the MLP's three that the
+      layer's moment counts, are freed: on the H100 at 60 GiB (budget60_each) fp8 held 9 bytes an element of the
+      down projection's input above that moment, at 35, 38 to 41 sequences alike."""
     out: Dict[str, List[int]] = {}
     bits = getattr(strategy, "kv_bits", None)
     if bits:
@@ -253,8 +255,7 @@ def quant_terms(s: Shapes, strategy: Any, tp: int, w: Workload, e: int) -> Dict[
     if getattr(strategy, "quantizes_activations", False):  # the prefill's widest linear input, in fp8 + its scales
         t = w.batch * w.prompt_tokens
         share = [rank_heads(s, strategy, tp, r)["intermediate"] for r in range(tp)]
-        out["act_quant"] = [3 * alloc(4 * t * max(i, s.hidden)) + alloc(t * 4)
-                            for i in share]  # fmt: skip
+        out["act_quant"] = [act_quant(t, i, s.hidden, e) for i in share]
     how = getattr(strategy, "dequantizes", None)
     if how == "gathered":
         out["dequantized"] = [alloc(max(s.vocab, s.intermediate) * s.hidden * e)] * tp
@@ -262,6 +263,15 @@ def quant_terms(s: Shapes, strategy: Any, tp: int, w: Workload, e: int) -> Dict[
         share = [rank_heads(s, strategy, tp, r)["intermediate"] for r in range(tp)]
         out["dequantized"] = [alloc(i * s.hidden * e) for i in share]
     return out
+
+
+def act_quant(tokens: int, intermediate: int, hidden: int, e: int) -> int:
+    """fp8's input quantization at the prefill's widest linear input above the layer's moment: three float32 copies and
+    the fp8 one, less the gate's and up projection's outputs (freed by then) where the widest is the down
+    projection's input."""
+    widest = max(intermediate, hidden)
+    held = 3 * alloc(4 * tokens * widest) + alloc(tokens * widest) + alloc(tokens * 4)
+    return held - (2 * alloc(e * tokens * intermediate) if intermediate >= hidden else 0)
 
 
 def rank_peak(

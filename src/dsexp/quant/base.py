@@ -79,6 +79,10 @@ class QuantTraits:
     # the elements a product's output may hold: a kernel that indexes it in 32 bits faults past it; None: no limit
     max_output_elements: Optional[int] = None
     max_output_why: str = ""
+    # what a forward makes of the stored weight: "dequantize" (a run-dtype copy of one weight at a time, or the
+    # gathered layer for DeepSpeed's), "fp8" (products in fp8, the input quantized), "packed" (a kernel that reads
+    # the packed weight: tinygemm's int4)
+    forward: str = "dequantize"
 
     def engine_problem(self, engine: str, autotp: bool) -> Optional[str]:
         """Why this member cannot run under `engine` (autotp: the engine shards the linears with AutoTP's modules);

@@ -12,6 +12,7 @@ TRAITS = torchao_member(
     call="quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))",
     summary="fp8 weights and dynamic fp8 activations (torchao), fp8 matrix products",
     storage=Storage(bits=8, scale_bytes=4),
+    forward="fp8",
     quality_tol=0.25,
     devices=("cuda",),
     min_capability=(8, 9),

@@ -12,6 +12,7 @@ TRAITS = torchao_member(
     call='quantize_(model, Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d"))',
     summary="int4 weights in groups of 128, tinygemm's packing (torchao)",
     storage=Storage(bits=4, scale_bytes=4, group=128, pad_out=8, pad_in=1024),
+    forward="packed",
     quality_tol=0.5,
     devices=("cuda",),
     min_capability=(8, 0),
