@@ -120,6 +120,12 @@ DEQUANTIZES = {
 }
 
 
+FORWARDS = {  # a forward that dequantizes no weight (QuantTraits.forward)
+    "fp8": "the products run in fp8, each input quantized on the fly (`act fp8`): no weight is dequantized",
+    "packed": "tinygemm's kernel reads the packed weight: no weight is dequantized",
+}
+
+
 def weight_rule(t: QuantTraits, s: Strategy, weights: int) -> str:
     """The member's rule in words: bytes per element and per scale group, what stays in the run dtype, what its
     forward dequantizes."""
@@ -130,10 +136,10 @@ def weight_rule(t: QuantTraits, s: Strategy, weights: int) -> str:
     kept = "norms and buffers"
     if t.library == "torchao":
         kept = "embeddings, " + kept if s.quant_head else "the output head, embeddings, " + kept
-    deq = DEQUANTIZES.get(s.dequantizes or "", "the products run in fp8: no weight is dequantized")
+    deq = DEQUANTIZES.get(s.dequantizes or "") or FORWARDS.get(t.forward, "")
     return (
         f"quant={t.key}: {weights} weights at {st.bits / 8:g} B per element + {scale} per {per}; {kept} stay in "
-        f"{s.dtype}; {deq} (`dequant`)"
+        f"{s.dtype}; {deq}" + (" (`dequant`)" if s.dequantizes else "")
     )
 
 
