@@ -31,6 +31,7 @@ def grid_job(tmp_path_factory, cache_dir):
             f"generate.new_tokens={NEW}",
             "generate.repeats=2",
             "generate.warmup=1",
+            "tracking=none",  # read from result.json and the report
             "hydra.sweep.dir=multirun/grid",
         ],
         cwd,

@@ -116,15 +116,17 @@ def test_deepspeed_rejections_and_kernel_builds_are_classified():
 
 
 def _sweep(tmp_path_factory, cache_dir, args):
+    """The jobs' result.json files: what each engine did, none of it read from MLflow (tracking off)."""
     cwd = tmp_path_factory.mktemp("engines")
-    run_dsexp(["-m", *args, "hydra.sweep.dir=multirun/s"], cwd, cache_dir)
+    run_dsexp(["-m", *args, "tracking=none", "hydra.sweep.dir=multirun/s"], cwd, cache_dir)
     return sweep_results(cwd / "multirun" / "s")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, cache_dir):
-    """One multirun: the seed's accepted form and the engines that cut per-rank weights, at tp=2."""
-    results = _sweep(tmp_path_factory, cache_dir, ["experiment=seed_issue_accepted,autotp,hf_tp,zero3", "tp=2"])
+    """One multirun: the seed's accepted form and the engines that cut per-rank weights, at tp=2. AutoTP with the
+    preset policy (experiment=autotp at tp=2, the same job) is test_published_code.py's eager load: tested there."""
+    results = _sweep(tmp_path_factory, cache_dir, ["experiment=seed_issue_accepted,hf_tp,zero3", "tp=2"])
     return by_name(results, lambda r: r["config"]["variant"])
 
 
@@ -175,21 +177,8 @@ def test_seed_accepted_form_shards_nothing(runs):
         assert "model.layers.1.attention.wqkv.weight" in rk["engine"]["replicated"]
 
 
-def test_autotp_with_the_preset_policy_shards_and_matches_tp1(runs):
-    res = _ok(runs["autotp"])
-    eng = res["engine"]
-    assert eng["injection_policy"] == {"InternLM2DecoderLayer": ["attention.wo", "feed_forward.w2"]}
-    assert eng["modules"] == {"removed": {"Linear": 10}, "added": {"LinearLayer": 6, "LinearAllreduce": 4}}
-    for rk in res["ranks"]:
-        assert 0.5 < rk["engine"]["weight_fraction"] < 0.75  # layers halved, embeddings and output whole
-    replicated = _replicated(res)
-    assert {
-        "model.tok_embeddings.weight",
-        "output.weight",
-        "model.layers.0.attention.rotary_emb.cos_cached",
-    } <= replicated
-    assert "model.layers.0.attention.wqkv.weight" not in replicated
-    assert eng["unread_fields"] == ["max_out_tokens"]  # only the kernels read it
+# AutoTP with the preset policy at tp=2: test_autotp_with_the_preset_policy_shards_and_matches_tp1 in
+# test_published_code.py (experiment=autotp's eager load there is the job this sweep ran as its `autotp` variant)
 
 
 def test_hf_tp_shards_layers_head_and_embedding(runs):

@@ -153,7 +153,8 @@ def test_a_budget_search_launches_no_configuration_whose_init_fails_and_says_why
     from helpers.run import run_dsexp
 
     args = ["-m", "model=tiny_gpt2", "tp=2", "engine.injection_policy=infer", "debug=fast",
-            "generate.prompt_tokens=64", "budget.gpus=2", "budget.gpu_gib=1", "hydra.sweep.dir=sw"]  # fmt: skip
+            "generate.prompt_tokens=64", "budget.gpus=2", "budget.gpu_gib=1", "tracking=none",
+            "hydra.sweep.dir=sw"]  # fmt: skip
     out = run_dsexp(args, tmp_path, cache_dir).stdout
     assert "not launched: as given: DeepSpeed's AutoTP init fails on rank 0 of 2" in out
     state = json.loads((tmp_path / "sw" / "budget.json").read_text())

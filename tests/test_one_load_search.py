@@ -31,6 +31,7 @@ def run_search(tmp_path, cache_dir, fault: str, start: int = 6):
             "generate.warmup=0",
             "timeout_s=400",
             "launcher.grace_s=8",
+            "tracking=none",  # read from result.json
             "hydra.run.dir=job",
         ],
         tmp_path,

@@ -17,6 +17,8 @@ from helpers.run import compose, run_dsexp, sweep_results
 
 @pytest.fixture(scope="module")
 def loads(tmp_path_factory, cache_dir):
+    """experiment=autotp at tp=2, each load; read from result.json (tracking off). Its eager load is also the AutoTP
+    engine's run (test_engines.py's sweep leaves it to this one)."""
     cwd = tmp_path_factory.mktemp("published")
     run_dsexp(
         [
@@ -25,6 +27,7 @@ def loads(tmp_path_factory, cache_dir):
             "model=internlm2_tiny",
             "tp=2",
             "load=eager,meta,sharded",
+            "tracking=none",
             "hydra.sweep.dir=multirun/s",
         ],
         cwd,
@@ -50,6 +53,28 @@ def test_every_load_is_correct_with_its_buffers_recomputed(loads, load):
         assert res["engine"]["finalize"]["filled_by"] == "deepspeed" and res["runtime"]["conversion"] is None
     if load == "sharded":
         assert_sharded(res, 2)
+
+
+def test_autotp_with_the_preset_policy_shards_and_matches_tp1(loads):
+    """The AutoTP engine (experiment=autotp, tp=2, the default eager load): the preset policy splits every decoder
+    layer, embeddings and output stay whole, and the output matches tp=1 (moved from test_engines.py: the same job)."""
+    res = loads["eager"]
+    assert res["config"]["variant"] == "autotp" and res["config"]["tp"] == 2
+    assert res["status"] == "ok", res.get("failure")
+    assert res["correctness"]["passed"], res["correctness"]  # first-step logits match the tp=1 eager reference
+    eng = res["engine"]
+    assert eng["injection_policy"] == {"InternLM2DecoderLayer": ["attention.wo", "feed_forward.w2"]}
+    assert eng["modules"] == {"removed": {"Linear": 10}, "added": {"LinearLayer": 6, "LinearAllreduce": 4}}
+    for rk in res["ranks"]:
+        assert 0.5 < rk["engine"]["weight_fraction"] < 0.75  # layers halved, embeddings and output whole
+    replicated = set(res["ranks"][1]["engine"]["replicated"])
+    assert {
+        "model.tok_embeddings.weight",
+        "output.weight",
+        "model.layers.0.attention.rotary_emb.cos_cached",
+    } <= replicated
+    assert "model.layers.0.attention.wqkv.weight" not in replicated
+    assert eng["unread_fields"] == ["max_out_tokens"]  # only the kernels read it
 
 
 def test_a_load_keeping_its_buffers_as_loaded_has_its_own_label():

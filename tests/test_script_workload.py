@@ -59,12 +59,13 @@ def weights_per_rank(result):
 
 @pytest.fixture(scope="module")
 def seed_today(tmp_path_factory, cache_dir):
-    """The seed's main.py on today's stack at tp=2 under the DeepSpeed launcher, as written and with every remedy."""
+    """The seed's main.py on today's stack at tp=2 under the DeepSpeed launcher, as written and with every remedy
+    (read from result.json: tracking off)."""
     cwd = tmp_path_factory.mktemp("seed_today")
     write_seed_main(cwd, model_dir(cache_dir, *TINY_INTERNLM2))
     run_dsexp(
         ["-m", "script.path=main.py", "tp=2", "launcher=deepspeed", "script.fix=[],[all]",
-         "script.max_new_tokens=8", "hydra.sweep.dir=s"],
+         "script.max_new_tokens=8", "tracking=none", "hydra.sweep.dir=s"],
         cwd, cache_dir,
     )  # fmt: skip
     return by_fix(sweep_results(cwd / "s"))
