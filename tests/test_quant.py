@@ -351,6 +351,27 @@ def test_every_committed_gpu_run_of_a_member_holds_the_predicted_weights_to_the_
         assert m.weights_per_rank(r) == predict(r).weights, config_label(r["config"])
 
 
+def test_a_quantized_run_reads_the_unquantized_checkpoint_and_its_page_cache_is_predicted_so():
+    """The checkpoint a member loads is the run dtype's: ZeRO-3 inference's ds_int8 on the H100 mapped the 36.99 GiB
+    bf16 checkpoint at load (37.41 GiB of file pages with the interpreter's), and the model's page cache says so, equal
+    to the unquantized run's (it had said 10.41 GiB, the quantized weights, and read a folder when one was here)."""
+    import dataclasses
+    import json
+
+    from dsexp.analysis.memory import facts_of
+    from dsexp.engines.placement import RULES
+    from dsexp.predict import job as model
+
+    ds_int8 = json.loads((GPU / "zero3" / "0" / "result.json").read_text())
+    assert ds_int8["config"]["quant"]["name"] == "ds_int8" and ds_int8["config"]["load"]["name"] == "eager"
+    facts = dataclasses.replace(facts_of(ds_int8), model_dir=None)  # the writer's shards, no folder read
+    mapped = max(model.predict(ds_int8["config"], RULES, facts).host.file)
+    unquantized = {**ds_int8["config"], "quant": {**ds_int8["config"]["quant"], "name": "none"}}
+    assert mapped == max(model.predict(unquantized, RULES, facts).host.file)
+    measured = ds_int8["ranks"][0]["phases"]["load"]["peaks"]["host_file_peak"]
+    assert 36.9 * 2**30 < mapped <= measured < mapped + 2**30
+
+
 def test_every_committed_cpu_run_of_a_member_holds_the_predicted_weights_to_the_byte():
     from dsexp.analysis import measured as m
     from dsexp.analysis.memory import predict

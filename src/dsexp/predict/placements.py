@@ -23,6 +23,7 @@ class Placement:
     parts: Tuple[Tuple[int, ...], ...] = ()
     # per rank, the bytes in the run dtype where a quant member restated `local` at its width: the cut the engine made
     run_local: Tuple[int, ...] = ()
+    run_full: int = 0  # the same for `full`: the whole tensor in the run dtype, as the checkpoint holds it
 
 
 @dataclass

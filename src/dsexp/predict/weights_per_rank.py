@@ -124,7 +124,7 @@ def host(files: List[int], s: Strategy, tp: int, weights: List[int], placements:
     when it is replicated, partitioned by ZeRO or cut along columns, only its rows when cut along dim 0. A dtype
     conversion materialises a private converted copy; on a CPU run the TP slices a rank keeps are copies; offloaded
     ZeRO partitions live on the host."""
-    model_run = sum(p.full for p in placements if not p.copy)
+    model_run = sum(p.run_full or p.full for p in placements if not p.copy)  # a quantized weight as loaded
     ckpt = sum(files) or model_run * arch.DTYPE_BYTES[s.model_dtype] // arch.DTYPE_BYTES[s.dtype]
     on_host = s.device == "cpu"  # on a CPU run the device *is* the host
     offload = sum(math.ceil(p.full / tp) for p in placements if p.how == "offloaded")
@@ -141,7 +141,10 @@ def host(files: List[int], s: Strategy, tp: int, weights: List[int], placements:
             "every rank reads every checkpoint file in full, one file at a time",
         )
     if s.load == "sharded":
-        biggest = [max((p.local[r] for p in placements if not (p.is_buffer or p.copy)), default=0) for r in range(tp)]
+        biggest = [
+            max(((p.run_local or p.local)[r] for p in placements if not (p.is_buffer or p.copy)), default=0)
+            for r in range(tp)
+        ]
         return HostPrediction(
             biggest,
             [(w if on_host else 0) + offload for w in weights],
@@ -157,7 +160,12 @@ def host(files: List[int], s: Strategy, tp: int, weights: List[int], placements:
             f"the load converts ({s.conversion}): a private full copy per rank",
         )
     touched = [
-        sum(p.local[r] if p.dim == 0 else p.full for p in placements if not (p.is_buffer or p.copy)) for r in range(tp)
+        sum(
+            (p.run_local or p.local)[r] if p.dim == 0 else p.run_full or p.full
+            for p in placements
+            if not (p.is_buffer or p.copy)
+        )
+        for r in range(tp)
     ]
     return HostPrediction(
         touched,
@@ -181,5 +189,6 @@ def checkpoint_sizes(
     if not shard_mb:
         return []
     scale = arch.DTYPE_BYTES[s.model_dtype] / arch.DTYPE_BYTES[s.dtype]
-    specs = [(p.name, (int(p.full * scale),)) for p in placements if not (p.is_buffer or p.copy)]
+    # a quantized weight is in the checkpoint at the run dtype's width (run_full), not at the member's
+    specs = [(p.name, (int((p.run_full or p.full) * scale),)) for p in placements if not (p.is_buffer or p.copy)]
     return [sum(shape[0] for _, shape in shard) for shard in plan_shards(specs, 1, shard_mb)]

@@ -167,7 +167,9 @@ def _linear_bytes(p: Placement, shape: Tuple[int, int], t: QuantTraits, s: Strat
         rows, cols = (b // (inp * e), inp) if p.dim == 0 else (out, b // (out * e)) if p.dim == 1 else (out, inp)
         parts.append(t.storage.parts(rows, cols, e, s.quant_group) if b else (0, 0))
     full = t.storage.nbytes(out, inp, e, s.quant_group)
-    return replace(p, full=full, local=tuple(sum(x) for x in parts), parts=tuple(parts), run_local=p.local)
+    return replace(
+        p, full=full, local=tuple(sum(x) for x in parts), parts=tuple(parts), run_local=p.local, run_full=p.full
+    )
 
 
 def _zero3_bytes(p: Placement, shape: Tuple[int, int], t: QuantTraits, s: Strategy, tp: int) -> Placement:
@@ -176,4 +178,4 @@ def _zero3_bytes(p: Placement, shape: Tuple[int, int], t: QuantTraits, s: Strate
     e = _itemsize(p, shape)
     flat = t.storage.nbytes(shape[0], shape[1], e, s.quant_group) // e
     part = math.ceil(flat / tp) * e
-    return replace(p, full=flat * e, local=tuple(part if b else 0 for b in p.local), run_local=p.local)
+    return replace(p, full=flat * e, local=tuple(part if b else 0 for b in p.local), run_local=p.local, run_full=p.full)
