@@ -181,6 +181,54 @@ def test_one_linear_at_a_time_moves_that_linear_alone_to_the_device():
     assert others and all(p.device.type == "cpu" for p in others)  # the embedding, norms, the other linears
 
 
+def test_with_head_first_the_output_head_is_quantized_before_the_other_linears():
+    """quant.head_first (the default with quant.head): quantize_each takes the output head first, while the device
+    holds least, then the other linears in the model's order; without it the head comes last, as the model orders it.
+    The meta device stands in for the GPU."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    pytest.importorskip("torchao")
+    from dsexp.quant.torchao_rank import linear_filter, quantize_each, torchao_config
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=100, tie_word_embeddings=False)  # fmt: skip
+    orders = []
+    for first in (True, False):
+        m = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        keep, order = linear_filter(m, with_head=True), []
+        quantize_each(m, torchao_config(QUANTS["int8_weight"], None), lambda mod, fqn, k=keep, o=order: k(mod, fqn)
+                      and not o.append(fqn), "meta", m.lm_head if first else None)  # fmt: skip
+        assert type(m.lm_head.weight).__name__ == "Int8Tensor"
+        orders.append(order)
+    assert orders[0][0] == "lm_head" and orders[1][-1] == "lm_head" and orders[0][1:] == orders[1][:-1]
+    assert len(orders[0]) == 8  # 7 linears of the layer and the head
+    assert spec_of("quant=int4_weight", "quant.head=true", gpus=1).quant.head_first is True
+
+
+def test_the_plan_puts_the_head_first_only_where_the_run_did():
+    """int4 with the head quantized at tp=2, every trim (the H100's tp2_int4_head_each_linear: 8.35 GiB at the
+    quantize phase's peak, the head last, its packing's temporaries beside every other weight): quantized first, the
+    plan's stream peak falls to 5.84 GiB; a run recorded before quant.head_first existed is planned in its own order."""
+    import re
+
+    from dsexp.analysis.memory import predict
+
+    recorded = json.loads((GPU / "tp2_int4_head_each_linear" / "0" / "result.json").read_text())
+    assert "head_first" not in recorded["config"]["quant"]
+
+    def stream(config):
+        (note,) = [n for n in predict({"config": config, "runtime": {"device": "cuda"}}).notes if "load peak" in n]
+        return float(re.search(r"stream (\d+\.\d+) GiB", note)[1])
+
+    config = recorded["config"]
+    assert stream(config) == 8.35
+    first = stream({**config, "quant": {**config["quant"], "head_first": True}})
+    weights = max(predict({"config": config, "runtime": {"device": "cuda"}}).weights) / GIB
+    assert weights < first <= 5.84 and stream({**config, "quant": {**config["quant"], "empty_cache": "end",
+                                                                     "head_first": True}}) == 8.35  # fmt: skip
+
+
 def test_quant_empty_cache_takes_each_or_end():
     assert spec_of("quant=fp8_weight").quant.empty_cache == "each"
     assert label({"name": "fp8", "empty_cache": "end"}) == "q(fp8,empty-end)"

@@ -135,6 +135,8 @@ def quant_fields(q: Mapping[str, Any]) -> Dict[str, Any]:
         "quant_order": order_of(q) if t else "stream",
         "quant_empty_cache": q.get("empty_cache") or "each",
         "quant_head": bool(t and q.get("head")),
+        # a run recorded before the key existed quantized in the model's order (the head last)
+        "quant_head_first": bool(t and q.get("head") and q.get("head_first", False)),
     }
 
 

@@ -24,6 +24,7 @@ class Placement:
     # per rank, the bytes in the run dtype where a quant member restated `local` at its width: the cut the engine made
     run_local: Tuple[int, ...] = ()
     run_full: int = 0  # the same for `full`: the whole tensor in the run dtype, as the checkpoint holds it
+    first: bool = False  # quantized before the other linears (the output head with quant.head_first)
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Strategy:
     quant_order: str = "stream"  # the order the member runs in (quant.order resolved) and quant.empty_cache
     quant_empty_cache: str = "each"
     quant_head: bool = False  # torchao's members: the output head quantized too (quant.head)
+    quant_head_first: bool = False  # ... before the other linears (quant.head_first, with quant.empty_cache=each)
 
     def trimmed(self, key: str) -> bool:
         return bool(self.trims.get(key))

@@ -79,7 +79,9 @@ def quantize(module, ctx: RankContext) -> Dict[str, Any]:
     if order == STREAM and not can_stream(ctx):
         order = "after"  # the engine already placed the model on its device: nothing left to stream
     q = ctx.spec.quant
-    return torchao_quantize(module, member(ctx), group_size(q), order, ctx.device, q.empty_cache, q.head)
+    return torchao_quantize(
+        module, member(ctx), group_size(q), order, ctx.device, q.empty_cache, q.head, q.head and q.head_first
+    )
 
 
 def after_load(module, ctx: RankContext) -> Optional[Dict[str, Any]]:

@@ -57,12 +57,20 @@ def output_head(model):
 
 
 def quantize(
-    module, t: QuantTraits, group: Optional[int], order: str, device: str, empty: str = EACH, head: bool = False
+    module,
+    t: QuantTraits,
+    group: Optional[int],
+    order: str,
+    device: str,
+    empty: str = EACH,
+    head: bool = False,
+    head_first: bool = False,
 ) -> Dict[str, Any]:
     """Quantize the module's linears in place (the output head too with `head`); what was done: the call, the order,
     the linears quantized, the weights' bytes before and after (stored: scales and zero-points included) and the
     seconds it took. On a GPU with `empty` each, one linear at a time with the allocator's cache emptied after each
-    (quantize_each). AutoTP's linears whose new weight lacks a transpose get their product as F.linear."""
+    (quantize_each; the head first with `head_first`). AutoTP's linears whose new weight lacks a transpose get their
+    product as F.linear."""
     import torch
     from torchao.quantization import quantize_
 
@@ -74,8 +82,9 @@ def quantize(
     to = device if order == STREAM and device != "cpu" else None
     on_gpu = device.startswith("cuda")
     start = time.perf_counter()
+    first = output_head(module) if head and head_first and on_gpu and empty == EACH else None
     if on_gpu and empty == EACH:
-        quantize_each(module, torchao_config(t, group), keep, to)
+        quantize_each(module, torchao_config(t, group), keep, to, first)
     else:
         quantize_(module, torchao_config(t, group), filter_fn=keep, device=to)
         if on_gpu:
@@ -94,6 +103,7 @@ def quantize(
         "linears": len(names),
         "first": names[:3],
         "head": head,
+        "head_first": first is not None,
         "autotp_as_linear": len(adapted),
         "bytes_before": before,
         "bytes_after": stored_bytes(module),
@@ -101,7 +111,9 @@ def quantize(
     }
 
 
-def quantize_each(module, config, keep: Callable[[Any, str], bool], device: Optional[str]) -> None:
+def quantize_each(
+    module, config, keep: Callable[[Any, str], bool], device: Optional[str], first: Optional[Any] = None
+) -> None:
     """quantize_ one linear at a time, the allocator's cache emptied after each. Quantizing a linear frees its
     run-dtype weight while the quantized one lives on; a later, smaller request (the next quantized weight) split
     from that freed block leaves the rest cached inside a segment empty_cache can no longer release: on the H100 fp8
@@ -109,11 +121,14 @@ def quantize_each(module, config, keep: Callable[[Any, str], bool], device: Opti
     the cache while nothing else is free puts each quantized weight in segments of its own. quantize_ is called on
     the linear itself: over a parent it moves every module it walks to `device`, and over the root (the output head's
     parent) that was the whole bf16 rank: 21.15 GiB allocated at the phase's peak for 5.30 GiB of int4 weights
-    (quant.head=true, tp=2, the H100)."""
+    (quant.head=true, tp=2, the H100). `first` (the output head, quant.head_first) is quantized before the others,
+    while the device holds least: tinygemm's int4 packing holds five times the head's bf16 bytes beside it."""
     import torch
     from torchao.quantization import quantize_
 
-    for name, child in list(module.named_modules()):
+    children = list(module.named_modules())
+    children.sort(key=lambda item: item[1] is not first)  # stable: the model's order after `first`
+    for name, child in children:
         if keep(child, name):
             quantize_(child, config, filter_fn=lambda m, _fqn, c=child: m is c, device=device)  # in place
             torch.cuda.empty_cache()

@@ -59,7 +59,8 @@ def allocation_order(placements: List[Placement], rank: int, s: Strategy) -> Opt
         return None
     if s.quant and s.quant_order == "stream":  # each linear moved and quantized in turn (its values, then its
         # scales, the cache emptied after each: quant.empty_cache=each), then the rest as module.to moves it
-        quantized = [n for p in placements if p.parts for n in p.parts[rank]]
+        ordered = sorted((p for p in placements if p.parts), key=lambda p: not p.first)  # quant.head_first
+        quantized = [n for p in ordered for n in p.parts[rank]]
         return [*quantized, *(p.local[rank] for p in placements if not p.parts)]
     split_now = [p.local[rank] for p in placements if p.how != "replicated"]
     moved_later = [p.local[rank] for p in placements if p.how == "replicated"]
