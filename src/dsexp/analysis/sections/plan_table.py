@@ -174,8 +174,9 @@ def model_line(entry: Dict[str, Any]) -> str:
     count = entry.get("model_parameters")
     params = f"{count / 1e9:.2f} B parameters, " if count else ""
     quant = next((n.split(":", 1)[0] for n in entry.get("notes") or [] if n.startswith("quant=")), None)
-    held = f"{entry['dtype']}, {quant} as stored" if quant else entry["dtype"]  # a quant member's width and scales
-    return f"model: {params}{human(entry['model_bytes'])} of weights in {held} (all ranks together)"
+    # a quant member's weights at their width with their scales, the tensors it leaves in the run dtype
+    held = f"as {quant} stores them, the rest in {entry['dtype']}" if quant else f"in {entry['dtype']}"
+    return f"model: {params}{human(entry['model_bytes'])} of weights {held} (all ranks together)"
 
 
 def grouped_ranks(ranks: List[Dict[str, Any]], cols: List[str]) -> List[List[str]]:
