@@ -233,7 +233,8 @@ def report(fast: bool = False) -> str:
               "- The largest batch at tp=2 (both ranks on one GPU): campaign step `budget24_tp2_trimmed`; "
               "`budget36_tp2` is partial (gloo's all-reduce took minutes a point near batch 70).",
               "- fp8 with `quant.empty_cache=end` under 60 GiB: campaign step `budget60_end`.",
-              "- int4 with the head quantized first (`quant.head_first`): step `tp2_int4_head_first`."]  # fmt: skip
+              "- int4 with the head quantized first (`quant.head_first`): step `tp2_int4_head_first`.",
+              "- int4 with the head at tp=1 (the tp=1 int4 target): step `tp1_int4_head`."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
