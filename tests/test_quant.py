@@ -690,3 +690,26 @@ def test_the_targets_benchmark_reads_each_target_from_the_committed_runs(monkeyp
     head = [line for line in text.splitlines() if "int4_weight head" in line and "| each |" in line]
     assert any("| 8.35 | 8.35 | 5.67 | **not met** |" in line for line in head)
     assert any("quant.head_first | each | - | 5.84 | 5.67 | **not met** by the plan" in line for line in head)
+
+
+def test_load_sharded_splits_the_model_unquantized_whatever_the_member(tmp_path, monkeypatch):
+    """load=sharded's one-off split saves each rank's slice in the run dtype, as the engine cut it: the member
+    quantizes after each run's load. Quantized in the split, torchao's tensors failed safetensors' save ("Attempted to
+    access the data pointer on an invalid python storage", campaign quant_compose's loads step, fifth session)."""
+    from dsexp.job import split
+
+    asked = []
+    monkeypatch.setattr(split, "run_role", lambda spec, *a, **k: asked.append(spec) or (_ for _ in ()).throw(OSError()))
+    spec = spec_of("quant=int8_weight", "load=sharded", "tp=2")
+    assert spec.quant.name == "int8_weight"
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "model.safetensors").write_bytes(b"0")
+    spec.cache_dir = str(tmp_path / "cache")
+    with pytest.raises(OSError):
+        split.ensure_split(spec, {"model_dir": str(model_dir), "device": "cpu"}, tmp_path / "job")
+    (role,) = asked
+    assert role.quant.name == "none" and not role.quant.active and role.tp == 2 and role.load.name == "sharded"
+    none = spec_of("load=sharded", "tp=2")
+    none.cache_dir = spec.cache_dir
+    assert split.split_dir(spec, model_dir) == split.split_dir(none, model_dir)  # one split serves every member

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from dsexp.core.fs import build_once
-from dsexp.core.schema import JobConfig, dtype_conversion
+from dsexp.core.schema import JobConfig, QuantConfig, dtype_conversion
 from dsexp.job.roles import role_spec, run_role
 from dsexp.trims import TRIMS
 
@@ -75,7 +75,9 @@ def ensure_split(spec: JobConfig, runtime: Dict[str, Any], job_dir: Path) -> Dic
         tmp.mkdir()
         t0 = time.perf_counter()
         run_role(
-            role_spec(spec),
+            # the slices in the run dtype, as the engine cut them: a quant member quantizes them after each run's load
+            # (saving torchao's tensors failed: safetensors reads a plain storage), so its key names no member
+            role_spec(spec, quant=QuantConfig()),
             runtime,
             job_dir / "split",
             "split",
