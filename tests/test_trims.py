@@ -357,3 +357,18 @@ def test_full_trim_matrix_exact_and_correct_at_tp2_and_tp4(tmp_path, cache_dir):
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     (ROOT / "results" / "cpu" / "trims.md").write_text("\n".join(header + lines) + "\n")
+
+
+def test_every_trim_with_load_sharded_on_a_llama_whose_head_is_named_lm_head(tmp_path, cache_dir):
+    """load=sharded with trim=all on the tiny Llama at tp=2: the embedding is cut after init_inference, as on the
+    meta load. Cut before it, on load=sharded's meta model, AutoTP cut the head `lm_head` on both dims ((512, 128) of
+    (1024, 256)) where the split run's eager model kept (1024, 128), and the fill from the split's files failed."""
+    args = ["model=tiny", "tp=2", "trim=all", "load=sharded", "tracking=none", "hydra.run.dir=job"]
+    run_dsexp(args, tmp_path, cache_dir)
+    res = json.loads((tmp_path / "job" / "result.json").read_text())
+    check_run(res)  # ok, correct against tp=1, every rank's weights as the memory model says
+    for rk in res["ranks"]:
+        done = rk["engine"]["trims"]
+        assert done["shard_embedding"]["when"] == "after init_inference"
+        assert done["shard_embedding"]["rows"] == [512 * rk["rank"], 512 * (rk["rank"] + 1)]
+        assert "named lm_head" in done["shard_head"]["skipped"]

@@ -132,7 +132,10 @@ class InitInference(Engine):
             skip = {"skipped": "tp=1: AutoTP does not run, there is nothing to split"}
             done.update({k: dict(skip) for k in ("shard_head", "shard_embedding", "world_group") if getattr(t, k)})
             return done, None
-        embed_first = t.shard_embedding and checkpoint is None  # DeepSpeed's checkpoint loader fills nn.Embedding only
+        # DeepSpeed's checkpoint loader fills nn.Embedding only. load=sharded's model is on meta: with a
+        # VocabParallelEmbedding already there, AutoTP cut its meta head on both dims ((512, 128) of a (1024, 256)
+        # head at tp=2, where the split run's eager model kept (1024, 128)), so it takes the embedding after too
+        embed_first = t.shard_embedding and checkpoint is None and ctx.spec.load.name != "sharded"
         if t.world_group or embed_first:
             group, info = preset_group(t.world_group, tp)
             if t.world_group:
