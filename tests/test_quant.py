@@ -251,7 +251,10 @@ def test_deepspeeds_quantized_weight_is_as_long_as_the_rule_says(member):
     assert flat.numel() * flat.element_size() == QUANTS[member].storage.nbytes(out, inp, 2)
 
 
-def test_a_quantized_kv_cache_holds_what_the_rule_says(cache_dir):
+@pytest.mark.parametrize("bits, batch, prompt", [(4, 3, 100), (2, 3, 100), (2, 1, 18)])
+def test_a_quantized_kv_cache_holds_what_the_rule_says(bits, batch, prompt):
+    """transformers' quanto cache after a generate, to the byte; at 2 bits on 34 tokens of one sequence (34 groups a
+    layer's keys) quanto pads its packed values to 36 groups (the rule had said 32 B a tensor less)."""
     import torch
 
     pytest.importorskip("optimum.quanto")
@@ -264,15 +267,15 @@ def test_a_quantized_kv_cache_holds_what_the_rule_says(cache_dir):
                       num_key_value_heads=2, vocab_size=256)  # fmt: skip
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-    prompt, new, residual = 100, 21, 8
-    ids = torch.randint(0, 256, (3, prompt))
-    quant = {"kv": 4, "kv_backend": "quanto", "kv_group_size": 64, "kv_residual": residual}
+    new, residual = 21, 8
+    ids = torch.randint(0, 256, (batch, prompt))
+    quant = {"kv": bits, "kv_backend": "quanto", "kv_group_size": 64, "kv_residual": residual}
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
                              return_dict_in_generate=True, **generate_kwargs(quant))  # fmt: skip
     split = split_tokens(prompt, new, residual)
-    assert (split.quantized, split.residual) == (100 + 16, 4)  # 20 decode steps: two flushes of 8, 4 kept
-    assert measured_bytes(out.past_key_values) == cache_bytes(2, 2, 32, 3, split, 4, 64, 2)
+    assert (split.quantized, split.residual) == (prompt + 16, 4)  # 20 decode steps: two flushes of 8, 4 kept
+    assert measured_bytes(out.past_key_values) == cache_bytes(2, 2, 32, batch, split, bits, 64, 2)
 
 
 # --- a CPU sweep: weights and KV cache measured against the memory model, the quality cost beside each run ------------
@@ -439,6 +442,14 @@ def test_every_committed_cpu_run_of_a_member_holds_the_predicted_weights_to_the_
     for load in ("eager", "meta", "sharded"):
         assert ("int8_weight", load, "all") in loads, load
     assert {("fp8_weight", "sharded", "none"), ("int8_weight", "sharded", "none")} <= loads
+    # and every quantized KV cache at 4 and 2 bits, tp=1 and 2, to the byte (quanto's padding of 2 bits included)
+    from dsexp.analysis.matrix import build_rows
+    from dsexp.analysis.workload_points import point_rows
+
+    kv = [r for r in ran if r["config"]["quant"].get("kv")]
+    assert {(r["config"]["quant"]["kv"], r["config"]["tp"]) for r in kv} >= {(4, 1), (4, 2), (2, 1), (2, 2)}
+    for p in point_rows(build_rows(kv)):
+        assert p.measured == p.predicted and p.measured[0] > 0, (p.config, p.measured, p.predicted)
     for r in ran:
         assert m.weights_per_rank(r) == predict(r).weights, config_label(r["config"])
 

@@ -38,8 +38,15 @@ def split_tokens(prompt: int, new_tokens: int, residual_length: int) -> KVSplit:
 
 
 def quantized_bytes(elements: int, bits: int, group: int, dtype_bytes: int) -> int:
-    """One quantized key (or value) tensor: packed values and, per group, a scale and a shift in the run dtype."""
-    return elements * bits // 8 + -(-elements // group) * 2 * dtype_bytes
+    """One quantized key (or value) tensor: packed values and, per group, a scale and a shift in the run dtype.
+    quanto packs the values as [groups, group], 8 / bits rows to a byte along the groups, so a count of groups that
+    8 / bits does not divide is padded: 2 bits on 18 groups hold 20 (the tiny Llama's cache at tp=2, 128 B a rank
+    more than the count without the padding). A tensor of one group it scales per element (64 scales and shifts)."""
+    groups = -(-elements // group)
+    per_byte = 8 // bits
+    packed = -(-groups // per_byte) * group if elements % group == 0 else elements * bits // 8
+    scales = group if groups == 1 else groups
+    return packed + scales * 2 * dtype_bytes
 
 
 def cache_bytes(
