@@ -51,6 +51,8 @@ def test_a_quantized_configuration_is_named_apart_in_reports():
         (["quant=none", "quant.kv=4", "quant.kv_backend=bnb"], ["quant.kv_backend='bnb'", "quanto, hqq"]),
         (["quant.name=nf4"], ["quant='nf4'", "fp8_weight"]),  # quant=nf4 itself: Hydra lists the members
         (["quant=fp8_weight", "quant.order=sideways"], ["quant.order='sideways'"]),
+        # torchao's int8 as dsexp calls it keeps a scale per row: a group size ran per row and the plan said groups
+        (["quant=int8_weight", "quant.group_size=32"], ["quant.group_size=32", "per row", "int4_weight"]),
     ],
 )
 def test_what_cannot_run_is_refused_before_launch_naming_the_key_and_what_would(overrides, words):

@@ -75,6 +75,12 @@ def _member_problems(spec, t, device, capability, autotp) -> List[str]:
         out.append(f"quant={t.key} with dtype={spec.dtype}: torchao's int4 packing takes bf16 weights; set dtype=bf16")
     if q.group_size is not None and q.group_size <= 0:
         out.append(f"quant.group_size={q.group_size}: must be > 0 (null: the member's own)")
+    elif q.group_size is not None and not t.storage.group:
+        grouped = ", ".join(k for k, m in QUANTS.items() if m.storage.group)
+        out.append(
+            f"quant.group_size={q.group_size} with quant={t.key}: it stores one scale per row ({t.call}), so a group "
+            f"size would change nothing it runs; the members with scale groups: {grouped}"
+        )
     return out
 
 
