@@ -53,6 +53,8 @@ def test_a_quantized_configuration_is_named_apart_in_reports():
         (["quant=fp8_weight", "quant.order=sideways"], ["quant.order='sideways'"]),
         # torchao's int8 as dsexp calls it keeps a scale per row: a group size ran per row and the plan said groups
         (["quant=int8_weight", "quant.group_size=32"], ["quant.group_size=32", "per row", "int4_weight"]),
+        # GPT-2's layers are Conv1D: torchao quantized none of them and the run was reported as int8 (rel. err 0)
+        (["model=tiny_gpt2", "quant=int8_weight"], ["model=tiny_gpt2", "Conv1D", "run unquantized", "quant.kv"]),
     ],
 )
 def test_what_cannot_run_is_refused_before_launch_naming_the_key_and_what_would(overrides, words):

@@ -186,6 +186,41 @@ def _validate_quant(spec: JobConfig, device: str, capability: Any = "ask") -> No
     found = problems(spec, device, cap, autotp, dims)
     if found:
         raise ConfigError("; ".join(found))
+    _validate_quant_targets(spec)
+
+
+def _validate_quant_targets(spec: JobConfig) -> None:
+    """A torchao member quantizes nn.Linear layers: a model without any (GPT-2's Conv1D) would run unquantized and be
+    reported as the member (measured: model=tiny_gpt2 quant=int8_weight quantized 0 linears)."""
+    from dataclasses import asdict
+
+    from dsexp.predict import architecture as arch
+    from dsexp.quant import traits as quant_traits
+    from dsexp.quant.placement import quantized_weights
+    from dsexp.quant.torchao_rank import output_head
+
+    t = quant_traits(spec.quant.name)
+    if t is None or t.library != "torchao":
+        return
+    try:
+        model = arch.meta_model(arch.model_source(asdict(spec), None), spec.dtype)
+    except Exception:  # a model the meta device cannot build here: its ranks say what it holds
+        return
+    if quantized_weights(model, t, spec.quant.head):
+        return
+    head = output_head(model)
+    kinds = sorted({type(m).__name__ for m in model.modules() if m is not head and _is_matrix(m)})
+    raise ConfigError(
+        f"quant={t.key} with model={spec.model.name}: torchao's quantize_ takes nn.Linear layers and "
+        f"{type(model).__name__} has none but its output head (its layers' weights are in {', '.join(kinds)}): it "
+        "would run unquantized; use a model with nn.Linear layers, or quant.kv alone"
+    )
+
+
+def _is_matrix(module) -> bool:
+    """A module holding a 2-D weight other than an embedding table."""
+    weight = getattr(module, "weight", None)
+    return weight is not None and weight.dim() == 2 and not type(module).__name__.endswith("Embedding")
 
 
 def _validate_script(spec: JobConfig) -> None:
