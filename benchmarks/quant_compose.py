@@ -64,9 +64,19 @@ def row(r: Dict[str, Any], where: str) -> List[str]:
 
 
 def engine_cell(c: Dict[str, Any]) -> str:
+    """The engine and what differs from the folder's usual run: the load, the trims, the launcher, the model (the
+    CPU's tiny Llama and the GPU's llama_20b_shapes go unnamed)."""
     load = (c.get("load") or {}).get("name", "eager")
     trim = (c.get("trim") or {}).get("name")
-    return c["engine"]["name"] + ("" if load == "eager" else f", load={load}") + (", trim=all" if trim == "all" else "")
+    launcher = (c.get("launcher") or {}).get("name", "torchrun")
+    model = (c.get("model") or {}).get("name")
+    return (
+        c["engine"]["name"]
+        + ("" if load == "eager" else f", load={load}")
+        + (", trim=all" if trim == "all" else "")
+        + ("" if launcher == "torchrun" else f", launcher={launcher}")
+        + ("" if model in ("tiny", "llama_20b_shapes", None) else f", model={model}")
+    )
 
 
 def table(folders: List[Path]) -> str:
