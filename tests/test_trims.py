@@ -372,3 +372,17 @@ def test_every_trim_with_load_sharded_on_a_llama_whose_head_is_named_lm_head(tmp
         assert done["shard_embedding"]["when"] == "after init_inference"
         assert done["shard_embedding"]["rows"] == [512 * rk["rank"], 512 * (rk["rank"] + 1)]
         assert "named lm_head" in done["shard_head"]["skipped"]
+
+
+def test_shard_embedding_on_a_model_whose_embedding_is_its_own_class_is_refused_before_launch():
+    """Gemma's input embedding scales the rows it looks up (GemmaTextScaledWordEmbedding): DeepSpeed's
+    VocabParallelEmbedding replaces an nn.Embedding only, and trim=all on tiny_gemma at tp=2 failed in init. Now a
+    ConfigError before launch, naming the class and the key to switch off; the other trims still run."""
+    base = ["model=tiny_gemma", "tp=2", "engine.injection_policy=infer"]
+    with pytest.raises(ConfigError) as e:
+        spec_of(*base, "trim=all")
+    for words in ("trim.shard_embedding", "GemmaTextScaledWordEmbedding", "trim.shard_embedding=false"):
+        assert words in str(e.value), str(e.value)
+    spec = spec_of(*base, "trim=all", "trim.shard_embedding=false")
+    assert spec.trim.shard_head and spec.trim.dedupe_buffers and not spec.trim.shard_embedding
+    assert spec_of(*base[:1], "tp=1", "trim=all").trim.shard_embedding  # tp=1: the trim does nothing, nothing refused

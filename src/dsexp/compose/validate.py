@@ -163,6 +163,7 @@ def _validate_pipeline(spec: JobConfig, device: str, weights: bool = True) -> No
     engine.check(spec)
     for trim in TRIMS.values():
         trim.check(spec)
+    _validate_trim_targets(spec)
     problem = engine.device_problem(spec, device)
     if problem:
         raise ConfigError(problem)
@@ -192,21 +193,13 @@ def _validate_quant(spec: JobConfig, device: str, capability: Any = "ask") -> No
 def _validate_quant_targets(spec: JobConfig) -> None:
     """A torchao member quantizes nn.Linear layers: a model without any (GPT-2's Conv1D) would run unquantized and be
     reported as the member (measured: model=tiny_gpt2 quant=int8_weight quantized 0 linears)."""
-    from dataclasses import asdict
-
-    from dsexp.predict import architecture as arch
     from dsexp.quant import traits as quant_traits
     from dsexp.quant.placement import quantized_weights
     from dsexp.quant.torchao_rank import output_head
 
     t = quant_traits(spec.quant.name)
-    if t is None or t.library != "torchao":
-        return
-    try:
-        model = arch.meta_model(arch.model_source(asdict(spec), None), spec.dtype)
-    except Exception:  # a model the meta device cannot build here: its ranks say what it holds
-        return
-    if quantized_weights(model, t, spec.quant.head):
+    model = _meta_model(spec) if t is not None and t.library == "torchao" else None
+    if model is None or quantized_weights(model, t, spec.quant.head):
         return
     head = output_head(model)
     kinds = sorted({type(m).__name__ for m in model.modules() if m is not head and _is_matrix(m)})
@@ -215,6 +208,36 @@ def _validate_quant_targets(spec: JobConfig) -> None:
         f"{type(model).__name__} has none but its output head (its layers' weights are in {', '.join(kinds)}): it "
         "would run unquantized; use a model with nn.Linear layers, or quant.kv alone"
     )
+
+
+def _meta_model(spec: JobConfig):
+    """The job's model on the meta device, as the memory model builds it (None: one the meta device cannot build
+    here; its ranks then say what it holds)."""
+    from dataclasses import asdict
+
+    from dsexp.predict import architecture as arch
+
+    try:
+        return arch.meta_model(arch.model_source(asdict(spec), None), spec.dtype)
+    except Exception:
+        return None
+
+
+def _validate_trim_targets(spec: JobConfig) -> None:
+    """trim.shard_embedding replaces an nn.Embedding by DeepSpeed's VocabParallelEmbedding (at tp > 1): a model whose
+    input embedding is its own class (Gemma's scales the rows it looks up) failed in init."""
+    import torch.nn as nn
+
+    if not (spec.trim.shard_embedding and spec.tp > 1):
+        return
+    model = _meta_model(spec)
+    emb = model.get_input_embeddings() if model is not None else None
+    if emb is not None and type(emb) is not nn.Embedding:
+        raise ConfigError(
+            f"trim.shard_embedding with model={spec.model.name}: its input embedding is {type(emb).__name__}, not "
+            "the nn.Embedding DeepSpeed's VocabParallelEmbedding replaces; set trim.shard_embedding=false (with "
+            "trim=all the other trims still apply)"
+        )
 
 
 def _is_matrix(module) -> bool:
