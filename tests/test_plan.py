@@ -297,3 +297,12 @@ def test_trace_in_stack_without_replay_is_refused_before_anything_is_planned(cap
         plan(capsys, tmp_path, "--no-replay", "--trace-in-stack", "model=tiny_llama", "stack.transformers=5.17.0")
     assert stopped.value.code == 2
     assert "--trace-in-stack traces the replay's generate: drop --no-replay" in capsys.readouterr().err
+
+
+def test_the_plans_multirun_flag_may_come_after_the_overrides():
+    """`python -m dsexp.plan quant=int4_weight gpu=h100_80gb -m tp=1,2`: -m among the overrides (argparse stopped at
+    it and called tp=1,2 an unrecognized argument)."""
+    from dsexp.compose.planning import parse_args
+
+    args = parse_args(["model=tiny", "-m", "tp=1,2", "--no-replay"])
+    assert args.multirun and args.overrides == ["model=tiny", "tp=1,2"] and not args.replay

@@ -63,7 +63,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "the package index is needed the first time); the frees the replay sees are transformers' own",
     )
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m dsexp")
-    args = p.parse_args(list(argv))
+    args = p.parse_intermixed_args(list(argv))  # `-m` anywhere among the overrides, as `python -m dsexp` takes it
     if args.trace_in_stack and not args.replay:
         p.error("--trace-in-stack traces the replay's generate: drop --no-replay")
     return args
