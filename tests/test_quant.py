@@ -85,6 +85,23 @@ def test_the_device_and_its_compute_capability_decide_for_fp8_and_int4():
         _validate_quant(fp8, "cuda", capability=(9, 0))
 
 
+def test_a_named_card_decides_for_fp8_as_its_own_gpu_would():
+    """gpu=<card> gives the budget's GPUs their compute capability: `dsexp.plan quant=fp8 gpu=a100_80gb` planned fp8
+    for an A100 (8.0), which cannot run it; now refused as on an A100, and planned on an L40S (8.9) or an H100."""
+    fp8 = spec_of("quant=fp8_weight", "gpu=a100_80gb", "budget.gpus=1")
+    assert fp8.budget.gpu_capability == "8.0"
+    fp8.quant.name = "fp8"
+    with pytest.raises(ConfigError, match=r"compute capability >= 8\.9 \(this one: 8\.0\)"):
+        _validate_quant(fp8, "cuda")  # the card's, not this machine's GPU
+    for card in ("l40s", "h100_80gb", "h200", "rtx4090"):
+        spec = spec_of("quant=fp8_weight", f"gpu={card}", "budget.gpus=1")
+        spec.quant.name = "fp8"
+        _validate_quant(spec, "cuda")
+    fp8.budget.gpu_capability = "nine"
+    with pytest.raises(ConfigError, match="budget.gpu_capability='nine'"):
+        _validate_quant(fp8, "cuda")
+
+
 def test_a_script_is_measured_as_written_so_quant_is_refused_with_it(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("print('hi')\n")

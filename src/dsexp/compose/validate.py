@@ -182,12 +182,22 @@ def _validate_quant(spec: JobConfig, device: str, capability: Any = "ask") -> No
     policy = effective_policy(e.injection_policy, e.kernel_inject, spec.model.injection_policy)
     # AutoTP's linears replace nn.Linear at tp > 1, and at tp=1 under a policy (DeepSpeed applies it then too)
     autotp = engine.inference_autotp and not e.kernel_inject and (spec.tp > 1 or policy is not None)
+    if capability == "ask" and spec.budget.gpu_capability:  # the budget's GPUs (gpu=<card>), not the one here
+        capability = _capability(spec.budget.gpu_capability)
     cap = (gpu_capability() if device == "cuda" else None) if capability == "ask" else capability
     dims = model_dims(spec) if spec.quant.kv is not None else {}
     found = problems(spec, device, cap, autotp, dims)
     if found:
         raise ConfigError("; ".join(found))
     _validate_quant_targets(spec)
+
+
+def _capability(text: str) -> tuple:
+    """budget.gpu_capability ("8.9") as (8, 9)."""
+    parts = str(text).split(".")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"budget.gpu_capability={text!r}: a compute capability is major.minor, as 8.9")
+    return int(parts[0]), int(parts[1])
 
 
 def _validate_quant_targets(spec: JobConfig) -> None:

@@ -226,6 +226,9 @@ class BudgetConfig:
 
     gpus: Optional[int] = None  # GPUs the budget has (a configuration with tp > gpus does not fit)
     gpu_gib: Optional[float] = None  # memory of each GPU, GiB
+    # the GPUs' compute capability ("8.0"; a gpu= preset names it): a quant member that needs more is refused, as on
+    # a GPU of its own (null: the GPU the ranks run on is asked)
+    gpu_capability: Optional[str] = None
     host_gib: Optional[float] = None  # host memory of the node, GiB (null: not limited)
     batch_min: int = 1
     batch_max: int = 256
