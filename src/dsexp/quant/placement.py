@@ -13,6 +13,7 @@ import math
 from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
 
+from dsexp.predict.architecture import DTYPE_BYTES
 from dsexp.predict.placements import Placement, Strategy
 from dsexp.quant import traits
 from dsexp.quant.base import QuantTraits
@@ -54,8 +55,10 @@ def quantize(model, placements: List[Placement], s: Strategy, tp: int, notes: Li
     if t is None:
         return placements
     shapes = quantized_weights(model, t, s.quant_head)
-    rule = _zero3_bytes if t.library == "deepspeed" else _linear_bytes
-    out = [rule(p, shapes[p.name], t, s, tp) if p.name in shapes and not p.copy else p for p in placements]
+    rule = rule_of(t)
+    # AutoTP's clone of a tied head (`copy`) is the head quantize_ sees, with quant.head: quantized like the head
+    out = [rule(p, shapes[p.name], t, s, tp) if p.name in shapes else p for p in placements]
+    placements, out = _untied_head(model, placements, out, shapes, t, s, tp)
     if s.quant_head_first and s.quant_empty_cache == "each":
         head = head_weight(model)
         out = [replace(p, first=True) if p.name == head else p for p in out]
@@ -66,6 +69,25 @@ def quantize(model, placements: List[Placement], s: Strategy, tp: int, notes: Li
         if str(s.device).startswith("cuda"):  # a CPU run has no caching allocator
             notes.append(LEFT_IN_CACHE[s.quant_empty_cache])
     return out
+
+
+def _untied_head(model, placements, out, shapes, t: QuantTraits, s: Strategy, tp: int):
+    """A head tied to the embedding, where no engine cloned it (tp=1): quantize_ gives the head a weight of its own,
+    the embedding staying in the run dtype (tiny_qwen2_tied with quant.head at tp=1: 34,048 B more than the model
+    counted). Added to both lists, with no run-dtype bytes of its own before (they are the embedding's)."""
+    head = head_weight(model)
+    if not (s.quant_head and head in shapes) or any(p.name == head for p in placements):
+        return placements, out
+    rows, cols = shapes[head]
+    whole = rows * cols * DTYPE_BYTES[s.dtype]
+    untied = Placement(head, whole, (whole,) * tp, "replicated", copy=True)
+    before = replace(untied, full=0, local=(0,) * tp)
+    return [*placements, before], [*out, rule_of(t)(untied, shapes[head], t, s, tp)]
+
+
+def rule_of(t: QuantTraits):
+    """How the member stores a weight: DeepSpeed's flat partitions, or torchao's tensors on each rank."""
+    return _zero3_bytes if t.library == "deepspeed" else _linear_bytes
 
 
 # What quantizing leaves in the caching allocator, by quant.empty_cache, as the H100 measured it for fp8 at tp=1
