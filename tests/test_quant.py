@@ -463,6 +463,9 @@ def test_every_committed_cpu_run_of_a_member_holds_the_predicted_weights_to_the_
     for load in ("eager", "meta", "sharded"):
         assert ("int8_weight", load, "all") in loads, load
     assert {("fp8_weight", "sharded", "none"), ("int8_weight", "sharded", "none")} <= loads
+    # a head tied to the embedding, quantized: AutoTP's clone at tp=2, quantize_'s own weight at tp=1
+    tied = {r["config"]["tp"] for r in ran if r["config"]["model"]["name"] == "tiny_qwen2_tied"}
+    assert tied == {1, 2}
     # and every quantized KV cache at 4 and 2 bits, tp=1 and 2, to the byte (quanto's padding of 2 bits included)
     from dsexp.analysis.matrix import build_rows
     from dsexp.analysis.workload_points import point_rows
