@@ -757,3 +757,20 @@ def test_load_sharded_splits_the_model_unquantized_whatever_the_member(tmp_path,
     none = spec_of("load=sharded", "tp=2")
     none.cache_dir = spec.cache_dir
     assert split.split_dir(spec, model_dir) == split.split_dir(none, model_dir)  # one split serves every member
+
+
+def test_the_members_rule_names_fused_experts_it_leaves_in_the_run_dtype():
+    """transformers 5 holds Mixtral's experts as 3-D parameters (experts.gate_up_proj, experts.down_proj), which
+    torchao's quantize_ (nn.Linear layers) passes over: int8 on tiny_mixtral quantized 8 linears, its attention's.
+    The plan says so, with their bytes, rather than leave a user to think the experts are int8."""
+    from dsexp.compose.planning import plan_one, space
+
+    (entry,) = [plan_one(p, replay=False) for p in space(["model=tiny_mixtral", "quant=int8_weight",
+                                                          "gpu=h100_80gb"], False)]  # fmt: skip
+    (rule,) = [n for n in entry["notes"] if n.startswith("quant=int8_weight:")]
+    assert rule.startswith("quant=int8_weight: 8 weights")
+    assert (
+        "also in the run dtype: model.layers.*.mlp.experts.down_proj, model.layers.*.mlp.experts.gate_up_proj" in rule
+    )
+    (plain,) = [plan_one(p, replay=False) for p in space(["model=tiny", "quant=int8_weight", "gpu=h100_80gb"], False)]
+    assert not [n for n in plain["notes"] if "experts" in n]

@@ -62,13 +62,35 @@ def quantize(model, placements: List[Placement], s: Strategy, tp: int, notes: Li
     if s.quant_head_first and s.quant_empty_cache == "each":
         head = head_weight(model)
         out = [replace(p, first=True) if p.name == head else p for p in out]
-    notes.append(weight_rule(t, s, len(shapes)))
+    notes.append(weight_rule(t, s, len(shapes)) + _left_whole(model, t))
     if t.library == "torchao":
         temporaries = {n: quantize_temporaries(t.key, s.quant_group, *shape) for n, shape in shapes.items()}
         notes.append(load_peak(placements, out, shapes, temporaries))
         if str(s.device).startswith("cuda"):  # a CPU run has no caching allocator
             notes.append(LEFT_IN_CACHE[s.quant_empty_cache])
     return out
+
+
+def _left_whole(model, t: QuantTraits) -> str:
+    """What torchao's filter passes over that a user would expect quantized: a mixture of experts' weights held as
+    3-D parameters (transformers 5's fused experts, Mixtral's gate_up_proj and down_proj), not nn.Linear layers."""
+    import re
+
+    if t.library != "torchao":
+        return ""
+    fused = [n for n, p in model.named_parameters() if p.dim() >= 3]
+    if not fused:
+        return ""
+    families = sorted({re.sub(r"\.\d+\.", ".*.", n) for n in fused})
+    size = sum(p.numel() * p.element_size() for _, p in model.named_parameters() if p.dim() >= 3)
+    return (
+        f"; also in the run dtype: {', '.join(families)} ({_gib_or_mib(size)}, fused experts held as 3-D "
+        "parameters, not the nn.Linear layers torchao's quantize_ takes)"
+    )
+
+
+def _gib_or_mib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
 def _untied_head(model, placements, out, shapes, t: QuantTraits, s: Strategy, tp: int):
