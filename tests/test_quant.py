@@ -774,3 +774,21 @@ def test_the_members_rule_names_fused_experts_it_leaves_in_the_run_dtype():
     )
     (plain,) = [plan_one(p, replay=False) for p in space(["model=tiny", "quant=int8_weight", "gpu=h100_80gb"], False)]
     assert not [n for n in plain["notes"] if "experts" in n]
+
+
+def test_a_plan_recommending_a_quant_member_says_its_quality_is_a_runs_to_measure():
+    """`dsexp.plan -m quant=none,int4_weight gpu=l40s` recommends int4 for its batch: the plan predicts memory, and
+    the recommendation says the member's quality cost is measured by running it (it said nothing of quality)."""
+    from dsexp.analysis.sections.plan_table import recommendation_line
+    from dsexp.compose.planning import plan_one, space
+
+    entries = [
+        plan_one(p, replay=False)
+        for p in space(
+            ["model=llama_20b_shapes", "quant=none,int8_weight", "gpu=l40s", "generate.prompt_tokens=2048"], True
+        )
+    ]
+    line = recommendation_line(entries)
+    assert line.startswith("recommended: `quant=int8_weight`"), line
+    assert "quant=int8_weight's quality cost is measured by running it" in line
+    assert "quality" not in recommendation_line([e for e in entries if "int8" not in e["configuration"]])

@@ -205,6 +205,9 @@ def recommendation_line(entries: List[Dict[str, Any]]) -> str:
     also = (f"; {expandable} with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
             if expandable and expandable != f["largest_batch"] else "")  # fmt: skip
     which = f"`{e['configuration']}`, " if len(entries) > 1 else ""
+    quant = next((n.split(":", 1)[0] for n in e.get("notes") or [] if n.startswith("quant=")), None)
+    if quant:  # memory is the plan's to say; what the member costs in the logits only a run measures
+        also += f"; {quant}'s quality cost is measured by running it (the report sets it against the unquantized model)"
     return (f"recommended: {which}batch {f['largest_batch']} at {f['prompt_tokens']} prompt + {f['new_tokens']} new "
             f"tokens on {e['tp']} GPU{'s' if e['tp'] > 1 else ''} of {human(e['gpu_budget_bytes'])} "
             f"({f['largest_batch'] / e['tp']:.1f} sequences per GPU, {ANSWER_FROM[f['answer_from']]}){also}"
