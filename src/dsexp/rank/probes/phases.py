@@ -28,8 +28,6 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
-import psutil
-
 from dsexp.core.cpu import features as cpu_features
 from dsexp.core.fs import write_json_atomic
 from dsexp.core.protocol import live_file, rank_file
@@ -37,7 +35,7 @@ from dsexp.core.records import phase_kind
 from dsexp.core.series import GPU_FIELDS, HOST_FIELDS, series_file
 from dsexp.rank.probes import gpu as gpu_probe
 from dsexp.rank.probes.failure_site import failure_site
-from dsexp.rank.probes.host import host_snapshot
+from dsexp.rank.probes.host import host_snapshot, process_started
 from dsexp.rank.probes.memory_series import MemorySeries
 from dsexp.rank.probes.sampler import PeakSampler
 from dsexp.rank.probes.snapshots import MemorySnapshots
@@ -91,7 +89,7 @@ class PhaseRecorder:
             "error": None,
             # the rendezvous endpoint names DeepSpeed's CPU shared-memory segments (the job removes them)
             "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
-            "clock": {"t0": clock_t0, "created": psutil.Process().create_time()},
+            "clock": {"t0": clock_t0, "created": process_started()},
             "series": {"file": str(path.relative_to(self.job_dir))},
         }
         self.flush()

@@ -54,9 +54,9 @@ def start() -> None:
 
 def _process_start() -> float:
     """The process's creation on the perf_counter clock (the start phase runs from there)."""
-    import psutil
+    from dsexp.rank.probes.host import process_started
 
-    return time.perf_counter() - (time.time() - psutil.Process().create_time())
+    return time.perf_counter() - (time.time() - process_started())
 
 
 def _watch_the_end(session) -> None:
