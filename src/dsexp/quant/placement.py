@@ -58,9 +58,9 @@ def quantize(model, placements: List[Placement], s: Strategy, tp: int, notes: Li
     rule = rule_of(t)
     # AutoTP's clone of a tied head (`copy`) is the head quantize_ sees, with quant.head: quantized like the head
     out = [rule(p, shapes[p.name], t, s, tp) if p.name in shapes else p for p in placements]
-    placements, out = _untied_head(model, placements, out, shapes, t, s, tp)
+    head = head_weight(model)
+    placements, out = _untied_head(head, placements, out, shapes, t, s, tp)
     if s.quant_head_first and s.quant_empty_cache == "each":
-        head = head_weight(model)
         out = [replace(p, first=True) if p.name == head else p for p in out]
     notes.append(weight_rule(t, s, len(shapes)) + _left_whole(model, t))
     if t.library == "torchao":
@@ -93,11 +93,10 @@ def _gib_or_mib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
-def _untied_head(model, placements, out, shapes, t: QuantTraits, s: Strategy, tp: int):
+def _untied_head(head: Optional[str], placements, out, shapes, t: QuantTraits, s: Strategy, tp: int):
     """A head tied to the embedding, where no engine cloned it (tp=1): quantize_ gives the head a weight of its own,
     the embedding staying in the run dtype (tiny_qwen2_tied with quant.head at tp=1: 34,048 B more than the model
     counted). Added to both lists, with no run-dtype bytes of its own before (they are the embedding's)."""
-    head = head_weight(model)
     if not (s.quant_head and head in shapes) or any(p.name == head for p in placements):
         return placements, out
     rows, cols = shapes[head]

@@ -4,7 +4,7 @@ table of `python -m dsexp.plan` and the markdown section; every figure here is a
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from dsexp.analysis.labels import config_label
 from dsexp.analysis.markdown import md_table
@@ -169,11 +169,16 @@ def entry_lines(entry: Dict[str, Any], markdown: bool) -> List[str]:
     return out
 
 
+def quant_member(entry: Dict[str, Any]) -> Optional[str]:
+    """`quant=<member>` where the entry's weights are a quant member's (its rule's note names it), else None."""
+    return next((n.split(":", 1)[0] for n in entry.get("notes") or [] if n.startswith("quant=")), None)
+
+
 def model_line(entry: Dict[str, Any]) -> str:
     """The whole model: its parameters and their bytes in the dtype the engine holds them."""
     count = entry.get("model_parameters")
     params = f"{count / 1e9:.2f} B parameters, " if count else ""
-    quant = next((n.split(":", 1)[0] for n in entry.get("notes") or [] if n.startswith("quant=")), None)
+    quant = quant_member(entry)
     # a quant member's weights at their width with their scales, the tensors it leaves in the run dtype
     held = f"as {quant} stores them, the rest in {entry['dtype']}" if quant else f"in {entry['dtype']}"
     return f"model: {params}{human(entry['model_bytes'])} of weights {held} (all ranks together)"
@@ -205,7 +210,7 @@ def recommendation_line(entries: List[Dict[str, Any]]) -> str:
     also = (f"; {expandable} with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
             if expandable and expandable != f["largest_batch"] else "")  # fmt: skip
     which = f"`{e['configuration']}`, " if len(entries) > 1 else ""
-    quant = next((n.split(":", 1)[0] for n in e.get("notes") or [] if n.startswith("quant=")), None)
+    quant = quant_member(e)
     if quant:  # memory is the plan's to say; what the member costs in the logits only a run measures
         also += f"; {quant}'s quality cost is measured by running it (the report sets it against the unquantized model)"
     return (f"recommended: {which}batch {f['largest_batch']} at {f['prompt_tokens']} prompt + {f['new_tokens']} new "
