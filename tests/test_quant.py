@@ -792,3 +792,20 @@ def test_a_plan_recommending_a_quant_member_says_its_quality_is_a_runs_to_measur
     assert line.startswith("recommended: `quant=int8_weight`"), line
     assert "quant=int8_weight's quality cost is measured by running it" in line
     assert "quality" not in recommendation_line([e for e in entries if "int8" not in e["configuration"]])
+
+
+def test_the_plans_recommendation_never_offers_a_batch_past_int4s_kernel_limit(capsys, tmp_path):
+    """int4 under 60 GiB: the replay fits 72 with expandable segments, but tinygemm faults past 2^31 output elements
+    (64 x 2048 tokens through a 16384-wide linear; the H100 faulted at 72). The recommendation offered "72 with
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"; the kernel's limit holds for either allocator."""
+    from dsexp.analysis.sections.plan_table import recommendation_line
+    from dsexp.compose.planning import plan_one, space
+
+    overrides = ["model=llama_20b_shapes", "quant=int4_weight", "budget.gpus=1", "budget.gpu_gib=60",
+                 "generate.prompt_tokens=2048", "generate.warmup=0"]  # fmt: skip
+    (entry,) = [plan_one(p) for p in space(overrides, False)]
+    fit = entry["largest_batch"]["2048"]
+    assert fit["largest_batch"] == fit["kernel_limit"]["batch"] == 64
+    assert fit["replayed"]["expandable_segments"]["batch"] > 64  # what the memory alone would hold
+    line = recommendation_line([entry])
+    assert "batch 64 at 2048" in line and "expandable_segments" not in line, line

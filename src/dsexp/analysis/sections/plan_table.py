@@ -207,6 +207,8 @@ def recommendation_line(entries: List[Dict[str, Any]]) -> str:
         return "recommended: none; no configuration planned fits a batch of one on this GPU"
     e, f = max(fits, key=lambda ef: (ef[1]["largest_batch"] / ef[0]["tp"], -ef[0]["tp"]))
     expandable = ((f.get("replayed") or {}).get("expandable_segments") or {}).get("batch")
+    if expandable and f.get("kernel_limit"):  # the member's kernel faults past it whatever the allocator holds
+        expandable = min(expandable, f["kernel_limit"]["batch"])
     also = (f"; {expandable} with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
             if expandable and expandable != f["largest_batch"] else "")  # fmt: skip
     which = f"`{e['configuration']}`, " if len(entries) > 1 else ""
